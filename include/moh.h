@@ -1,0 +1,131 @@
+/* moh: Mixture-of-Head attention engine. Public API.
+ *
+ * Conventions (all functions):
+ *  - Tensors are dense row-major float32 arrays; shapes are written [dim0, dim1, ...] with the last
+ *    index fastest. B = batch, N = sequence length, C = hidden_size (d_model), h = n_heads,
+ *    h_kv = n_kv_heads, d = head_dim, E = h - shared_heads (routed heads), T = B*N tokens.
+ *  - Fallible calls return 0 (MOH_OK) or a negative moh_status and fill a caller-owned moh_error
+ *    with a one-line message naming the file, field and expected value. Nothing aborts.
+ *  - Section numbers (spec §N) refer to shared/spec/MOH.md, the project's statement of MoH semantics.
+ */
+#ifndef MOH_H
+#define MOH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MOH_VERSION "0.1.0"
+
+typedef enum moh_status {
+    MOH_OK = 0,
+    MOH_E_IO = -1,     /* file missing, unreadable, unwritable */
+    MOH_E_FORMAT = -2, /* malformed file contents (safetensors, JSON, IDX, text) */
+    MOH_E_CONFIG = -3, /* inconsistent or out-of-range configuration */
+    MOH_E_SHAPE = -4,  /* tensor missing or of the wrong shape/dtype */
+    MOH_E_NOMEM = -5,  /* allocation failed */
+    MOH_E_ARG = -6,    /* bad argument from the caller */
+} moh_status;
+
+typedef struct moh_error {
+    int code;        /* a moh_status */
+    char msg[1024];  /* one line, no trailing newline */
+} moh_error;
+
+/* Formats err->msg (printf-style), sets err->code = code and returns code. err may be NULL. */
+int moh_fail(moh_error *err, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* ------------------------------------------------------------------------------------------------
+ * safetensors (https://huggingface.co/docs/safetensors): 8-byte little-endian header length n,
+ * n bytes of UTF-8 JSON {name: {dtype, shape, data_offsets: [begin, end)}, "__metadata__": {...}},
+ * then the data buffer. Read: F32, F64, BF16, F16 (converted to float32). Write: F32.
+ * ---------------------------------------------------------------------------------------------- */
+#define MOH_ST_MAX_DIMS 8
+
+typedef enum moh_dtype { MOH_DT_F32, MOH_DT_F64, MOH_DT_BF16, MOH_DT_F16, MOH_DT_OTHER } moh_dtype;
+
+typedef struct moh_st_tensor {
+    char *name;
+    moh_dtype dtype;
+    char dtype_name[16];           /* as written in the file, e.g. "F32", "I64" */
+    int ndim;
+    int64_t shape[MOH_ST_MAX_DIMS];
+    int64_t numel;
+    size_t begin, end;             /* byte offsets into the data buffer */
+} moh_st_tensor;
+
+typedef struct moh_safetensors {
+    char *path;                    /* label used in error messages ("<memory>" when parsed) */
+    uint8_t *file;                 /* owned copy of the file (NULL when parsing borrowed memory) */
+    const uint8_t *data;           /* start of the data buffer */
+    size_t data_size;
+    int n_tensors;
+    moh_st_tensor *tensors;
+} moh_safetensors;
+
+/* Reads and validates a whole file: header length, JSON, dtypes, shapes vs offsets, overlaps,
+ * truncation. Returns MOH_OK, MOH_E_IO or MOH_E_FORMAT; on error st is left empty. */
+int moh_st_open(moh_safetensors *st, const char *path, moh_error *err);
+/* Same validation on a buffer the caller keeps alive while st is used (fuzzing, tests). */
+int moh_st_parse(moh_safetensors *st, const uint8_t *buf, size_t len, const char *label,
+                 moh_error *err);
+void moh_st_close(moh_safetensors *st);
+/* The tensor called name, or NULL. */
+const moh_st_tensor *moh_st_find(const moh_safetensors *st, const char *name);
+/* Copies tensor name into out (numel float32 values), converting from F32/F64/BF16/F16.
+ * shape/ndim: the expected shape; a mismatch or absent tensor is MOH_E_SHAPE naming both. */
+int moh_st_read_f32(const moh_safetensors *st, const char *name, int ndim, const int64_t *shape,
+                    float *out, moh_error *err);
+
+typedef struct moh_st_entry {
+    const char *name;
+    int ndim;
+    int64_t shape[MOH_ST_MAX_DIMS];
+    const float *data;             /* numel float32 values */
+} moh_st_entry;
+
+/* Writes entries as an F32 safetensors file, atomically: PATH.tmp, fsync, rename, fsync dir.
+ * An existing file at path is untouched on any error. Returns MOH_OK or MOH_E_IO/MOH_E_ARG. */
+int moh_st_write(const char *path, const moh_st_entry *entries, int n, moh_error *err);
+
+/* ------------------------------------------------------------------------------------------------
+ * One MoH attention layer (spec §1-3, §10).
+ * ---------------------------------------------------------------------------------------------- */
+typedef enum moh_router {
+    MOH_ROUTER_NONE = 0,       /* dense multi-head attention: every head on, every gate 1 */
+    MOH_ROUTER_LEARNED = 1,    /* two-stage learned router: wg, wg_0, wg_1 (spec §1) */
+    MOH_ROUTER_QUERY_NORM = 2, /* parameter-free, ||q_i|| / std, softmax, top-k, binary (spec §3) */
+} moh_router;
+
+typedef struct moh_attn_config {
+    int hidden_size;       /* C */
+    int n_heads;           /* h, query heads */
+    int n_kv_heads;        /* h_kv, divides h (GQA); query head i uses KV head i / (h / h_kv) */
+    int head_dim;          /* d */
+    int shared_heads;      /* h_s: heads 0..h_s-1 always on */
+    int top_k;             /* K of the E = h - h_s routed heads chosen per token */
+    moh_router router;
+    bool causal;
+    bool qkv_bias;
+    bool proj_bias;
+    bool fused_qkv;        /* weight names: qkv/proj (ViT, DiT) or q_proj/k_proj/v_proj/o_proj */
+    double rope_theta;     /* <= 0: no RoPE; else rotate-half RoPE with this base (spec §10) */
+    double load_balance_coef; /* beta */
+} moh_attn_config;
+
+/* Fills c with defaults (no router, dense, no RoPE). */
+void moh_attn_config_default(moh_attn_config *c);
+/* Checks every field; the message names the field, its value and what is expected.
+ * label: the file name shown in the message. Returns MOH_OK or MOH_E_CONFIG. */
+int moh_attn_config_validate(const moh_attn_config *c, const char *label, moh_error *err);
+/* Parses a LAYER.json (keys: hidden_size, num_attention_heads, num_key_value_heads, head_dim,
+ * shared_heads, top_k, router, causal, qkv_bias, proj_bias, rope_theta, load_balance_coef),
+ * then validates. fused_qkv is not a JSON key: it is set from the weights file. */
+int moh_attn_config_parse_json(moh_attn_config *c, const char *text, size_t len, const char *label,
+                               moh_error *err);
+
+#endif /* MOH_H */

@@ -1,0 +1,15 @@
+#include "moh.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+int moh_fail(moh_error *err, int code, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}

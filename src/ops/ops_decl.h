@@ -1,0 +1,59 @@
+/* Template of the op prototypes: included twice by ops.h, with real = float / F(x) = x##_f32 and
+ * real = double / F(x) = x##_f64. No include guard on purpose.
+ *
+ * Conventions: row-major; M = number of rows (tokens); backward functions ACCUMULATE (+=) into
+ * every gradient they write (dinp, dweight, dbias); any gradient pointer may be NULL to skip it. */
+
+/* out[M,O] = inp[M,I] @ w[O,I]^T + b[O] (b may be NULL). PyTorch nn.Linear. */
+void F(linear_forward)(real *out, const real *inp, const real *w, const real *b, int M, int I, int O);
+void F(linear_backward)(real *dinp, real *dw, real *db, const real *dout, const real *inp,
+                        const real *w, int M, int I, int O);
+
+/* LayerNorm over the last dim C: out = (x - mean) * rstd * w + b; mean[M], rstd[M] saved. */
+void F(layernorm_forward)(real *out, real *mean, real *rstd, const real *inp, const real *w,
+                          const real *b, int M, int C, real eps);
+void F(layernorm_backward)(real *dinp, real *dw, real *db, const real *dout, const real *inp,
+                           const real *w, const real *mean, const real *rstd, int M, int C);
+
+/* RMSNorm (HF LlamaRMSNorm): out = x * rsqrt(mean(x^2) + eps) * w; rstd[M] saved. */
+void F(rmsnorm_forward)(real *out, real *rstd, const real *inp, const real *w, int M, int C, real eps);
+void F(rmsnorm_backward)(real *dinp, real *dw, const real *dout, const real *inp, const real *w,
+                         const real *rstd, int M, int C);
+
+/* GELU, exact erf form (timm ViT, nn.GELU()) and tanh form (DiT, nn.GELU(approximate="tanh")). */
+void F(gelu_erf_forward)(real *out, const real *inp, long n);
+void F(gelu_erf_backward)(real *dinp, const real *dout, const real *inp, long n);
+void F(gelu_tanh_forward)(real *out, const real *inp, long n);
+void F(gelu_tanh_backward)(real *dinp, const real *dout, const real *inp, long n);
+
+/* SiLU x*sigmoid(x), and SwiGLU out = silu(gate) * up (HF LlamaMLP), all [n]. */
+void F(silu_forward)(real *out, const real *inp, long n);
+void F(silu_backward)(real *dinp, const real *dout, const real *inp, long n);
+void F(swiglu_forward)(real *out, const real *gate, const real *up, long n);
+void F(swiglu_backward)(real *dgate, real *dup, const real *dout, const real *gate, const real *up, long n);
+
+/* Row softmax over the last dim: out[M,N]. Backward uses the saved output. */
+void F(softmax_forward)(real *out, const real *inp, int M, int N);
+void F(softmax_backward)(real *dinp, const real *dout, const real *out, int M, int N);
+
+/* Cross-entropy over logits[M,V] with integer targets[M] (rows with target < 0 are ignored),
+ * optional label smoothing eps (PyTorch F.cross_entropy(label_smoothing=eps)). Writes the
+ * softmax probs[M,V] for backward; returns the mean loss in nats over non-ignored rows
+ * (0 if none). backward: dlogits += dloss * d(mean loss)/d(logits). */
+real F(cross_entropy_forward)(real *probs, const real *logits, const int *targets, int M, int V,
+                              real label_smoothing);
+void F(cross_entropy_backward)(real *dlogits, const real *probs, const int *targets, int M, int V,
+                               real label_smoothing, real dloss);
+
+/* Embedding lookup: out[M,C] = table[ids[m], :]; backward scatters into dtable[V,C]. */
+void F(embedding_forward)(real *out, const int *ids, const real *table, int M, int C);
+void F(embedding_backward)(real *dtable, const real *dout, const int *ids, int M, int C);
+
+/* RoPE, rotate-half (HF LLaMA): in place on x viewed as T rows of n_heads * head_dim values
+ * starting every row_stride elements; row t has position pos[t]. Pairs (j, j + head_dim/2),
+ * inv_freq_j = 1 / theta^(2j/head_dim), angle = pos * inv_freq_j, computed in `real` precision
+ * like HF's float32 path. head_dim must be even. backward applies the inverse rotation in place. */
+void F(rope_forward)(real *x, int T, int row_stride, int n_heads, int head_dim, const int *pos,
+                     double theta);
+void F(rope_backward)(real *dx, int T, int row_stride, int n_heads, int head_dim, const int *pos,
+                      double theta);
