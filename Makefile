@@ -1,0 +1,29 @@
+# Thin wrapper over CMake/CTest so the common commands are short. `make help` lists them.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+
+.PHONY: all test asan fuzz clean help
+all:
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: all
+	ctest --test-dir $(BUILD) --output-on-failure
+
+asan:
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMOH_SANITIZE=ON >/dev/null
+	@cmake --build build-asan -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure
+
+# Each fuzz target for FUZZ_SECONDS (default 30) from its seed corpus.
+fuzz:
+	./tools/fuzz.sh
+
+clean:
+	rm -rf $(BUILD) build-asan build-fuzz
+
+help:
+	@echo "make          build moh (Release, $(BUILD)/moh)"
+	@echo "make test     build and run the test suite (CTest)"
+	@echo "make asan     the same tests under AddressSanitizer + UBSan"
+	@echo "make fuzz     run every fuzz target for FUZZ_SECONDS (needs clang)"

@@ -1,0 +1,39 @@
+/* moh: command-line entry point. One subcommand per file (cmd_*.c). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "moh.h"
+#include "ops/gemm.h"
+
+typedef struct subcommand {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} subcommand;
+
+static const subcommand SUBCOMMANDS[] = {
+    {"layer", cmd_layer, "run one MoH attention layer on safetensors inputs (parity with PyTorch)"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "moh %s: train, run and analyse Mixture-of-Head attention transformers\n\n", MOH_VERSION);
+    fprintf(f, "usage: moh <command> [options]   (moh <command> --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof SUBCOMMANDS / sizeof SUBCOMMANDS[0]; i++)
+        fprintf(f, "  %-8s %s\n", SUBCOMMANDS[i].name, SUBCOMMANDS[i].summary);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("moh %s (GEMM: %s)\n", MOH_VERSION, gemm_library());
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof SUBCOMMANDS / sizeof SUBCOMMANDS[0]; i++)
+        if (!strcmp(argv[1], SUBCOMMANDS[i].name)) return SUBCOMMANDS[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "moh: unknown command '%s' (run 'moh --help' for the list)\n", argv[1]);
+    return 2;
+}

@@ -1,0 +1,71 @@
+/* Template of the attention-layer prototypes: included twice by attn.h (float: _f32, double:
+ * _f64). No include guard on purpose. Shapes: see attn.h. */
+
+/* Parameters of one layer, views into a caller-owned buffer. Absent tensors are NULL. */
+typedef struct F(attn_params) {
+    real *w_qkv; /* [(h + 2 h_kv) d, C]: q rows (head i: rows i*d..), then k rows, then v rows */
+    real *b_qkv; /* [(h + 2 h_kv) d] when qkv_bias */
+    real *w_o;   /* [C, h d] */
+    real *b_o;   /* [C] when proj_bias */
+    real *w_r;   /* wg   [E, C]   learned router with top_k >= 1 */
+    real *w_h;   /* wg_0 [2, C]   learned router with top_k >= 1 and h_s >= 1 */
+    real *w_s;   /* wg_1 [h_s, C] learned router with h_s >= 2 */
+} F(attn_params);
+
+/* Activations saved by forward for backward; owns its memory (one allocation). */
+typedef struct F(attn_cache) {
+    int B, N;
+    const real *x; /* [T, C], borrowed from the caller, must outlive backward */
+    real *qkv;     /* [T, (h + 2 h_kv) d] projections; q and k after RoPE */
+    real *q_pre;   /* [T, h d] queries before RoPE (query_norm router only, else NULL) */
+    real *att;     /* [B, h, N, N] attention probabilities (reference path) */
+    real *o;       /* [T, h d] head outputs before gating */
+    real *og;      /* [T, h d] gated head outputs (input of W_o) */
+    real *gates;   /* [T, h] gate of each head (0 when not selected) */
+    real *p;       /* [T, E] router scores: softmax(wg x) or softmax(||q|| / std) */
+    real *mask;    /* [T, E] 1 for the top_k selected routed heads, else 0 */
+    real *r;       /* [T, E] learned: K * p * mask / sum(p * mask) */
+    real *denom;   /* [T] learned: max(sum(p * mask), eps) */
+    real *s;       /* [T, h_s] softmax(wg_1 x) (not yet scaled by h_s) */
+    real *a;       /* [T, 2] softmax(wg_0 x) (not yet scaled by 2) */
+    real *qn;      /* [T, E] query norms (query_norm router) */
+    real *qstd;    /* [T] unbiased std of qn across routed heads */
+    real *scratch; /* [T, E + W + h_s + 2], W = max(E, h_s, 2): router backward */
+    real *datt;    /* [B, h, N, N] backward scratch (reference path) */
+    real *dog;     /* [T, h d] backward scratch: d og, then d o */
+    real *dqkv;    /* [T, (h + 2 h_kv) d] backward scratch */
+    real *dgates;  /* [T, h] backward scratch */
+    int *pos;      /* [T] RoPE position of each token (n for token (b, n)) */
+    real lb_loss;  /* E * sum_i P_i f_i (spec §2); 0 when no routing */
+    void *block;   /* the single allocation behind the arrays above */
+} F(attn_cache);
+
+/* Points p's fields into buf (may be NULL to only count) in the order w_qkv, b_qkv, w_o, b_o,
+ * w_r, w_h, w_s, skipping absent ones. Returns the number of values the layer has. */
+size_t F(attn_params_bind)(F(attn_params) *p, real *buf, const moh_attn_config *cfg);
+
+/* Allocates a cache for batch B and sequence length N. Returns MOH_OK or MOH_E_NOMEM. */
+int F(attn_cache_init)(F(attn_cache) *c, const moh_attn_config *cfg, int B, int N, moh_error *err);
+void F(attn_cache_free)(F(attn_cache) *c);
+
+/* Router forward (spec §1 steps 1-4, §2, §3): gates [T,h], lb_loss and router activations, from
+ * x [T, C] and the pre-RoPE projections qkv [T, (h+2h_kv) d] (query_norm reads ||q||). */
+void F(router_forward)(const moh_attn_config *cfg, const F(attn_params) *prm, const real *x,
+                       const real *qkv, int T, F(attn_cache) *c);
+/* Router backward: from dgates [T, h] and the load-balance loss weight lb_scale (= beta),
+ * accumulates dx [T, C], router weight grads into g, and (query_norm) d q_pre into dqkv's q
+ * columns [T, (h+2h_kv) d]. Query-norm gates are constants (spec §10): only the
+ * load-balance term reaches q. */
+void F(router_backward)(const moh_attn_config *cfg, const F(attn_params) *prm,
+                        const F(attn_params) *g, const F(attn_cache) *c, const real *dgates,
+                        real lb_scale, real *dx, real *dqkv, int T);
+
+/* Reference MoH attention forward (spec §1 step 5: every head computed, then gated):
+ * x [B, N, C] -> y [B, N, C]; fills c (gates, lb_loss, activations). */
+void F(attn_forward)(const moh_attn_config *cfg, const F(attn_params) *prm, const real *x,
+                     int B, int N, real *y, F(attn_cache) *c);
+/* Reference backward of L = sum(y * dy) + lb_scale * lb_loss: accumulates dx [B, N, C] (may be
+ * NULL) and every parameter gradient into g (same layout as prm; NULL fields skipped). */
+void F(attn_backward)(const moh_attn_config *cfg, const F(attn_params) *prm,
+                      const F(attn_params) *g, const F(attn_cache) *c, const real *dy,
+                      real lb_scale, real *dx);

@@ -1,0 +1,20 @@
+/* MoH routers (learned two-stage, query-norm, none) and the load-balance loss: float32 and
+ * float64 instantiations of router_impl.h. */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn/attn.h"
+
+#define real float
+#define F(x) x##_f32
+#include "router_impl.h"
+#undef real
+#undef F
+
+#define real double
+#define F(x) x##_f64
+#include "router_impl.h"
+#undef real
+#undef F

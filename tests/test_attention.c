@@ -1,0 +1,182 @@
+/* MoH attention layer (reference path): float64 finite-difference gradient checks of every input
+ * and parameter, for every router and layer option; float32 vs float64 agreement; invariants of
+ * the gates (spec §1: groups sum to their size, unselected heads exactly 0). */
+#include <math.h>
+#include <string.h>
+
+#include "attn/attn.h"
+#include "test_util.h"
+
+typedef struct layer_case {
+    const char *name;
+    int C, h, hkv, d, hs, K;
+    moh_router router;
+    bool causal, qkv_bias, proj_bias;
+    double rope, beta;
+    int B, N;
+} layer_case;
+
+static moh_attn_config make_cfg(const layer_case *lc) {
+    moh_attn_config c;
+    moh_attn_config_default(&c);
+    c.hidden_size = lc->C;
+    c.n_heads = lc->h;
+    c.n_kv_heads = lc->hkv;
+    c.head_dim = lc->d;
+    c.shared_heads = lc->hs;
+    c.top_k = lc->K;
+    c.router = lc->router;
+    c.causal = lc->causal;
+    c.qkv_bias = lc->qkv_bias;
+    c.proj_bias = lc->proj_bias;
+    c.rope_theta = lc->rope;
+    c.load_balance_coef = lc->beta;
+    return c;
+}
+
+/* L = sum(y * dy) + beta * lb_loss in float64. */
+static double loss_f64(const moh_attn_config *cfg, const attn_params_f64 *p, const double *x,
+                       const double *dy, int B, int N, double *y, attn_cache_f64 *c) {
+    attn_forward_f64(cfg, p, x, B, N, y, c);
+    double L = 0.0;
+    for (long i = 0; i < (long)B * N * cfg->hidden_size; i++) L += y[i] * dy[i];
+    return L + cfg->load_balance_coef * c->lb_loss;
+}
+
+static double fd_check(test_ctx *ctx, const char *what, const moh_attn_config *cfg,
+                       const attn_params_f64 *p, double *vals, const double *grad, long n,
+                       const double *x, const double *dy, int B, int N, double *y,
+                       attn_cache_f64 *c) {
+    const double eps = 1e-6;
+    double *num = malloc(sizeof(double) * (size_t)n);
+    for (long i = 0; i < n; i++) {
+        const double v = vals[i];
+        vals[i] = v + eps;
+        const double lp = loss_f64(cfg, p, x, dy, B, N, y, c);
+        vals[i] = v - eps;
+        const double lm = loss_f64(cfg, p, x, dy, B, N, y, c);
+        vals[i] = v;
+        num[i] = (lp - lm) / (2 * eps);
+    }
+    double scale = 0.0;
+    for (long i = 0; i < n; i++) scale = fabs(num[i]) > scale ? fabs(num[i]) : scale;
+    /* a gradient that is exactly zero (e.g. top-1 gates r = p/p = 1) is checked absolutely */
+    double err = test_rel_err_f64(grad, num, n);
+    if (scale < 1e-9) {
+        err = 0.0;
+        for (long i = 0; i < n; i++) err = fmax(err, fabs(grad[i] - num[i]));
+    }
+    CHECK(ctx, err < 1e-6, "%s: gradient of %s: rel err %.3g vs finite differences", cfg->router == MOH_ROUTER_NONE ? "none" : "routed", what, err);
+    free(num);
+    return err;
+}
+
+static void run_case(test_ctx *ctx, const layer_case *lc, uint64_t seed) {
+    moh_attn_config cfg = make_cfg(lc);
+    moh_error err;
+    CHECK(ctx, moh_attn_config_validate(&cfg, lc->name, &err) == MOH_OK, "%s: invalid: %s", lc->name, err.msg);
+    const int B = lc->B, N = lc->N, C = lc->C, h = lc->h;
+    const long T = (long)B * N, np = (long)attn_params_bind_f64(&(attn_params_f64){0}, NULL, &cfg);
+    test_rng rng = {seed};
+    double *w = malloc(sizeof(double) * np), *gw = calloc(np, sizeof(double));
+    double *x = malloc(sizeof(double) * T * C), *dy = malloc(sizeof(double) * T * C);
+    double *dx = calloc(T * C, sizeof(double)), *y = malloc(sizeof(double) * T * C);
+    attn_params_f64 p, g;
+    attn_params_bind_f64(&p, w, &cfg);
+    attn_params_bind_f64(&g, gw, &cfg);
+    for (long i = 0; i < np; i++) w[i] = test_rng_uniform(&rng) * 0.6;
+    for (long i = 0; i < T * C; i++) x[i] = test_rng_uniform(&rng);
+    for (long i = 0; i < T * C; i++) dy[i] = test_rng_uniform(&rng);
+    attn_cache_f64 c;
+    CHECK(ctx, attn_cache_init_f64(&c, &cfg, B, N, &err) == MOH_OK, "cache: %s", err.msg);
+
+    loss_f64(&cfg, &p, x, dy, B, N, y, &c);
+    attn_backward_f64(&cfg, &p, &g, &c, dy, cfg.load_balance_coef, dx);
+
+    /* gate invariants (spec §1) */
+    const int E = attn_routed_heads(&cfg), hs = cfg.shared_heads;
+    for (long t = 0; t < T; t++) {
+        const double *gt = c.gates + t * h;
+        int active = 0;
+        double rsum = 0.0;
+        for (int i = 0; i < h; i++) active += gt[i] != 0.0;
+        for (int j = 0; j < E; j++) rsum += gt[hs + j];
+        if (cfg.router == MOH_ROUTER_NONE) {
+            CHECK(ctx, active == h && gt[0] == 1.0, "%s: dense gates must all be 1", lc->name);
+        } else if (cfg.router == MOH_ROUTER_QUERY_NORM) {
+            CHECK(ctx, active == hs + cfg.top_k && fabs(rsum - cfg.top_k) < 1e-12, "%s: query_norm gates binary, %d active", lc->name, active);
+        } else if (cfg.top_k > 0) {
+            CHECK(ctx, active == hs + cfg.top_k, "%s: token %ld has %d active heads, want %d", lc->name, t, active, hs + cfg.top_k);
+            if (hs == 0) CHECK(ctx, fabs(rsum - cfg.top_k) < 1e-9, "%s: routed gates sum %g, want K", lc->name, rsum);
+        }
+    }
+    if (E > 0 && cfg.top_k > 0)
+        CHECK(ctx, c.lb_loss > 0 && c.lb_loss <= (double)E * cfg.top_k + 1e-9, "%s: lb_loss %g out of (0, E*K]", lc->name, c.lb_loss);
+
+    double worst = 0.0, e;
+    e = fd_check(ctx, "x", &cfg, &p, x, dx, T * C, x, dy, B, N, y, &c);
+    worst = e > worst ? e : worst;
+    double *pw[] = {p.w_qkv, p.b_qkv, p.w_o, p.b_o, p.w_r, p.w_h, p.w_s};
+    double *pg[] = {g.w_qkv, g.b_qkv, g.w_o, g.b_o, g.w_r, g.w_h, g.w_s};
+    const char *pn[] = {"w_qkv", "b_qkv", "w_o", "b_o", "wg", "wg_0", "wg_1"};
+    for (int k = 0; k < 7; k++) {
+        if (!pw[k]) continue;
+        /* blocks are contiguous and in this order: the length runs to the next present one */
+        double *next = w + np;
+        for (int j = k + 1; j < 7; j++)
+            if (pw[j]) { next = pw[j]; break; }
+        const long len = next - pw[k];
+        e = fd_check(ctx, pn[k], &cfg, &p, pw[k], pg[k], len, x, dy, B, N, y, &c);
+        worst = e > worst ? e : worst;
+    }
+
+    /* float32 instantiation agrees with float64 */
+    float *w32 = malloc(sizeof(float) * np), *gw32 = calloc(np, sizeof(float));
+    float *x32 = malloc(sizeof(float) * T * C), *dy32 = malloc(sizeof(float) * T * C);
+    float *y32 = malloc(sizeof(float) * T * C), *dx32 = calloc(T * C, sizeof(float));
+    for (long i = 0; i < np; i++) w32[i] = (float)w[i];
+    for (long i = 0; i < T * C; i++) { x32[i] = (float)x[i]; dy32[i] = (float)dy[i]; }
+    attn_params_f32 p32, g32;
+    attn_params_bind_f32(&p32, w32, &cfg);
+    attn_params_bind_f32(&g32, gw32, &cfg);
+    attn_cache_f32 c32;
+    attn_cache_init_f32(&c32, &cfg, B, N, &err);
+    attn_forward_f32(&cfg, &p32, x32, B, N, y32, &c32);
+    attn_backward_f32(&cfg, &p32, &g32, &c32, dy32, (float)cfg.load_balance_coef, dx32);
+    double *tmp = malloc(sizeof(double) * (np > T * C ? np : T * C));
+    loss_f64(&cfg, &p, x, dy, B, N, y, &c); /* restore y after the perturbations */
+    for (long i = 0; i < T * C; i++) tmp[i] = y32[i];
+    const double ey = test_rel_err_f64(tmp, y, T * C);
+    for (long i = 0; i < T * C; i++) tmp[i] = dx32[i];
+    const double edx = test_rel_err_f64(tmp, dx, T * C);
+    for (long i = 0; i < np; i++) tmp[i] = gw32[i];
+    const double egw = test_rel_err_f64(tmp, gw, np);
+    CHECK(ctx, ey < 1e-5 && edx < 1e-5 && egw < 1e-5, "%s: f32 vs f64: y %.2g dx %.2g dw %.2g", lc->name, ey, edx, egw);
+    printf("  %-28s fd worst %.2e   f32/f64: y %.1e dx %.1e dw %.1e   lb %.4f\n", lc->name, worst, ey, edx, egw, c.lb_loss);
+
+    attn_cache_free_f32(&c32);
+    attn_cache_free_f64(&c);
+    free(w); free(gw); free(x); free(dy); free(dx); free(y);
+    free(w32); free(gw32); free(x32); free(dy32); free(y32); free(dx32); free(tmp);
+}
+
+int main(void) {
+    test_ctx ctx = {0};
+    const layer_case cases[] = {
+        /* name                 C  h hkv d hs K  router                 causal qb    pb    rope    beta  B N */
+        {"dense",              12, 3, 3, 4, 0, 0, MOH_ROUTER_NONE,       false, true,  true,  0,      0,    2, 5},
+        {"dense_causal_rope",  12, 3, 3, 4, 0, 0, MOH_ROUTER_NONE,       true,  false, false, 10000,  0,    1, 6},
+        {"learned_hs0",        16, 4, 4, 4, 0, 2, MOH_ROUTER_LEARNED,    false, true,  false, 0,      0.3,  2, 4},
+        {"learned_hs1",        16, 4, 4, 4, 1, 2, MOH_ROUTER_LEARNED,    true,  false, true,  0,      0.3,  1, 5},
+        {"learned_hs2_gqa",    16, 6, 2, 4, 2, 2, MOH_ROUTER_LEARNED,    true,  true,  true,  10000,  0.5,  2, 4},
+        {"learned_hs3_kE",     12, 5, 5, 4, 3, 2, MOH_ROUTER_LEARNED,    false, false, false, 0,      0.1,  1, 5},
+        {"learned_k1_d6",      10, 4, 2, 6, 2, 1, MOH_ROUTER_LEARNED,    false, true,  true,  500000, 0.2,  2, 3},
+        {"learned_all_shared", 12, 3, 3, 4, 3, 0, MOH_ROUTER_LEARNED,    false, true,  false, 0,      0,    1, 4},
+        {"learned_n1",         12, 4, 4, 4, 1, 1, MOH_ROUTER_LEARNED,    true,  true,  true,  10000,  0.3,  3, 1},
+        {"query_norm",         16, 8, 8, 4, 4, 2, MOH_ROUTER_QUERY_NORM, true,  true,  false, 10000,  0.4,  2, 4},
+        {"query_norm_gqa",     16, 8, 2, 4, 4, 3, MOH_ROUTER_QUERY_NORM, false, false, true,  0,      0.2,  1, 5},
+        {"query_norm_beta0",   12, 6, 3, 4, 2, 2, MOH_ROUTER_QUERY_NORM, true,  false, false, 10000,  0,    1, 4},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&ctx, &cases[i], 0x9E3779B97F4A7C15ULL + i);
+    return test_finish("test_attention", &ctx);
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs moh's build and data dependencies from Debian packages (idempotent).
+set -euo pipefail
+pkgs=(build-essential cmake libdnnl-dev libcjson-dev clang libclang-rt-14-dev
+      bible-kjv bible-kjv-text fortunes dataset-fashion-mnist)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+[ ${#missing[@]} -eq 0 ] && exit 0
+SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "installed: ${missing[*]}"
