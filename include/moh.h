@@ -128,4 +128,37 @@ int moh_attn_config_validate(const moh_attn_config *c, const char *label, moh_er
 int moh_attn_config_parse_json(moh_attn_config *c, const char *text, size_t len, const char *label,
                                moh_error *err);
 
+/* ------------------------------------------------------------------------------------------------
+ * Decoder language model (LLaMA-style, MoH attention). config.json uses HF LlamaConfig names.
+ * ---------------------------------------------------------------------------------------------- */
+typedef struct moh_lm_config {
+    int hidden_size;             /* C */
+    int num_hidden_layers;       /* L */
+    int num_attention_heads;     /* h */
+    int num_key_value_heads;     /* h_kv (GQA), default h */
+    int head_dim;                /* default C / h */
+    int intermediate_size;       /* I, SwiGLU width */
+    int vocab_size;              /* V (256: bytes) */
+    int max_position_embeddings; /* default training/eval context T */
+    double rms_norm_eps;
+    double rope_theta;
+    bool tie_word_embeddings;
+    int shared_heads;            /* h_s */
+    int top_k;                   /* K routed heads per token */
+    moh_router router;           /* learned (default) or none (dense MHA twin) */
+    double load_balance_coef;    /* beta, default 0.01 */
+    moh_attn_config attn;        /* derived: causal, RoPE, split projections, no biases */
+} moh_lm_config;
+
+/* Parses and validates config.json (HF LlamaConfig fields plus shared_heads, top_k, router,
+ * load_balance_coef; unknown HF keys such as architectures or torch_dtype are accepted).
+ * Fills cfg->attn. Errors name label, field, value, expectation: MOH_E_FORMAT / MOH_E_CONFIG. */
+int moh_lm_config_parse_json(moh_lm_config *cfg, const char *text, size_t len, const char *label,
+                             moh_error *err);
+/* Checks the fields and derives cfg->attn. MOH_OK or MOH_E_CONFIG. */
+int moh_lm_config_finalize(moh_lm_config *cfg, const char *label, moh_error *err);
+/* config.json text (malloc'd, caller frees) that transformers' LlamaForCausalLM loads: the HF
+ * fields plus architectures, model_type "llama", hidden_act "silu", and the MoH fields. */
+char *moh_lm_config_to_json(const moh_lm_config *cfg);
+
 #endif /* MOH_H */

@@ -1,0 +1,60 @@
+/* Decoder LM: float32 and float64 instantiations of lm_impl.h, and the tensor names. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/lm.h"
+
+#define real float
+#define F(x) x##_f32
+#include "lm_impl.h"
+#undef real
+#undef F
+
+#define real double
+#define F(x) x##_f64
+#include "lm_impl.h"
+#undef real
+#undef F
+
+static void push(lm_tensor *t, int *n, size_t *off, bool decay, int64_t r, int64_t c, const char *fmt, int layer) {
+    lm_tensor *e = &t[(*n)++];
+    snprintf(e->name, sizeof e->name, fmt, layer);
+    e->ndim = c > 0 ? 2 : 1;
+    e->shape[0] = r;
+    e->shape[1] = c > 0 ? c : 0;
+    e->numel = (size_t)r * (size_t)(c > 0 ? c : 1);
+    e->offset = *off;
+    e->decay = decay;
+    *off += e->numel;
+}
+
+lm_tensor *lm_tensors(const moh_lm_config *cfg, int *n) {
+    const moh_attn_config *a = &cfg->attn;
+    const int L = cfg->num_hidden_layers;
+    const int64_t C = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
+    const int64_t hd = (int64_t)a->n_heads * a->head_dim, kvd = (int64_t)a->n_kv_heads * a->head_dim;
+    lm_tensor *t = calloc((size_t)L * 12 + 3, sizeof *t);
+    if (!t) return NULL;
+    size_t off = 0;
+    *n = 0;
+    push(t, n, &off, true, V, C, "model.embed_tokens.weight", 0);
+    for (int l = 0; l < L; l++) {
+        push(t, n, &off, false, C, 0, "model.layers.%d.input_layernorm.weight", l);
+        push(t, n, &off, true, hd, C, "model.layers.%d.self_attn.q_proj.weight", l);
+        push(t, n, &off, true, kvd, C, "model.layers.%d.self_attn.k_proj.weight", l);
+        push(t, n, &off, true, kvd, C, "model.layers.%d.self_attn.v_proj.weight", l);
+        push(t, n, &off, true, C, hd, "model.layers.%d.self_attn.o_proj.weight", l);
+        if (attn_has_wg(a)) push(t, n, &off, true, attn_routed_heads(a), C, "model.layers.%d.self_attn.wg.weight", l);
+        if (attn_has_wg0(a)) push(t, n, &off, true, 2, C, "model.layers.%d.self_attn.wg_0.weight", l);
+        if (attn_has_wg1(a)) push(t, n, &off, true, a->shared_heads, C, "model.layers.%d.self_attn.wg_1.weight", l);
+        push(t, n, &off, false, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        push(t, n, &off, true, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
+        push(t, n, &off, true, I, C, "model.layers.%d.mlp.up_proj.weight", l);
+        push(t, n, &off, true, C, I, "model.layers.%d.mlp.down_proj.weight", l);
+    }
+    push(t, n, &off, false, C, 0, "model.norm.weight", 0);
+    if (!cfg->tie_word_embeddings) push(t, n, &off, true, V, C, "lm_head.weight", 0);
+    return t;
+}

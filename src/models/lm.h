@@ -1,0 +1,36 @@
+/* Decoder LM (spec: issue "main job"): token embedding [V, C] -> L x [RMSNorm -> MoH attention
+ * (causal, RoPE, split q/k/v/o, optional GQA, learned router or none) -> residual -> RMSNorm ->
+ * SwiGLU MLP -> residual] -> RMSNorm -> LM head [V, C] (optionally tied to the embedding).
+ * Loss = mean cross-entropy + beta * mean over layers of the load-balance loss (spec §2).
+ * Parameters live in one contiguous buffer, in checkpoint order (lm_tensors). */
+#ifndef MOH_LM_H
+#define MOH_LM_H
+#include "attn/attn.h"
+#include "moh.h"
+
+#define real float
+#define F(x) x##_f32
+#include "lm_decl.h"
+#undef real
+#undef F
+
+#define real double
+#define F(x) x##_f64
+#include "lm_decl.h"
+#undef real
+#undef F
+
+/* One named checkpoint tensor of the model (HF LlamaForCausalLM names), a view into a buffer
+ * laid out like lm_params. */
+typedef struct lm_tensor {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    size_t offset; /* in floats from the start of the parameter buffer */
+    size_t numel;
+    bool decay;    /* AdamW weight decay applies (matrices, not norms) */
+} lm_tensor;
+
+/* The model's tensors in buffer order; *n gets the count. Caller frees the array. NULL on OOM. */
+lm_tensor *lm_tensors(const moh_lm_config *cfg, int *n);
+#endif

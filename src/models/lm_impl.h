@@ -1,0 +1,160 @@
+/* Decoder LM template (instantiated by lm.c): LLaMA-style blocks of RMSNorm -> MoH attention ->
+ * residual -> RMSNorm -> SwiGLU MLP -> residual, final RMSNorm, LM head. */
+
+int F(lm_params_init)(F(lm_params) *p, const moh_lm_config *cfg, moh_error *err) {
+    memset(p, 0, sizeof *p);
+    const int L = cfg->num_hidden_layers;
+    const size_t C = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size, V = (size_t)cfg->vocab_size;
+    const size_t na = F(attn_params_bind)(&(F(attn_params)){0}, NULL, &cfg->attn);
+    const size_t per_block = C + na + C + 3 * I * C;
+    p->n = V * C + (size_t)L * per_block + C + (cfg->tie_word_embeddings ? 0 : V * C);
+    p->data = calloc(p->n, sizeof(real));
+    p->blocks = calloc((size_t)L, sizeof *p->blocks);
+    if (!p->data || !p->blocks) {
+        F(lm_params_free)(p);
+        return moh_fail(err, MOH_E_NOMEM, "model: cannot allocate %zu parameters", p->n);
+    }
+    real *cur = p->data;
+    p->embed = cur; cur += V * C;
+    for (int l = 0; l < L; l++) {
+        F(lm_block) *b = &p->blocks[l];
+        b->ln1 = cur; cur += C;
+        F(attn_params_bind)(&b->attn, cur, &cfg->attn); cur += na;
+        b->ln2 = cur; cur += C;
+        b->w_gate = cur; cur += I * C;
+        b->w_up = cur; cur += I * C;
+        b->w_down = cur; cur += C * I;
+    }
+    p->norm = cur; cur += C;
+    p->lm_head = cfg->tie_word_embeddings ? p->embed : cur;
+    return MOH_OK;
+}
+
+void F(lm_params_free)(F(lm_params) *p) {
+    free(p->data);
+    free(p->blocks);
+    memset(p, 0, sizeof *p);
+}
+
+int F(lm_acts_init)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, moh_error *err) {
+    memset(a, 0, sizeof *a);
+    const size_t L = (size_t)cfg->num_hidden_layers, BT = (size_t)B * T;
+    const size_t C = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size, V = (size_t)cfg->vocab_size;
+    real **fields[] = {&a->resid, &a->mid, &a->ln1, &a->ln1_rstd, &a->attn_out, &a->ln2, &a->ln2_rstd,
+                       &a->gate, &a->up, &a->act, &a->lnf, &a->lnf_rstd, &a->logits, &a->probs,
+                       &a->dres, &a->dtmp, &a->dff, &a->dlogits};
+    const size_t sizes[] = {(L + 1) * BT * C, L * BT * C, L * BT * C, L * BT, L * BT * C, L * BT * C, L * BT,
+                            L * BT * I, L * BT * I, L * BT * I, BT * C, BT, BT * V, BT * V,
+                            BT * C, BT * C, 3 * BT * I, BT * V};
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
+    a->block = malloc(total * sizeof(real));
+    a->attn = calloc(L, sizeof *a->attn);
+    if (!a->block || !a->attn) {
+        F(lm_acts_free)(a);
+        return moh_fail(err, MOH_E_NOMEM, "model: cannot allocate activations for B=%d T=%d (%zu MiB)",
+                        B, T, (total * sizeof(real)) >> 20);
+    }
+    real *cur = a->block;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        *fields[i] = cur;
+        cur += sizes[i];
+    }
+    for (size_t l = 0; l < L; l++) {
+        if (F(attn_cache_init)(&a->attn[l], &cfg->attn, B, T, err)) {
+            F(lm_acts_free)(a);
+            return err ? err->code : MOH_E_NOMEM;
+        }
+        a->n_attn = (int)l + 1;
+    }
+    a->B = B;
+    a->T = T;
+    return MOH_OK;
+}
+
+void F(lm_acts_free)(F(lm_acts) *a) {
+    for (int l = 0; l < a->n_attn; l++) F(attn_cache_free)(&a->attn[l]);
+    free(a->attn);
+    free(a->block);
+    memset(a, 0, sizeof *a);
+}
+
+real F(lm_forward)(const moh_lm_config *cfg, const F(lm_params) *p, F(lm_acts) *a,
+                   const int *tokens, const int *targets, int B, int T) {
+    const int L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size;
+    const int V = cfg->vocab_size, BT = B * T;
+    const real eps = (real)cfg->rms_norm_eps;
+    a->B = B;
+    a->T = T;
+    F(embedding_forward)(a->resid, tokens, p->embed, BT, C);
+    int routing = 0;
+    double lb = 0.0;
+    for (int l = 0; l < L; l++) {
+        const F(lm_block) *b = &p->blocks[l];
+        real *x = a->resid + (size_t)l * BT * C, *xo = a->resid + (size_t)(l + 1) * BT * C;
+        real *ln1 = a->ln1 + (size_t)l * BT * C, *ao = a->attn_out + (size_t)l * BT * C;
+        real *ln2 = a->ln2 + (size_t)l * BT * C;
+        real *gate = a->gate + (size_t)l * BT * I, *up = a->up + (size_t)l * BT * I;
+        real *act = a->act + (size_t)l * BT * I;
+        F(rmsnorm_forward)(ln1, a->ln1_rstd + (size_t)l * BT, x, b->ln1, BT, C, eps);
+        F(attn_forward)(&cfg->attn, &b->attn, ln1, B, T, ao, &a->attn[l]);
+        if (attn_routed_heads(&cfg->attn) > 0 && cfg->attn.top_k > 0) {
+            lb += a->attn[l].lb_loss; /* every layer routes alike: the mean is over all L */
+            routing++;
+        }
+        real *mid = a->mid + (size_t)l * BT * C;
+        for (size_t i = 0; i < (size_t)BT * C; i++) mid[i] = x[i] + ao[i];
+        F(rmsnorm_forward)(ln2, a->ln2_rstd + (size_t)l * BT, mid, b->ln2, BT, C, eps);
+        F(linear_forward)(gate, ln2, b->w_gate, NULL, BT, C, I);
+        F(linear_forward)(up, ln2, b->w_up, NULL, BT, C, I);
+        F(swiglu_forward)(act, gate, up, (long)BT * I);
+        F(linear_forward)(a->dtmp, act, b->w_down, NULL, BT, I, C); /* dtmp: MLP output */
+        for (size_t i = 0; i < (size_t)BT * C; i++) xo[i] = mid[i] + a->dtmp[i];
+    }
+    a->lb_loss = routing ? (real)(lb / routing) : 0;
+    const real *xf = a->resid + (size_t)L * BT * C;
+    F(rmsnorm_forward)(a->lnf, a->lnf_rstd, xf, p->norm, BT, C, eps);
+    F(linear_forward)(a->logits, a->lnf, p->lm_head, NULL, BT, C, V);
+    if (!targets) {
+        a->ce_loss = 0;
+        return 0;
+    }
+    a->ce_loss = F(cross_entropy_forward)(a->probs, a->logits, targets, BT, V, 0);
+    return a->ce_loss + (real)cfg->load_balance_coef * a->lb_loss;
+}
+
+void F(lm_backward)(const moh_lm_config *cfg, const F(lm_params) *p, const F(lm_params) *g,
+                    F(lm_acts) *a, const int *tokens, const int *targets) {
+    const int L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size;
+    const int V = cfg->vocab_size, B = a->B, T = a->T, BT = B * T;
+    const size_t nC = (size_t)BT * C, nI = (size_t)BT * I;
+    const bool routed = attn_routed_heads(&cfg->attn) > 0 && cfg->attn.top_k > 0;
+    const real lb_scale = routed ? (real)(cfg->load_balance_coef / L) : 0;
+    real *dres = a->dres, *dtmp = a->dtmp;
+    real *dact = a->dff, *dgate = a->dff + nI, *dup = a->dff + 2 * nI;
+    memset(a->dlogits, 0, sizeof(real) * (size_t)BT * V);
+    F(cross_entropy_backward)(a->dlogits, a->probs, targets, BT, V, 0, 1);
+    memset(dtmp, 0, sizeof(real) * nC);
+    F(linear_backward)(dtmp, g->lm_head, NULL, a->dlogits, a->lnf, p->lm_head, BT, C, V);
+    memset(dres, 0, sizeof(real) * nC);
+    F(rmsnorm_backward)(dres, g->norm, dtmp, a->resid + (size_t)L * nC, p->norm, a->lnf_rstd, BT, C);
+    for (int l = L - 1; l >= 0; l--) {
+        const F(lm_block) *b = &p->blocks[l];
+        const F(lm_block) *gb = &g->blocks[l];
+        /* MLP branch of x_{l+1} = x1 + down(swiglu(gate(ln2(x1)), up(ln2(x1)))) */
+        memset(a->dff, 0, sizeof(real) * 3 * nI);
+        F(linear_backward)(dact, gb->w_down, NULL, dres, a->act + (size_t)l * nI, b->w_down, BT, I, C);
+        F(swiglu_backward)(dgate, dup, dact, a->gate + (size_t)l * nI, a->up + (size_t)l * nI, (long)nI);
+        memset(dtmp, 0, sizeof(real) * nC);
+        F(linear_backward)(dtmp, gb->w_gate, NULL, dgate, a->ln2 + (size_t)l * nC, b->w_gate, BT, C, I);
+        F(linear_backward)(dtmp, gb->w_up, NULL, dup, a->ln2 + (size_t)l * nC, b->w_up, BT, C, I);
+        F(rmsnorm_backward)(dres, gb->ln2, dtmp, a->mid + (size_t)l * nC, b->ln2,
+                            a->ln2_rstd + (size_t)l * BT, BT, C);
+        /* attention branch of x1 = x_l + attn(ln1(x_l)) */
+        memset(dtmp, 0, sizeof(real) * nC);
+        F(attn_backward)(&cfg->attn, &b->attn, &gb->attn, &a->attn[l], dres, lb_scale, dtmp);
+        F(rmsnorm_backward)(dres, gb->ln1, dtmp, a->resid + (size_t)l * nC, b->ln1,
+                            a->ln1_rstd + (size_t)l * BT, BT, C);
+    }
+    F(embedding_backward)(g->embed, dres, tokens, BT, C);
+}
