@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Installs moh's build and data dependencies from Debian packages (idempotent).
+# Installs moh's dependencies from Debian packages (idempotent; sudo only when not root).
+#   tools/setup.sh         build + test dependencies and the data packages
+#   tools/setup.sh build   build + test dependencies only (what CI needs)
 set -euo pipefail
-pkgs=(build-essential cmake libdnnl-dev libcjson-dev clang libclang-rt-14-dev
-      bible-kjv bible-kjv-text fortunes dataset-fashion-mnist)
+pkgs=(build-essential cmake libdnnl-dev libcjson-dev clang libclang-rt-14-dev)
+[ "${1:-all}" = build ] || pkgs+=(bible-kjv bible-kjv-text fortunes dataset-fashion-mnist)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 [ ${#missing[@]} -eq 0 ] && exit 0
