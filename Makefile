@@ -27,3 +27,10 @@ help:
 	@echo "make test     build and run the test suite (CTest)"
 	@echo "make asan     the same tests under AddressSanitizer + UBSan"
 	@echo "make fuzz     run every fuzz target for FUZZ_SECONDS (needs clang)"
+
+# The decoder LM against PyTorch through the CLI: moh train/eval checkpoints, logits and first-step
+# gradients compared with transformers (dense) and tools/ref/lm_ref.py (MoH). Needs python3 with
+# torch, safetensors and transformers.
+.PHONY: interop
+interop: all
+	python3 tools/ref/interop_lm.py --moh $(BUILD)/moh

@@ -2,10 +2,16 @@
  * code (0 success, 1 runtime error, 2 usage error) and prints errors as one line to stderr. */
 #ifndef MOH_CLI_H
 #define MOH_CLI_H
+#include <stdbool.h>
 #include <stddef.h>
 
 int cmd_layer(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_sample(int argc, char **argv);
 
-/* Reads a whole file (at most max_bytes) into a NUL-terminated malloc'd buffer; *len = bytes. */
-char *cli_read_file(const char *path, size_t max_bytes, size_t *len, char *errbuf, size_t errlen);
+/* A config given as a file path, or as a NAME found as configs/NAME.json in the working directory
+ * or beside the executable (../configs). Writes the path found to out; false if none. */
+bool cli_resolve_config(const char *name, char *out, size_t cap);
+
 #endif

@@ -6,60 +6,9 @@
 #include <string.h>
 
 #include "attn/attn.h"
+#include "args.h"
 #include "cli.h"
-
-static const char *LAYER_HELP =
-    "usage: moh layer --config LAYER.json --weights W.safetensors --input X.safetensors\n"
-    "                 [--grad-output DY.safetensors] --output OUT.safetensors\n"
-    "\n"
-    "Runs one MoH attention layer (reference path: every head computed, then gated).\n"
-    "  --config FILE       layer JSON: hidden_size, num_attention_heads, num_key_value_heads,\n"
-    "                      head_dim, shared_heads, top_k, router (learned|query_norm|none),\n"
-    "                      causal, qkv_bias, proj_bias, rope_theta, load_balance_coef\n"
-    "  --weights FILE      official tensor names, fused (qkv/proj) or split (q_proj/k_proj/\n"
-    "                      v_proj/o_proj), plus wg/wg_0/wg_1 as the router needs\n"
-    "  --input FILE        tensor 'x' [B, N, hidden_size]\n"
-    "  --grad-output FILE  tensor 'dy' [B, N, hidden_size]: also compute gradients of\n"
-    "                      L = sum(y * dy) + load_balance_coef * lb_loss\n"
-    "  --output FILE       written (F32): y [B,N,C], gates [B,N,h], lb_loss [1], and with\n"
-    "                      --grad-output grad.x and grad.<name> for every weight\n";
-
-typedef struct layer_args {
-    const char *config, *weights, *input, *grad_output, *output;
-} layer_args;
-
-static int parse_args(int argc, char **argv, layer_args *a) {
-    memset(a, 0, sizeof *a);
-    for (int i = 1; i < argc; i++) {
-        const char *k = argv[i];
-        if (!strcmp(k, "--help") || !strcmp(k, "-h")) {
-            fputs(LAYER_HELP, stdout);
-            return 1;
-        }
-        const char **slot = !strcmp(k, "--config")        ? &a->config
-                            : !strcmp(k, "--weights")     ? &a->weights
-                            : !strcmp(k, "--input")       ? &a->input
-                            : !strcmp(k, "--grad-output") ? &a->grad_output
-                            : !strcmp(k, "--output")      ? &a->output
-                                                          : NULL;
-        if (!slot) {
-            fprintf(stderr, "moh layer: unknown option '%s' (see moh layer --help)\n", k);
-            return 2;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "moh layer: option %s needs a value\n", k);
-            return 2;
-        }
-        *slot = argv[++i];
-    }
-    const char *missing = !a->config ? "--config" : !a->weights ? "--weights" : !a->input ? "--input"
-                          : !a->output ? "--output" : NULL;
-    if (missing) {
-        fprintf(stderr, "moh layer: missing required option %s (see moh layer --help)\n", missing);
-        return 2;
-    }
-    return 0;
-}
+#include "core/fsutil.h"
 
 /* Reads a [B, N, C] tensor called name; sets *B, *N when they are 0, else checks them. */
 static float *read_bnc(const char *path, const char *name, int C, int *B, int *N, moh_error *err) {
@@ -95,13 +44,23 @@ static float *read_bnc(const char *path, const char *name, int C, int *B, int *N
 }
 
 int cmd_layer(int argc, char **argv) {
-    layer_args a;
-    int prc = parse_args(argc, argv, &a);
+    struct {
+        const char *config, *weights, *input, *grad_output, *output;
+    } a = {0};
+    const arg_spec specs[] = {
+        {"--config", ARG_STR, &a.config, "FILE", "layer JSON: hidden_size, num_attention_heads, num_key_value_heads, head_dim, shared_heads, top_k, router (learned|query_norm|none), causal, qkv_bias, proj_bias, rope_theta, load_balance_coef", true},
+        {"--weights", ARG_STR, &a.weights, "FILE", "safetensors with the official names: qkv/proj (fused) or q_proj/k_proj/v_proj/o_proj (split), plus wg/wg_0/wg_1 as the router needs", true},
+        {"--input", ARG_STR, &a.input, "FILE", "safetensors with 'x' [B, N, hidden_size]", true},
+        {"--grad-output", ARG_STR, &a.grad_output, "FILE", "safetensors with 'dy' [B, N, hidden_size]: also compute gradients of L = sum(y * dy) + load_balance_coef * lb_loss", false},
+        {"--output", ARG_STR, &a.output, "FILE", "written (F32): y [B,N,C], gates [B,N,h], lb_loss [1]; with --grad-output also grad.x and grad.<name> for every weight", true},
+    };
+    int prc = args_parse("layer", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
+                         "--config LAYER.json --weights W.safetensors --input X.safetensors [--grad-output DY.safetensors] --output OUT.safetensors",
+                         "Runs one MoH attention layer (reference path: every head computed, then gated)\nand writes its outputs; the parity tool for moving weights between PyTorch and moh.\n");
     if (prc) return prc == 1 ? 0 : prc;
 
     moh_error err = {0};
     int status = 1;
-    char ebuf[512];
     size_t len = 0;
     float *wbuf = NULL, *gbuf = NULL, *x = NULL, *dy = NULL, *y = NULL, *dx = NULL;
     attn_cache_f32 cache = {0};
@@ -109,9 +68,9 @@ int cmd_layer(int argc, char **argv) {
     moh_attn_config cfg;
     attn_params_f32 p, g;
     int B = 0, N = 0;
-    char *json = cli_read_file(a.config, 1 << 20, &len, ebuf, sizeof ebuf);
+    char *json = fs_read_file(a.config, 1 << 20, &len, &err);
     if (!json) {
-        fprintf(stderr, "moh layer: %s\n", ebuf);
+        fprintf(stderr, "moh layer: %s\n", err.msg);
         return 1;
     }
     int rc = moh_attn_config_parse_json(&cfg, json, len, a.config, &err);

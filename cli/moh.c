@@ -13,6 +13,9 @@ typedef struct subcommand {
 } subcommand;
 
 static const subcommand SUBCOMMANDS[] = {
+    {"train", cmd_train, "train a MoH (or dense) decoder language model on a text file"},
+    {"eval", cmd_eval, "validation loss, bits per byte and head-activation shares of a checkpoint"},
+    {"sample", cmd_sample, "generate text from a checkpoint (KV cache, only selected heads run)"},
     {"layer", cmd_layer, "run one MoH attention layer on safetensors inputs (parity with PyTorch)"},
 };
 

@@ -65,6 +65,8 @@ typedef struct moh_safetensors {
     size_t data_size;
     int n_tensors;
     moh_st_tensor *tensors;
+    int n_meta;                    /* __metadata__ pairs, in file order: */
+    char **meta;                   /* meta[2i] -> meta[2i+1] (keys unique; use moh_st_meta) */
 } moh_safetensors;
 
 /* Reads and validates a whole file: header length, JSON, dtypes, shapes vs offsets, overlaps,
@@ -88,8 +90,22 @@ typedef struct moh_st_entry {
     const float *data;             /* numel float32 values */
 } moh_st_entry;
 
-/* Writes entries as an F32 safetensors file, atomically: PATH.tmp, fsync, rename, fsync dir.
- * An existing file at path is untouched on any error. Returns MOH_OK or MOH_E_IO/MOH_E_ARG. */
+/* Value of __metadata__[key] of an opened file, or NULL (no such key, no __metadata__). */
+const char *moh_st_meta(const moh_safetensors *st, const char *key);
+
+/* Writes entries as an F32 safetensors file, with a __metadata__ object of n_meta string pairs
+ * meta[2i] -> meta[2i+1] (none when n_meta is 0). Names, keys and values must be valid UTF-8;
+ * a repeated tensor name or metadata key is MOH_E_ARG. Atomic: PATH.tmp.PID is written and
+ * fsync'ed, renamed over path, then the directory is fsync'ed. Returns MOH_OK or
+ * MOH_E_IO/MOH_E_ARG/MOH_E_NOMEM.
+ * Any error before the rename leaves an existing file at path untouched (and no temporary file).
+ * Once the rename is done the new, fully synced file is in place: if only the final directory
+ * fsync then fails, EINVAL/ENOTSUP (a filesystem that cannot sync directories) still return
+ * MOH_OK; any other failure returns MOH_E_IO with a message saying that the new file is in place
+ * but its rename may not survive a crash. */
+int moh_st_write_meta(const char *path, const moh_st_entry *entries, int n,
+                      const char *const *meta, int n_meta, moh_error *err);
+/* moh_st_write_meta without metadata. */
 int moh_st_write(const char *path, const moh_st_entry *entries, int n, moh_error *err);
 
 /* ------------------------------------------------------------------------------------------------
@@ -151,8 +167,15 @@ typedef struct moh_lm_config {
 } moh_lm_config;
 
 /* Parses and validates config.json (HF LlamaConfig fields plus shared_heads, top_k, router,
- * load_balance_coef; unknown HF keys such as architectures or torch_dtype are accepted).
- * Fills cfg->attn. Errors name label, field, value, expectation: MOH_E_FORMAT / MOH_E_CONFIG. */
+ * load_balance_coef), then calls moh_lm_config_finalize, which fills cfg->attn. Defaults:
+ * num_key_value_heads = heads, head_dim = hidden / heads (absent or null), rms_norm_eps 1e-6,
+ * rope_theta 10000, tie_word_embeddings false, router "learned", shared_heads 0, top_k 0,
+ * load_balance_coef 0.01. Standard HF keys moh does not use are accepted: architectures,
+ * model_type, torch_dtype, attention_dropout, initializer_range, bos/eos/pad_token_id,
+ * pretraining_tp, use_cache, transformers_version, and hidden_act / attention_bias / mlp_bias /
+ * rope_scaling when they match moh ("silu", false, false, null); keys starting with "_" or
+ * "comment" are annotations. Any other key is an error naming it. Errors name label, field, value,
+ * expectation: MOH_E_FORMAT (JSON syntax) / MOH_E_CONFIG; on error cfg is zeroed. */
 int moh_lm_config_parse_json(moh_lm_config *cfg, const char *text, size_t len, const char *label,
                              moh_error *err);
 /* Checks the fields and derives cfg->attn. MOH_OK or MOH_E_CONFIG. */

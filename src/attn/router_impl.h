@@ -166,7 +166,7 @@ void F(router_backward)(const moh_attn_config *cfg, const F(attn_params) *prm,
     /* learned, K >= 1 */
     for (int t = 0; t < T; t++) {
         const real *dg = dgates + (long)t * h;
-        const real *m = c->mask + (long)t * E, *p = c->p + (long)t * E, *r = c->r + (long)t * E;
+        const real *m = c->mask + (long)t * E, *r = c->r + (long)t * E;
         real *dpt = dp + (long)t * E;
         real a1 = 1;
         if (hs >= 1) {
@@ -182,15 +182,17 @@ void F(router_backward)(const moh_attn_config *cfg, const F(attn_params) *prm,
             da[2 * t] = 2 * da0;
             da[2 * t + 1] = 2 * da1;
         }
-        /* r_j = K p_j m_j / D, D = max(sum_l p_l m_l, eps) */
+        /* r_j = K p_j m_j / D, D = max(sum_l p_l m_l, eps):
+         * dp_j = (K m_j / D) (dr_j - sum_l dr_l r_l / K), written with r so that the two terms
+         * cancel exactly where they should (top-1: r = p / p = 1). Clamped D is a constant. */
         const real D = c->denom[t];
-        real rdot = 0;
-        for (int j = 0; j < E; j++) rdot += dg[hs + j] * a1 * p[j] * m[j];
         const bool clamped = !(D > (real)FLT_EPSILON);
+        real rdot = 0;
+        for (int j = 0; j < E; j++) rdot += dg[hs + j] * a1 * r[j];
         for (int j = 0; j < E; j++) {
             if (m[j] == 0) continue;
             const real dr = dg[hs + j] * a1;
-            dpt[j] += K * dr / D - (clamped ? 0 : K * rdot / (D * D));
+            dpt[j] += K / D * (dr - (clamped ? 0 : rdot / K));
         }
     }
     F(softmax_linear_backward)(dx, g->w_r, dz, dp, c->p, c->x, prm->w_r, T, C, E);

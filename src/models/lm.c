@@ -58,3 +58,28 @@ lm_tensor *lm_tensors(const moh_lm_config *cfg, int *n) {
     if (!cfg->tie_word_embeddings) push(t, n, &off, true, V, C, "lm_head.weight", 0);
     return t;
 }
+
+/* splitmix64: the init RNG (independent of the data sampler) */
+static uint64_t init_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static double init_normal(uint64_t *s) {
+    const double u1 = ((double)(init_next(s) >> 11) + 1.0) / 9007199254740993.0;
+    const double u2 = (double)(init_next(s) >> 11) / 9007199254740992.0;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+void lm_params_init_random(const moh_lm_config *cfg, lm_params_f32 *p, uint64_t seed, double std) {
+    int nt = 0;
+    lm_tensor *ts = lm_tensors(cfg, &nt);
+    uint64_t s = seed ^ 0x6D6F68ULL;
+    for (int i = 0; ts && i < nt; i++) {
+        float *x = p->data + ts[i].offset;
+        for (size_t j = 0; j < ts[i].numel; j++) x[j] = ts[i].ndim == 2 ? (float)(std * init_normal(&s)) : 1.0f;
+    }
+    free(ts);
+}

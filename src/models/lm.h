@@ -33,4 +33,7 @@ typedef struct lm_tensor {
 
 /* The model's tensors in buffer order; *n gets the count. Caller frees the array. NULL on OOM. */
 lm_tensor *lm_tensors(const moh_lm_config *cfg, int *n);
+/* HF LLaMA initialisation: every matrix N(0, std^2) (std = initializer_range, 0.02), every
+ * RMSNorm weight 1. Deterministic in seed. */
+void lm_params_init_random(const moh_lm_config *cfg, lm_params_f32 *p, uint64_t seed, double std);
 #endif

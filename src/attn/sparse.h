@@ -1,0 +1,110 @@
+/* Head-sparse MoH attention (float32): forward and backward of one layer computing only the
+ * (token, head) pairs the router selects (spec §1 "What depends on routing", §10 "What the
+ * head-sparse path may skip"). Same semantics and outputs as attn_forward_f32 / attn_backward_f32
+ * (the reference: every head computed, then gated; attention_impl.h) to ~1e-5 relative.
+ *
+ * What is computed (T = B N tokens, P = number of selected (token, head) pairs):
+ *  - the router first, by router_forward_f32 (gates, lb_loss); a pair (t, i) is selected when i is
+ *    a shared head, or the router is "none" / all-shared, or the top-k mask picks i;
+ *  - K and V for every token and KV head by one dense GEMM (x W_k^T, x W_v^T), RoPE on K;
+ *  - Q only for the selected pairs (learned router: gathered-row GEMM per head, + bias, + RoPE at
+ *    the gathered positions; query_norm router: the dense q it needs to choose anyway, §3/§10);
+ *  - attention for the selected pairs against all keys (causal: keys <= the query's position),
+ *    tiled with an online softmax (flash attention): no N x N buffer exists; per pair the
+ *    log-sum-exp is saved for backward;
+ *  - y = b_o + sum over selected pairs of gate * o W_O^i (per-head GEMM scatter-added into y in a
+ *    fixed head order: deterministic, no atomics);
+ *  - backward (FlashAttention-2 style, probabilities recomputed tile by tile from the saved
+ *    log-sum-exp): gradients of q, W_q rows, W_O, gates and router only from selected pairs; dK
+ *    and dV accumulated from every selecting query; then router_backward_f32 and the K/V/Q
+ *    projection gradients.
+ * Every sum runs in an order fixed by the data layout, never by the thread count. Memory is
+ * linear in N (sparse_cache_bytes). Inner products run on AVX-512 register-tile kernels when the
+ * CPU has AVX-512F (checked at run time), else on portable C loops with the same results up to
+ * rounding; the large dense K/V projections go through gemm_f32 (oneDNN). */
+#ifndef MOH_ATTN_SPARSE_H
+#define MOH_ATTN_SPARSE_H
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "attn/attn.h"
+
+/* Tile sizes. SPARSE_BK keys per key tile (the transposed-key layout is blocked by it);
+ * SPARSE_BQ selected queries per query tile (forward) and per query block (backward). */
+#define SPARSE_BK 64
+#define SPARSE_BQ 96
+
+/* Forward activations kept for backward, plus all scratch of both passes: one allocation.
+ * Shapes (T = B N, P = T * active heads per token, kvd = h_kv d, nkt = ceil(N / SPARSE_BK)): */
+typedef struct sparse_cache {
+    int maxB, maxN;      /* capacity given to sparse_cache_init */
+    int B, N;            /* shapes of the last forward */
+    int nthreads;        /* OpenMP threads the per-thread scratch was sized for */
+    bool avx512;         /* use the AVX-512 kernels (set at init from the CPU; tests may clear it) */
+    const float *x;      /* [T, C] input of the last forward, borrowed from the caller */
+    attn_cache_f32 rc;   /* router activations only: gates [T, h], p, mask, r, ... (att == NULL) */
+    float *dgates;       /* [T, h] backward: dL/dgate, 0 for pairs not selected */
+    int *pair_off;       /* [B h + 1] selected pairs of (b, head i): pair_off[b h + i] .. next */
+    int *pair_pos;       /* [P] position n of each selected pair, ascending within (b, i) */
+    int *tasks;          /* [ntasks_max, 3] (b, head, first pair row) of each query tile */
+    int ntasks;
+    float *q;            /* [P, d] queries of the selected pairs, after bias and RoPE */
+    float *o;            /* [P, d] attention output of each selected pair (before the gate) */
+    float *og;           /* [P, d] gate * o (the input of W_O) */
+    float *lse;          /* [P] log2-sum-exp2 of the pair's scaled scores */
+    float *kv;           /* [T, 2 kvd] K|V projections (row layout); backward: dK|dV rows */
+    float *kh, *vh;      /* [B, h_kv, N, d] keys (after RoPE) and values, head-contiguous */
+    float *kt;           /* [B, h_kv, nkt, d, SPARSE_BK] keys transposed, one block per key tile */
+    float *vt;           /* same layout for values (backward) */
+    float *qkv;          /* query_norm only: [T, (h + 2 h_kv) d] dense projections; else NULL */
+    float *dqkv;         /* query_norm only: [T, (h + 2 h_kv) d] backward scratch; else NULL */
+    float *rope_cos;     /* [maxN, d / 2] cos(n inv_freq_j), as ops' rope (NULL without RoPE) */
+    float *rope_sin;     /* [maxN, d / 2] */
+    float *wpack1;       /* [h d C] packed weights: W_q^i transposed (fwd) / W_O^i columns (bwd) */
+    float *wpack2;       /* [h d C] packed weights: W_O^i transposed (fwd) / W_q^i rows (bwd) */
+    float *dq;           /* [nparts, P, d] dQ (partial sums per key chunk, reduced into part 0) */
+    int nparts;          /* key chunks of the attention backward (fixed by B, h_kv, N only) */
+    float *dout;         /* [P, d] backward: dL/d(og), then dL/do */
+    float *ddot;         /* [P] backward: rowsum(dL/do * o) */
+    float *dkh, *dvh;    /* [B, h_kv, N, d] backward: dK (after RoPE), dV */
+    float *ws;           /* [nthreads, ws_floats] per-thread tiles */
+    size_t ws_floats;
+    void **wptr;         /* [nthreads, 3, ptr_cap] per-thread pointer arrays of the kernels */
+    int ptr_cap;
+    size_t bytes;        /* total bytes allocated (sparse_cache_bytes) */
+    void *block;
+} sparse_cache;
+
+/* Pairs per token: the number of heads each token runs (h for the "none" router and for a learned
+ * router with top_k == 0, else h_s + top_k). */
+int sparse_active_heads(const moh_attn_config *cfg);
+
+/* Bytes sparse_cache_init allocates for batch B, sequence N and nthreads threads: affine in B*N
+ * for fixed B (every buffer is O(B N) or O(N) plus per-thread tiles); the reference cache holds
+ * two [B, h, N, N] matrices instead. */
+size_t sparse_cache_bytes(const moh_attn_config *cfg, int B, int N, int nthreads);
+
+/* Allocates a cache for batches of up to B x N tokens (per-thread scratch for
+ * omp_get_max_threads() threads; forward/backward never use more). Returns MOH_OK, MOH_E_NOMEM,
+ * or MOH_E_CONFIG (odd head_dim with RoPE). */
+int sparse_cache_init(sparse_cache *c, const moh_attn_config *cfg, int B, int N, moh_error *err);
+void sparse_cache_free(sparse_cache *c);
+
+/* Head-sparse forward (spec §1): x [B, N, C] -> y [B, N, C]; fills c (gates in c->rc.gates [T, h],
+ * c->rc.lb_loss). B <= c->maxB, N <= c->maxN. Same results as attn_forward_f32. */
+void sparse_forward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm, const float *x,
+                        int B, int N, float *y, sparse_cache *c);
+
+/* Head-sparse backward of L = sum(y * dy) + lb_scale * lb_loss after sparse_forward_f32:
+ * ACCUMULATES dx [B, N, C] (may be NULL) and every parameter gradient into g (same layout as
+ * prm; NULL fields skipped). Same results as attn_backward_f32. */
+void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
+                         const attn_params_f32 *g, sparse_cache *c, const float *dy,
+                         float lb_scale, float *dx);
+
+/* Selected pairs in the last forward (P), and the sum over them of the keys each attends to
+ * (N per pair, or position + 1 when causal): the work that must be done, for FLOP counts. */
+long sparse_pairs(const moh_attn_config *cfg, const sparse_cache *c);
+double sparse_key_visits(const moh_attn_config *cfg, const sparse_cache *c);
+
+#endif

@@ -1,0 +1,112 @@
+#include "core/fsutil.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int sync_parent_dir(const char *path) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir) slash[1] = 0;
+    else if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+    int fd = open(dir, O_RDONLY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+int fs_write_atomic(const char *path, const void *data, size_t len, moh_error *err) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return moh_fail(err, MOH_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            unlink(tmp);
+            return moh_fail(err, MOH_E_IO, "%s: write failed: %s", tmp, strerror(e));
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return moh_fail(err, MOH_E_IO, "%s: fsync failed: %s", tmp, strerror(e));
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return moh_fail(err, MOH_E_IO, "%s: rename into place failed: %s", path, strerror(e));
+    }
+    sync_parent_dir(path);
+    return MOH_OK;
+}
+
+int fs_mkdir_p(const char *dir, moh_error *err) {
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+        return moh_fail(err, MOH_E_IO, "%s: path too long", dir);
+    for (char *s = buf + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return moh_fail(err, MOH_E_IO, "%s: cannot create directory: %s", buf, strerror(errno));
+        *s = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return moh_fail(err, MOH_E_IO, "%s: cannot create directory: %s", buf, strerror(errno));
+    struct stat st;
+    if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode))
+        return moh_fail(err, MOH_E_IO, "%s: exists and is not a directory", buf);
+    return MOH_OK;
+}
+
+char *fs_read_file(const char *path, size_t max_bytes, size_t *len, moh_error *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        moh_fail(err, MOH_E_IO, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        moh_fail(err, MOH_E_IO, "%s: not a regular file", path);
+        return NULL;
+    }
+    if ((size_t)st.st_size > max_bytes) {
+        fclose(f);
+        moh_fail(err, MOH_E_IO, "%s: %lld bytes, larger than the %zu-byte limit", path,
+                 (long long)st.st_size, max_bytes);
+        return NULL;
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (!buf) {
+        fclose(f);
+        moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    size_t n = fread(buf, 1, (size_t)st.st_size, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || n != (size_t)st.st_size) {
+        free(buf);
+        moh_fail(err, MOH_E_IO, "%s: read error (got %zu of %lld bytes)", path, n, (long long)st.st_size);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}

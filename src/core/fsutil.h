@@ -1,0 +1,15 @@
+/* Small file-system helpers: atomic whole-file writes and mkdir -p. */
+#ifndef MOH_FSUTIL_H
+#define MOH_FSUTIL_H
+#include <stddef.h>
+
+#include "moh.h"
+
+/* Writes len bytes to path atomically: PATH.tmp.<pid>, fsync, rename, fsync of the directory.
+ * An existing file is untouched on error. MOH_OK or MOH_E_IO naming the path and errno text. */
+int fs_write_atomic(const char *path, const void *data, size_t len, moh_error *err);
+/* Creates dir and missing parents (mode 0755). MOH_OK or MOH_E_IO. */
+int fs_mkdir_p(const char *dir, moh_error *err);
+/* Reads a whole file (<= max_bytes) into a NUL-terminated malloc'd buffer. MOH_E_IO on error. */
+char *fs_read_file(const char *path, size_t max_bytes, size_t *len, moh_error *err);
+#endif

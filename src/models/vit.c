@@ -1,0 +1,140 @@
+/* ViT classifier: float32 and float64 instantiations of vit_impl.h, the timm tensor-name table
+ * and timm's initialisation. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/vit.h"
+
+#define real float
+#define F(x) x##_f32
+#include "vit_impl.h"
+#undef real
+#undef F
+
+#define real double
+#define F(x) x##_f64
+#include "vit_impl.h"
+#undef real
+#undef F
+
+/* kind of initialisation of one tensor (vit_params_init_random) */
+enum { INIT_ZERO, INIT_ONE, INIT_TRUNC02, INIT_CLS, INIT_CONV };
+
+typedef struct tensor_list {
+    vit_tensor *t;
+    unsigned char *init; /* INIT_* per tensor */
+    int n;
+    size_t off;
+} tensor_list;
+
+static void push(tensor_list *L, bool decay, int init, int ndim, const int64_t *shape, const char *fmt, int layer) {
+    vit_tensor *e = &L->t[L->n];
+    L->init[L->n] = (unsigned char)init;
+    L->n++;
+    snprintf(e->name, sizeof e->name, fmt, layer);
+    e->ndim = ndim;
+    e->numel = 1;
+    for (int i = 0; i < 4; i++) {
+        e->shape[i] = i < ndim ? shape[i] : 0;
+        if (i < ndim) e->numel *= (size_t)shape[i];
+    }
+    e->offset = L->off;
+    e->decay = decay;
+    L->off += e->numel;
+}
+
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+
+/* Builds the table; init (may be NULL) receives the INIT_* kind of every tensor. */
+static vit_tensor *build(const moh_vit_config *cfg, int *n, unsigned char **init_out) {
+    const moh_attn_config *a = &cfg->attn;
+    const int Ln = cfg->depth;
+    const int64_t D = cfg->embed_dim, Hm = cfg->mlp_hidden, K = cfg->num_classes, p = cfg->patch_size;
+    const int cap = Ln * 16 + 8;
+    tensor_list L = {calloc((size_t)cap, sizeof(vit_tensor)), calloc((size_t)cap, 1), 0, 0};
+    if (!L.t || !L.init) {
+        free(L.t);
+        free(L.init);
+        return NULL;
+    }
+    if (cfg->class_token) push(&L, false, INIT_CLS, 3, SHAPE(1, 1, D), "cls_token", 0);
+    push(&L, false, INIT_TRUNC02, 3, SHAPE(1, cfg->num_tokens, D), "pos_embed", 0);
+    push(&L, true, INIT_CONV, 4, SHAPE(D, cfg->in_chans, p, p), "patch_embed.proj.weight", 0);
+    push(&L, false, INIT_CONV, 1, SHAPE(D), "patch_embed.proj.bias", 0);
+    for (int l = 0; l < Ln; l++) {
+        push(&L, false, INIT_ONE, 1, SHAPE(D), "blocks.%d.norm1.weight", l);
+        push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.norm1.bias", l);
+        /* the attention tensors in attn_params_bind order (attn_tensors_f32 names) */
+        push(&L, true, INIT_TRUNC02, 2, SHAPE(3 * D, D), "blocks.%d.attn.qkv.weight", l);
+        push(&L, false, INIT_ZERO, 1, SHAPE(3 * D), "blocks.%d.attn.qkv.bias", l);
+        push(&L, true, INIT_TRUNC02, 2, SHAPE(D, D), "blocks.%d.attn.proj.weight", l);
+        push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.attn.proj.bias", l);
+        if (attn_has_wg(a))
+            push(&L, true, INIT_TRUNC02, 2, SHAPE(attn_routed_heads(a), D), "blocks.%d.attn.wg.weight", l);
+        if (attn_has_wg0(a)) push(&L, true, INIT_TRUNC02, 2, SHAPE(2, D), "blocks.%d.attn.wg_0.weight", l);
+        if (attn_has_wg1(a))
+            push(&L, true, INIT_TRUNC02, 2, SHAPE(a->shared_heads, D), "blocks.%d.attn.wg_1.weight", l);
+        push(&L, false, INIT_ONE, 1, SHAPE(D), "blocks.%d.norm2.weight", l);
+        push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.norm2.bias", l);
+        push(&L, true, INIT_TRUNC02, 2, SHAPE(Hm, D), "blocks.%d.mlp.fc1.weight", l);
+        push(&L, false, INIT_ZERO, 1, SHAPE(Hm), "blocks.%d.mlp.fc1.bias", l);
+        push(&L, true, INIT_TRUNC02, 2, SHAPE(D, Hm), "blocks.%d.mlp.fc2.weight", l);
+        push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.mlp.fc2.bias", l);
+    }
+    const bool tok = cfg->global_pool == VIT_POOL_TOKEN;
+    push(&L, false, INIT_ONE, 1, SHAPE(D), tok ? "norm.weight" : "fc_norm.weight", 0);
+    push(&L, false, INIT_ZERO, 1, SHAPE(D), tok ? "norm.bias" : "fc_norm.bias", 0);
+    push(&L, true, INIT_TRUNC02, 2, SHAPE(K, D), "head.weight", 0);
+    push(&L, false, INIT_ZERO, 1, SHAPE(K), "head.bias", 0);
+    *n = L.n;
+    if (init_out) *init_out = L.init;
+    else free(L.init);
+    return L.t;
+}
+
+vit_tensor *vit_tensors(const moh_vit_config *cfg, int *n) { return build(cfg, n, NULL); }
+
+/* splitmix64: the init RNG */
+static uint64_t init_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static double init_uniform01(uint64_t *s) { return (double)(init_next(s) >> 11) / 9007199254740992.0; }
+
+static double init_normal(uint64_t *s) {
+    const double u1 = ((double)(init_next(s) >> 11) + 1.0) / 9007199254740993.0;
+    const double u2 = init_uniform01(s);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+void vit_params_init_random(const moh_vit_config *cfg, vit_params_f32 *p, uint64_t seed) {
+    int nt = 0;
+    unsigned char *kind = NULL;
+    vit_tensor *ts = build(cfg, &nt, &kind);
+    uint64_t s = seed ^ 0x766974ULL; /* "vit" */
+    const double bound = 1.0 / sqrt((double)cfg->patch_dim);
+    for (int i = 0; ts && i < nt; i++) {
+        float *x = p->data + ts[i].offset;
+        for (size_t j = 0; j < ts[i].numel; j++) {
+            double v = 0.0;
+            switch (kind[i]) {
+            case INIT_ZERO: v = 0.0; break;
+            case INIT_ONE: v = 1.0; break;
+            case INIT_CLS: v = 1e-6 * init_normal(&s); break;
+            case INIT_CONV: v = bound * (2.0 * init_uniform01(&s) - 1.0); break;
+            case INIT_TRUNC02:
+                do v = 0.02 * init_normal(&s);
+                while (v < -2.0 || v > 2.0);
+                break;
+            }
+            x[j] = (float)v;
+        }
+    }
+    free(ts);
+    free(kind);
+}

@@ -1,0 +1,389 @@
+/* Template of the op definitions (prototypes and comments: ops_decl.h). Included twice by ops.c with
+ * real = float / F(x) = x##_f32 and real = double / F(x) = x##_f64. No include guard on purpose.
+ *
+ * Parallelism: OpenMP over rows (or elements / column blocks) only where every output element is
+ * written by one thread in a fixed order, so results never depend on the thread count. Sums over
+ * rows (dw, db, loss) run in a fixed order: serially per column, or via GEMM. */
+
+#ifndef MOH_OPS_IMPL_CONSTANTS
+#define MOH_OPS_IMPL_CONSTANTS
+/* Columns per block when dw/db are summed over rows in parallel column blocks. */
+#define MOH_OPS_COLBLOCK 64
+/* Cross-entropy rows are split into this many fixed chunks; partial losses (in double) are summed
+ * in chunk order, so the result does not depend on the thread count. */
+#define MOH_CE_CHUNKS 64
+/* sqrt(2/pi) and the cubic coefficient of GELU's tanh approximation. */
+#define MOH_GELU_K0 0.79788456080286535588
+#define MOH_GELU_K1 0.044715
+#endif
+
+/* Math in `real` precision: expf/exp etc. chosen at compile time. */
+static inline real F(r_exp)(real x) { return sizeof(real) == sizeof(float) ? (real)expf((float)x) : (real)exp((double)x); }
+static inline real F(r_log)(real x) { return sizeof(real) == sizeof(float) ? (real)logf((float)x) : (real)log((double)x); }
+static inline real F(r_sqrt)(real x) { return sizeof(real) == sizeof(float) ? (real)sqrtf((float)x) : (real)sqrt((double)x); }
+static inline real F(r_erf)(real x) { return sizeof(real) == sizeof(float) ? (real)erff((float)x) : (real)erf((double)x); }
+static inline real F(r_tanh)(real x) { return sizeof(real) == sizeof(float) ? (real)tanhf((float)x) : (real)tanh((double)x); }
+static inline real F(r_cos)(real x) { return sizeof(real) == sizeof(float) ? (real)cosf((float)x) : (real)cos((double)x); }
+static inline real F(r_sin)(real x) { return sizeof(real) == sizeof(float) ? (real)sinf((float)x) : (real)sin((double)x); }
+static inline real F(r_pow)(real x, real y) { return sizeof(real) == sizeof(float) ? (real)powf((float)x, (float)y) : (real)pow((double)x, (double)y); }
+
+/* ---------------------------------------------------------------------------------------------- */
+
+void F(linear_forward)(real *out, const real *inp, const real *w, const real *b, int M, int I, int O) {
+    F(gemm)(false, true, M, O, I, (real)1, inp, I, w, I, (real)0, out, O);
+    if (!b) return;
+#pragma omp parallel for if ((long)M * O >= 65536) schedule(static)
+    for (int m = 0; m < M; m++) {
+        real *o = out + (long)m * O;
+        for (int j = 0; j < O; j++) o[j] += b[j];
+    }
+}
+
+void F(linear_backward)(real *dinp, real *dw, real *db, const real *dout, const real *inp,
+                        const real *w, int M, int I, int O) {
+    if (dinp) F(gemm)(false, false, M, I, O, (real)1, dout, O, w, I, (real)1, dinp, I);
+    if (dw) F(gemm)(true, false, O, I, M, (real)1, dout, O, inp, I, (real)1, dw, I);
+    if (db) { /* each column summed over rows 0..M-1 in order, blocks of columns in parallel */
+        int nb = (O + MOH_OPS_COLBLOCK - 1) / MOH_OPS_COLBLOCK;
+#pragma omp parallel for if ((long)M * O >= 65536) schedule(static)
+        for (int blk = 0; blk < nb; blk++) {
+            int j0 = blk * MOH_OPS_COLBLOCK, j1 = j0 + MOH_OPS_COLBLOCK < O ? j0 + MOH_OPS_COLBLOCK : O;
+            for (int m = 0; m < M; m++) {
+                const real *g = dout + (long)m * O;
+                for (int j = j0; j < j1; j++) db[j] += g[j];
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+void F(layernorm_forward)(real *out, real *mean, real *rstd, const real *inp, const real *w,
+                          const real *b, int M, int C, real eps) {
+#pragma omp parallel for if ((long)M * C >= 32768) schedule(static)
+    for (int m = 0; m < M; m++) {
+        const real *x = inp + (long)m * C;
+        real *o = out + (long)m * C;
+        real s = 0;
+        for (int c = 0; c < C; c++) s += x[c];
+        real mu = s / (real)C;
+        real v = 0;
+        for (int c = 0; c < C; c++) v += (x[c] - mu) * (x[c] - mu);
+        v /= (real)C; /* biased variance, as PyTorch */
+        real r = (real)1 / F(r_sqrt)(v + eps);
+        for (int c = 0; c < C; c++) o[c] = (x[c] - mu) * r * w[c] + b[c];
+        mean[m] = mu;
+        rstd[m] = r;
+    }
+}
+
+void F(layernorm_backward)(real *dinp, real *dw, real *db, const real *dout, const real *inp,
+                           const real *w, const real *mean, const real *rstd, int M, int C) {
+    if (dinp) {
+#pragma omp parallel for if ((long)M * C >= 32768) schedule(static)
+        for (int m = 0; m < M; m++) {
+            const real *x = inp + (long)m * C, *g = dout + (long)m * C;
+            real mu = mean[m], r = rstd[m];
+            real sg = 0, sgn = 0; /* sums of dnorm and dnorm * norm */
+            for (int c = 0; c < C; c++) {
+                real dn = g[c] * w[c];
+                sg += dn;
+                sgn += dn * (x[c] - mu) * r;
+            }
+            sg /= (real)C;
+            sgn /= (real)C;
+            real *d = dinp + (long)m * C;
+            for (int c = 0; c < C; c++) {
+                real n = (x[c] - mu) * r;
+                d[c] += (g[c] * w[c] - sg - n * sgn) * r;
+            }
+        }
+    }
+    if (dw || db) { /* each column summed over rows 0..M-1 in order, blocks of columns in parallel */
+        int nb = (C + MOH_OPS_COLBLOCK - 1) / MOH_OPS_COLBLOCK;
+#pragma omp parallel for if ((long)M * C >= 32768) schedule(static)
+        for (int blk = 0; blk < nb; blk++) {
+            int c0 = blk * MOH_OPS_COLBLOCK, c1 = c0 + MOH_OPS_COLBLOCK < C ? c0 + MOH_OPS_COLBLOCK : C;
+            for (int m = 0; m < M; m++) {
+                const real *x = inp + (long)m * C, *g = dout + (long)m * C;
+                real mu = mean[m], r = rstd[m];
+                for (int c = c0; c < c1; c++) {
+                    if (dw) dw[c] += g[c] * (x[c] - mu) * r;
+                    if (db) db[c] += g[c];
+                }
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+void F(rmsnorm_forward)(real *out, real *rstd, const real *inp, const real *w, int M, int C, real eps) {
+#pragma omp parallel for if ((long)M * C >= 32768) schedule(static)
+    for (int m = 0; m < M; m++) {
+        const real *x = inp + (long)m * C;
+        real *o = out + (long)m * C;
+        real s = 0;
+        for (int c = 0; c < C; c++) s += x[c] * x[c];
+        real r = (real)1 / F(r_sqrt)(s / (real)C + eps);
+        for (int c = 0; c < C; c++) o[c] = w[c] * (x[c] * r); /* HF: weight * (x * rsqrt) */
+        rstd[m] = r;
+    }
+}
+
+void F(rmsnorm_backward)(real *dinp, real *dw, const real *dout, const real *inp, const real *w,
+                         const real *rstd, int M, int C) {
+    if (dinp) {
+        /* y = w * x * r, r = (mean(x^2) + eps)^-1/2: dx = r * (g*w - x * r^2 * mean(g*w*x)) */
+#pragma omp parallel for if ((long)M * C >= 32768) schedule(static)
+        for (int m = 0; m < M; m++) {
+            const real *x = inp + (long)m * C, *g = dout + (long)m * C;
+            real r = rstd[m];
+            real s = 0;
+            for (int c = 0; c < C; c++) s += g[c] * w[c] * x[c];
+            real k = s / (real)C * r * r;
+            real *d = dinp + (long)m * C;
+            for (int c = 0; c < C; c++) d[c] += r * (g[c] * w[c] - x[c] * k);
+        }
+    }
+    if (dw) {
+        int nb = (C + MOH_OPS_COLBLOCK - 1) / MOH_OPS_COLBLOCK;
+#pragma omp parallel for if ((long)M * C >= 32768) schedule(static)
+        for (int blk = 0; blk < nb; blk++) {
+            int c0 = blk * MOH_OPS_COLBLOCK, c1 = c0 + MOH_OPS_COLBLOCK < C ? c0 + MOH_OPS_COLBLOCK : C;
+            for (int m = 0; m < M; m++) {
+                const real *x = inp + (long)m * C, *g = dout + (long)m * C;
+                real r = rstd[m];
+                for (int c = c0; c < c1; c++) dw[c] += g[c] * (x[c] * r);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+void F(gelu_erf_forward)(real *out, const real *inp, long n) {
+#pragma omp parallel for if (n >= 65536) schedule(static)
+    for (long i = 0; i < n; i++) {
+        real x = inp[i];
+        out[i] = x * (real)0.5 * ((real)1 + F(r_erf)(x * (real)0.70710678118654752440));
+    }
+}
+
+void F(gelu_erf_backward)(real *dinp, const real *dout, const real *inp, long n) {
+    if (!dinp) return;
+#pragma omp parallel for if (n >= 65536) schedule(static)
+    for (long i = 0; i < n; i++) {
+        real x = inp[i];
+        real cdf = (real)0.5 * ((real)1 + F(r_erf)(x * (real)0.70710678118654752440));
+        real pdf = F(r_exp)((real)-0.5 * x * x) * (real)0.39894228040143267794; /* 1/sqrt(2 pi) */
+        dinp[i] += dout[i] * (cdf + x * pdf);
+    }
+}
+
+void F(gelu_tanh_forward)(real *out, const real *inp, long n) {
+#pragma omp parallel for if (n >= 65536) schedule(static)
+    for (long i = 0; i < n; i++) {
+        real x = inp[i];
+        real t = F(r_tanh)((real)MOH_GELU_K0 * (x + (real)MOH_GELU_K1 * x * x * x));
+        out[i] = (real)0.5 * x * ((real)1 + t);
+    }
+}
+
+void F(gelu_tanh_backward)(real *dinp, const real *dout, const real *inp, long n) {
+    if (!dinp) return;
+#pragma omp parallel for if (n >= 65536) schedule(static)
+    for (long i = 0; i < n; i++) {
+        real x = inp[i];
+        real t = F(r_tanh)((real)MOH_GELU_K0 * (x + (real)MOH_GELU_K1 * x * x * x));
+        real du = (real)MOH_GELU_K0 * ((real)1 + (real)(3 * MOH_GELU_K1) * x * x);
+        dinp[i] += dout[i] * ((real)0.5 * ((real)1 + t) + (real)0.5 * x * ((real)1 - t * t) * du);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+static inline real F(r_sigmoid)(real x) { return (real)1 / ((real)1 + F(r_exp)(-x)); }
+
+void F(silu_forward)(real *out, const real *inp, long n) {
+#pragma omp parallel for if (n >= 65536) schedule(static)
+    for (long i = 0; i < n; i++) out[i] = inp[i] / ((real)1 + F(r_exp)(-inp[i])); /* as torch */
+}
+
+void F(silu_backward)(real *dinp, const real *dout, const real *inp, long n) {
+    if (!dinp) return;
+#pragma omp parallel for if (n >= 65536) schedule(static)
+    for (long i = 0; i < n; i++) {
+        real x = inp[i], s = F(r_sigmoid)(x);
+        dinp[i] += dout[i] * s * ((real)1 + x * ((real)1 - s));
+    }
+}
+
+void F(swiglu_forward)(real *out, const real *gate, const real *up, long n) {
+#pragma omp parallel for if (n >= 65536) schedule(static)
+    for (long i = 0; i < n; i++) out[i] = gate[i] / ((real)1 + F(r_exp)(-gate[i])) * up[i];
+}
+
+void F(swiglu_backward)(real *dgate, real *dup, const real *dout, const real *gate, const real *up, long n) {
+#pragma omp parallel for if (n >= 65536) schedule(static)
+    for (long i = 0; i < n; i++) {
+        real x = gate[i], s = F(r_sigmoid)(x);
+        if (dgate) dgate[i] += dout[i] * up[i] * s * ((real)1 + x * ((real)1 - s));
+        if (dup) dup[i] += dout[i] * x * s;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+void F(softmax_forward)(real *out, const real *inp, int M, int N) {
+#pragma omp parallel for if ((long)M * N >= 32768) schedule(static)
+    for (int m = 0; m < M; m++) {
+        const real *x = inp + (long)m * N;
+        real *o = out + (long)m * N;
+        real mx = x[0];
+        for (int j = 1; j < N; j++) mx = x[j] > mx ? x[j] : mx;
+        real s = 0;
+        for (int j = 0; j < N; j++) {
+            o[j] = F(r_exp)(x[j] - mx);
+            s += o[j];
+        }
+        real inv = (real)1 / s;
+        for (int j = 0; j < N; j++) o[j] *= inv;
+    }
+}
+
+void F(softmax_backward)(real *dinp, const real *dout, const real *out, int M, int N) {
+    if (!dinp) return;
+#pragma omp parallel for if ((long)M * N >= 32768) schedule(static)
+    for (int m = 0; m < M; m++) {
+        const real *g = dout + (long)m * N, *y = out + (long)m * N;
+        real s = 0;
+        for (int j = 0; j < N; j++) s += g[j] * y[j];
+        real *d = dinp + (long)m * N;
+        for (int j = 0; j < N; j++) d[j] += y[j] * (g[j] - s);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+real F(cross_entropy_forward)(real *probs, const real *logits, const int *targets, int M, int V,
+                              real label_smoothing) {
+    double part[MOH_CE_CHUNKS] = {0};
+    int cnt[MOH_CE_CHUNKS] = {0};
+    real eps = label_smoothing;
+#pragma omp parallel for if ((long)M * V >= 32768) schedule(static)
+    for (int k = 0; k < MOH_CE_CHUNKS; k++) {
+        int m0 = (int)((long)M * k / MOH_CE_CHUNKS), m1 = (int)((long)M * (k + 1) / MOH_CE_CHUNKS);
+        for (int m = m0; m < m1; m++) {
+            const real *x = logits + (long)m * V;
+            real *p = probs + (long)m * V;
+            real mx = x[0];
+            for (int v = 1; v < V; v++) mx = x[v] > mx ? x[v] : mx;
+            real s = 0, sx = 0;
+            for (int v = 0; v < V; v++) {
+                p[v] = F(r_exp)(x[v] - mx);
+                s += p[v];
+                sx += x[v];
+            }
+            real inv = (real)1 / s;
+            for (int v = 0; v < V; v++) p[v] *= inv;
+            int t = targets[m];
+            if (t < 0) continue;
+            real lse = mx + F(r_log)(s);
+            real nll = lse - x[t];
+            real smooth = lse - sx / (real)V; /* mean_v(-log p_v) */
+            part[k] += (double)(((real)1 - eps) * nll + eps * smooth);
+            cnt[k]++;
+        }
+    }
+    double tot = 0.0;
+    long n = 0;
+    for (int k = 0; k < MOH_CE_CHUNKS; k++) {
+        tot += part[k];
+        n += cnt[k];
+    }
+    return n ? (real)(tot / (double)n) : (real)0;
+}
+
+void F(cross_entropy_backward)(real *dlogits, const real *probs, const int *targets, int M, int V,
+                               real label_smoothing, real dloss) {
+    if (!dlogits) return;
+    long n = 0;
+    for (int m = 0; m < M; m++) n += targets[m] >= 0;
+    if (!n) return;
+    real scale = dloss / (real)n, eps = label_smoothing, uni = label_smoothing / (real)V;
+#pragma omp parallel for if ((long)M * V >= 32768) schedule(static)
+    for (int m = 0; m < M; m++) {
+        int t = targets[m];
+        if (t < 0) continue;
+        const real *p = probs + (long)m * V;
+        real *d = dlogits + (long)m * V;
+        for (int v = 0; v < V; v++) d[v] += scale * (p[v] - uni - (v == t ? (real)1 - eps : (real)0));
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+void F(embedding_forward)(real *out, const int *ids, const real *table, int M, int C) {
+#pragma omp parallel for if ((long)M * C >= 65536) schedule(static)
+    for (int m = 0; m < M; m++) {
+        const real *row = table + (long)ids[m] * C;
+        real *o = out + (long)m * C;
+        for (int c = 0; c < C; c++) o[c] = row[c];
+    }
+}
+
+void F(embedding_backward)(real *dtable, const real *dout, const int *ids, int M, int C) {
+    if (!dtable) return;
+    /* serial over rows: repeated ids accumulate in a fixed order */
+    for (int m = 0; m < M; m++) {
+        real *d = dtable + (long)ids[m] * C;
+        const real *g = dout + (long)m * C;
+        for (int c = 0; c < C; c++) d[c] += g[c];
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+/* HF: inv_freq = 1 / theta ** (arange(0, d, 2).float() / d), all in `real`. */
+static inline real F(rope_inv_freq)(int j, int head_dim, double theta) {
+    real e = (real)(2 * j) / (real)head_dim;
+    return (real)1 / F(r_pow)((real)theta, e);
+}
+
+/* sign = +1: forward rotation; -1: its inverse (transpose). */
+static void F(rope_apply)(real *x, int T, int row_stride, int n_heads, int head_dim, const int *pos,
+                          double theta, int sign) {
+    int half = head_dim / 2;
+    enum { INV_CACHE = 512 };
+    real inv[INV_CACHE];
+    for (int j = 0; j < half && j < INV_CACHE; j++) inv[j] = F(rope_inv_freq)(j, head_dim, theta);
+#pragma omp parallel for if ((long)T * n_heads * head_dim >= 32768) schedule(static)
+    for (int t = 0; t < T; t++) {
+        real *row = x + (long)t * row_stride;
+        real p = (real)pos[t];
+        for (int j = 0; j < half; j++) {
+            real ang = p * (j < INV_CACHE ? inv[j] : F(rope_inv_freq)(j, head_dim, theta));
+            real c = F(r_cos)(ang), s = F(r_sin)(ang);
+            if (sign < 0) s = -s;
+            for (int h = 0; h < n_heads; h++) {
+                real *q = row + (long)h * head_dim;
+                real x1 = q[j], x2 = q[j + half];
+                /* q*cos + rotate_half(q)*sin, rotate_half(q) = cat(-x2, x1) */
+                q[j] = x1 * c + (-x2) * s;
+                q[j + half] = x2 * c + x1 * s;
+            }
+        }
+    }
+}
+
+void F(rope_forward)(real *x, int T, int row_stride, int n_heads, int head_dim, const int *pos,
+                     double theta) {
+    F(rope_apply)(x, T, row_stride, n_heads, head_dim, pos, theta, 1);
+}
+
+void F(rope_backward)(real *dx, int T, int row_stride, int n_heads, int head_dim, const int *pos,
+                      double theta) {
+    if (!dx) return;
+    F(rope_apply)(dx, T, row_stride, n_heads, head_dim, pos, theta, -1);
+}

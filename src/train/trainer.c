@@ -1,0 +1,411 @@
+/* The language-model trainer: data -> forward -> loss -> backward -> clip -> AdamW -> checkpoint,
+ * with periodic validation, a progress line and metrics.jsonl. */
+#include "train/trainer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/fsutil.h"
+#include "data/text.h"
+#include "train/adamw.h"
+#include "train/checkpoint.h"
+
+/* Set by the SIGINT handler. The one piece of global state: a signal handler can reach no other. */
+static volatile sig_atomic_t interrupted;
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void lm_train_defaults(lm_train_options *o) {
+    memset(o, 0, sizeof *o);
+    o->seed = 1;
+    o->batch_size = 16;
+    o->grad_accum = 1;
+    o->lr = 2e-3;
+    o->min_lr_ratio = 0.1;
+    o->weight_decay = 0.1;
+    o->beta1 = 0.9;
+    o->beta2 = 0.95;
+    o->grad_clip = 1.0;
+    o->warmup = -1;
+    o->eval_every = 200;
+    o->eval_tokens = 131072;
+    o->log_every = 10;
+    o->val_fraction = 0.1;
+}
+
+int lm_evaluate(const moh_lm_config *cfg, const lm_params_f32 *p, lm_acts_f32 *acts, int B, int T,
+                const uint8_t *bytes, size_t n, long max_tokens, lm_eval_result *r, moh_error *err) {
+    const int L = cfg->num_hidden_layers, h = cfg->num_attention_heads;
+    memset(r, 0, sizeof *r);
+    r->head_share = calloc((size_t)L * h, sizeof(double));
+    int *tok = malloc(sizeof(int) * (size_t)B * T), *tgt = malloc(sizeof(int) * (size_t)B * T);
+    if (!r->head_share || !tok || !tgt) {
+        free(tok);
+        free(tgt);
+        return moh_fail(err, MOH_E_NOMEM, "eval: out of memory");
+    }
+    const long nchunks = text_eval_num_chunks(n, T);
+    double ce_sum = 0.0, lb_sum = 0.0;
+    long batches = 0;
+    for (long c = 0; c < nchunks;) {
+        /* full-length chunks are batched B at a time; a shorter last chunk runs alone */
+        int rows = 0, len = 0;
+        while (rows < B && c < nchunks) {
+            int *tk = tok + (size_t)rows * T, *tg = tgt + (size_t)rows * T;
+            int k = text_eval_chunk(bytes, n, T, c, tk, tg);
+            if (rows > 0 && k != len) break;
+            len = k;
+            rows++;
+            c++;
+            if (k != T) break;
+        }
+        if (len < T) /* repack the rows of a short chunk contiguously: [rows, len] */
+            for (int b = 1; b < rows; b++) {
+                memmove(tok + (size_t)b * len, tok + (size_t)b * T, sizeof(int) * len);
+                memmove(tgt + (size_t)b * len, tgt + (size_t)b * T, sizeof(int) * len);
+            }
+        lm_forward_f32(cfg, p, acts, tok, tgt, rows, len);
+        const long preds = (long)rows * len;
+        ce_sum += (double)acts->ce_loss * preds;
+        lb_sum += acts->lb_loss;
+        batches++;
+        r->tokens += preds;
+        for (int l = 0; l < L; l++) {
+            const float *g = acts->attn[l].gates;
+            for (long t = 0; t < preds; t++)
+                for (int i = 0; i < h; i++) r->head_share[(size_t)l * h + i] += g[t * h + i] != 0.0f;
+        }
+        if (max_tokens > 0 && r->tokens >= max_tokens) break;
+    }
+    free(tok);
+    free(tgt);
+    if (r->tokens == 0) {
+        free(r->head_share);
+        r->head_share = NULL;
+        return moh_fail(err, MOH_E_FORMAT, "eval: the data has %zu bytes, fewer than the 2 needed for one prediction", n);
+    }
+    for (size_t i = 0; i < (size_t)L * h; i++) r->head_share[i] /= (double)r->tokens;
+    r->val_loss = ce_sum / (double)r->tokens;
+    r->bits_per_byte = r->val_loss / log(2.0);
+    r->lb_loss = lb_sum / (double)batches;
+    return MOH_OK;
+}
+
+/* Min and max over layers and routed heads of the share of tokens selecting the head. */
+static void routed_share(const moh_lm_config *cfg, const lm_acts_f32 *a, double *mn, double *mx) {
+    const int E = attn_routed_heads(&cfg->attn), T = a->B * a->T;
+    *mn = 1.0;
+    *mx = 0.0;
+    if (E == 0 || cfg->attn.top_k == 0) {
+        *mn = *mx = 1.0;
+        return;
+    }
+    for (int l = 0; l < cfg->num_hidden_layers; l++)
+        for (int i = 0; i < E; i++) {
+            double f = 0.0;
+            for (int t = 0; t < T; t++) f += a->attn[l].mask[(size_t)t * E + i];
+            f /= T;
+            *mn = f < *mn ? f : *mn;
+            *mx = f > *mx ? f : *mx;
+        }
+}
+
+static void fmt_time(char *buf, size_t cap, double s) {
+    if (s < 0 || !isfinite(s)) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, cap, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+}
+
+typedef struct trainer {
+    const lm_train_options *o;
+    moh_lm_config cfg;
+    text_data data;
+    lm_params_f32 p, g;
+    lm_acts_f32 acts;
+    float *m, *v;
+    bool *decay;
+    int T, B;
+    lm_train_state st;
+    long total, warmup;
+    FILE *metrics;
+} trainer;
+
+static int save(trainer *tr, moh_error *err) {
+    return lm_checkpoint_save(tr->o->out_dir, &tr->cfg, &tr->p, tr->m, tr->v, &tr->st, err);
+}
+
+static int dump_grads(trainer *tr, const int *tok, const int *tgt, const float *init, moh_error *err) {
+    int nt = 0;
+    lm_tensor *ts = lm_tensors(&tr->cfg, &nt);
+    const size_t BT = (size_t)tr->B * tr->T;
+    float *ft = malloc(sizeof(float) * BT * 2);
+    moh_st_entry *e = calloc((size_t)nt * 2 + 2, sizeof *e);
+    char (*names)[112] = calloc((size_t)nt * 2, sizeof *names);
+    int rc = MOH_OK;
+    if (!ts || !ft || !e || !names) rc = moh_fail(err, MOH_E_NOMEM, "dump-grads: out of memory");
+    if (!rc) {
+        for (size_t i = 0; i < BT; i++) {
+            ft[i] = (float)tok[i];
+            ft[BT + i] = (float)tgt[i];
+        }
+        int n = 0;
+        e[n++] = (moh_st_entry){"tokens", 2, {tr->B, tr->T}, ft};
+        e[n++] = (moh_st_entry){"targets", 2, {tr->B, tr->T}, ft + BT};
+        for (int i = 0; i < nt; i++) {
+            snprintf(names[2 * i], sizeof names[0], "grad.%s", ts[i].name);
+            snprintf(names[2 * i + 1], sizeof names[0], "init.%s", ts[i].name);
+            e[n++] = (moh_st_entry){names[2 * i], ts[i].ndim, {ts[i].shape[0], ts[i].shape[1]}, tr->g.data + ts[i].offset};
+            e[n++] = (moh_st_entry){names[2 * i + 1], ts[i].ndim, {ts[i].shape[0], ts[i].shape[1]}, init + ts[i].offset};
+        }
+        rc = moh_st_write(tr->o->dump_grads, e, n, err);
+    }
+    free(ts);
+    free(ft);
+    free(e);
+    free(names);
+    return rc;
+}
+
+static int setup(trainer *tr, moh_error *err) {
+    const lm_train_options *o = tr->o;
+    char path[4200];
+    size_t len = 0;
+    if (o->resume) snprintf(path, sizeof path, "%s/config.json", o->out_dir);
+    else snprintf(path, sizeof path, "%s", o->config_path);
+    char *text = fs_read_file(path, 1 << 20, &len, err);
+    if (!text) return err->code;
+    int rc = moh_lm_config_parse_json(&tr->cfg, text, len, path, err);
+    free(text);
+    if (rc) return rc;
+    tr->T = o->seq_len > 0 ? o->seq_len : tr->cfg.max_position_embeddings;
+    tr->B = o->batch_size;
+    if (tr->B < 1 || tr->T < 1 || o->grad_accum < 1)
+        return moh_fail(err, MOH_E_ARG, "--batch-size, --seq-len and --grad-accum must be >= 1");
+    if ((rc = text_data_load(&tr->data, o->data_path, o->val_fraction, (size_t)tr->T + 2, err))) return rc;
+    if ((rc = lm_params_init_f32(&tr->p, &tr->cfg, err))) return rc;
+    if ((rc = lm_params_init_f32(&tr->g, &tr->cfg, err))) return rc;
+    if ((rc = lm_acts_init_f32(&tr->acts, &tr->cfg, tr->B, tr->T, err))) return rc;
+    tr->m = calloc(tr->p.n, sizeof(float));
+    tr->v = calloc(tr->p.n, sizeof(float));
+    tr->decay = calloc(tr->p.n, sizeof(bool));
+    if (!tr->m || !tr->v || !tr->decay) return moh_fail(err, MOH_E_NOMEM, "optimizer state: out of memory");
+    int nt = 0;
+    lm_tensor *ts = lm_tensors(&tr->cfg, &nt);
+    if (!ts) return moh_fail(err, MOH_E_NOMEM, "out of memory");
+    for (int i = 0; i < nt; i++)
+        for (size_t j = 0; j < ts[i].numel; j++) tr->decay[ts[i].offset + j] = ts[i].decay;
+    free(ts);
+    if (o->resume) {
+        rc = lm_checkpoint_load_optimizer(o->out_dir, &tr->cfg, tr->p.data, tr->m, tr->v, tr->p.n, &tr->st, err);
+        if (rc) return rc;
+    } else {
+        lm_params_init_random(&tr->cfg, &tr->p, o->seed, 0.02);
+        tr->st.rng_state = o->seed * 0x9E3779B97F4A7C15ULL + 0x5EEDULL;
+    }
+    return MOH_OK;
+}
+
+static void teardown(trainer *tr) {
+    text_data_free(&tr->data);
+    lm_params_free_f32(&tr->p);
+    lm_params_free_f32(&tr->g);
+    lm_acts_free_f32(&tr->acts);
+    free(tr->m);
+    free(tr->v);
+    free(tr->decay);
+    if (tr->metrics) fclose(tr->metrics);
+}
+
+static int validate(trainer *tr, long max_tokens, lm_eval_result *r, moh_error *err) {
+    return lm_evaluate(&tr->cfg, &tr->p, &tr->acts, tr->B, tr->T, tr->data.val, tr->data.n_val,
+                       max_tokens, r, err);
+}
+
+int lm_train(const lm_train_options *o, moh_error *err) {
+    trainer tr;
+    memset(&tr, 0, sizeof tr);
+    tr.o = o;
+    int rc = setup(&tr, err);
+    int *tok = NULL, *tgt = NULL;
+    float *init = NULL;
+    if (rc) goto out;
+    if ((rc = fs_mkdir_p(o->out_dir, err))) goto out;
+    {
+        char mpath[4200];
+        snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o->out_dir);
+        tr.metrics = fopen(mpath, o->resume ? "a" : "w");
+        if (!tr.metrics) {
+            rc = moh_fail(err, MOH_E_IO, "%s: cannot open: %s", mpath, strerror(errno));
+            goto out;
+        }
+    }
+    tok = malloc(sizeof(int) * (size_t)tr.B * tr.T);
+    tgt = malloc(sizeof(int) * (size_t)tr.B * tr.T);
+    if (!tok || !tgt) {
+        rc = moh_fail(err, MOH_E_NOMEM, "out of memory");
+        goto out;
+    }
+    if (o->dump_grads && !(init = malloc(sizeof(float) * tr.p.n))) {
+        rc = moh_fail(err, MOH_E_NOMEM, "out of memory");
+        goto out;
+    }
+    if (init) memcpy(init, tr.p.data, sizeof(float) * tr.p.n);
+
+    const adamw_config ac = {o->beta1, o->beta2, 1e-8, o->weight_decay};
+    const long tokens_per_step = (long)tr.B * tr.T * o->grad_accum;
+    /* The schedule length: --steps, or (resume) what the interrupted run chose, or fitted to
+     * --max-minutes from the speed of the first steps (decided during warmup, so the lr curve
+     * up to that point does not depend on it). */
+    long total = o->steps;
+    if (o->resume && tr.st.total_steps > 0 && total == 0) total = tr.st.total_steps;
+    const bool auto_total = total <= 0;
+    if (auto_total && o->max_minutes <= 0) {
+        rc = moh_fail(err, MOH_E_ARG, "give --steps or --max-minutes");
+        goto out;
+    }
+    long warmup = o->warmup >= 0 ? o->warmup : 100;
+    if (!auto_total && o->warmup < 0 && warmup > total / 10) warmup = total / 10;
+    if (o->resume && tr.st.warmup >= 0 && tr.st.total_steps > 0) warmup = tr.st.warmup;
+    if (auto_total) total = 1L << 40; /* provisional, fixed after the first timed steps */
+    tr.st.total_steps = auto_total ? 0 : total;
+    tr.st.warmup = warmup;
+
+    struct sigaction sa, old_sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_sa);
+    interrupted = 0;
+
+    const double t0 = now_s(), elapsed0 = tr.st.elapsed_s, max_s = o->max_minutes * 60.0;
+    const long start_step = tr.st.step;
+    double last_log_t = t0, last_val_bpb = NAN;
+    long last_log_step = start_step;
+    int status = 0;
+    if (!o->quiet)
+        printf("moh train: %s, %zu parameters (%.2fM), router %s, %d/%d heads active per token, "
+               "B=%d T=%d accum=%d, %s steps, data %zu train / %zu val bytes\n",
+               o->resume ? "resuming" : "starting", tr.p.n, tr.p.n / 1e6,
+               tr.cfg.router == MOH_ROUTER_NONE ? "none (dense MHA)" : "learned",
+               tr.cfg.router == MOH_ROUTER_NONE ? tr.cfg.num_attention_heads : tr.cfg.shared_heads + tr.cfg.top_k,
+               tr.cfg.num_attention_heads, tr.B, tr.T, o->grad_accum,
+               auto_total ? "time-fitted" : "fixed", tr.data.n_train, tr.data.n_val);
+    while (tr.st.step < total) {
+        const long step = tr.st.step;
+        if (auto_total && tr.st.total_steps == 0 && step - start_step == (warmup < 20 ? warmup : 20)) {
+            const double per_step = (now_s() - t0) / (double)(step - start_step > 0 ? step - start_step : 1);
+            long fit = step + (long)((max_s - (now_s() - t0)) / per_step * 0.97);
+            tr.st.total_steps = total = fit > step + 1 ? fit : step + 1;
+            if (!o->quiet) printf("schedule fitted to %.1f min: %ld steps (%.2f s/step)\n", o->max_minutes, total, per_step);
+        }
+        const double lr = lr_schedule(step, warmup, auto_total && tr.st.total_steps == 0 ? 1L << 40 : total,
+                                      o->lr, o->lr * o->min_lr_ratio);
+        memset(tr.g.data, 0, sizeof(float) * tr.g.n);
+        double loss = 0.0, ce = 0.0, lb = 0.0;
+        for (int micro = 0; micro < o->grad_accum; micro++) {
+            if ((rc = text_batch(tr.data.train, tr.data.n_train, tr.B, tr.T, &tr.st.rng_state, tok, tgt, err)))
+                goto stop;
+            loss += lm_forward_f32(&tr.cfg, &tr.p, &tr.acts, tok, tgt, tr.B, tr.T);
+            ce += tr.acts.ce_loss;
+            lb += tr.acts.lb_loss;
+            lm_backward_f32(&tr.cfg, &tr.p, &tr.g, &tr.acts, tok, tgt);
+        }
+        if (o->grad_accum > 1)
+            for (size_t i = 0; i < tr.g.n; i++) tr.g.data[i] /= (float)o->grad_accum;
+        loss /= o->grad_accum;
+        ce /= o->grad_accum;
+        lb /= o->grad_accum;
+        if (!isfinite(loss)) {
+            rc = moh_fail(err, MOH_E_ARG, "step %ld: loss is %g; lower --lr (now %g)", step + 1, loss, o->lr);
+            goto stop;
+        }
+        if (init) {
+            rc = dump_grads(&tr, tok, tgt, init, err);
+            free(init);
+            init = NULL;
+            if (rc) goto stop;
+        }
+        const double gnorm = clip_grad_norm(tr.g.data, tr.g.n, o->grad_clip);
+        adamw_step(&ac, tr.p.data, tr.g.data, tr.m, tr.v, tr.decay, tr.p.n, step + 1, lr);
+        tr.st.step++;
+        tr.st.tokens_seen += (double)tokens_per_step;
+        const double t = now_s(), run_s = t - t0;
+        tr.st.elapsed_s = elapsed0 + run_s;
+        double smin, smax;
+        routed_share(&tr.cfg, &tr.acts, &smin, &smax);
+        const bool last = tr.st.step >= total || (max_s > 0 && run_s >= max_s) || interrupted;
+        const bool do_eval = last || (o->eval_every > 0 && tr.st.step % o->eval_every == 0);
+        lm_eval_result ev = {0};
+        if (do_eval) {
+            if ((rc = validate(&tr, last ? 0 : o->eval_tokens, &ev, err))) goto stop;
+            last_val_bpb = ev.bits_per_byte;
+            free(ev.head_share);
+        }
+        fprintf(tr.metrics,
+                "{\"step\": %ld, \"loss\": %.6f, \"ce\": %.6f, \"lb_loss\": %.6f, \"lr\": %.6g, "
+                "\"grad_norm\": %.4f, \"tokens\": %.0f, \"elapsed_s\": %.2f, \"routed_share_min\": %.4f, "
+                "\"routed_share_max\": %.4f",
+                tr.st.step, loss, ce, lb, lr, gnorm, tr.st.tokens_seen, tr.st.elapsed_s, smin, smax);
+        if (do_eval)
+            fprintf(tr.metrics, ", \"val_loss\": %.6f, \"val_bpb\": %.6f, \"val_tokens\": %ld",
+                    ev.val_loss, ev.bits_per_byte, ev.tokens);
+        fprintf(tr.metrics, "}\n");
+        fflush(tr.metrics);
+        if (!o->quiet && (tr.st.step % o->log_every == 0 || do_eval || tr.st.step == start_step + 1)) {
+            const double rate = (double)(tr.st.step - last_log_step) * tokens_per_step / (t - last_log_t);
+            const long remaining_steps = total - tr.st.step;
+            double eta = remaining_steps * (run_s / (double)(tr.st.step - start_step));
+            if (max_s > 0 && eta > max_s - run_s) eta = max_s - run_s;
+            char el[32], et[32], share[64] = "";
+            fmt_time(el, sizeof el, tr.st.elapsed_s);
+            fmt_time(et, sizeof et, auto_total && tr.st.total_steps == 0 ? max_s - run_s : eta);
+            if (tr.cfg.router != MOH_ROUTER_NONE)
+                snprintf(share, sizeof share, " | head share %.2f-%.2f", smin, smax);
+            char val[48] = "";
+            if (do_eval) snprintf(val, sizeof val, " | val %.4f bpb", ev.bits_per_byte);
+            printf("step %6ld/%-6ld | loss %.4f | lb %.3f | lr %.2e | %6.0f tok/s | %s, ETA %s%s%s\n",
+                   tr.st.step, total > (1L << 39) ? 0 : total, ce, lb, lr, rate, el, et, share, val);
+            fflush(stdout);
+            last_log_t = t;
+            last_log_step = tr.st.step;
+        }
+        const bool do_save = last || do_eval || (o->save_every > 0 && tr.st.step % o->save_every == 0);
+        if (do_save && (rc = save(&tr, err))) goto stop;
+        if (interrupted) {
+            if (!o->quiet) printf("interrupted: checkpoint saved to %s at step %ld\n", o->out_dir, tr.st.step);
+            status = 130;
+            break;
+        }
+        if (max_s > 0 && run_s >= max_s) {
+            if (tr.st.step < total && !o->quiet)
+                printf("time budget of %.1f min reached at step %ld of %ld\n", o->max_minutes, tr.st.step, total);
+            break;
+        }
+    }
+    if (!o->quiet && status == 0)
+        printf("done: %ld steps, %.0f tokens, final val %.4f bits/byte, checkpoint in %s\n",
+               tr.st.step, tr.st.tokens_seen, last_val_bpb, o->out_dir);
+    rc = status;
+stop:
+    sigaction(SIGINT, &old_sa, NULL);
+out:
+    free(tok);
+    free(tgt);
+    free(init);
+    teardown(&tr);
+    return rc;
+}
