@@ -31,6 +31,7 @@ int cmd_train(int argc, char **argv) {
         {"--save-every", ARG_LONG, &o.save_every, "N", "extra checkpoints every N steps (default: at validations)", false},
         {"--log-every", ARG_LONG, &o.log_every, "N", "progress line every N steps (default 10)", false},
         {"--val-fraction", ARG_DOUBLE, &o.val_fraction, "F", "held-out tail of a single text file (default 0.1)", false},
+        {"--stop-at-step", ARG_LONG, &o.stop_at_step, "N", "save and stop after step N (continue later with --resume)", false},
         {"--resume", ARG_FLAG, &o.resume, NULL, "continue from --out (same batches and losses as an uninterrupted run)", false},
         {"--quiet", ARG_FLAG, &o.quiet, NULL, "no progress output", false},
         {"--dump-grads", ARG_STR, &o.dump_grads, "FILE", "debug: write the first step's batch, initial weights (init.*) and gradient (grad.*)", false},

@@ -29,6 +29,12 @@
 #define SP_X86 0
 #endif
 
+/* Clock of the phase timers (a build may substitute a CPU-time clock for profiling). */
+#ifndef SP_CLOCK
+#define SP_CLOCK() omp_get_wtime()
+#endif
+
+#define SP_LAZY 8.0f     /* log2 units the running max may lag behind the true max */
 #define SP_MR 6          /* rows of a register tile */
 #define SP_NR 64         /* columns of a register tile (4 vectors of 16) */
 #define SP_TC 96         /* tokens per task when scattering into y / dx rows */
@@ -173,8 +179,11 @@ static void sp_mm(bool avx, int amode, int M, int n, int K, const float *const *
  * ---------------------------------------------------------------------------------------------- */
 
 /* Online-softmax update of R rows of raw scores s[r][0..nk) of which the first nv[r] are valid
- * (causal prefix; <= 0: none): running max m[r] (log2 units), running sum l[r], accumulator row
- * o[r][0..d) rescaled; s[r] is overwritten with the unnormalised probabilities (0 past nv[r]). */
+ * (causal prefix; <= 0: none): running max m[r] (log2 units), running sum l[16 r .. 16 r + 16)
+ * (16 partial sums, added up at the end), accumulator row o[r][0..d); s[r] is overwritten with
+ * the unnormalised probabilities 2^(s' - m) (0 past nv[r]). The max is lazy: it moves (and l, o
+ * are rescaled) only when a score exceeds it by more than SP_LAZY, so p <= 2^SP_LAZY; the final
+ * o = acc / l and lse = m + log2(l) are exact either way. */
 static void fwd_softmax_ref(int R, int nk, float *const *s, const int *nv, float cl2, float *m,
                             float *l, float *const *o, int d) {
     for (int r = 0; r < R; r++) {
@@ -186,18 +195,20 @@ static void fwd_softmax_ref(int R, int nk, float *const *s, const int *nv, float
         }
         float mx = sr[0];
         for (int j = 1; j < v; j++) mx = sr[j] > mx ? sr[j] : mx;
-        const float mnew = fmaxf(m[r], mx * cl2);
-        const float alpha = exp2f(m[r] - mnew);
+        mx *= cl2;
+        if (mx > m[r] + SP_LAZY) {
+            const float alpha = exp2f(m[r] - mx);
+            m[r] = mx;
+            for (int q = 0; q < 16; q++) l[16 * r + q] *= alpha;
+            for (int e = 0; e < d; e++) o[r][e] *= alpha;
+        }
         float sum = 0.0f;
         for (int j = 0; j < nk; j++) {
-            const float p = j < v ? exp2f(sr[j] * cl2 - mnew) : 0.0f;
+            const float p = j < v ? exp2f(sr[j] * cl2 - m[r]) : 0.0f;
             sr[j] = p;
             sum += p;
         }
-        l[r] = l[r] * alpha + sum;
-        m[r] = mnew;
-        if (alpha != 1.0f)
-            for (int e = 0; e < d; e++) o[r][e] *= alpha;
+        l[16 * r] += sum;
     }
 }
 
@@ -238,6 +249,7 @@ SP_INLINE __mmask16 lanes_mask(int lanes) {
 SP_AVX512 static void fwd_softmax_avx(int R, int nk, float *const *s, const int *nv, float cl2,
                                       float *m, float *l, float *const *o, int d) {
     const int nvec = (nk + 15) >> 4;
+    const __m512 vc = _mm512_set1_ps(cl2);
     for (int r = 0; r < R; r++) {
         float *sr = s[r];
         const int v = imin(nv[r], nk);
@@ -245,33 +257,31 @@ SP_AVX512 static void fwd_softmax_avx(int R, int nk, float *const *s, const int 
             for (int q = 0; q < nvec; q++) _mm512_mask_storeu_ps(sr + 16 * q, lanes_mask(nk - 16 * q), _mm512_setzero_ps());
             continue;
         }
-        __m512 sv[4];
-        __mmask16 vm[4];
         __m512 vmax = _mm512_set1_ps(-INFINITY);
-        for (int q = 0; q < nvec; q++) {
-            vm[q] = lanes_mask(v - 16 * q);
-            sv[q] = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), vm[q], sr + 16 * q);
-            vmax = _mm512_max_ps(vmax, sv[q]);
-        }
-        const float mnew = fmaxf(m[r], _mm512_reduce_max_ps(vmax) * cl2);
-        const float alpha = exp2f(m[r] - mnew);
-        const __m512 vc = _mm512_set1_ps(cl2), vneg = _mm512_set1_ps(-mnew);
-        __m512 vsum = _mm512_setzero_ps();
-        for (int q = 0; q < nvec; q++) {
-            const __m512 p = _mm512_maskz_mov_ps(vm[q], exp2_avx(_mm512_fmadd_ps(sv[q], vc, vneg)));
-            _mm512_mask_storeu_ps(sr + 16 * q, lanes_mask(nk - 16 * q), p);
-            vsum = _mm512_add_ps(vsum, p);
-        }
-        l[r] = l[r] * alpha + _mm512_reduce_add_ps(vsum);
-        m[r] = mnew;
-        if (alpha != 1.0f) {
+        for (int q = 0; q < nvec; q++)
+            vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, lanes_mask(v - 16 * q), sr + 16 * q));
+        const float mx = _mm512_reduce_max_ps(vmax) * cl2;
+        __m512 lv = _mm512_loadu_ps(l + 16 * r);
+        if (mx > m[r] + SP_LAZY) { /* the running max moves: rescale l and the accumulator */
+            const float alpha = exp2f(m[r] - mx);
+            m[r] = mx;
             const __m512 va = _mm512_set1_ps(alpha);
+            lv = _mm512_mul_ps(lv, va);
             float *orow = o[r];
             for (int e = 0; e < d; e += 16) {
                 const __mmask16 mm = lanes_mask(d - e);
                 _mm512_mask_storeu_ps(orow + e, mm, _mm512_mul_ps(va, _mm512_maskz_loadu_ps(mm, orow + e)));
             }
         }
+        const __m512 vneg = _mm512_set1_ps(-m[r]);
+        for (int q = 0; q < nvec; q++) {
+            const __mmask16 ok = lanes_mask(v - 16 * q);
+            const __m512 sv = _mm512_maskz_loadu_ps(ok, sr + 16 * q);
+            const __m512 p = _mm512_maskz_mov_ps(ok, exp2_avx(_mm512_fmadd_ps(sv, vc, vneg)));
+            _mm512_mask_storeu_ps(sr + 16 * q, lanes_mask(nk - 16 * q), p);
+            lv = _mm512_add_ps(lv, p);
+        }
+        _mm512_storeu_ps(l + 16 * r, lv);
     }
 }
 
@@ -344,9 +354,9 @@ static int sp_ptr_cap(const moh_attn_config *cfg) {
 }
 static size_t sp_ws_floats(const moh_attn_config *cfg) {
     const size_t dp = (size_t)sp_dpad(cfg);
-    /* s, ds [BQ, BK]; oacc [BQ, dp]; m, l, nv [BQ]; dkt, dvt [BK, dp]; rounded to 16 each */
-    return 2 * (size_t)SPARSE_BQ * SPARSE_BK + (size_t)SPARSE_BQ * dp + 3 * (size_t)round16(SPARSE_BQ) +
-           2 * (size_t)SPARSE_BK * dp + 64;
+    /* s, ds [BQ, BK]; oacc [BQ, dp]; m, nv [BQ]; l [BQ, 16]; dkt, dvt [BK, dp] */
+    return 2 * (size_t)SPARSE_BQ * SPARSE_BK + (size_t)SPARSE_BQ * dp + 2 * (size_t)round16(SPARSE_BQ) +
+           16 * (size_t)SPARSE_BQ + 2 * (size_t)SPARSE_BK * dp + 64;
 }
 
 /* Walks the buffers in a fixed order; assigns pointers when base != NULL. Returns total bytes. */
@@ -496,7 +506,7 @@ static sp_tws tws_get(const sparse_cache *c, const moh_attn_config *cfg, int tid
     w.m = f;
     f += bq;
     w.l = f;
-    f += bq;
+    f += 16 * (size_t)SPARSE_BQ;
     w.nv = (int *)(void *)f;
     f += bq;
     w.dkt = f;
@@ -632,7 +642,7 @@ static void attn_fwd_tile(const moh_attn_config *cfg, sparse_cache *c, const int
         w->pc[r] = w->oacc + (size_t)r * dp;
         memset(w->pc[r], 0, sizeof(float) * (size_t)d);
         w->m[r] = -INFINITY;
-        w->l[r] = 0.0f;
+        memset(w->l + 16 * r, 0, 16 * sizeof(float));
     }
     const int nkeys = cfg->causal ? pos[nr - 1] + 1 : N;
     const int ntile = (nkeys + SPARSE_BK - 1) / SPARSE_BK;
@@ -646,12 +656,18 @@ static void attn_fwd_tile(const moh_attn_config *cfg, sparse_cache *c, const int
             if (cfg->causal && pos[rg + R - 1] < j0) continue;
             for (int r = 0; r < R; r++) w->nv[r] = cfg->causal ? imin(nk, pos[rg + r] - j0 + 1) : nk;
             sp_mm(avx, 0, R, nk, d, w->pa + rg, 0, w->pb, 0, w->sc, 0, false);
-            fwd_softmax(avx, R, nk, w->sc, w->nv, cl2, w->m + rg, w->l + rg, w->pc + rg, d);
+            fwd_softmax(avx, R, nk, w->sc, w->nv, cl2, w->m + rg, w->l + 16 * rg, w->pc + rg, d);
             sp_mm(avx, 0, R, d, nk, w->sa, 0, w->pb2, 0, w->pc + rg, 0, true);
         }
     }
     for (int r = 0; r < nr; r++) {
-        const float inv = 1.0f / w->l[r];
+        float lsum = 0.0f; /* the 16 partial sums, pairwise in a fixed order */
+        float part[16];
+        memcpy(part, w->l + 16 * r, sizeof part);
+        for (int width = 8; width >= 1; width /= 2)
+            for (int q = 0; q < width; q++) part[q] += part[q + width];
+        lsum = part[0];
+        const float inv = 1.0f / lsum;
         const float gate = c->rc.gates[((size_t)b * N + pos[r]) * h + i];
         float *orow = c->o + (size_t)(p0 + r) * d, *og = c->og + (size_t)(p0 + r) * d;
         const float *acc = w->pc[r];
@@ -659,7 +675,7 @@ static void attn_fwd_tile(const moh_attn_config *cfg, sparse_cache *c, const int
             orow[e] = acc[e] * inv;
             og[e] = gate * orow[e];
         }
-        c->lse[p0 + r] = w->m[r] + log2f(w->l[r]);
+        c->lse[p0 + r] = w->m[r] + log2f(lsum);
     }
 }
 
@@ -675,6 +691,7 @@ void sparse_forward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm, 
     c->rc.x = x;
     c->rc.B = B;
     c->rc.N = N;
+    double t0 = SP_CLOCK(), t1;
     /* 1. router (query_norm: on the dense pre-RoPE q it needs anyway) */
     if (qnorm) {
         linear_forward_f32(c->qkv, x, prm->w_qkv, prm->b_qkv, T, C, qd);
@@ -682,6 +699,9 @@ void sparse_forward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm, 
     }
     router_forward_f32(cfg, prm, x, c->qkv, T, &c->rc);
     build_pairs(cfg, c, B, N);
+    t1 = SP_CLOCK();
+    c->phase_s[SPARSE_PH_ROUTER] += t1 - t0;
+    t0 = t1;
     /* 2. K, V of every token and KV head (dense GEMM), RoPE on K, key tiles */
     if (qnorm) {
         kv_repack(cfg, c, c->qkv, qd, hd, hd + kvd, NULL, B, N, false);
@@ -689,6 +709,9 @@ void sparse_forward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm, 
         gemm_f32(false, true, T, 2 * kvd, C, 1.0f, x, C, prm->w_qkv + (size_t)hd * C, C, 0.0f, c->kv, 2 * kvd);
         kv_repack(cfg, c, c->kv, 2 * kvd, 0, kvd, prm->b_qkv ? prm->b_qkv + hd : NULL, B, N, false);
     }
+    t1 = SP_CLOCK();
+    c->phase_s[SPARSE_PH_KV] += t1 - t0;
+    t0 = t1;
     /* 3. Q of the selected pairs: gathered rows of x times W_q^i (packed [C, d] per head) */
     if (!qnorm) {
 #pragma omp parallel for schedule(static) num_threads(c->nthreads)
@@ -722,12 +745,18 @@ void sparse_forward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm, 
             if (rope) rope_row(qr, c, c->pair_pos[p0 + r], d, 1);
         }
     }
+    t1 = SP_CLOCK();
+    c->phase_s[SPARSE_PH_Q] += t1 - t0;
+    t0 = t1;
     /* 4. attention of the selected pairs (flash tiles), o, og = gate * o, lse */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(c->nthreads)
     for (int ti = 0; ti < c->ntasks; ti++) {
         sp_tws w = tws_get(c, cfg, omp_get_thread_num());
         attn_fwd_tile(cfg, c, c->tasks + 4 * ti, N, &w);
     }
+    t1 = SP_CLOCK();
+    c->phase_s[SPARSE_PH_ATTN] += t1 - t0;
+    t0 = t1;
     /* 5. y = b_o + sum_i og_i W_O^i, per token chunk, heads in order (W_O^i packed [d, 64] per
      *    column block) */
 #pragma omp parallel for schedule(static) num_threads(c->nthreads)
@@ -764,6 +793,7 @@ void sparse_forward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm, 
             }
         }
     }
+    c->phase_s[SPARSE_PH_WO] += SP_CLOCK() - t0;
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -853,6 +883,7 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
     const bool qnorm = cfg->router == MOH_ROUTER_QUERY_NORM, rope = cfg->rope_theta > 0;
     const bool avx = c->avx512;
     const float *x = c->x;
+    double t0 = SP_CLOCK(), t1;
     /* 1. b_o, and W_O^i as [C, d] blocks (for d og = dy W_O^i) */
     if (g->b_o) linear_backward_f32(NULL, NULL, g->b_o, dy, NULL, NULL, T, 0, C);
 #pragma omp parallel for schedule(static) num_threads(c->nthreads)
@@ -910,6 +941,9 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
             }
         }
     }
+    t1 = SP_CLOCK();
+    c->phase_s[SPARSE_PH_B_WO] += t1 - t0;
+    t0 = t1;
     /* 4. V^T tiles, then the attention backward per (b, KV head, key part) */
     {
         const int ntask = B * hkv * nkt;
@@ -964,6 +998,9 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
             if (rope) rope_row(kr, c, n, d, -1);
         }
     }
+    t1 = SP_CLOCK();
+    c->phase_s[SPARSE_PH_B_ATTN] += t1 - t0;
+    t0 = t1;
     /* 6. projections */
     if (qnorm) {
         /* dense q: scatter dQ into the q columns, add the router's d q, one dense backward */
@@ -974,11 +1011,18 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
                 memcpy(c->dqkv + ((size_t)b * N + c->pair_pos[p]) * qd + (size_t)i * d, c->dq + (size_t)p * d, sizeof(float) * d);
         }
         router_backward_f32(cfg, prm, g, &c->rc, c->dgates, lb_scale, dx, c->dqkv, T);
+        t1 = SP_CLOCK();
+        c->phase_s[SPARSE_PH_B_ROUTER] += t1 - t0;
+        t0 = t1;
         linear_backward_f32(dx, g->w_qkv, g->b_qkv, c->dqkv, x, prm->w_qkv, T, C, qd);
+        c->phase_s[SPARSE_PH_B_KV] += SP_CLOCK() - t0;
         return;
     }
     linear_backward_f32(dx, g->w_qkv ? g->w_qkv + (size_t)hd * C : NULL, g->b_qkv ? g->b_qkv + hd : NULL,
                         c->kv, x, prm->w_qkv + (size_t)hd * C, T, C, 2 * kvd);
+    t1 = SP_CLOCK();
+    c->phase_s[SPARSE_PH_B_KV] += t1 - t0;
+    t0 = t1;
     if (g->b_qkv) {
 #pragma omp parallel for schedule(static) num_threads(c->nthreads)
         for (int i = 0; i < h; i++)
@@ -1036,7 +1080,18 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
             }
         }
     }
+    t1 = SP_CLOCK();
+    c->phase_s[SPARSE_PH_B_Q] += t1 - t0;
+    t0 = t1;
     router_backward_f32(cfg, prm, g, &c->rc, c->dgates, lb_scale, dx, NULL, T);
+    c->phase_s[SPARSE_PH_B_ROUTER] += SP_CLOCK() - t0;
+}
+
+const char *sparse_phase_name(int i) {
+    static const char *const names[SPARSE_NPHASE] = {"router", "kv_gemm", "q_gather_gemm", "attention",
+                                                     "wo_scatter", "bwd_wo", "bwd_attention", "bwd_kv_gemm",
+                                                     "bwd_q", "bwd_router"};
+    return i >= 0 && i < SPARSE_NPHASE ? names[i] : "?";
 }
 
 long sparse_pairs(const moh_attn_config *cfg, const sparse_cache *c) {

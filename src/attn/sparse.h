@@ -31,8 +31,25 @@
 
 /* Tile sizes. SPARSE_BK keys per key tile (the transposed-key layout is blocked by it);
  * SPARSE_BQ selected queries per query tile (forward) and per query block (backward). */
-#define SPARSE_BK 64
+#define SPARSE_BK 128
 #define SPARSE_BQ 96
+
+/* Phases timed into sparse_cache.phase_s (accumulated over calls; zero it to restart). */
+enum {
+    SPARSE_PH_ROUTER,    /* forward: router (query_norm: with the dense q it reads) */
+    SPARSE_PH_KV,        /* forward: dense K/V GEMM, RoPE, key tiles */
+    SPARSE_PH_Q,         /* forward: gathered-row Q GEMM per head, bias, RoPE */
+    SPARSE_PH_ATTN,      /* forward: flash attention of the selected pairs */
+    SPARSE_PH_WO,        /* forward: gate-weighted W_O, scatter-add into y */
+    SPARSE_PH_B_WO,      /* backward: b_o, d og, dgates, dW_O */
+    SPARSE_PH_B_ATTN,    /* backward: flash attention backward (dQ, dK, dV) */
+    SPARSE_PH_B_KV,      /* backward: dense K/V projection gradients */
+    SPARSE_PH_B_Q,       /* backward: dx and dW_q from the selected pairs */
+    SPARSE_PH_B_ROUTER,  /* backward: router_backward */
+    SPARSE_NPHASE
+};
+/* Short name of phase i ("router", "kv_gemm", ...). */
+const char *sparse_phase_name(int i);
 
 /* Forward activations kept for backward, plus all scratch of both passes: one allocation.
  * Shapes (T = B N, P = T * active heads per token, kvd = h_kv d, nkt = ceil(N / SPARSE_BK)): */
@@ -71,6 +88,7 @@ typedef struct sparse_cache {
     size_t ws_floats;
     void **wptr;         /* [nthreads, 3, ptr_cap] per-thread pointer arrays of the kernels */
     int ptr_cap;
+    double phase_s[SPARSE_NPHASE]; /* wall seconds per phase, accumulated (sparse_phase_name) */
     size_t bytes;        /* total bytes allocated (sparse_cache_bytes) */
     void *block;
 } sparse_cache;

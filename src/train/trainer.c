@@ -347,7 +347,8 @@ int lm_train(const lm_train_options *o, moh_error *err) {
         tr.st.elapsed_s = elapsed0 + run_s;
         double smin, smax;
         routed_share(&tr.cfg, &tr.acts, &smin, &smax);
-        const bool last = tr.st.step >= total || (max_s > 0 && run_s >= max_s) || interrupted;
+        const bool pause = o->stop_at_step > 0 && tr.st.step >= o->stop_at_step;
+        const bool last = tr.st.step >= total || (max_s > 0 && run_s >= max_s) || interrupted || pause;
         const bool do_eval = last || (o->eval_every > 0 && tr.st.step % o->eval_every == 0);
         lm_eval_result ev = {0};
         if (do_eval) {
@@ -388,6 +389,10 @@ int lm_train(const lm_train_options *o, moh_error *err) {
         if (interrupted) {
             if (!o->quiet) printf("interrupted: checkpoint saved to %s at step %ld\n", o->out_dir, tr.st.step);
             status = 130;
+            break;
+        }
+        if (pause && tr.st.step < total) {
+            if (!o->quiet) printf("stopped at step %ld as asked; continue with --resume\n", tr.st.step);
             break;
         }
         if (max_s > 0 && run_s >= max_s) {

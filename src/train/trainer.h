@@ -20,6 +20,7 @@ typedef struct lm_train_options {
     long save_every;         /* steps between checkpoints (0 = at validations and the end) */
     long log_every;
     double val_fraction;     /* held-out tail of a single text file */
+    long stop_at_step;       /* stop (checkpoint saved) after this step, as if interrupted; 0 = off */
     bool resume;
     bool quiet;
     const char *dump_grads;  /* debug: write the first step's gradient + batch + initial weights */

