@@ -1,0 +1,30 @@
+"""Summarises runs of tools/exp/lm_compare.sh as a markdown table (stdout)."""
+import json, math, os, statistics, sys
+
+root = sys.argv[1]
+rows = {}
+for d in sorted(os.listdir(root)):
+    p = os.path.join(root, d)
+    if not os.path.exists(os.path.join(p, "eval.json")):
+        continue
+    cfg, seed = d.rsplit("-s", 1)
+    ev = json.load(open(os.path.join(p, "eval.json")))
+    conf = json.load(open(os.path.join(p, "config.json")))
+    metrics = [json.loads(l) for l in open(os.path.join(p, "metrics.jsonl"))]
+    last = metrics[-1]
+    h = conf["num_attention_heads"]
+    active = h if conf["router"] == "none" else conf["shared_heads"] + conf["top_k"]
+    rows.setdefault(cfg, []).append(dict(seed=int(seed), bpb=ev["bits_per_byte"], tokens=last["tokens"],
+                                         tps=last["tokens"] / last["elapsed_s"], active=active / h,
+                                         train_loss=last["ce"]))
+print("| model | active heads | seeds | val bits/byte (mean ± sd) | per seed | train tokens | tokens/s (1 thread, shared machine) |")
+print("|---|---|---|---|---|---|---|")
+for cfg in ["mha", "moh-90", "moh-75", "moh-50"] + [c for c in rows if c not in ("mha", "moh-90", "moh-75", "moh-50")]:
+    if cfg not in rows:
+        continue
+    r = sorted(rows[cfg], key=lambda x: x["seed"])
+    b = [x["bpb"] for x in r]
+    sd = statistics.stdev(b) if len(b) > 1 else float("nan")
+    print(f"| {cfg} | {r[0]['active']:.1%} | {len(r)} | {statistics.mean(b):.4f} ± {sd:.4f} | "
+          + ", ".join(f"{x['bpb']:.4f}" for x in r)
+          + f" | {r[0]['tokens']:.0f} | {statistics.mean(x['tps'] for x in r):.0f} |")
