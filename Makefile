@@ -11,7 +11,7 @@ test: all
 	ctest --test-dir $(BUILD) --output-on-failure
 
 asan:
-	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMOH_SANITIZE=ON >/dev/null
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOH_SANITIZE=ON >/dev/null
 	@cmake --build build-asan -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure
 

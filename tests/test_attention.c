@@ -49,7 +49,11 @@ static double fd_check(test_ctx *ctx, const char *what, const moh_attn_config *c
                        attn_cache_f64 *c) {
     const double eps = 1e-6;
     double *num = malloc(sizeof(double) * (size_t)n);
-    for (long i = 0; i < n; i++) {
+    /* at most 96 entries per tensor, spread deterministically over it; the rest keep the
+     * analytic value so the comparison below covers exactly the probed entries */
+    const long stride = n > 96 ? n / 96 + (n % 96 != 0) : 1;
+    for (long i = 0; i < n; i++) num[i] = grad[i];
+    for (long i = (long)(n * 0.37) % stride; i < n; i += stride) {
         const double v = vals[i];
         vals[i] = v + eps;
         const double lp = loss_f64(cfg, p, x, dy, B, N, y, c);

@@ -56,7 +56,8 @@ static void run(test_ctx *ctx, const char *name, moh_lm_config cfg) {
     lm_backward_f64(&cfg, &p, &g, &a, tokens, targets);
     const double eps = 1e-6;
     double maxdiff = 0.0, maxg = 0.0;
-    for (size_t i = 0; i < p.n; i++) {
+    /* every third parameter (all tensors are probed; about 400 entries per model) */
+    for (size_t i = 1; i < p.n; i += 3) {
         const double v = p.data[i];
         p.data[i] = v + eps;
         const double lp = lm_forward_f64(&cfg, &p, &a, tokens, targets, B, T);
