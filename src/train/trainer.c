@@ -306,11 +306,14 @@ int lm_train(const lm_train_options *o, moh_error *err) {
                auto_total ? "time-fitted" : "fixed", tr.data.n_train, tr.data.n_val);
     while (tr.st.step < total) {
         const long step = tr.st.step;
-        if (auto_total && tr.st.total_steps == 0 && step - start_step == (warmup < 20 ? warmup : 20)) {
-            const double per_step = (now_s() - t0) / (double)(step - start_step > 0 ? step - start_step : 1);
+        if (auto_total && tr.st.total_steps == 0 && step - start_step == 3) {
+            /* fitted after 3 timed steps; the warmup (unless given) becomes min(100, total / 10),
+             * which only changes the ramp slope of those first 3 steps */
+            const double per_step = (now_s() - t0) / 3.0;
             long fit = step + (long)((max_s - (now_s() - t0)) / per_step * 0.97);
             tr.st.total_steps = total = fit > step + 1 ? fit : step + 1;
-            if (!o->quiet) printf("schedule fitted to %.1f min: %ld steps (%.2f s/step)\n", o->max_minutes, total, per_step);
+            if (o->warmup < 0) tr.st.warmup = warmup = total / 10 < 100 ? total / 10 : 100;
+            if (!o->quiet) printf("schedule fitted to %.1f min: %ld steps (%.2f s/step), warmup %ld\n", o->max_minutes, total, per_step, warmup);
         }
         const double lr = lr_schedule(step, warmup, auto_total && tr.st.total_steps == 0 ? 1L << 40 : total,
                                       o->lr, o->lr * o->min_lr_ratio);
