@@ -8,6 +8,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "cmd_vit.h"
 #include "core/fsutil.h"
 #include "data/text.h"
 #include "train/checkpoint.h"
@@ -34,6 +35,7 @@ static int dump_logits(const char *path, const moh_lm_config *cfg, const lm_para
 }
 
 int cmd_eval(int argc, char **argv) {
+    if (cmd_is_vit(argc, argv, true)) return cmd_eval_vit(argc, argv); /* "model_type": "vit" */
     const char *ckpt = NULL, *data = NULL, *dump = NULL;
     int T = 0, B = 8;
     bool json = false;
@@ -73,7 +75,7 @@ int cmd_eval(int argc, char **argv) {
         goto fail;
     }
     if (!(text = fs_read_file(path, (size_t)4 << 30, &n, &err))) goto fail;
-    if (lm_acts_init_f32(&acts, &cfg, B, T, &err)) goto fail;
+    if (lm_acts_init_sparse_f32(&acts, &cfg, B, T, &err)) goto fail;
     have_acts = true;
     if (dump && dump_logits(dump, &cfg, &p, &acts, (const uint8_t *)text, n, T, &err)) goto fail;
     if (lm_evaluate(&cfg, &p, &acts, B, T, (const uint8_t *)text, n, 0, &r, &err)) goto fail;

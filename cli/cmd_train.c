@@ -5,9 +5,11 @@
 
 #include "args.h"
 #include "cli.h"
+#include "cmd_vit.h"
 #include "train/trainer.h"
 
 int cmd_train(int argc, char **argv) {
+    if (cmd_is_vit(argc, argv, false)) return cmd_train_vit(argc, argv); /* "model_type": "vit" */
     lm_train_options o;
     lm_train_defaults(&o);
     const char *config = NULL;
@@ -33,6 +35,7 @@ int cmd_train(int argc, char **argv) {
         {"--val-fraction", ARG_DOUBLE, &o.val_fraction, "F", "held-out tail of a single text file (default 0.1)", false},
         {"--stop-at-step", ARG_LONG, &o.stop_at_step, "N", "save and stop after step N (continue later with --resume)", false},
         {"--resume", ARG_FLAG, &o.resume, NULL, "continue from --out (same batches and losses as an uninterrupted run)", false},
+        {"--reference-attention", ARG_FLAG, &o.reference_attention, NULL, "compute every head then gate (the definition) instead of only the selected heads; same results, slower", false},
         {"--quiet", ARG_FLAG, &o.quiet, NULL, "no progress output", false},
         {"--dump-grads", ARG_STR, &o.dump_grads, "FILE", "debug: write the first step's batch, initial weights (init.*) and gradient (grad.*)", false},
     };

@@ -84,7 +84,20 @@ static void run(test_ctx *ctx, const char *name, moh_lm_config cfg) {
     double gd = 0.0;
     for (size_t i = 0; i < p.n; i++) gd = fmax(gd, fabs(g32.data[i] - g.data[i]));
     CHECK(ctx, fabs(l32 - l64) < 1e-5 * fabs(l64) && gd / maxg < 1e-5, "%s: f32 loss %.7g vs %.7g, grad %.2g", name, l32, l64, gd / maxg);
-    printf("  %-18s loss %.5f (lb %.4f)  fd rel err %.2e  f32 grad rel %.1e  params %zu\n", name, l64, a.lb_loss, rel, gd / maxg, p.n);
+    /* the head-sparse attention path gives the same loss and gradients */
+    lm_params_f32 gs;
+    lm_acts_f32 as;
+    lm_params_init_f32(&gs, &cfg, &err);
+    CHECK(ctx, lm_acts_init_sparse_f32(&as, &cfg, B, T, &err) == MOH_OK, "%s: %s", name, err.msg);
+    const double ls = lm_forward_f32(&cfg, &p32, &as, tokens, targets, B, T);
+    lm_backward_f32(&cfg, &p32, &gs, &as, tokens, targets);
+    double sd = 0.0;
+    for (size_t i = 0; i < p.n; i++) sd = fmax(sd, fabs(gs.data[i] - g32.data[i]));
+    CHECK(ctx, fabs(ls - l32) < 1e-5 * fabs(l32) && sd / maxg < 1e-5 && fabs(as.lb_loss - a32.lb_loss) < 1e-6,
+          "%s: sparse path: loss %.7g vs %.7g, grad %.2g", name, ls, l32, sd / maxg);
+    lm_params_free_f32(&gs);
+    lm_acts_free_f32(&as);
+    printf("  %-18s loss %.5f (lb %.4f)  fd rel err %.2e  f32 grad rel %.1e  sparse grad rel %.1e  params %zu\n", name, l64, a.lb_loss, rel, gd / maxg, sd / maxg, p.n);
     lm_params_free_f32(&p32);
     lm_params_free_f32(&g32);
     lm_acts_free_f32(&a32);

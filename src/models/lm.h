@@ -20,6 +20,11 @@
 #undef real
 #undef F
 
+/* As lm_acts_init_f32, with attention through the head-sparse path (src/attn/sparse.h): only
+ * the (token, head) pairs the router selects are computed, memory is linear in T. Same results
+ * as the reference path to ~1e-6. MOH_OK or MOH_E_NOMEM. */
+int lm_acts_init_sparse_f32(lm_acts_f32 *a, const moh_lm_config *cfg, int B, int T, moh_error *err);
+
 /* One named checkpoint tensor of the model (HF LlamaForCausalLM names), a view into a buffer
  * laid out like lm_params. */
 typedef struct lm_tensor {

@@ -33,8 +33,11 @@ typedef struct F(lm_acts) {
     real *lnf, *lnf_rstd; /* [BT, C], [BT] */
     real *logits;     /* [BT, V] */
     real *probs;      /* [BT, V] softmax of the logits (filled when targets are given) */
-    F(attn_cache) *attn; /* [L], n_attn of them initialised */
+    F(attn_cache) *attn; /* [L], n_attn of them initialised (reference attention path) */
     int n_attn;
+    void *sparse;     /* float32 only: [L] sparse_cache (head-sparse path, lm_acts_init_sparse_f32);
+                       * then attn is NULL and the router activations are in sparse[l].rc */
+    int n_sparse;
     real *dres, *dtmp, *dff; /* backward scratch: [BT, C] x2, [3, BT, I] (dff) */
     real *dlogits;    /* [BT, V] */
     real ce_loss;     /* mean cross-entropy (nats) of the last forward with targets */
@@ -48,6 +51,10 @@ void F(lm_params_free)(F(lm_params) *p);
 /* Allocates activations for batches of up to B x T tokens. MOH_OK or MOH_E_NOMEM. */
 int F(lm_acts_init)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, moh_error *err);
 void F(lm_acts_free)(F(lm_acts) *a);
+
+/* Router activations (gates [BT, h], mask, p, lb_loss) of layer l after a forward, whichever
+ * attention path ran. */
+const F(attn_cache) *F(lm_router)(const F(lm_acts) *a, int l);
 
 /* Forward: tokens [B, T] (ids < V) -> a->logits [B*T, V]. With targets [B, T] (may be NULL; -1 =
  * ignore) also a->ce_loss and a->probs. Always fills

@@ -1,8 +1,43 @@
 #include "models/lm_decode.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "attn/sparse.h"
+
+/* out[r] = b[r] + w[r, :] . x for r < rows (w row-major [rows, C]); b may be NULL. */
+static void gemv_rows(float *out, const float *w, const float *b, const float *x, int rows, int C) {
+#pragma omp parallel for schedule(static) if ((long)rows * C >= 262144)
+    for (int r = 0; r < rows; r++) {
+        const float *wr = w + (size_t)r * C;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int c = 0; c < C; c++) s += wr[c] * x[c];
+        out[r] = (b ? b[r] : 0.0f) + s;
+    }
+}
+
+/* out[C] = b + sum over the selected heads i (gate != 0) of W_O[:, i d:(i+1) d] og_i: the W_O
+ * columns of skipped heads are never read. W_O [C, h d] row-major; b may be NULL. */
+static void wo_selected(float *out, const float *w_o, const float *b, const float *og,
+                        const float *gates, int C, int h, int d) {
+    const size_t hd = (size_t)h * d;
+#pragma omp parallel for schedule(static) if ((long)C * h * d >= 262144)
+    for (int c = 0; c < C; c++) {
+        float s = b ? b[c] : 0.0f;
+        for (int i = 0; i < h; i++) {
+            if (gates[i] == 0.0f) continue;
+            const float *w = w_o + (size_t)c * hd + (size_t)i * d, *o = og + (size_t)i * d;
+            float t = 0.0f;
+#pragma omp simd reduction(+ : t)
+            for (int e = 0; e < d; e++) t += w[e] * o[e];
+            s += t;
+        }
+        out[c] = s;
+    }
+}
 
 int lm_kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, int max_T, moh_error *err) {
     memset(kv, 0, sizeof *kv);
@@ -10,7 +45,9 @@ int lm_kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, int max_T, moh_error *
     const size_t L = (size_t)cfg->num_hidden_layers, C = (size_t)cfg->hidden_size;
     const size_t kvd = (size_t)a->n_kv_heads * a->head_dim, hd = (size_t)a->n_heads * a->head_dim;
     const size_t I = (size_t)cfg->intermediate_size, qd = (size_t)attn_qkv_dim(a);
-    const size_t sizes[] = {L * max_T * kvd, L * max_T * kvd, C, C, qd, hd, C, I, I, (size_t)max_T};
+    /* scores: one [max_T] row per query head, so heads can run in parallel */
+    const size_t sizes[] = {L * max_T * kvd, L * max_T * kvd, C, C, qd, hd, C, I, I,
+                            (size_t)a->n_heads * max_T};
     float **fields[] = {&kv->k, &kv->v, &kv->x, &kv->xn, &kv->qkv, &kv->og, &kv->tmp, &kv->gate, &kv->up, &kv->scores};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
@@ -44,7 +81,7 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
     const int L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size;
     const int h = a->n_heads, hkv = a->n_kv_heads, d = a->head_dim, grp = h / hkv;
     const int qd = attn_qkv_dim(a), kvd = hkv * d, pos = kv->pos;
-    const float eps = (float)cfg->rms_norm_eps, scale = (float)(1.0 / sqrt((double)d));
+    const float eps = (float)cfg->rms_norm_eps;
     if (pos >= kv->max_T)
         return moh_fail(err, MOH_E_ARG, "KV cache full: %d tokens (raise the context)", kv->max_T);
     if (token < 0 || token >= cfg->vocab_size)
@@ -55,43 +92,46 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
         const lm_block_f32 *b = &p->blocks[l];
         float *K = kv->k + ((size_t)l * kv->max_T) * kvd, *V = kv->v + ((size_t)l * kv->max_T) * kvd;
         rmsnorm_forward_f32(kv->xn, &rstd, kv->x, b->ln1, 1, C, eps);
-        linear_forward_f32(kv->qkv, kv->xn, b->attn.w_qkv, b->attn.b_qkv, 1, C, qd);
-        router_forward_f32(a, &b->attn, kv->xn, kv->qkv, 1, &kv->router);
+        if (a->router == MOH_ROUTER_LEARNED) {
+            /* the learned router reads x only: route first, then K and V for every KV head and
+             * q only for the selected heads (spec §10) */
+            router_forward_f32(a, &b->attn, kv->xn, NULL, 1, &kv->router);
+            gemv_rows(kv->qkv + (size_t)h * d, b->attn.w_qkv + (size_t)h * d * C,
+                      b->attn.b_qkv ? b->attn.b_qkv + (size_t)h * d : NULL, kv->xn, 2 * kvd, C);
+            for (int i = 0; i < h; i++)
+                if (kv->router.gates[i] != 0.0f)
+                    gemv_rows(kv->qkv + (size_t)i * d, b->attn.w_qkv + (size_t)i * d * C,
+                              b->attn.b_qkv ? b->attn.b_qkv + (size_t)i * d : NULL, kv->xn, d, C);
+                else
+                    memset(kv->qkv + (size_t)i * d, 0, sizeof(float) * d);
+        } else { /* none: every head; query_norm: every q is needed to choose */
+            linear_forward_f32(kv->qkv, kv->xn, b->attn.w_qkv, b->attn.b_qkv, 1, C, qd);
+            router_forward_f32(a, &b->attn, kv->xn, kv->qkv, 1, &kv->router);
+        }
         if (a->rope_theta > 0) rope_forward_f32(kv->qkv, 1, qd, h + hkv, d, &pos, a->rope_theta);
-        memcpy(K + (size_t)pos * kvd, kv->qkv + (size_t)h * d, sizeof(float) * kvd);
-        memcpy(V + (size_t)pos * kvd, kv->qkv + (size_t)(h + hkv) * d, sizeof(float) * kvd);
+        for (int g = 0; g < hkv; g++) { /* head-major: each head's keys are one contiguous stream */
+            memcpy(K + ((size_t)g * kv->max_T + pos) * d, kv->qkv + (size_t)(h + g) * d, sizeof(float) * d);
+            memcpy(V + ((size_t)g * kv->max_T + pos) * d, kv->qkv + (size_t)(h + hkv + g) * d, sizeof(float) * d);
+        }
+        /* attention of the selected heads only (spec §10), one task per head */
+        int run = 0;
+        for (int i = 0; i < h; i++) run += kv->router.gates[i] != 0.0f;
+        kv->heads_total += h;
+        kv->heads_run += run;
+#pragma omp parallel for schedule(dynamic, 1) if ((long)run * (pos + 1) * d >= 65536)
         for (int i = 0; i < h; i++) {
             const float g = kv->router.gates[i];
             float *og = kv->og + (size_t)i * d;
-            kv->heads_total++;
             if (g == 0.0f) { /* head not selected: no attention row, no W_O term */
                 memset(og, 0, sizeof(float) * d);
                 continue;
             }
-            kv->heads_run++;
-            const float *q = kv->qkv + (size_t)i * d;
             const int kvh = i / grp;
-            float mx = -INFINITY;
-            for (int j = 0; j <= pos; j++) {
-                const float *kj = K + (size_t)j * kvd + (size_t)kvh * d;
-                float s = 0.0f;
-                for (int e = 0; e < d; e++) s += q[e] * kj[e];
-                kv->scores[j] = s * scale;
-                mx = kv->scores[j] > mx ? kv->scores[j] : mx;
-            }
-            float sum = 0.0f;
-            for (int j = 0; j <= pos; j++) {
-                kv->scores[j] = expf(kv->scores[j] - mx);
-                sum += kv->scores[j];
-            }
-            memset(og, 0, sizeof(float) * d);
-            for (int j = 0; j <= pos; j++) {
-                const float w = g * kv->scores[j] / sum;
-                const float *vj = V + (size_t)j * kvd + (size_t)kvh * d;
-                for (int e = 0; e < d; e++) og[e] += w * vj[e];
-            }
+            sparse_decode_attend_f32(kv->qkv + (size_t)i * d, K + (size_t)kvh * kv->max_T * d,
+                                     V + (size_t)kvh * kv->max_T * d, d, pos + 1, d, g, kv->scores + (size_t)i * kv->max_T, og);
         }
-        linear_forward_f32(kv->tmp, kv->og, b->attn.w_o, b->attn.b_o, 1, h * d, C);
+        if (run < h) wo_selected(kv->tmp, b->attn.w_o, b->attn.b_o, kv->og, kv->router.gates, C, h, d);
+        else linear_forward_f32(kv->tmp, kv->og, b->attn.w_o, b->attn.b_o, 1, h * d, C);
         for (int c = 0; c < C; c++) kv->x[c] += kv->tmp[c];
         rmsnorm_forward_f32(kv->xn, &rstd, kv->x, b->ln2, 1, C, eps);
         linear_forward_f32(kv->gate, kv->xn, b->w_gate, NULL, 1, C, I);

@@ -1,6 +1,7 @@
 /* KV-cache decoding of the decoder LM, one token at a time (float32). Per token and layer, K and
- * V are appended for every KV head; attention is computed only for the heads the token's router
- * selects (gate != 0): the skipped heads cost nothing (spec §10: what may be skipped). */
+ * V are appended for every KV head; for the heads the token's router does not select (gate == 0)
+ * there is no q (learned router), no attention and no W_O term: the skipped heads cost nothing
+ * (spec §10: what may be skipped). Selected heads run in parallel (sparse_decode_attend_f32). */
 #ifndef MOH_LM_DECODE_H
 #define MOH_LM_DECODE_H
 #include "models/lm.h"
@@ -8,7 +9,7 @@
 typedef struct lm_kv_cache {
     int max_T;             /* capacity in tokens */
     int pos;               /* tokens already in the cache = position of the next token */
-    float *k, *v;          /* [L, max_T, h_kv * d], keys after RoPE */
+    float *k, *v;          /* [L, h_kv, max_T, d] (head-major), keys after RoPE */
     attn_cache_f32 router; /* router scratch for one token (B = N = 1) */
     float *x, *xn, *qkv, *og, *tmp, *gate, *up, *scores;
     long heads_run, heads_total; /* (token, layer, head) attention rows computed / possible */

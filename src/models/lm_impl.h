@@ -36,7 +36,9 @@ void F(lm_params_free)(F(lm_params) *p) {
     memset(p, 0, sizeof *p);
 }
 
-int F(lm_acts_init)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, moh_error *err) {
+/* Allocates the activations; the reference attention caches only when ref_attn. */
+static int F(lm_acts_alloc)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, bool ref_attn,
+                            moh_error *err) {
     memset(a, 0, sizeof *a);
     const size_t L = (size_t)cfg->num_hidden_layers, BT = (size_t)B * T;
     const size_t C = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size, V = (size_t)cfg->vocab_size;
@@ -60,7 +62,7 @@ int F(lm_acts_init)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, moh_e
         *fields[i] = cur;
         cur += sizes[i];
     }
-    for (size_t l = 0; l < L; l++) {
+    for (size_t l = 0; ref_attn && l < L; l++) {
         if (F(attn_cache_init)(&a->attn[l], &cfg->attn, B, T, err)) {
             F(lm_acts_free)(a);
             return err ? err->code : MOH_E_NOMEM;
@@ -72,8 +74,13 @@ int F(lm_acts_init)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, moh_e
     return MOH_OK;
 }
 
+int F(lm_acts_init)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, moh_error *err) {
+    return F(lm_acts_alloc)(a, cfg, B, T, true, err);
+}
+
 void F(lm_acts_free)(F(lm_acts) *a) {
     for (int l = 0; l < a->n_attn; l++) F(attn_cache_free)(&a->attn[l]);
+    F(lm_sparse_free)(a);
     free(a->attn);
     free(a->block);
     memset(a, 0, sizeof *a);
@@ -97,9 +104,9 @@ real F(lm_forward)(const moh_lm_config *cfg, const F(lm_params) *p, F(lm_acts) *
         real *gate = a->gate + (size_t)l * BT * I, *up = a->up + (size_t)l * BT * I;
         real *act = a->act + (size_t)l * BT * I;
         F(rmsnorm_forward)(ln1, a->ln1_rstd + (size_t)l * BT, x, b->ln1, BT, C, eps);
-        F(attn_forward)(&cfg->attn, &b->attn, ln1, B, T, ao, &a->attn[l]);
+        F(lm_attn_forward)(cfg, &b->attn, ln1, B, T, ao, a, l);
         if (attn_routed_heads(&cfg->attn) > 0 && cfg->attn.top_k > 0) {
-            lb += a->attn[l].lb_loss; /* every layer routes alike: the mean is over all L */
+            lb += F(lm_router)(a, l)->lb_loss; /* every layer routes alike: the mean is over all L */
             routing++;
         }
         real *mid = a->mid + (size_t)l * BT * C;
@@ -152,7 +159,7 @@ void F(lm_backward)(const moh_lm_config *cfg, const F(lm_params) *p, const F(lm_
                             a->ln2_rstd + (size_t)l * BT, BT, C);
         /* attention branch of x1 = x_l + attn(ln1(x_l)) */
         memset(dtmp, 0, sizeof(real) * nC);
-        F(attn_backward)(&cfg->attn, &b->attn, &gb->attn, &a->attn[l], dres, lb_scale, dtmp);
+        F(lm_attn_backward)(cfg, &b->attn, &gb->attn, a, l, dres, lb_scale, dtmp);
         F(rmsnorm_backward)(dres, gb->ln1, dtmp, a->resid + (size_t)l * nC, b->ln1,
                             a->ln1_rstd + (size_t)l * BT, BT, C);
     }

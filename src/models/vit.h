@@ -22,6 +22,7 @@
 #ifndef MOH_VIT_H
 #define MOH_VIT_H
 #include "attn/attn.h"
+#include "attn/sparse.h"
 #include "moh.h"
 
 #define VIT_MAX_CHANS 16
@@ -84,6 +85,10 @@ bool moh_config_is_vit(const char *text, size_t len);
 #include "vit_decl.h"
 #undef real
 #undef F
+
+/* The router activations (gates [T, h], mask, lb_loss, ...) of layer l of the last forward,
+ * from whichever attention path ran (reference or head-sparse). */
+const attn_cache_f32 *vit_router_cache_f32(const vit_acts_f32 *a, int l);
 
 /* One named checkpoint tensor (timm state_dict name and shape), a view into a buffer laid out
  * like vit_params. */

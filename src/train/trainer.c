@@ -84,7 +84,7 @@ int lm_evaluate(const moh_lm_config *cfg, const lm_params_f32 *p, lm_acts_f32 *a
         batches++;
         r->tokens += preds;
         for (int l = 0; l < L; l++) {
-            const float *g = acts->attn[l].gates;
+            const float *g = lm_router_f32(acts, l)->gates;
             for (long t = 0; t < preds; t++)
                 for (int i = 0; i < h; i++) r->head_share[(size_t)l * h + i] += g[t * h + i] != 0.0f;
         }
@@ -116,7 +116,7 @@ static void routed_share(const moh_lm_config *cfg, const lm_acts_f32 *a, double 
     for (int l = 0; l < cfg->num_hidden_layers; l++)
         for (int i = 0; i < E; i++) {
             double f = 0.0;
-            for (int t = 0; t < T; t++) f += a->attn[l].mask[(size_t)t * E + i];
+            for (int t = 0; t < T; t++) f += lm_router_f32(a, l)->mask[(size_t)t * E + i];
             f /= T;
             *mn = f < *mn ? f : *mn;
             *mx = f > *mx ? f : *mx;
@@ -198,7 +198,9 @@ static int setup(trainer *tr, moh_error *err) {
     if ((rc = text_data_load(&tr->data, o->data_path, o->val_fraction, (size_t)tr->T + 2, err))) return rc;
     if ((rc = lm_params_init_f32(&tr->p, &tr->cfg, err))) return rc;
     if ((rc = lm_params_init_f32(&tr->g, &tr->cfg, err))) return rc;
-    if ((rc = lm_acts_init_f32(&tr->acts, &tr->cfg, tr->B, tr->T, err))) return rc;
+    rc = o->reference_attention ? lm_acts_init_f32(&tr->acts, &tr->cfg, tr->B, tr->T, err)
+                                : lm_acts_init_sparse_f32(&tr->acts, &tr->cfg, tr->B, tr->T, err);
+    if (rc) return rc;
     tr->m = calloc(tr->p.n, sizeof(float));
     tr->v = calloc(tr->p.n, sizeof(float));
     tr->decay = calloc(tr->p.n, sizeof(bool));
@@ -298,12 +300,13 @@ int lm_train(const lm_train_options *o, moh_error *err) {
     int status = 0;
     if (!o->quiet)
         printf("moh train: %s, %zu parameters (%.2fM), router %s, %d/%d heads active per token, "
-               "B=%d T=%d accum=%d, %s steps, data %zu train / %zu val bytes\n",
+               "B=%d T=%d accum=%d, %s steps, %s attention, data %zu train / %zu val bytes\n",
                o->resume ? "resuming" : "starting", tr.p.n, tr.p.n / 1e6,
                tr.cfg.router == MOH_ROUTER_NONE ? "none (dense MHA)" : "learned",
                tr.cfg.router == MOH_ROUTER_NONE ? tr.cfg.num_attention_heads : tr.cfg.shared_heads + tr.cfg.top_k,
                tr.cfg.num_attention_heads, tr.B, tr.T, o->grad_accum,
-               auto_total ? "time-fitted" : "fixed", tr.data.n_train, tr.data.n_val);
+               auto_total ? "time-fitted" : "fixed", o->reference_attention ? "reference" : "head-sparse",
+               tr.data.n_train, tr.data.n_val);
     while (tr.st.step < total) {
         const long step = tr.st.step;
         if (auto_total && tr.st.total_steps == 0 && step - start_step == 3) {

@@ -22,6 +22,7 @@ typedef struct lm_train_options {
     double val_fraction;     /* held-out tail of a single text file */
     long stop_at_step;       /* stop (checkpoint saved) after this step, as if interrupted; 0 = off */
     bool resume;
+    bool reference_attention; /* every head computed then gated (the definition), not head-sparse */
     bool quiet;
     const char *dump_grads;  /* debug: write the first step's gradient + batch + initial weights */
 } lm_train_options;

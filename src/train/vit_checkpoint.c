@@ -10,6 +10,13 @@
 
 #define VIT_CKPT_FORMAT "moh-vit-train-v1"
 
+/* __metadata__ keys of optimizer.safetensors besides "format", in this order. */
+enum { NUM_META = 16 };
+static const char *const META_KEYS[NUM_META] = {
+    "step", "total_steps", "warmup", "steps_per_epoch", "batch_size", "shards", "seed",
+    "images_seen", "elapsed_s", "lr", "min_lr_ratio", "weight_decay", "beta1", "beta2",
+    "grad_clip", "augment"};
+
 static void join(char *out, size_t cap, const char *dir, const char *file) {
     snprintf(out, cap, "%s/%s", dir, file);
 }
@@ -52,21 +59,32 @@ int vit_checkpoint_save(const char *dir, const moh_vit_config *cfg, const vit_pa
         make_entries(e, names, ts, nt, "param.", p->data);
         make_entries(e + nt, names + nt, ts, nt, "m.", m);
         make_entries(e + 2 * nt, names + 2 * nt, ts, nt, "v.", v);
-        char step[32], tot[32], wu[32], spe[32], bs[32], sh[32], seed[32], img[48], el[48];
-        snprintf(step, sizeof step, "%ld", st->step);
-        snprintf(tot, sizeof tot, "%ld", st->total_steps);
-        snprintf(wu, sizeof wu, "%ld", st->warmup);
-        snprintf(spe, sizeof spe, "%ld", st->steps_per_epoch);
-        snprintf(bs, sizeof bs, "%d", st->batch_size);
-        snprintf(sh, sizeof sh, "%d", st->shards);
-        snprintf(seed, sizeof seed, "%" PRIu64, st->seed);
-        snprintf(img, sizeof img, "%.17g", st->images_seen);
-        snprintf(el, sizeof el, "%.17g", st->elapsed_s);
-        const char *meta[] = {"format", VIT_CKPT_FORMAT, "step", step, "total_steps", tot,
-                              "warmup", wu, "steps_per_epoch", spe, "batch_size", bs, "shards", sh, "seed", seed,
-                              "images_seen", img, "elapsed_s", el};
+        char v_[NUM_META][48];
+        snprintf(v_[0], 48, "%ld", st->step);
+        snprintf(v_[1], 48, "%ld", st->total_steps);
+        snprintf(v_[2], 48, "%ld", st->warmup);
+        snprintf(v_[3], 48, "%ld", st->steps_per_epoch);
+        snprintf(v_[4], 48, "%d", st->batch_size);
+        snprintf(v_[5], 48, "%d", st->shards);
+        snprintf(v_[6], 48, "%" PRIu64, st->seed);
+        snprintf(v_[7], 48, "%.17g", st->images_seen);
+        snprintf(v_[8], 48, "%.17g", st->elapsed_s);
+        snprintf(v_[9], 48, "%.17g", st->lr);
+        snprintf(v_[10], 48, "%.17g", st->min_lr_ratio);
+        snprintf(v_[11], 48, "%.17g", st->weight_decay);
+        snprintf(v_[12], 48, "%.17g", st->beta1);
+        snprintf(v_[13], 48, "%.17g", st->beta2);
+        snprintf(v_[14], 48, "%.17g", st->grad_clip);
+        snprintf(v_[15], 48, "%d %d", st->crop_pad, st->hflip);
+        const char *meta[2 * (NUM_META + 1)];
+        meta[0] = "format";
+        meta[1] = VIT_CKPT_FORMAT;
+        for (int i = 0; i < NUM_META; i++) {
+            meta[2 * i + 2] = META_KEYS[i];
+            meta[2 * i + 3] = v_[i];
+        }
         join(path, sizeof path, dir, "optimizer.safetensors");
-        if ((rc = moh_st_write_meta(path, e, 3 * nt, meta, 10, err))) goto out;
+        if ((rc = moh_st_write_meta(path, e, 3 * nt, meta, NUM_META + 1, err))) goto out;
     }
     {
         const char *meta[] = {"format", "pt"};
@@ -166,36 +184,51 @@ int vit_checkpoint_load_optimizer(const char *dir, const moh_vit_config *cfg, fl
     if (!rc) rc = read_tensors(&st, ts, nt, "param.", params, err);
     if (!rc) rc = read_tensors(&st, ts, nt, "m.", m, err);
     if (!rc) rc = read_tensors(&st, ts, nt, "v.", v, err);
-    double step = 0, tot = 0, wu = 0, spe = 0, bs = 0, sh = 0, img = 0, el = 0;
-    if (!rc) rc = meta_num(&st, path, "step", &step, err);
-    if (!rc) rc = meta_num(&st, path, "total_steps", &tot, err);
-    if (!rc) rc = meta_num(&st, path, "warmup", &wu, err);
-    if (!rc) rc = meta_num(&st, path, "steps_per_epoch", &spe, err);
-    if (!rc) rc = meta_num(&st, path, "batch_size", &bs, err);
-    if (!rc) rc = meta_num(&st, path, "shards", &sh, err);
-    if (!rc) rc = meta_num(&st, path, "images_seen", &img, err);
-    if (!rc) rc = meta_num(&st, path, "elapsed_s", &el, err);
+    double num[NUM_META] = {0};
+    for (int i = 0; i < NUM_META && !rc; i++) {
+        if (i == 6 || i == 15) continue; /* seed, augment: parsed below */
+        rc = meta_num(&st, path, META_KEYS[i], &num[i], err);
+    }
+    const char *seed = moh_st_meta(&st, "seed"), *aug = moh_st_meta(&st, "augment");
+    char *end = NULL;
+    unsigned long long u = 0;
+    int pad = 0, flip = 0, used = 0;
     if (!rc) {
-        const char *s = moh_st_meta(&st, "seed");
-        char *end = NULL;
-        const unsigned long long u = s ? strtoull(s, &end, 10) : 0;
-        if (!s || end == s || *end)
+        u = seed ? strtoull(seed, &end, 10) : 0;
+        if (!seed || end == seed || *end)
             rc = moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field 'seed' is %s, expected an integer",
-                          path, s ? s : "missing");
-        if (!rc && (step < 0 || tot < step || spe < 1 || bs < 1 || wu < 0 || sh < 1 || sh > 256 || sh > bs))
-            rc = moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ training state is inconsistent (step %g, "
-                          "total_steps %g, steps_per_epoch %g, batch_size %g, shards %g, warmup %g), expected "
-                          "0 <= step <= total_steps, steps_per_epoch >= 1, 1 <= shards <= min(256, batch_size)",
-                          path, step, tot, spe, bs, sh, wu);
-        state->seed = u;
+                          path, seed ? seed : "missing");
+    }
+    if (!rc && (!aug || sscanf(aug, "%d %d%n", &pad, &flip, &used) != 2 || aug[used] || pad < 0 ||
+                pad > 64 || (flip != 0 && flip != 1)))
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field 'augment' is %s, expected \"PAD FLIP\" "
+                      "(PAD 0..64, FLIP 0 or 1)", path, aug ? aug : "missing");
+    const double step = num[0], tot = num[1], wu = num[2], spe = num[3], bs = num[4], sh = num[5];
+    if (!rc && (step < 0 || tot < step || spe < 1 || bs < 1 || wu < 0 || sh < 1 || sh > 256 || sh > bs ||
+                !(num[9] > 0) || num[12] < 0 || num[12] >= 1 || num[13] < 0 || num[13] >= 1))
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ training state is inconsistent (step %g, "
+                      "total_steps %g, steps_per_epoch %g, batch_size %g, shards %g, warmup %g, lr %g, "
+                      "beta1 %g, beta2 %g), expected 0 <= step <= total_steps, steps_per_epoch >= 1, "
+                      "1 <= shards <= min(256, batch_size), lr > 0, betas in [0, 1)",
+                      path, step, tot, spe, bs, sh, wu, num[9], num[12], num[13]);
+    if (!rc) {
         state->step = (long)step;
         state->total_steps = (long)tot;
         state->warmup = (long)wu;
         state->steps_per_epoch = (long)spe;
         state->batch_size = (int)bs;
         state->shards = (int)sh;
-        state->images_seen = img;
-        state->elapsed_s = el;
+        state->seed = u;
+        state->images_seen = num[7];
+        state->elapsed_s = num[8];
+        state->lr = num[9];
+        state->min_lr_ratio = num[10];
+        state->weight_decay = num[11];
+        state->beta1 = num[12];
+        state->beta2 = num[13];
+        state->grad_clip = num[14];
+        state->crop_pad = pad;
+        state->hflip = flip;
     }
     moh_st_close(&st);
     free(ts);

@@ -23,6 +23,10 @@ typedef struct vit_train_state {
     uint64_t seed;        /* data order and augmentation seed */
     double images_seen;
     double elapsed_s;     /* wall time spent training before this session */
+    /* optimisation hyper-parameters of the run (a resumed run keeps them) */
+    double lr, min_lr_ratio, weight_decay, beta1, beta2, grad_clip;
+    int crop_pad;         /* augmentation: random-crop padding */
+    int hflip;            /* augmentation: horizontal flip (0/1) */
 } vit_train_state;
 
 /* Reads and parses a ViT config.json file. MOH_E_IO / MOH_E_FORMAT / MOH_E_CONFIG naming path. */

@@ -28,6 +28,13 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* CPU seconds used by this process (all threads) so far. */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 void vit_train_defaults(vit_train_options *o) {
     memset(o, 0, sizeof *o);
     o->epochs = 10;
@@ -96,11 +103,12 @@ void vit_shards_free(vit_shards *w) {
 }
 
 int vit_shards_init(vit_shards *w, const moh_vit_config *cfg, int batch, int n, bool with_grads,
-                    moh_error *err) {
+                    bool sparse, moh_error *err) {
     memset(w, 0, sizeof *w);
     if (n < 1 || n > 256 || batch < n)
         return moh_fail(err, MOH_E_ARG, "shards %d for batch %d, expected 1..min(256, batch)", n, batch);
     w->Bmax = (batch + n - 1) / n;
+    w->sparse = sparse;
     w->acts = calloc((size_t)n, sizeof *w->acts);
     w->grads = with_grads ? calloc((size_t)n, sizeof *w->grads) : NULL;
     if (!w->acts || (with_grads && !w->grads)) {
@@ -109,7 +117,7 @@ int vit_shards_init(vit_shards *w, const moh_vit_config *cfg, int batch, int n, 
     }
     for (int s = 0; s < n; s++) {
         w->n = s + 1;
-        int rc = vit_acts_init_f32(&w->acts[s], cfg, w->Bmax, err);
+        int rc = vit_acts_init_attn_f32(&w->acts[s], cfg, w->Bmax, sparse, err);
         if (!rc && with_grads) rc = vit_params_init_f32(&w->grads[s], cfg, err);
         if (rc) {
             vit_shards_free(w);
@@ -208,7 +216,7 @@ int vit_evaluate(const moh_vit_config *cfg, const vit_params_f32 *p, vit_shards 
         for (int sh = 0; sh < w->n; sh++) {
             const long T = (long)w->count[sh] * cfg->num_tokens;
             for (int l = 0; l < L; l++) {
-                const float *g = w->acts[sh].attn[l].gates;
+                const float *g = vit_router_cache_f32(&w->acts[sh], l)->gates;
                 for (long t = 0; t < T; t++)
                     for (int i = 0; i < h; i++) r->head_share[(size_t)l * h + i] += g[t * h + i] != 0.0f;
             }
@@ -240,7 +248,8 @@ static void routed_share(const moh_vit_config *cfg, const vit_shards *w, double 
             double f = 0.0, T = 0.0;
             for (int s = 0; s < w->n; s++) {
                 const int Ts = w->count[s] * cfg->num_tokens;
-                for (int t = 0; t < Ts; t++) f += w->acts[s].attn[l].mask[(size_t)t * E + i];
+                const float *mask = vit_router_cache_f32(&w->acts[s], l)->mask;
+                for (int t = 0; t < Ts; t++) f += mask[(size_t)t * E + i];
                 T += Ts;
             }
             f /= T > 0 ? T : 1.0;
@@ -279,6 +288,11 @@ static int setup(vtrainer *tr, moh_error *err) {
     int rc = vit_config_load(path, &tr->cfg, err);
     if (rc) return rc;
     if (o->batch_size < 1) return moh_fail(err, MOH_E_ARG, "--batch-size is %d, expected >= 1", o->batch_size);
+    if (!(o->lr > 0) || !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) ||
+        !(o->weight_decay >= 0) || !(o->min_lr_ratio >= 0) || !(o->grad_clip >= 0))
+        return moh_fail(err, MOH_E_ARG, "--lr %g, betas %g/%g, --weight-decay %g, --min-lr-ratio %g, "
+                        "--grad-clip %g: expected lr > 0, betas in [0, 1), the others >= 0",
+                        o->lr, o->beta1, o->beta2, o->weight_decay, o->min_lr_ratio, o->grad_clip);
     if (o->crop_pad < 0 || o->crop_pad > 64)
         return moh_fail(err, MOH_E_ARG, "--crop-pad is %d, expected 0..64", o->crop_pad);
     if ((rc = idx_split_load(&tr->train, o->data_dir, "train", tr->cfg.num_classes, err))) return rc;
@@ -319,6 +333,14 @@ static int setup(vtrainer *tr, moh_error *err) {
     } else {
         vit_params_init_random(&tr->cfg, &tr->p, o->seed);
         st->seed = o->seed;
+        st->lr = o->lr;
+        st->min_lr_ratio = o->min_lr_ratio;
+        st->weight_decay = o->weight_decay;
+        st->beta1 = o->beta1;
+        st->beta2 = o->beta2;
+        st->grad_clip = o->grad_clip;
+        st->crop_pad = o->crop_pad;
+        st->hflip = o->hflip;
         st->batch_size = B;
         st->shards = o->shards > 0 ? (o->shards < B ? o->shards : B) : vit_default_shards(B);
         st->steps_per_epoch = tr->n_train / B;
@@ -332,7 +354,7 @@ static int setup(vtrainer *tr, moh_error *err) {
                                                                                    : st->total_steps / 10);
     }
     const int Bt = st->batch_size;
-    if ((rc = vit_shards_init(&tr->w, &tr->cfg, Bt, st->shards, true, err))) return rc;
+    if ((rc = vit_shards_init(&tr->w, &tr->cfg, Bt, st->shards, true, o->sparse_attn, err))) return rc;
     const size_t hw = (size_t)tr->cfg.img_size * tr->cfg.img_size;
     tr->img = malloc(sizeof(float) * hw * (size_t)Bt);
     tr->perm = malloc(sizeof(int) * (size_t)tr->n_train);
@@ -372,7 +394,7 @@ static void make_train_batch(vtrainer *tr, long step) {
         tr->idx[j] = tr->perm[pos * B + j];
         tr->lab[j] = tr->train.labels[tr->idx[j]];
     }
-    const idx_augment aug = {tr->o->crop_pad, tr->o->hflip};
+    const idx_augment aug = {st->crop_pad, st->hflip != 0};
     const uint64_t key = (uint64_t)epoch * (uint64_t)tr->n_train + (uint64_t)(pos * B);
     vit_make_batch(&tr->cfg, &tr->train, tr->idx, B, &aug, st->seed, key, tr->img);
 }
@@ -435,7 +457,7 @@ int vit_train(const vit_train_options *o, moh_error *err) {
         memcpy(init, tr.p.data, sizeof(float) * tr.p.n);
     }
     vit_train_state *st = &tr.st;
-    const adamw_config ac = {o->beta1, o->beta2, 1e-8, o->weight_decay};
+    const adamw_config ac = {st->beta1, st->beta2, 1e-8, st->weight_decay};
     const int B = st->batch_size, K = tr.cfg.num_classes;
     const long total = st->total_steps, spe = st->steps_per_epoch;
     const long eval_every = o->eval_every > 0 ? o->eval_every : spe;
@@ -447,7 +469,7 @@ int vit_train(const vit_train_options *o, moh_error *err) {
     sigaction(SIGINT, &sa, &old_sa);
     vit_interrupted = 0;
 
-    const double t0 = now_s(), elapsed0 = st->elapsed_s, max_s = o->max_minutes * 60.0;
+    const double t0 = now_s(), c0 = cpu_s(), elapsed0 = st->elapsed_s, max_s = o->max_minutes * 60.0;
     const long start_step = st->step;
     double last_log_t = t0, last_acc = NAN;
     long last_log_step = start_step;
@@ -455,27 +477,33 @@ int vit_train(const vit_train_options *o, moh_error *err) {
     if (!o->quiet) {
         const moh_vit_config *c = &tr.cfg;
         printf("moh train (vit): %s, %zu parameters (%.2fM), D=%d L=%d heads=%d, router %s, %d/%d heads "
-               "active per token, %d tokens, pool %s\n", o->resume ? "resuming" : "starting", tr.p.n,
+               "active per token, %d tokens, pool %s, %s attention\n", o->resume ? "resuming" : "starting", tr.p.n,
                tr.p.n / 1e6, c->embed_dim, c->depth, c->num_heads,
                c->router == MOH_ROUTER_NONE ? "none (dense MHA)" : "learned",
                c->router == MOH_ROUTER_NONE ? c->num_heads : c->shared_heads + c->top_k, c->num_heads,
-               c->num_tokens, c->global_pool == VIT_POOL_TOKEN ? "token" : "avg");
+               c->num_tokens, c->global_pool == VIT_POOL_TOKEN ? "token" : "avg",
+               o->sparse_attn ? "head-sparse" : "reference");
         printf("data %s: %d train images (of %d) / %d test, mean %.4f std %.4f, augment crop-pad %d%s; "
                "B=%d in %d shards, %ld steps (%.2f epochs of %ld), warmup %ld, lr %g\n", o->data_dir, tr.n_train,
-               tr.train.n, tr.test.n, c->mean[0], c->std[0], o->crop_pad, o->hflip ? " + hflip" : "",
-               B, st->shards, total, (double)total / spe, spe, st->warmup, o->lr);
+               tr.train.n, tr.test.n, c->mean[0], c->std[0], st->crop_pad, st->hflip ? " + hflip" : "",
+               B, st->shards, total, (double)total / spe, spe, st->warmup, st->lr);
+        if (o->resume)
+            printf("resuming at step %ld with the run's saved schedule and hyper-parameters (lr %g, "
+                   "min-lr-ratio %g, weight decay %g, betas %g/%g, clip %g, seed %llu)\n", st->step,
+                   st->lr, st->min_lr_ratio, st->weight_decay, st->beta1, st->beta2, st->grad_clip,
+                   (unsigned long long)st->seed);
         fflush(stdout);
     }
     while (st->step < total) {
         const long step = st->step;
-        const double lr = lr_schedule(step, st->warmup, total, o->lr, o->lr * o->min_lr_ratio);
+        const double lr = lr_schedule(step, st->warmup, total, st->lr, st->lr * st->min_lr_ratio);
         make_train_batch(&tr, step);
         double ce = 0.0, lb = 0.0;
         const double loss = vit_shards_step(&tr.cfg, &tr.p, &tr.w, tr.img, tr.lab, B, &tr.g, &ce, &lb);
         int hits = 0;
         for (int j = 0; j < B; j++) hits += argmax(vit_shards_logits(&tr.cfg, &tr.w, j), K) == tr.lab[j];
         if (!isfinite(loss)) {
-            rc = moh_fail(err, MOH_E_ARG, "step %ld: loss is %g; lower --lr (now %g)", step + 1, loss, o->lr);
+            rc = moh_fail(err, MOH_E_ARG, "step %ld: loss is %g; lower --lr (now %g)", step + 1, loss, st->lr);
             goto stop;
         }
         if (init) {
@@ -484,14 +512,15 @@ int vit_train(const vit_train_options *o, moh_error *err) {
             init = NULL;
             if (rc) goto stop;
         }
-        const double gnorm = clip_grad_norm(tr.g.data, tr.g.n, o->grad_clip);
+        const double gnorm = clip_grad_norm(tr.g.data, tr.g.n, st->grad_clip);
         adamw_step(&ac, tr.p.data, tr.g.data, tr.m, tr.v, tr.decay, tr.p.n, step + 1, lr);
         st->step++;
         st->images_seen += B;
         double smin, smax;
         routed_share(&tr.cfg, &tr.w, &smin, &smax);
         double t = now_s(), run_s = t - t0;
-        const bool last = st->step >= total || (max_s > 0 && run_s >= max_s) || vit_interrupted;
+        const bool pause = o->stop_at_step > 0 && st->step >= o->stop_at_step;
+        const bool last = st->step >= total || (max_s > 0 && run_s >= max_s) || vit_interrupted || pause;
         const bool do_eval = last || st->step % eval_every == 0;
         vit_eval_result ev;
         memset(&ev, 0, sizeof ev);
@@ -505,9 +534,9 @@ int vit_train(const vit_train_options *o, moh_error *err) {
         fprintf(tr.metrics,
                 "{\"step\": %ld, \"epoch\": %.4f, \"loss\": %.6f, \"ce\": %.6f, \"lb_loss\": %.6f, "
                 "\"lr\": %.6g, \"grad_norm\": %.4f, \"batch_acc\": %.4f, \"images\": %.0f, "
-                "\"elapsed_s\": %.2f, \"routed_share_min\": %.4f, \"routed_share_max\": %.4f",
+                "\"elapsed_s\": %.2f, \"cpu_s\": %.2f, \"routed_share_min\": %.4f, \"routed_share_max\": %.4f",
                 st->step, (double)st->step / spe, loss, ce, lb, lr, gnorm, (double)hits / B,
-                st->images_seen, st->elapsed_s, smin, smax);
+                st->images_seen, st->elapsed_s, cpu_s() - c0, smin, smax);
         if (do_eval)
             fprintf(tr.metrics, ", \"test_loss\": %.6f, \"test_acc\": %.6f, \"test_n\": %ld", ev.loss,
                     ev.accuracy, ev.n);
@@ -537,6 +566,10 @@ int vit_train(const vit_train_options *o, moh_error *err) {
             status = 130;
             break;
         }
+        if (pause && st->step < total) {
+            if (!o->quiet) printf("stopped at step %ld (--stop-at-step; checkpoint saved, --resume continues)\n", st->step);
+            break;
+        }
         if (max_s > 0 && run_s >= max_s) {
             if (st->step < total && !o->quiet)
                 printf("time budget of %.1f min reached at step %ld of %ld (checkpoint saved; --resume "
@@ -544,10 +577,14 @@ int vit_train(const vit_train_options *o, moh_error *err) {
             break;
         }
     }
-    if (!o->quiet && status == 0)
-        printf("done: %ld steps (%.2f epochs), %.0f images, %s, final test accuracy %.4f, checkpoint in %s\n",
-               st->step, (double)st->step / spe, st->images_seen,
-               st->step >= total ? "schedule complete" : "stopped early", last_acc, o->out_dir);
+    if (!o->quiet && status == 0) {
+        char el[32];
+        fmt_time(el, sizeof el, now_s() - t0);
+        printf("done: %ld steps (%.2f epochs), %.0f images, %s, final test accuracy %.4f, checkpoint in %s "
+               "(this session: %s wall, %.0f CPU s)\n", st->step, (double)st->step / spe, st->images_seen,
+               st->step >= total ? "schedule complete" : "stopped early", last_acc, o->out_dir, el,
+               cpu_s() - c0);
+    }
     rc = status;
 stop:
     sigaction(SIGINT, &old_sa, NULL);

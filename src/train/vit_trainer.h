@@ -12,9 +12,11 @@ typedef struct vit_train_options {
     double epochs;           /* passes over the training split (default 10) */
     long steps;              /* total optimizer steps; > 0 overrides epochs */
     double max_minutes;      /* stop (with a checkpoint) after this much training time; 0 = none */
+    long stop_at_step;       /* stop (checkpoint saved) after this step, as if interrupted; 0 = off */
     uint64_t seed;           /* init, data order and augmentation */
     int batch_size;          /* images per step (default 128) */
     int shards;              /* data-parallel shards per batch (vit_shards); 0 = threads */
+    bool sparse_attn;        /* attention on the head-sparse path (sparse.h), not the reference */
     double lr, min_lr_ratio, weight_decay, beta1, beta2, grad_clip;
     long warmup;             /* linear warmup steps; -1 = auto (one epoch, at most 10% of steps) */
     long eval_every;         /* steps between test-set evaluations; 0 = every epoch */
@@ -44,13 +46,14 @@ typedef struct vit_shards {
     int Bmax;               /* capacity of each shard (images) */
     vit_acts_f32 *acts;     /* [n] */
     vit_params_f32 *grads;  /* [n] per-shard gradients (NULL: evaluation only) */
+    bool sparse;            /* attention on the head-sparse path (vit_acts_init_attn) */
     int count[256];         /* images in each shard of the last batch */
 } vit_shards;
 
-/* Allocates n shards (1..256) for batches of up to batch images; with_grads for training.
- * MOH_OK, MOH_E_ARG or MOH_E_NOMEM. */
+/* Allocates n shards (1..256) for batches of up to batch images; with_grads for training; sparse
+ * selects the head-sparse attention path. MOH_OK, MOH_E_ARG or MOH_E_NOMEM. */
 int vit_shards_init(vit_shards *w, const moh_vit_config *cfg, int batch, int n, bool with_grads,
-                    moh_error *err);
+                    bool sparse, moh_error *err);
 void vit_shards_free(vit_shards *w);
 /* Forward on images [B, 1, H, W] with labels [B] (B <= n * Bmax; labels may be NULL: no loss).
  * With g (allocated for cfg), also backward, and g = sum_s (B_s / B) grad_s (overwritten).

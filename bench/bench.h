@@ -1,0 +1,46 @@
+/* The benchmarks behind `moh bench` (cli/cmd_bench.c dispatches): every speed claim in
+ * docs/benchmarks.md comes from one of these. Wall-clock timing with omp_get_wtime; configurations
+ * compared with each other are interleaved repeat by repeat, so a slow period of a shared machine
+ * hits all of them alike. Tables go to stdout (or a JSON array with --json), progress to stderr. */
+#ifndef MOH_BENCH_H
+#define MOH_BENCH_H
+#include <stdbool.h>
+#include <stdio.h>
+
+/* `moh bench attention|decode|train`: argc/argv start at the benchmark name. Exit codes as the
+ * CLI: 0 ok, 1 runtime error, 2 usage error. */
+int bench_attention(int argc, char **argv);
+int bench_decode(int argc, char **argv);
+int bench_train(int argc, char **argv);
+
+/* Timing statistics of one configuration: n samples in seconds. */
+typedef struct bench_stats {
+    double median, min, max;
+} bench_stats;
+/* Sorts t[0..n) in place and returns median / min / max (n >= 1). */
+bench_stats bench_summarise(double *t, int n);
+
+/* "model name" of /proc/cpuinfo (or "unknown") into out[cap]. */
+void bench_cpu_model(char *out, size_t cap);
+/* One line naming the GEMM library and, for oneDNN, the ISA its kernels run (e.g.
+ * "oneDNN dnnl_sgemm (oneDNN 2.6.3, ISA avx512_core_bf16)") into out[cap]. */
+void bench_gemm_line(char *out, size_t cap);
+/* Best of `reps` float32 GEMMs M x N x K through gemm_f32 (all threads), in GFLOP/s. */
+double bench_sgemm_gflops(int M, int N, int K, int reps);
+
+/* CPU seconds used by the whole process so far (all threads). With OMP_WAIT_POLICY=passive, idle
+ * threads sleep instead of spinning, so a run's CPU time is its work, whatever else the machine
+ * runs: a contention-robust companion of the wall time. */
+double bench_cpu_seconds(void);
+/* One line describing the conditions: load average (1 min), OMP_WAIT_POLICY, threads. */
+void bench_conditions(char *out, size_t cap);
+
+/* Parses a comma-separated list of positive integers / numbers into out[max]; returns the count,
+ * or -1 on a malformed list. */
+int bench_parse_ints(const char *s, int *out, int max);
+int bench_parse_doubles(const char *s, double *out, int max);
+
+/* Writes s as a JSON string literal (with quotes). */
+void bench_json_str(FILE *f, const char *s);
+
+#endif

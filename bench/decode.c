@@ -1,0 +1,207 @@
+/* `moh bench decode`: tokens/s of KV-cache generation (src/models/lm_decode.c: per token, K and V
+ * appended for every KV head, attention only for the heads the token's router selects), dense MHA
+ * against MoH at 75 % and 50 % active heads, at several context lengths.
+ *
+ * Method: random weights (HF init, std 0.02); the cache is filled with random keys and values up to
+ * context - tokens, then `tokens` decode steps are timed, so the measured steps attend to about
+ * `context` cached positions. The content of the cache does not change the work: every selected
+ * head reads all cached keys and values. Configurations are interleaved repeat by repeat. */
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cli/args.h"
+#include "bench.h"
+#include "models/lm_decode.h"
+
+#define BD_MAX_CTX 8
+
+typedef struct bd_model {
+    const char *name;
+    int C, L, h, d, I, V;
+    int hs, k75, k50;
+} bd_model;
+
+static const bd_model BD_MODELS[] = {
+    /* configs/moh-75.json and moh-50.json geometry (and their dense twin mha.json) */
+    {"small", 256, 6, 8, 32, 688, 256, 2, 4, 2},
+    /* a larger decoder: the llm layer of `moh bench attention`, 4 layers */
+    {"llm", 1024, 4, 16, 64, 2816, 256, 4, 8, 4},
+};
+
+typedef struct bd_run {
+    moh_lm_config cfg;
+    lm_params_f32 p;
+    lm_kv_cache kv;
+    float *logits;
+    bool have_p, have_kv;
+    double t[64];
+    long run0, total0;
+} bd_run;
+
+static uint64_t bd_rng(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static int bd_init(bd_run *r, const bd_model *m, int hs, int k, int ctx, moh_error *err) {
+    memset(r, 0, sizeof *r);
+    moh_lm_config *c = &r->cfg;
+    c->hidden_size = m->C;
+    c->num_hidden_layers = m->L;
+    c->num_attention_heads = m->h;
+    c->num_key_value_heads = m->h;
+    c->head_dim = m->d;
+    c->intermediate_size = m->I;
+    c->vocab_size = m->V;
+    c->max_position_embeddings = ctx;
+    c->rms_norm_eps = 1e-5;
+    c->rope_theta = 10000.0;
+    c->router = k > 0 ? MOH_ROUTER_LEARNED : MOH_ROUTER_NONE;
+    c->shared_heads = k > 0 ? hs : 0;
+    c->top_k = k;
+    c->load_balance_coef = 0.01;
+    if (moh_lm_config_finalize(c, "bench decode", err)) return err->code;
+    if (lm_params_init_f32(&r->p, c, err)) return err->code;
+    r->have_p = true;
+    lm_params_init_random(c, &r->p, 1234, 0.02);
+    if (lm_kv_init(&r->kv, c, ctx, err)) return err->code;
+    r->have_kv = true;
+    r->logits = malloc(sizeof(float) * (size_t)m->V);
+    if (!r->logits) return moh_fail(err, MOH_E_NOMEM, "bench decode: out of memory");
+    uint64_t s = 42;
+    const size_t n = (size_t)m->L * ctx * c->attn.n_kv_heads * m->d;
+    for (size_t i = 0; i < n; i++) {
+        r->kv.k[i] = (float)((int64_t)(bd_rng(&s) >> 40) - (1 << 23)) * (1.0f / (1 << 23));
+        r->kv.v[i] = (float)((int64_t)(bd_rng(&s) >> 40) - (1 << 23)) * (1.0f / (1 << 23));
+    }
+    return MOH_OK;
+}
+
+static void bd_free(bd_run *r) {
+    if (r->have_kv) lm_kv_free(&r->kv);
+    if (r->have_p) lm_params_free_f32(&r->p);
+    free(r->logits);
+    memset(r, 0, sizeof *r);
+}
+
+/* tokens decode steps from position ctx - tokens. */
+static int bd_steps(bd_run *r, int ctx, int tokens, moh_error *err) {
+    r->kv.pos = ctx - tokens;
+    int tok = 65;
+    for (int i = 0; i < tokens; i++) {
+        if (lm_decode_step(&r->cfg, &r->p, &r->kv, tok, r->logits, err)) return err->code;
+        tok = (tok * 31 + 7) % r->cfg.vocab_size;
+    }
+    return MOH_OK;
+}
+
+int bench_decode(int argc, char **argv) {
+    struct {
+        bool json;
+        const char *model, *context;
+        int tokens, repeats;
+    } a = {false, "all", "512,2048,8192", 32, 3};
+    const arg_spec specs[] = {
+        {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false},
+        {"--model", ARG_STR, &a.model, "small|llm|all", "small: configs/moh-75 geometry (256 wide, 6 layers, 8 heads); llm: 1024 wide, 4 layers, 16 heads (default all)", false},
+        {"--context", ARG_STR, &a.context, "N,N,...", "context lengths (default 512,2048,8192)", false},
+        {"--tokens", ARG_INT, &a.tokens, "T", "timed decode steps per repeat (default 32)", false},
+        {"--repeats", ARG_INT, &a.repeats, "R", "repeats, interleaved over the configurations (default 3, max 64)", false},
+    };
+    int prc = args_parse("bench decode", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
+                         "[--json] [--model small|llm|all] [--context 512,2048,8192] [--tokens T] [--repeats R]",
+                         "KV-cache decoding tokens/s: dense MHA (router none) vs MoH with 75% and 50% of the heads\nactive (learned router; skipped heads run no attention and no W_O term).\n");
+    if (prc) return prc == 1 ? 0 : prc;
+    int ctxs[BD_MAX_CTX];
+    const int nc = bench_parse_ints(a.context, ctxs, BD_MAX_CTX);
+    if (nc < 1 || a.tokens < 1 || a.repeats < 1 || a.repeats > 64) {
+        fprintf(stderr, "moh bench decode: --context expects positive integers, --tokens >= 1, --repeats 1..64\n");
+        return 2;
+    }
+    const int nm = (int)(sizeof BD_MODELS / sizeof BD_MODELS[0]);
+    bool use[2];
+    for (int i = 0; i < nm; i++) use[i] = !strcmp(a.model, "all") || !strcmp(a.model, BD_MODELS[i].name);
+    if (!use[0] && !use[1]) {
+        fprintf(stderr, "moh bench decode: --model expects small, llm or all, got '%s'\n", a.model);
+        return 2;
+    }
+    char cpu[256];
+    bench_cpu_model(cpu, sizeof cpu);
+    const int threads = omp_get_max_threads();
+    if (a.json) printf("[\n");
+    else {
+        char cond[256];
+        bench_conditions(cond, sizeof cond);
+        printf("moh bench decode: %s; %s; %d timed tokens per repeat, %d repeats\n", cpu, cond, a.tokens, a.repeats);
+        printf("%-6s %7s %-14s %8s %24s %9s %8s\n", "model", "context", "router", "active", "tokens/s median (min-max)", "ms/token", "speedup");
+    }
+    bool first = true;
+    moh_error err = {0};
+    for (int mi = 0; mi < nm; mi++) {
+        if (!use[mi]) continue;
+        const bd_model *m = &BD_MODELS[mi];
+        for (int ci = 0; ci < nc; ci++) {
+            const int ctx = ctxs[ci] > a.tokens ? ctxs[ci] : a.tokens + 1;
+            bd_run runs[3];
+            const int ks[3] = {0, m->k75, m->k50};
+            memset(runs, 0, sizeof runs);
+            int status = 0;
+            for (int g = 0; g < 3 && !status; g++) status = bd_init(&runs[g], m, m->hs, ks[g], ctx, &err);
+            for (int g = 0; g < 3 && !status; g++) status = bd_steps(&runs[g], ctx, a.tokens < 4 ? a.tokens : 4, &err);
+            for (int g = 0; g < 3; g++) {
+                runs[g].run0 = runs[g].kv.heads_run;
+                runs[g].total0 = runs[g].kv.heads_total;
+            }
+            for (int rep = 0; rep < a.repeats && !status; rep++) {
+                fprintf(stderr, "[%s context %d] repeat %d/%d\n", m->name, ctx, rep + 1, a.repeats);
+                for (int k = 0; k < 3 && !status; k++) {
+                    bd_run *r = &runs[(k + rep) % 3];
+                    const double t0 = omp_get_wtime();
+                    status = bd_steps(r, ctx, a.tokens, &err);
+                    r->t[rep] = omp_get_wtime() - t0;
+                }
+            }
+            if (status) {
+                fprintf(stderr, "moh bench decode: %s\n", err.msg);
+                for (int g = 0; g < 3; g++) bd_free(&runs[g]);
+                if (a.json) printf("]\n");
+                return 1;
+            }
+            double dense_tps = 0.0;
+            for (int g = 0; g < 3; g++) {
+                bd_run *r = &runs[g];
+                const bench_stats st = bench_summarise(r->t, a.repeats);
+                const double tps = a.tokens / st.median;
+                if (g == 0) dense_tps = tps;
+                const long hr = r->kv.heads_run - r->run0, ht = r->kv.heads_total - r->total0;
+                const double active = ht ? (double)hr / ht : 1.0;
+                char router[32];
+                if (ks[g] == 0) snprintf(router, sizeof router, "none (dense)");
+                else snprintf(router, sizeof router, "learned %d+%d", m->hs, ks[g]);
+                if (a.json) {
+                    printf("%s  {\"model\": \"%s\", \"context\": %d, \"router\": \"%s\", \"shared_heads\": %d, "
+                           "\"top_k\": %d, \"active\": %.4f, \"tokens_per_s\": %.3f, \"tokens_per_s_min\": %.3f, "
+                           "\"tokens_per_s_max\": %.3f, \"ms_per_token\": %.4f, \"speedup\": %.4f, \"tokens\": %d, "
+                           "\"repeats\": %d, \"threads\": %d}",
+                           first ? "" : ",\n", m->name, ctx, ks[g] ? "learned" : "none", ks[g] ? m->hs : 0, ks[g],
+                           active, tps, a.tokens / st.max, a.tokens / st.min, st.median * 1e3 / a.tokens,
+                           tps / dense_tps, a.tokens, a.repeats, threads);
+                    first = false;
+                } else {
+                    char tp[64];
+                    snprintf(tp, sizeof tp, "%.1f (%.1f-%.1f)", tps, a.tokens / st.max, a.tokens / st.min);
+                    printf("%-6s %7d %-14s %8.3f %24s %9.3f %8.3f\n", m->name, ctx, router, active, tp,
+                           st.median * 1e3 / a.tokens, tps / dense_tps);
+                }
+                fflush(stdout);
+            }
+            for (int g = 0; g < 3; g++) bd_free(&runs[g]);
+        }
+    }
+    if (a.json) printf("\n]\n");
+    return 0;
+}
