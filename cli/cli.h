@@ -9,6 +9,8 @@ int cmd_layer(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_analyze(int argc, char **argv);
 
 /* A config given as a file path, or as a NAME found as configs/NAME.json in the working directory
  * or beside the executable (../configs). Writes the path found to out; false if none. */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "attn/attn.h"
+#include "attn/sparse.h"
 #include "args.h"
 #include "cli.h"
 #include "core/fsutil.h"
@@ -45,25 +46,33 @@ static float *read_bnc(const char *path, const char *name, int C, int *B, int *N
 
 int cmd_layer(int argc, char **argv) {
     struct {
-        const char *config, *weights, *input, *grad_output, *output;
+        const char *config, *weights, *input, *grad_output, *output, *path;
     } a = {0};
+    a.path = "sparse";
     const arg_spec specs[] = {
         {"--config", ARG_STR, &a.config, "FILE", "layer JSON: hidden_size, num_attention_heads, num_key_value_heads, head_dim, shared_heads, top_k, router (learned|query_norm|none), causal, qkv_bias, proj_bias, rope_theta, load_balance_coef", true},
         {"--weights", ARG_STR, &a.weights, "FILE", "safetensors with the official names: qkv/proj (fused) or q_proj/k_proj/v_proj/o_proj (split), plus wg/wg_0/wg_1 as the router needs", true},
         {"--input", ARG_STR, &a.input, "FILE", "safetensors with 'x' [B, N, hidden_size]", true},
         {"--grad-output", ARG_STR, &a.grad_output, "FILE", "safetensors with 'dy' [B, N, hidden_size]: also compute gradients of L = sum(y * dy) + load_balance_coef * lb_loss", false},
         {"--output", ARG_STR, &a.output, "FILE", "written (F32): y [B,N,C], gates [B,N,h], lb_loss [1]; with --grad-output also grad.x and grad.<name> for every weight", true},
+        {"--path", ARG_STR, &a.path, "sparse|reference", "sparse (default): only routed (token, head) pairs; reference: every head, then gated (the definition)", false},
     };
     int prc = args_parse("layer", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                          "--config LAYER.json --weights W.safetensors --input X.safetensors [--grad-output DY.safetensors] --output OUT.safetensors",
-                         "Runs one MoH attention layer (reference path: every head computed, then gated)\nand writes its outputs; the parity tool for moving weights between PyTorch and moh.\n");
+                         "Runs one MoH attention layer (head-sparse path by default; --path reference computes every\nhead, then gates) and writes its outputs; the parity tool for moving weights between PyTorch\nand moh.\n");
     if (prc) return prc == 1 ? 0 : prc;
+    const bool sparse = !strcmp(a.path, "sparse");
+    if (!sparse && strcmp(a.path, "reference")) {
+        fprintf(stderr, "moh layer: option --path expects sparse or reference, got '%s'\n", a.path);
+        return 2;
+    }
 
     moh_error err = {0};
     int status = 1;
     size_t len = 0;
     float *wbuf = NULL, *gbuf = NULL, *x = NULL, *dy = NULL, *y = NULL, *dx = NULL;
     attn_cache_f32 cache = {0};
+    sparse_cache scache = {0};
     bool have_cache = false;
     moh_attn_config cfg;
     attn_params_f32 p, g;
@@ -81,25 +90,28 @@ int cmd_layer(int argc, char **argv) {
     if (!(x = read_bnc(a.input, "x", C, &B, &N, &err))) goto fail;
     if (a.grad_output && !(dy = read_bnc(a.grad_output, "dy", C, &B, &N, &err))) goto fail;
     const size_t T = (size_t)B * N;
-    if (attn_cache_init_f32(&cache, &cfg, B, N, &err)) goto fail;
+    if (sparse ? sparse_cache_init(&scache, &cfg, B, N, &err) : attn_cache_init_f32(&cache, &cfg, B, N, &err)) goto fail;
     have_cache = true;
     y = malloc(sizeof(float) * T * C);
     if (!y) goto oom;
-    attn_forward_f32(&cfg, &p, x, B, N, y, &cache);
+    if (sparse) sparse_forward_f32(&cfg, &p, x, B, N, y, &scache);
+    else attn_forward_f32(&cfg, &p, x, B, N, y, &cache);
+    const attn_cache_f32 *acache = sparse ? &scache.rc : &cache;
 
     moh_st_entry out[3 + ATTN_MAX_TENSORS + 1];
     char names[ATTN_MAX_TENSORS][176];
     int n = 0;
     out[n++] = (moh_st_entry){"y", 3, {B, N, C}, y};
-    out[n++] = (moh_st_entry){"gates", 3, {B, N, h}, cache.gates};
-    out[n++] = (moh_st_entry){"lb_loss", 1, {1}, &cache.lb_loss};
+    out[n++] = (moh_st_entry){"gates", 3, {B, N, h}, acache->gates};
+    out[n++] = (moh_st_entry){"lb_loss", 1, {1}, &acache->lb_loss};
     if (dy) {
         const size_t np = attn_params_bind_f32(&g, NULL, &cfg);
         gbuf = calloc(np ? np : 1, sizeof(float));
         dx = calloc(T * C, sizeof(float));
         if (!gbuf || !dx) goto oom;
         attn_params_bind_f32(&g, gbuf, &cfg);
-        attn_backward_f32(&cfg, &p, &g, &cache, dy, (float)cfg.load_balance_coef, dx);
+        if (sparse) sparse_backward_f32(&cfg, &p, &g, &scache, dy, (float)cfg.load_balance_coef, dx);
+        else attn_backward_f32(&cfg, &p, &g, &cache, dy, (float)cfg.load_balance_coef, dx);
         out[n++] = (moh_st_entry){"grad.x", 3, {B, N, C}, dx};
         attn_tensor ts[ATTN_MAX_TENSORS];
         const int nt = attn_tensors_f32(&cfg, &g, "", ts);
@@ -117,7 +129,8 @@ oom:
 fail:
     fprintf(stderr, "moh layer: %s\n", err.msg);
 done:
-    if (have_cache) attn_cache_free_f32(&cache);
+    if (have_cache && sparse) sparse_cache_free(&scache);
+    else if (have_cache) attn_cache_free_f32(&cache);
     free(wbuf);
     free(gbuf);
     free(x);

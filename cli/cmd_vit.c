@@ -62,6 +62,7 @@ int cmd_train_vit(int argc, char **argv) {
         {"--out", ARG_STR, &o.out_dir, "DIR", "checkpoint dir: config.json, model.safetensors (timm names), optimizer.safetensors, metrics.jsonl", true},
         {"--epochs", ARG_DOUBLE, &o.epochs, "E", "passes over the training images (default 10; fractions allowed)", false},
         {"--steps", ARG_LONG, &o.steps, "N", "optimizer steps (overrides --epochs)", false},
+        {"--stop-at-step", ARG_LONG, &o.stop_at_step, "N", "save and stop after step N (continue later with --resume)", false},
         {"--max-minutes", ARG_DOUBLE, &o.max_minutes, "M", "stop after M minutes of training, checkpoint saved (--resume continues)", false},
         {"--seed", ARG_U64, &o.seed, "S", "seed for init, data order and augmentation (default 1)", false},
         {"--batch-size", ARG_INT, &o.batch_size, "B", "images per step (default 128)", false},
@@ -78,7 +79,8 @@ int cmd_train_vit(int argc, char **argv) {
         {"--crop-pad", ARG_INT, &o.crop_pad, "P", "random crop with zero padding P (default 2; 0 = off)", false},
         {"--no-flip", ARG_FLAG, &no_flip, NULL, "no random horizontal flip", false},
         {"--no-augment", ARG_FLAG, &no_augment, NULL, "no crop and no flip", false},
-        {"--resume", ARG_FLAG, &o.resume, NULL, "continue the run in --out (same batches, schedule and seed)", false},
+        {"--sparse-attn", ARG_FLAG, &o.sparse_attn, NULL, "attention on the head-sparse path (only routed heads, flash-style; same results to ~1e-5)", false},
+        {"--resume", ARG_FLAG, &o.resume, NULL, "continue the run in --out (same batches, schedule, hyper-parameters, shards and seed)", false},
         {"--quiet", ARG_FLAG, &o.quiet, NULL, "no progress output", false},
         {"--dump-grads", ARG_STR, &o.dump_grads, "FILE", "debug: write the first step's images, labels, initial weights (init.*) and gradient (grad.*)", false},
     };
@@ -169,13 +171,14 @@ int cmd_eval_vit(int argc, char **argv) {
     const char *ckpt = NULL, *data = NULL, *dump = NULL, *split = "t10k";
     int B = 256;
     long limit = 0;
-    bool json = false;
+    bool json = false, sparse = false;
     const arg_spec specs[] = {
         {"--checkpoint", ARG_STR, &ckpt, "DIR", "ViT checkpoint dir (config.json + model.safetensors)", true},
         {"--data", ARG_STR, &data, "DIR", "IDX dir (as for moh train)", true},
         {"--split", ARG_STR, &split, "NAME", "file prefix of the split: t10k (test, default) or train", false},
         {"--limit", ARG_LONG, &limit, "N", "evaluate the first N images only (default all)", false},
         {"--batch-size", ARG_INT, &B, "B", "images per forward pass (default 256; does not change the result)", false},
+        {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (same results to ~1e-5)", false},
         {"--json", ARG_FLAG, &json, NULL, "print one JSON object: accuracy, per_class, confusion, loss, head_share, ...", false},
         {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write images, labels and logits of the first --batch-size images (safetensors)", false},
     };
@@ -213,7 +216,7 @@ int cmd_eval_vit(int argc, char **argv) {
     }
     if (idx_split_load(&s, data, split, cfg.num_classes, &err)) goto fail;
     if (vit_check_split(&cfg, &s, data, &err)) goto fail;
-    if (vit_shards_init(&w, &cfg, B, vit_default_shards(B), false, &err)) goto fail;
+    if (vit_shards_init(&w, &cfg, B, vit_default_shards(B), false, sparse, &err)) goto fail;
     if (dump && dump_logits(dump, &cfg, &p, &w, &s, &err)) goto fail;
     if (vit_evaluate(&cfg, &p, &w, &s, limit, &r, &err)) goto fail;
     const int K = cfg.num_classes, L = cfg.depth, h = cfg.num_heads;

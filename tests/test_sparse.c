@@ -6,7 +6,9 @@
  * same for 1 and 2 threads; the cache size is linear in N. */
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "attn/sparse.h"
 #include "test_util.h"
@@ -179,6 +181,119 @@ static void memory_test(test_ctx *ctx) {
            b1 / 1048576, b2 / 1048576, b4 / 1048576, ref4 / 1048576);
 }
 
+/* sparse_decode_attend_f32 (KV-cache decode of one head) against a float64 softmax. */
+static void decode_test(test_ctx *ctx) {
+    const int ns[] = {1, 15, 16, 17, 100, 1000};
+    const int ds[] = {8, 24, 32, 64, 72};
+    test_rng rng = {12345};
+    double worst = 0.0;
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (size_t b = 0; b < sizeof ds / sizeof ds[0]; b++) {
+            const int n = ns[a], d = ds[b];
+            const long ld = d + 3; /* rows with a stride */
+            float *K = malloc(sizeof(float) * (size_t)n * ld), *V = malloc(sizeof(float) * (size_t)n * ld);
+            float *q = malloc(sizeof(float) * d), *out = malloc(sizeof(float) * d), *sc = malloc(sizeof(float) * n);
+            double *w = malloc(sizeof(double) * n), *ref = calloc((size_t)d, sizeof(double));
+            for (long i = 0; i < n * ld; i++) {
+                K[i] = (float)(3 * test_rng_uniform(&rng));
+                V[i] = (float)test_rng_uniform(&rng);
+            }
+            for (int e = 0; e < d; e++) q[e] = (float)test_rng_uniform(&rng);
+            double mx = -INFINITY, sum = 0.0;
+            for (int j = 0; j < n; j++) {
+                double s = 0.0;
+                for (int e = 0; e < d; e++) s += (double)q[e] * K[(long)j * ld + e];
+                w[j] = s / sqrt((double)d);
+                mx = fmax(mx, w[j]);
+            }
+            for (int j = 0; j < n; j++) sum += (w[j] = exp(w[j] - mx));
+            for (int j = 0; j < n; j++)
+                for (int e = 0; e < d; e++) ref[e] += 0.7 * w[j] / sum * V[(long)j * ld + e];
+            sparse_decode_attend_f32(q, K, V, ld, n, d, 0.7f, sc, out);
+            double num = 0.0, den = 0.0;
+            for (int e = 0; e < d; e++) {
+                num = fmax(num, fabs(out[e] - ref[e]));
+                den = fmax(den, fabs(ref[e]));
+            }
+            const double e = num / fmax(den, 1e-30);
+            worst = fmax(worst, e);
+            CHECK(ctx, e <= 1e-5, "decode n=%d d=%d: rel err %.3g", n, d, e);
+            free(K);
+            free(V);
+            free(q);
+            free(out);
+            free(sc);
+            free(w);
+            free(ref);
+        }
+    printf("  decode (one query, one head): worst rel err %.2e\n", worst);
+}
+
+/* Runs cmd, returns its stdout (malloc'd) or NULL; *status gets the exit status. */
+static char *run_capture(const char *cmd, int *status) {
+    FILE *f = popen(cmd, "r");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (n + 1 >= cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+        }
+    }
+    *status = pclose(f);
+    if (buf) buf[n] = 0;
+    return buf;
+}
+
+static int count_of(const char *s, const char *needle) {
+    int c = 0;
+    for (const char *p = strstr(s, needle); p; p = strstr(p + 1, needle)) c++;
+    return c;
+}
+
+/* `moh bench` smoke test: the JSON rows carry the documented keys (no timing is asserted). */
+static void cli_bench_test(test_ctx *ctx) {
+    const char *bin = getenv("MOH_BIN");
+    if (!bin) {
+        printf("  MOH_BIN unset: moh bench smoke test skipped\n");
+        return;
+    }
+    char cmd[2048];
+    int st = -1;
+    snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive '%s' bench attention --json --model vit-b --n 64 --repeats 1 2>/dev/null", bin);
+    char *out = run_capture(cmd, &st);
+    CHECK(ctx, out && st == 0, "moh bench attention failed (status %d)", st);
+    if (out) {
+        const char *keys[] = {"\"model\": \"vit-b\"", "\"n\": 64", "\"active\"", "\"causal\": false", "\"pass\": \"forward\"",
+                              "\"pass\": \"train\"", "\"ms\"", "\"gflops\"", "\"speedup\"", "\"ideal\"", "\"efficiency\"",
+                              "\"sgemm_fraction\"", "\"mem_bytes\"", "\"phase_ms\""};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            CHECK(ctx, strstr(out, keys[k]) != NULL, "bench attention JSON lacks %s", keys[k]);
+        CHECK(ctx, count_of(out, "\"model\"") == 8, "bench attention: %d rows, want 8 (4 shares x 2 passes)", count_of(out, "\"model\""));
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive '%s' bench decode --json --model small --context 40 --tokens 4 --repeats 1 2>/dev/null", bin);
+    out = run_capture(cmd, &st);
+    CHECK(ctx, out && st == 0 && count_of(out, "\"tokens_per_s\"") == 3, "moh bench decode: status %d", st);
+    free(out);
+    snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive '%s' bench train --json --configs mha,moh-50 --batch 1 --seq 16 --steps 1 --repeats 1 2>/dev/null", bin);
+    out = run_capture(cmd, &st);
+    CHECK(ctx, out && st == 0 && count_of(out, "\"tokens_per_s\"") == 4, "moh bench train: status %d", st);
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' bench attention --pass sideways >/dev/null 2>&1", bin);
+    free(run_capture(cmd, &st));
+    CHECK(ctx, WIFEXITED(st) && WEXITSTATUS(st) == 2, "moh bench attention --pass sideways: want exit 2");
+    printf("  moh bench attention / decode / train: JSON rows present\n");
+}
+
 int main(void) {
     test_ctx ctx = {0};
     const moh_router L = MOH_ROUTER_LEARNED, Q = MOH_ROUTER_QUERY_NORM, D = MOH_ROUTER_NONE;
@@ -210,5 +325,7 @@ int main(void) {
     for (int i = 0; i < n; i++) worst = fmax(worst, run_case(&ctx, &cases[i], 0x9E3779B97F4A7C15ULL + 7919u * (unsigned)i, i % 3 == 0));
     printf("  worst relative error over all cases: %.2e (limit 1e-5)\n", worst);
     memory_test(&ctx);
+    decode_test(&ctx);
+    cli_bench_test(&ctx);
     return test_finish("test_sparse", &ctx);
 }

@@ -9,8 +9,9 @@
  *    cost nothing, and the same kernel serves projections, QK^T, PV and every gradient;
  *  - parallel loops hand out tasks that each own their output rows; sums over tokens run inside
  *    one task in a fixed order. Nothing depends on the thread count.
- * FLOP-relevant tile sizes: SPARSE_BK keys (K^T / V^T tiles of d x 64 floats stay in L1 while the
- * row groups of a query tile stream past), SPARSE_BQ queries per tile. */
+ * Tile sizes: SPARSE_BK keys per key tile (its K^T block, d x SPARSE_BK, and its V rows stay in
+ * L1/L2 while the 6-row groups of a query tile stream past), SPARSE_BQ queries per query tile.
+ * Sections: kernels, softmax tiles, decode, cache layout, forward, backward. */
 #include "attn/sparse.h"
 
 #include <float.h>
@@ -60,7 +61,7 @@ static inline int round16(int v) { return (v + 15) & ~15; }
  * Register-tile kernel: C(r, j) = (acc ? C(r, j) : 0) + sum_{k < K} A(r, k) B(k, j), r < R <= 6,
  * j < n <= 64. A(r, k) = a[r][aoff + k] (amode 0: one pointer per row) or a[k][aoff + r] (amode 1:
  * one pointer per k, A stored transposed); B(k, j) = b[k][boff + j]; C(r, j) = c[r][coff + j].
- * Each C element is summed over k in increasing order.
+ * Each C element is a chain of fused multiply-adds over k in increasing order (both versions).
  * ---------------------------------------------------------------------------------------------- */
 
 static void mk_ref(int R, int n, int amode, int K, const float *const *a, long aoff,
@@ -72,7 +73,7 @@ static void mk_ref(int R, int n, int amode, int K, const float *const *a, long a
         for (int k = 0; k < K; k++) {
             const float av = amode ? a[k][aoff + r] : a[r][aoff + k];
             const float *bk = b[k] + boff;
-            for (int j = 0; j < n; j++) row[j] += av * bk[j];
+            for (int j = 0; j < n; j++) row[j] = fmaf(av, bk[j], row[j]);
         }
         for (int j = 0; j < n; j++) cr[j] = row[j];
     }
@@ -227,9 +228,8 @@ static void bwd_ds_ref(int R, int nk, float *const *s, float *const *dp, const i
 }
 
 #if SP_X86
-/* 2^x for x <= ~0 (clamped at -127: results below 2^-127 are not needed exactly). */
+/* 2^x for finite x <= ~SP_LAZY (scalef flushes large negative n to 0 or a denormal). */
 SP_INLINE SP_AVX512 __m512 exp2_avx(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_set1_ps(SP_E6);
@@ -246,10 +246,46 @@ SP_INLINE __mmask16 lanes_mask(int lanes) {
     return lanes >= 16 ? (__mmask16)0xFFFF : lanes <= 0 ? (__mmask16)0 : (__mmask16)((1u << lanes) - 1u);
 }
 
+/* Rescale of row r when its max moves to mx (see fwd_softmax_ref). */
+SP_INLINE SP_AVX512 __m512 fwd_rescale(float mx, float *m, __m512 lv, float *orow, int d) {
+    const __m512 va = _mm512_set1_ps(exp2f(*m - mx));
+    *m = mx;
+    for (int e = 0; e < d; e += 16) {
+        const __mmask16 mm = lanes_mask(d - e);
+        _mm512_mask_storeu_ps(orow + e, mm, _mm512_mul_ps(va, _mm512_maskz_loadu_ps(mm, orow + e)));
+    }
+    return _mm512_mul_ps(lv, va);
+}
+
 SP_AVX512 static void fwd_softmax_avx(int R, int nk, float *const *s, const int *nv, float cl2,
                                       float *m, float *l, float *const *o, int d) {
     const int nvec = (nk + 15) >> 4;
     const __m512 vc = _mm512_set1_ps(cl2);
+    bool full = nk == SPARSE_BK;
+    for (int r = 0; r < R; r++) full = full && nv[r] >= nk;
+    if (full) { /* whole tile valid: fixed trip counts, no masks, the rows interleave */
+        float mx[SP_MR];
+        for (int r = 0; r < R; r++) {
+            __m512 vmax = _mm512_loadu_ps(s[r]);
+#pragma GCC unroll 16
+            for (int q = 1; q < SPARSE_BK / 16; q++) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s[r] + 16 * q));
+            mx[r] = _mm512_reduce_max_ps(vmax) * cl2;
+        }
+        for (int r = 0; r < R; r++) {
+            float *sr = s[r];
+            __m512 lv = _mm512_loadu_ps(l + 16 * r);
+            if (mx[r] > m[r] + SP_LAZY) lv = fwd_rescale(mx[r], m + r, lv, o[r], d);
+            const __m512 vneg = _mm512_set1_ps(-m[r]);
+#pragma GCC unroll 16
+            for (int q = 0; q < SPARSE_BK / 16; q++) {
+                const __m512 p = exp2_avx(_mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(sr + 16 * q), vc), vneg));
+                _mm512_storeu_ps(sr + 16 * q, p);
+                lv = _mm512_add_ps(lv, p);
+            }
+            _mm512_storeu_ps(l + 16 * r, lv);
+        }
+        return;
+    }
     for (int r = 0; r < R; r++) {
         float *sr = s[r];
         const int v = imin(nv[r], nk);
@@ -262,22 +298,13 @@ SP_AVX512 static void fwd_softmax_avx(int R, int nk, float *const *s, const int 
             vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, lanes_mask(v - 16 * q), sr + 16 * q));
         const float mx = _mm512_reduce_max_ps(vmax) * cl2;
         __m512 lv = _mm512_loadu_ps(l + 16 * r);
-        if (mx > m[r] + SP_LAZY) { /* the running max moves: rescale l and the accumulator */
-            const float alpha = exp2f(m[r] - mx);
-            m[r] = mx;
-            const __m512 va = _mm512_set1_ps(alpha);
-            lv = _mm512_mul_ps(lv, va);
-            float *orow = o[r];
-            for (int e = 0; e < d; e += 16) {
-                const __mmask16 mm = lanes_mask(d - e);
-                _mm512_mask_storeu_ps(orow + e, mm, _mm512_mul_ps(va, _mm512_maskz_loadu_ps(mm, orow + e)));
-            }
-        }
+        if (mx > m[r] + SP_LAZY) lv = fwd_rescale(mx, m + r, lv, o[r], d); /* the max moves */
         const __m512 vneg = _mm512_set1_ps(-m[r]);
         for (int q = 0; q < nvec; q++) {
             const __mmask16 ok = lanes_mask(v - 16 * q);
             const __m512 sv = _mm512_maskz_loadu_ps(ok, sr + 16 * q);
-            const __m512 p = _mm512_maskz_mov_ps(ok, exp2_avx(_mm512_fmadd_ps(sv, vc, vneg)));
+            /* s' - m as a rounded product, then a difference: exactly 0 at the max (p = 1) */
+            const __m512 p = _mm512_maskz_mov_ps(ok, exp2_avx(_mm512_add_ps(_mm512_mul_ps(sv, vc), vneg)));
             _mm512_mask_storeu_ps(sr + 16 * q, lanes_mask(nk - 16 * q), p);
             lv = _mm512_add_ps(lv, p);
         }
@@ -294,7 +321,7 @@ SP_AVX512 static void bwd_ds_avx(int R, int nk, float *const *s, float *const *d
         for (int q = 0; q < nk; q += 16) {
             const __mmask16 st = lanes_mask(nk - q), ok = lanes_mask(v - q);
             const __m512 sv = _mm512_maskz_loadu_ps(ok, s[r] + q);
-            const __m512 p = _mm512_maskz_mov_ps(ok, exp2_avx(_mm512_fmadd_ps(sv, vc, vl)));
+            const __m512 p = _mm512_maskz_mov_ps(ok, exp2_avx(_mm512_add_ps(_mm512_mul_ps(sv, vc), vl)));
             const __m512 dv = _mm512_maskz_loadu_ps(ok, dp[r] + q);
             const __m512 ds = _mm512_maskz_mul_ps(ok, _mm512_mul_ps(p, _mm512_sub_ps(dv, vd)), vs);
             _mm512_mask_storeu_ps(s[r] + q, st, p);
@@ -324,6 +351,127 @@ static void bwd_ds(bool avx, int R, int nk, float *const *s, float *const *dp, c
     }
 #endif
     bwd_ds_ref(R, nk, s, dp, nv, cl2, scale, lse, D);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Decode: one query against the cached keys of one head
+ * ---------------------------------------------------------------------------------------------- */
+
+static void decode_ref(const float *q, const float *K, const float *V, long ld, int n, int d,
+                       float gate, float *scores, float *out) {
+    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const float *kj = K + (size_t)j * ld;
+        float s = 0.0f;
+        for (int e = 0; e < d; e++) s += q[e] * kj[e];
+        scores[j] = s * cl2;
+        mx = scores[j] > mx ? scores[j] : mx;
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < n; j++) {
+        scores[j] = exp2f(scores[j] - mx);
+        sum += scores[j];
+    }
+    for (int e = 0; e < d; e++) out[e] = 0.0f;
+    for (int j = 0; j < n; j++) {
+        const float *vj = V + (size_t)j * ld;
+        for (int e = 0; e < d; e++) out[e] += scores[j] * vj[e];
+    }
+    const float f = gate / sum;
+    for (int e = 0; e < d; e++) out[e] *= f;
+}
+
+#if SP_X86
+/* Lane j of the result = horizontal sum of v[j], j < 16. */
+SP_INLINE SP_AVX512 __m512 hsum16(const __m512 *v) {
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    const __m512 y0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 y1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* d <= 64: scores 16 keys at a time (one reduction tree per block), exp2 over vectors, and the
+ * weighted sum of V rows into 4 interleaved accumulators (keys j mod 4), added in a fixed order. */
+SP_AVX512 static void decode_avx(const float *q, const float *K, const float *V, long ld, int n,
+                                 int d, float gate, float *scores, float *out) {
+    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
+    const int nv = (d + 15) >> 4;
+    const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
+    __m512 qv[4];
+    for (int v = 0; v < nv; v++) qv[v] = _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, q + 16 * v);
+    const __m512 vc = _mm512_set1_ps(cl2);
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        const int jn = imin(16, n - j0);
+        __m512 acc[16];
+        for (int jj = 0; jj < 16; jj++) {
+            acc[jj] = _mm512_setzero_ps();
+            if (jj >= jn) continue;
+            const float *kj = K + (size_t)(j0 + jj) * ld;
+            for (int v = 0; v < nv; v++)
+                acc[jj] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, kj + 16 * v), qv[v], acc[jj]);
+        }
+        const __mmask16 jm = lanes_mask(jn);
+        const __m512 sv = _mm512_mul_ps(hsum16(acc), vc);
+        _mm512_mask_storeu_ps(scores + j0, jm, sv);
+        vmax = _mm512_mask_max_ps(vmax, jm, vmax, sv);
+    }
+    const __m512 vneg = _mm512_set1_ps(-_mm512_reduce_max_ps(vmax));
+    __m512 vsum = _mm512_setzero_ps();
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        const __mmask16 jm = lanes_mask(n - j0);
+        const __m512 p = _mm512_maskz_mov_ps(jm, exp2_avx(_mm512_add_ps(_mm512_maskz_loadu_ps(jm, scores + j0), vneg)));
+        _mm512_mask_storeu_ps(scores + j0, jm, p);
+        vsum = _mm512_add_ps(vsum, p);
+    }
+    __m512 o[4][4];
+    for (int a = 0; a < 4; a++)
+        for (int v = 0; v < 4; v++) o[a][v] = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int a = 0; a < 4; a++) {
+            const __m512 pj = _mm512_set1_ps(scores[j + a]);
+            const float *vj = V + (size_t)(j + a) * ld;
+            for (int v = 0; v < nv; v++)
+                o[a][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, vj + 16 * v), o[a][v]);
+        }
+    for (; j < n; j++) {
+        const __m512 pj = _mm512_set1_ps(scores[j]);
+        const float *vj = V + (size_t)j * ld;
+        for (int v = 0; v < nv; v++)
+            o[0][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, vj + 16 * v), o[0][v]);
+    }
+    const __m512 f = _mm512_set1_ps(gate / _mm512_reduce_add_ps(vsum));
+    for (int v = 0; v < nv; v++) {
+        const __m512 r = _mm512_add_ps(_mm512_add_ps(o[0][v], o[1][v]), _mm512_add_ps(o[2][v], o[3][v]));
+        _mm512_mask_storeu_ps(out + 16 * v, v == nv - 1 ? lm : (__mmask16)0xFFFF, _mm512_mul_ps(r, f));
+    }
+}
+#endif
+
+void sparse_decode_attend_f32(const float *q, const float *K, const float *V, long ld, int n, int d,
+                              float gate, float *scores, float *out) {
+    if (n <= 0) {
+        for (int e = 0; e < d; e++) out[e] = 0.0f;
+        return;
+    }
+#if SP_X86
+    if (d <= 64 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) {
+        decode_avx(q, K, V, ld, n, d, gate, scores, out);
+        return;
+    }
+#endif
+    decode_ref(q, K, V, ld, n, d, gate, scores, out);
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -911,10 +1059,10 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
             float *dor = w.pc[r];
             const float *orow = c->o + (size_t)(p0 + r) * d;
             float dg = 0.0f, dd = 0.0f;
-            for (int e = 0; e < d; e++) {
-                dg += dor[e] * orow[e];
-                dor[e] *= gate;
-                dd += dor[e] * orow[e];
+            for (int e = 0; e < d; e++) { /* D with the kernels' fused multiply-adds in e order: */
+                dg += dor[e] * orow[e];      /* when o equals a value row exactly (one key), */
+                dor[e] *= gate;              /* dP - D is exactly 0, as in exact arithmetic */
+                dd = fmaf(dor[e], orow[e], dd);
             }
             c->dgates[t * h + i] = dg;
             c->ddot[p0 + r] = dd;

@@ -63,7 +63,8 @@ typedef struct sparse_cache {
     float *dgates;       /* [T, h] backward: dL/dgate, 0 for pairs not selected */
     int *pair_off;       /* [B h + 1] selected pairs of (b, head i): pair_off[b h + i] .. next */
     int *pair_pos;       /* [P] position n of each selected pair, ascending within (b, i) */
-    int *tasks;          /* [ntasks_max, 3] (b, head, first pair row) of each query tile */
+    int *tasks;          /* [ntasks_max, 4] (b, head, first pair row, causal cost key) per query
+                          * tile; ntasks_max = B h ceil(N / SPARSE_BQ) */
     int ntasks;
     float *q;            /* [P, d] queries of the selected pairs, after bias and RoPE */
     float *o;            /* [P, d] attention output of each selected pair (before the gate) */
@@ -93,8 +94,8 @@ typedef struct sparse_cache {
     void *block;
 } sparse_cache;
 
-/* Pairs per token: the number of heads each token runs (h for the "none" router and for a learned
- * router with top_k == 0, else h_s + top_k). */
+/* Pairs per token: the number of heads each token runs (spec §1, §10: h for the "none" router and
+ * for a learned router with top_k == 0, whose gates are all non-zero; else h_s + top_k). */
 int sparse_active_heads(const moh_attn_config *cfg);
 
 /* Bytes sparse_cache_init allocates for batch B, sequence N and nthreads threads: affine in B*N
@@ -103,8 +104,9 @@ int sparse_active_heads(const moh_attn_config *cfg);
 size_t sparse_cache_bytes(const moh_attn_config *cfg, int B, int N, int nthreads);
 
 /* Allocates a cache for batches of up to B x N tokens (per-thread scratch for
- * omp_get_max_threads() threads; forward/backward never use more). Returns MOH_OK, MOH_E_NOMEM,
- * or MOH_E_CONFIG (odd head_dim with RoPE). */
+ * omp_get_max_threads() threads; forward/backward never use more) and fills the RoPE tables.
+ * Returns MOH_OK, MOH_E_ARG (B or N < 1), MOH_E_CONFIG (odd head_dim with RoPE) or MOH_E_NOMEM
+ * (allocation failed, or B N h d beyond 2^31). cfg must be valid (moh_attn_config_validate). */
 int sparse_cache_init(sparse_cache *c, const moh_attn_config *cfg, int B, int N, moh_error *err);
 void sparse_cache_free(sparse_cache *c);
 
@@ -124,5 +126,12 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
  * (N per pair, or position + 1 when causal): the work that must be done, for FLOP counts. */
 long sparse_pairs(const moh_attn_config *cfg, const sparse_cache *c);
 double sparse_key_visits(const moh_attn_config *cfg, const sparse_cache *c);
+
+/* Attention of one query over n cached keys of one head (KV-cache decode; callers skip the heads
+ * a token does not select, spec §10): out[d] = gate * sum_j softmax_j(q.k_j / sqrt(d)) v_j, with
+ * key and value rows j at K + j*ld and V + j*ld (RoPE already applied to q and K). scores: [n]
+ * scratch. AVX-512 kernels when the CPU has them and d <= 64, else portable loops. */
+void sparse_decode_attend_f32(const float *q, const float *K, const float *V, long ld, int n, int d,
+                              float gate, float *scores, float *out);
 
 #endif

@@ -17,7 +17,7 @@ for d in sorted(os.listdir(root)):
     rows.setdefault(cfg, []).append(dict(seed=int(seed), bpb=ev["bits_per_byte"], tokens=last["tokens"],
                                          tps=last["tokens"] / last["elapsed_s"], active=active / h,
                                          train_loss=last["ce"]))
-print("| model | active heads | seeds | val bits/byte (mean ± sd) | per seed | train tokens | tokens/s (1 thread, shared machine) |")
+print("| model | active heads | seeds | val bits/byte (mean ± sd) | per seed | train tokens | final train loss (nats, mean) |")
 print("|---|---|---|---|---|---|---|")
 for cfg in ["mha", "moh-90", "moh-75", "moh-50"] + [c for c in rows if c not in ("mha", "moh-90", "moh-75", "moh-50")]:
     if cfg not in rows:
@@ -27,4 +27,4 @@ for cfg in ["mha", "moh-90", "moh-75", "moh-50"] + [c for c in rows if c not in 
     sd = statistics.stdev(b) if len(b) > 1 else float("nan")
     print(f"| {cfg} | {r[0]['active']:.1%} | {len(r)} | {statistics.mean(b):.4f} ± {sd:.4f} | "
           + ", ".join(f"{x['bpb']:.4f}" for x in r)
-          + f" | {r[0]['tokens']:.0f} | {statistics.mean(x['tps'] for x in r):.0f} |")
+          + f" | {r[0]['tokens']:.0f} | {statistics.mean(x['train_loss'] for x in r):.4f} |")

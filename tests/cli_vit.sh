@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# CLI test of the ViT job: `moh train` / `moh eval` dispatch on a tiny ViT config (model_type
+# "vit") with a small IDX data set written here (plain and gzip files), the checkpoint layout,
+# eval text and --json output, resume after --stop-at-step giving the same weights as an
+# uninterrupted run, Ctrl-C (SIGINT) saving a checkpoint (exit 130), and one-line errors.
+#   tests/cli_vit.sh path/to/moh
+set -euo pipefail
+MOH=${1:-build/moh}
+MOH=$(cd "$(dirname "$MOH")" && pwd)/$(basename "$MOH")
+tmp=$(mktemp -d /tmp/moh_cli_vit.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# 600 train / 200 test images of 28x28: class k is a bright horizontal band at row 1 + 2.6 k
+python3 - "$tmp/data" <<'EOF'
+import gzip, os, random, struct, sys
+d = sys.argv[1]; os.makedirs(d)
+rnd = random.Random(5)
+def split(n):
+    imgs, labs = bytearray(), bytearray()
+    for i in range(n):
+        k = rnd.randrange(10); labs.append(k)
+        px = bytearray(rnd.randrange(40) for _ in range(784))
+        y0 = 1 + (k * 26) // 10
+        for y in range(y0, y0 + 3):
+            for x in range(2, 26): px[y * 28 + x] = 200 + rnd.randrange(56)
+        imgs += px
+    return struct.pack('>IIII', 0x803, n, 28, 28) + imgs, struct.pack('>II', 0x801, n) + labs
+ti, tl = split(600); vi, vl = split(200)
+open(f'{d}/train-images-idx3-ubyte.gz', 'wb').write(gzip.compress(ti))
+open(f'{d}/train-labels-idx1-ubyte', 'wb').write(tl)
+open(f'{d}/t10k-images-idx3-ubyte', 'wb').write(vi)
+open(f'{d}/t10k-labels-idx1-ubyte.gz', 'wb').write(gzip.compress(vl))
+EOF
+cat >"$tmp/vit.json" <<'EOF'
+{"model_type": "vit", "embed_dim": 16, "depth": 2, "num_heads": 4, "mlp_ratio": 2,
+ "router": "learned", "shared_heads": 1, "top_k": 2, "_comment": "cli test"}
+EOF
+common=(--config "$tmp/vit.json" --data "$tmp/data" --batch-size 32 --shards 2 --lr 3e-3 --quiet)
+
+# full run: 40 steps (2 epochs of 18 steps + 4), no augmentation (learns the bands quickly)
+"$MOH" train "${common[@]}" --out "$tmp/a" --steps 40 --no-augment || fail "train"
+for f in config.json model.safetensors optimizer.safetensors metrics.jsonl; do
+  [ -s "$tmp/a/$f" ] || fail "missing $f"
+done
+grep -Eq '"model_type":[[:space:]]*"vit"' "$tmp/a/config.json" || fail "config.json model_type"
+grep -q '"mean"' "$tmp/a/config.json" || fail "config.json mean/std"
+[ "$(wc -l <"$tmp/a/metrics.jsonl")" -eq 40 ] || fail "metrics.jsonl lines"
+grep -q '"test_acc"' "$tmp/a/metrics.jsonl" || fail "test_acc in metrics"
+
+# eval, text and JSON
+"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/data" >"$tmp/eval.txt" || fail "eval"
+grep -q "top-1 accuracy" "$tmp/eval.txt" || fail "eval text"
+grep -q "confusion matrix" "$tmp/eval.txt" || fail "eval confusion"
+"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/data" --json --batch-size 48 >"$tmp/eval.json" || fail "eval --json"
+python3 - "$tmp/eval.json" <<'EOF' || fail "eval json contents"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert 0 <= r["accuracy"] <= 1 and r["n"] == 200, r
+assert len(r["per_class"]) == 10 and len(r["confusion"]) == 10
+assert sum(map(sum, r["confusion"])) == 200
+assert sum(r["confusion"][k][k] for k in range(10)) == r["correct"]
+assert r["accuracy"] > 0.2, f"accuracy {r['accuracy']} on an easy synthetic task (chance 0.1)"
+assert len(r["head_share"]) == 2 and abs(sum(r["head_share"][0]) - 3.0) < 1e-6  # 1 shared + top-2
+EOF
+
+# resume after --stop-at-step (with augmentation): same final weights as the uninterrupted run
+"$MOH" train "${common[@]}" --out "$tmp/a2" --steps 40 || fail "train (augmented)"
+"$MOH" train "${common[@]}" --out "$tmp/b" --steps 40 --stop-at-step 23 || fail "train --stop-at-step"
+"$MOH" train --resume --out "$tmp/b" --data "$tmp/data" --quiet || fail "resume"
+cmp -s "$tmp/a2/model.safetensors" "$tmp/b/model.safetensors" || fail "resumed weights differ"
+[ "$(wc -l <"$tmp/b/metrics.jsonl")" -eq 40 ] || fail "resumed metrics.jsonl lines"
+
+# Ctrl-C: checkpoint saved, exit status 130, resumable
+"$MOH" train "${common[@]}" --out "$tmp/c" --steps 100000 --eval-every 100000 &
+pid=$!
+for _ in $(seq 1 300); do
+  [ -s "$tmp/c/metrics.jsonl" ] && [ "$(wc -l <"$tmp/c/metrics.jsonl")" -ge 3 ] && break
+  sleep 0.1
+done
+kill -INT "$pid"
+set +e; wait "$pid"; rc=$?; set -e
+[ "$rc" -eq 130 ] || fail "SIGINT exit status $rc, expected 130"
+[ -s "$tmp/c/optimizer.safetensors" ] || fail "no checkpoint after SIGINT"
+
+# errors: one line on stderr naming the problem
+set +e
+"$MOH" train --config "$tmp/vit.json" --data "$tmp/nodata" --out "$tmp/d" --quiet 2>"$tmp/err1"; rc1=$?
+echo '{"model_type": "vit", "embed_dim": 16, "depth": 2, "num_heads": 3}' >"$tmp/bad.json"
+"$MOH" train --config "$tmp/bad.json" --data "$tmp/data" --out "$tmp/d" --quiet 2>"$tmp/err2"; rc2=$?
+"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/nodata" 2>"$tmp/err3"; rc3=$?
+set -e
+[ "$rc1" -eq 1 ] && [ "$(wc -l <"$tmp/err1")" -eq 1 ] && grep -q "no such file" "$tmp/err1" || fail "missing data: $(cat "$tmp/err1")"
+[ "$rc2" -eq 1 ] && grep -q "num_heads" "$tmp/err2" || fail "bad config: $(cat "$tmp/err2")"
+[ "$rc3" -eq 1 ] && grep -q "no such file" "$tmp/err3" || fail "eval missing data: $(cat "$tmp/err3")"
+echo "cli_vit: all checks passed"

@@ -1,0 +1,431 @@
+/* Head statistics (src/analysis): effective rank of matrices with known spectra (rank 1, d
+ * orthonormal columns, a given spectrum under a rotation), the Jacobi eigen solver, attention
+ * similarity (identical rows 1, disjoint one-hot rows 0, a half overlap 0.5), cosine, CV, and the
+ * accumulator on a hand-made batch (density, score means, CV, pair similarity, rank token counts,
+ * quantiles), then the JSON/CSV outputs and, when built with cairo, the plots; last, `moh analyze`
+ * end to end (MOH_BIN) on tiny random LM and ViT checkpoints with dense twins, and its errors. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "analysis/analysis.h"
+#include "core/fsutil.h"
+#include "models/lm.h"
+#include "models/vit.h"
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "train/vit_checkpoint.h"
+
+/* G = X^T X of an n x d matrix X. */
+static void gram(const double *X, int n, int d, double *G) {
+    for (int u = 0; u < d; u++)
+        for (int v = 0; v < d; v++) {
+            double s = 0;
+            for (int t = 0; t < n; t++) s += X[t * d + u] * X[t * d + v];
+            G[u * d + v] = s;
+        }
+}
+
+/* A random orthogonal d x d matrix Q (Gram-Schmidt of a random matrix). */
+static void random_orthogonal(double *Q, int d, test_rng *rng) {
+    for (int i = 0; i < d * d; i++) Q[i] = test_rng_uniform(rng);
+    for (int i = 0; i < d; i++) { /* rows */
+        for (int j = 0; j < i; j++) {
+            double dot = 0;
+            for (int k = 0; k < d; k++) dot += Q[i * d + k] * Q[j * d + k];
+            for (int k = 0; k < d; k++) Q[i * d + k] -= dot * Q[j * d + k];
+        }
+        double nrm = 0;
+        for (int k = 0; k < d; k++) nrm += Q[i * d + k] * Q[i * d + k];
+        nrm = sqrt(nrm);
+        for (int k = 0; k < d; k++) Q[i * d + k] /= nrm;
+    }
+}
+
+static void test_rank(test_ctx *ctx) {
+    test_rng rng = {0x9e3779b97f4a7c15ULL};
+    enum { D = 8, NT = 40 };
+    double X[NT * D], G[D * D], Q[D * D];
+    /* rank 1: x_t = a_t * v */
+    double v[D];
+    for (int k = 0; k < D; k++) v[k] = test_rng_uniform(&rng);
+    for (int t = 0; t < NT; t++) {
+        const double a = test_rng_uniform(&rng);
+        for (int k = 0; k < D; k++) X[t * D + k] = a * v[k];
+    }
+    gram(X, NT, D, G);
+    double r = an_effective_rank_gram(G, D);
+    CHECK(ctx, fabs(r - 1.0) < 1e-6, "rank-1 matrix: effective rank %.9f, expected 1", r);
+    /* d orthonormal columns (the first D rows of a rotation, other rows 0): every sigma is 1 */
+    random_orthogonal(Q, D, &rng);
+    memset(X, 0, sizeof X);
+    memcpy(X, Q, sizeof Q);
+    gram(X, NT, D, G);
+    r = an_effective_rank_gram(G, D);
+    CHECK(ctx, fabs(r - D) < 1e-9, "orthonormal columns: effective rank %.12f, expected %d", r, D);
+    /* known spectrum sigma = (3, 1, 0, ..., 0) rotated: X = diag(sigma) Q */
+    memset(X, 0, sizeof X);
+    for (int k = 0; k < D; k++) {
+        X[0 * D + k] = 3 * Q[0 * D + k];
+        X[1 * D + k] = 1 * Q[1 * D + k];
+    }
+    gram(X, NT, D, G);
+    const double expect = exp(-(0.75 * log(0.75) + 0.25 * log(0.25)));
+    r = an_effective_rank_gram(G, D);
+    CHECK(ctx, fabs(r - expect) < 1e-6, "spectrum (3, 1): effective rank %.9f, expected %.9f", r, expect);
+    /* the same spectrum straight from singular values; zeros and negatives ignored */
+    const double sv[4] = {3, 1, 0, -1};
+    r = an_effective_rank_sv(sv, 4);
+    CHECK(ctx, fabs(r - expect) < 1e-12, "an_effective_rank_sv: %.12f, expected %.12f", r, expect);
+    const double sv4[4] = {2, 2, 2, 2};
+    CHECK(ctx, fabs(an_effective_rank_sv(sv4, 4) - 4) < 1e-12, "flat spectrum of 4: rank 4");
+    const double zero[3] = {0, 0, 0};
+    CHECK(ctx, an_effective_rank_sv(zero, 3) == 0, "all-zero spectrum: rank 0");
+    /* Jacobi eigenvalues: [[2,1],[1,2]] -> 3, 1; a rotated diag(5, 2, -1, 0.5) */
+    double A2[4] = {2, 1, 1, 2}, w2[2];
+    an_jacobi_eigenvalues(A2, 2, w2);
+    CHECK(ctx, fabs(w2[0] - 3) < 1e-12 && fabs(w2[1] - 1) < 1e-12, "eig [[2,1],[1,2]] = %g, %g", w2[0], w2[1]);
+    enum { M = 4 };
+    const double lam[M] = {5, 2, -1, 0.5};
+    double R[M * M], A4[M * M], w4[M];
+    random_orthogonal(R, M, &rng);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < M; j++) {
+            double s = 0;
+            for (int k = 0; k < M; k++) s += R[k * M + i] * lam[k] * R[k * M + j];
+            A4[i * M + j] = s;
+        }
+    an_jacobi_eigenvalues(A4, M, w4);
+    const double sorted[M] = {5, 2, 0.5, -1};
+    double e = 0;
+    for (int k = 0; k < M; k++) e = fmax(e, fabs(w4[k] - sorted[k]));
+    CHECK(ctx, e < 1e-10, "eig of R^T diag(5,2,-1,0.5) R: max error %g", e);
+}
+
+static void test_primitives(test_ctx *ctx) {
+    const float a[4] = {0.1f, 0.2f, 0.3f, 0.4f};
+    CHECK(ctx, fabs(an_attention_similarity(a, a, 4) - 1) < 1e-12, "identical rows: similarity 1");
+    const float e0[3] = {1, 0, 0}, e2[3] = {0, 0, 1};
+    CHECK(ctx, fabs(an_attention_similarity(e0, e2, 3)) < 1e-12, "disjoint one-hot rows: similarity 0");
+    const float h1[3] = {0.5f, 0.5f, 0}, h2[3] = {0, 0.5f, 0.5f};
+    CHECK(ctx, fabs(an_attention_similarity(h1, h2, 3) - 0.5) < 1e-7, "half overlap: similarity 0.5");
+    bool ok;
+    const float x[3] = {1, 2, 3}, y[3] = {-2, -4, -6}, z[3] = {0, 0, 0}, o[3] = {3, 0, -1};
+    CHECK(ctx, fabs(an_cosine(x, y, 3, &ok) + 1) < 1e-12 && ok, "cosine of opposite vectors -1");
+    CHECK(ctx, fabs(an_cosine(x, o, 3, &ok)) < 1e-12 && ok, "cosine of orthogonal vectors 0");
+    an_cosine(x, z, 3, &ok);
+    CHECK(ctx, !ok, "cosine with a zero vector is undefined");
+    const double c5[5] = {0.7, 0.7, 0.7, 0.7, 0.7}, c2[2] = {1, 3}, zm[2] = {-1, 1};
+    CHECK(ctx, an_cv(c5, 5) == 0, "CV of a constant is 0");
+    CHECK(ctx, fabs(an_cv(c2, 2) - 0.5) < 1e-12, "CV of (1, 3): population std 1 / mean 2 = 0.5");
+    CHECK(ctx, isnan(an_cv(zm, 2)), "CV with mean 0 is undefined");
+    CHECK(ctx, isnan(an_cv(c2, 0)), "CV of nothing is undefined");
+}
+
+/* Hand-made batch: h = 3 heads (head 0 shared, heads 1-2 routed, top-1), d = 2, 2 categories,
+ * B = 2 rows (row 0 category 0, row 1 category 1) of N = 2 tokens. */
+static void test_accumulator(test_ctx *ctx) {
+    enum { H = 3, D = 2, C = 2, B = 2, N = 2, T = B * N, E = 2 };
+    an_shape s = {1, H, 1, E, D, C, 2.0 * H};
+    analysis an;
+    moh_error err = {0};
+    CHECK(ctx, an_init(&an, &s, &err) == MOH_OK, "an_init: %s", err.msg);
+    an_shape bad = s;
+    bad.shared = 2;
+    analysis an_bad;
+    CHECK(ctx, an_init(&an_bad, &bad, &err) == MOH_E_ARG && strstr(err.msg, "heads = shared + routed"),
+          "heads != shared + routed rejected: %s", err.msg);
+    const int cat[B] = {0, 1};
+    /* gates [T, h]: shared gate varies; row 0 selects head 1 twice; row 1 selects head 1 then head 2 */
+    const float gates[T * H] = {1.0f, 2.0f, 0.0f, /* t0 cat 0 */
+                                3.0f, 1.0f, 0.0f, /* t1 cat 0 */
+                                2.0f, 0.0f, 4.0f, /* t2 cat 1 */
+                                2.0f, 1.5f, 0.0f}; /* t3 cat 1 */
+    const float p[T * E] = {0.9f, 0.1f, 0.8f, 0.2f, 0.3f, 0.7f, 0.6f, 0.4f};
+    /* head outputs [T, h d] */
+    const float o[T * H * D] = {1, 0, 1, 0, 5, 5,   /* t0: heads 0,1 parallel */
+                                0, 1, 1, 0, 5, 5,   /* t1: heads 0,1 orthogonal */
+                                1, 1, 7, 7, -1, -1, /* t2: heads 0,2 opposite */
+                                2, 0, 0, 3, 9, 9};  /* t3: heads 0,1 orthogonal */
+    /* attention [B, h, N, N] (causal rows) */
+    float att[B * H * N * N];
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < H; i++) {
+            float *A = att + ((b * H + i) * N) * N;
+            A[0] = 1;
+            A[1] = 0;
+            /* row 1: head 0 (0.5, 0.5), head 1 (1, 0), head 2 (0, 1) */
+            A[2] = i == 0 ? 0.5f : i == 1 ? 1.0f : 0.0f;
+            A[3] = 1 - A[2];
+        }
+    an_batch b = {B, N, cat, gates, p, o, att, true};
+    CHECK(ctx, an_add(&an, 0, &b, &err) == MOH_OK, "an_add: %s", err.msg);
+    const int badcat[B] = {0, 2};
+    an_batch bb = b;
+    bb.cat = badcat;
+    CHECK(ctx, an_add(&an, 0, &bb, &err) == MOH_E_ARG && strstr(err.msg, "category 2"), "bad category: %s", err.msg);
+    an_result r;
+    CHECK(ctx, an_finish(&an, &r, &err) == MOH_OK, "an_finish: %s", err.msg);
+    const an_layer_result *y = &r.layer[0];
+    /* density [h, C] */
+    const double dens[H * C] = {1, 1, 1, 0.5, 0, 0.5};
+    for (int k = 0; k < H * C; k++)
+        CHECK(ctx, fabs(y->density[k] - dens[k]) < 1e-12, "density[%d][%d] = %g, expected %g", k / C, k % C,
+              y->density[k], dens[k]);
+    /* scores: shared mean over all tokens; routed over selecting tokens (head 2 in cat 0: none) */
+    const double sm[H * C] = {2.0, 2.0, 1.5, 1.5, NAN, 4.0};
+    for (int k = 0; k < H * C; k++)
+        CHECK(ctx, isnan(sm[k]) ? isnan(y->score_mean[k]) : fabs(y->score_mean[k] - sm[k]) < 1e-12,
+              "score_mean[%d][%d] = %g, expected %g", k / C, k % C, y->score_mean[k], sm[k]);
+    CHECK(ctx, y->score_cv[0] == 0 && y->score_cv[1] == 0, "constant mean scores: CV 0 (%g, %g)", y->score_cv[0],
+          y->score_cv[1]);
+    CHECK(ctx, isnan(y->score_cv[2]), "head seen in one category only: CV undefined");
+    CHECK(ctx, y->cv_shared == 0 && y->cv_routed == 0, "group CVs %g %g", y->cv_shared, y->cv_routed);
+    /* p means: head 1 cat 0 (0.9+0.8)/2, cat 1 (0.3+0.6)/2 */
+    CHECK(ctx, fabs(y->p_mean[0] - 0.85) < 1e-6 && fabs(y->p_mean[1] - 0.45) < 1e-6, "p_mean %g %g", y->p_mean[0],
+          y->p_mean[1]);
+    const double pcv = (0.2) / 0.65; /* means 0.85, 0.45: std 0.2, mean 0.65 */
+    CHECK(ctx, fabs(y->p_cv[0] - pcv) < 1e-6, "p_cv[0] = %g, expected %g", y->p_cv[0], pcv);
+    /* attention similarity: pair (0,1) at t0 (both rows [1,0]) 1, t1 ([.5,.5] vs [1,0]) 0.5,
+     * t3 0.5 -> mean 2/3; pair (0,2) at t2 (row 0 of b=1): 1; pair (1,2): never both */
+    CHECK(ctx, fabs(y->att_pair[0 * H + 1] - 2.0 / 3) < 1e-7, "att sim (0,1) = %g, expected 2/3", y->att_pair[1]);
+    CHECK(ctx, fabs(y->att_pair[1 * H + 0] - 2.0 / 3) < 1e-7, "att sim is symmetric");
+    CHECK(ctx, fabs(y->att_pair[0 * H + 2] - 1) < 1e-7, "att sim (0,2) = %g, expected 1", y->att_pair[2]);
+    CHECK(ctx, isnan(y->att_pair[1 * H + 2]), "pair (1,2) never co-selected: no value");
+    CHECK(ctx, fabs(y->att_sim.all - (2.0 / 3 + 1) / 2) < 1e-7 && y->att_sim.pairs == 2,
+          "mean over pairs with data: %g (%d pairs)", y->att_sim.all, y->att_sim.pairs);
+    CHECK(ctx, fabs(y->att_sim.shared_routed - y->att_sim.all) < 1e-12 && isnan(y->att_sim.routed_routed) &&
+                   isnan(y->att_sim.shared_shared),
+          "pair groups");
+    /* over every token: (0,1) (1 + .5 + 1 + .5)/4, (0,2) (1 + .5 + 1 + .5)/4, (1,2) (1 + 0 + 1 + 0)/4 */
+    CHECK(ctx, fabs(y->att_sim_alltok.all - (0.75 + 0.75 + 0.5) / 3) < 1e-7 && y->att_sim_alltok.pairs == 3,
+          "all-token attention similarity %g", y->att_sim_alltok.all);
+    CHECK(ctx, fabs(y->att_sim_alltok.routed_routed - 0.5) < 1e-7, "all-token routed pair %g",
+          y->att_sim_alltok.routed_routed);
+    /* output cosine: (0,1): t0 1, t1 0, t3 0 -> 1/3; (0,2): t2 -1 */
+    CHECK(ctx, fabs(y->out_pair[0 * H + 1] - 1.0 / 3) < 1e-7, "out cos (0,1) = %g, expected 1/3", y->out_pair[1]);
+    CHECK(ctx, fabs(y->out_pair[0 * H + 2] + 1) < 1e-7, "out cos (0,2) = %g, expected -1", y->out_pair[2]);
+    /* rank inputs: head 0 all 4 tokens, head 1 three, head 2 one (rank 1) */
+    CHECK(ctx, y->erank_tokens[0] == 4 && y->erank_tokens[1] == 3 && y->erank_tokens[2] == 1, "rank token counts");
+    CHECK(ctx, fabs(y->erank[2] - 1) < 1e-6, "one token: rank %g, expected 1", y->erank[2]);
+    /* head 0 outputs (1,0),(0,1),(1,1),(2,0): Gram [[6,1],[1,2]] */
+    const double G0[4] = {6, 1, 1, 2};
+    CHECK(ctx, fabs(y->erank[0] - an_effective_rank_gram(G0, 2)) < 1e-12, "head 0 rank from its Gram matrix");
+    const double G0c[4] = {2, -1, -1, 1}; /* mean (1, 0.5) removed */
+    CHECK(ctx, fabs(y->erank_c[0] - an_effective_rank_gram(G0c, 2)) < 1e-12, "head 0 centred rank %g",
+          y->erank_c[0]);
+    CHECK(ctx, isnan(y->erank_c[2]), "one token: no centred rank");
+    /* quantiles of head 0 in category 0: values 1 and 3 */
+    const double q0 = an_score_quantile(&an, 0, 0, 0, 0.0), q1 = an_score_quantile(&an, 0, 0, 0, 1.0);
+    const double bw = s.score_max / AN_SCORE_BINS;
+    CHECK(ctx, fabs(q0 - 1) <= 1.01 * bw && fabs(q1 - 3) <= 1.01 * bw, "quantiles %g %g, expected about 1 and 3", q0, q1);
+    CHECK(ctx, isnan(an_score_quantile(&an, 0, 2, 0, 0.5)), "empty histogram: NaN quantile");
+
+    /* outputs */
+    char dir[] = "/tmp/moh-test-analysis-XXXXXX";
+    CHECK(ctx, mkdtemp(dir) != NULL, "mkdtemp");
+    const int li[1] = {5};
+    const char *names[C] = {"cat \"zero\"", "one,two"};
+    an_meta meta = {"lm", "ckpt", "learned", 1, "data", "note", li, names};
+    CHECK(ctx, an_write_outputs(dir, &meta, &an, &r, &meta, &r, &err) == MOH_OK, "an_write_outputs: %s", err.msg);
+    const char *files[] = {"analysis.json", "density.csv", "scores.csv", "effective_rank.csv", "similarity.csv",
+                           "head_pairs.csv", "load_final_layer.png", "heatmap_layer05.png", "scores_layer05.png",
+                           "similarity.png", "effective_rank.png"};
+    const int n_files = an_plot_available() ? 11 : 6;
+    if (an_plot_available())
+        CHECK(ctx, an_plot_all(dir, &meta, &an, &r, &r, &err) == MOH_OK, "an_plot_all: %s", err.msg);
+    char path[512];
+    for (int k = 0; k < n_files; k++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[k]);
+        struct stat st;
+        CHECK(ctx, stat(path, &st) == 0 && st.st_size > 0, "%s written", files[k]);
+    }
+    snprintf(path, sizeof path, "%s/analysis.json", dir);
+    size_t len = 0;
+    char *json = fs_read_file(path, 1 << 20, &len, &err);
+    CHECK(ctx, json && strstr(json, "\"categories\": [\"cat \\\"zero\\\"\", \"one,two\"]"), "categories escaped");
+    CHECK(ctx, json && strstr(json, "\"layer\": 5"), "model layer index");
+    CHECK(ctx, json && strstr(json, "\"compare\""), "compare section");
+    free(json);
+    snprintf(path, sizeof path, "%s/density.csv", dir);
+    json = fs_read_file(path, 1 << 20, &len, &err);
+    CHECK(ctx, json && strstr(json, "layer,head,kind,\"cat \"\"zero\"\"\",\"one,two\"\n5,0,shared,1,1\n"),
+          "density.csv header and first row: %s", json ? json : "(none)");
+    free(json);
+    for (int k = 0; k < n_files; k++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[k]);
+        unlink(path);
+    }
+    rmdir(dir);
+    an_result_free(&r);
+    an_free(&an);
+}
+
+static bool write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return false;
+    const bool ok = fwrite(data, 1, n, f) == n;
+    return fclose(f) == 0 && ok;
+}
+
+static int run_cmd(const char *cmd) {
+    const int st = system(cmd);
+    return st == -1 ? -1 : WEXITSTATUS(st);
+}
+
+static bool file_has(const char *path, const char *needle) {
+    size_t n = 0;
+    moh_error err;
+    char *t = fs_read_file(path, 1 << 24, &n, &err);
+    const bool ok = t && strstr(t, needle);
+    free(t);
+    return ok;
+}
+
+static void save_lm(test_ctx *ctx, const char *dir, const char *json) {
+    moh_lm_config cfg;
+    lm_params_f32 p;
+    moh_error err;
+    CHECK(ctx, moh_lm_config_parse_json(&cfg, json, strlen(json), "test", &err) == MOH_OK, "%s", err.msg);
+    CHECK(ctx, lm_params_init_f32(&p, &cfg, &err) == MOH_OK, "%s", err.msg);
+    lm_params_init_random(&cfg, &p, 7, 0.3);
+    CHECK(ctx, lm_checkpoint_save(dir, &cfg, &p, NULL, NULL, NULL, &err) == MOH_OK, "%s", err.msg);
+    lm_params_free_f32(&p);
+}
+
+static void save_vit(test_ctx *ctx, const char *dir, const char *json) {
+    moh_vit_config cfg;
+    vit_params_f32 p;
+    moh_error err;
+    CHECK(ctx, moh_vit_config_parse_json(&cfg, json, strlen(json), "test", &err) == MOH_OK, "%s", err.msg);
+    CHECK(ctx, vit_params_init_f32(&p, &cfg, &err) == MOH_OK, "%s", err.msg);
+    vit_params_init_random(&cfg, &p, 7);
+    CHECK(ctx, vit_checkpoint_save(dir, &cfg, &p, NULL, NULL, NULL, &err) == MOH_OK, "%s", err.msg);
+    vit_params_free_f32(&p);
+}
+
+static void test_cli(test_ctx *ctx) {
+    const char *bin = getenv("MOH_BIN") ? getenv("MOH_BIN") : "build/moh";
+    if (access(bin, X_OK) != 0) {
+        printf("test_analysis: note: %s not found, moh analyze end-to-end checks skipped\n", bin);
+        return;
+    }
+    char dir[] = "/tmp/moh-test-analyze-XXXXXX";
+    CHECK(ctx, mkdtemp(dir) != NULL, "mkdtemp");
+    char a[600], b[600], cmd[4096], path[700];
+    /* LM: MoH (1 shared + top-2 of 3) and its dense twin; two labelled text files */
+    const char *lm = "{\"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                     "\"intermediate_size\": 24, \"vocab_size\": 256, \"max_position_embeddings\": 12, "
+                     "\"router\": \"%s\", \"shared_heads\": %d, \"top_k\": %d}";
+    char js[512];
+    snprintf(a, sizeof a, "%s/lm-moh", dir);
+    snprintf(b, sizeof b, "%s/lm-mha", dir);
+    snprintf(js, sizeof js, lm, "learned", 1, 2);
+    save_lm(ctx, a, js);
+    snprintf(js, sizeof js, lm, "none", 0, 0);
+    save_lm(ctx, b, js);
+    snprintf(path, sizeof path, "%s/one.txt", dir);
+    const char t1[] = "first entry\n%\nsecond entry, a bit longer than the context\n%\nthird\n";
+    CHECK(ctx, write_file(path, t1, sizeof t1 - 1), "write %s", path);
+    snprintf(path, sizeof path, "%s/two.txt", dir);
+    const char t2[] = "{}[]()<>;;;;::::////////\\\\||||\n%\n0123456789012345678901234567890\n";
+    CHECK(ctx, write_file(path, t2, sizeof t2 - 1), "write %s", path);
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=1 %s analyze --checkpoint %s --compare %s --data %s/one.txt:prose,%s/two.txt:symbols "
+             "--out %s/out-lm --max-tokens 40 > %s/lm.log 2>&1",
+             bin, a, b, dir, dir, dir, dir);
+    int rc = run_cmd(cmd);
+    CHECK(ctx, rc == 0, "moh analyze (LM) exit %d (log %s/lm.log)", rc, dir);
+    snprintf(path, sizeof path, "%s/out-lm/analysis.json", dir);
+    CHECK(ctx, file_has(path, "\"categories\": [\"prose\", \"symbols\"]"), "LM categories in %s", path);
+    CHECK(ctx, file_has(path, "\"compare\": {\"checkpoint\""), "LM compare section");
+    CHECK(ctx, file_has(path, "\"tokens_per_category\": [40, 40]"), "LM token cap: 40 per category");
+    snprintf(path, sizeof path, "%s/out-lm/similarity.csv", dir);
+    CHECK(ctx, file_has(path, "\ncompare,1,"), "twin rows in similarity.csv");
+    if (an_plot_available()) {
+        snprintf(path, sizeof path, "%s/out-lm/load_final_layer.png", dir);
+        CHECK(ctx, access(path, R_OK) == 0, "%s", path);
+    }
+    /* --layers last: one layer, the model's last */
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=1 %s analyze --checkpoint %s --data %s/one.txt:prose --out %s/out-last "
+             "--layers last --no-plots > %s/last.log 2>&1", bin, a, dir, dir, dir);
+    CHECK(ctx, run_cmd(cmd) == 0, "moh analyze --layers last (log %s/last.log)", dir);
+    snprintf(path, sizeof path, "%s/out-last/analysis.json", dir);
+    CHECK(ctx, file_has(path, "{\"layer\": 1,") && !file_has(path, "{\"layer\": 0,"), "only layer 1 analysed");
+    /* a directory of topics with topics.txt and --categories */
+    snprintf(path, sizeof path, "%s/topics.txt", dir);
+    CHECK(ctx, write_file(path, "one\t10\t3\ntwo\t5\t2\n", 17), "topics.txt");
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=1 %s analyze --checkpoint %s --data %s --categories two,one --out %s/out-dir "
+             "--no-plots > %s/dir.log 2>&1", bin, a, dir, dir, dir);
+    CHECK(ctx, run_cmd(cmd) == 0, "moh analyze on a topics dir (log %s/dir.log)", dir);
+    snprintf(path, sizeof path, "%s/out-dir/analysis.json", dir);
+    CHECK(ctx, file_has(path, "\"categories\": [\"two\", \"one\"]"), "--categories order kept");
+    /* errors: usage (2), runtime (1) with a one-line message */
+    snprintf(cmd, sizeof cmd, "%s analyze --checkpoint %s --data x:y --out %s/o --layers some 2>/dev/null", bin, a, dir);
+    CHECK(ctx, run_cmd(cmd) == 2, "--layers some is a usage error");
+    snprintf(cmd, sizeof cmd, "%s analyze --checkpoint %s/nope --data x:y --out %s/o 2> %s/err.log", bin, dir, dir, dir);
+    CHECK(ctx, run_cmd(cmd) == 1, "missing checkpoint: exit 1");
+    snprintf(path, sizeof path, "%s/err.log", dir);
+    CHECK(ctx, file_has(path, "moh analyze: ") && file_has(path, "nope/config.json"), "error names the file");
+    snprintf(cmd, sizeof cmd, "%s analyze --checkpoint %s --data %s/one.txt --out %s/o 2> %s/err.log", bin, a, dir, dir, dir);
+    CHECK(ctx, run_cmd(cmd) == 1 && file_has(path, "FILE:LABEL"), "--data FILE without a label is explained");
+    snprintf(cmd, sizeof cmd, "%s analyze --checkpoint %s --compare %s/nope --data x:y --out %s/o 2> %s/err.log", bin, a,
+             dir, dir, dir);
+    CHECK(ctx, run_cmd(cmd) == 1, "missing twin: exit 1");
+
+    /* ViT: 8x8 images, patch 4 (4 patches + class token), 3 classes, t10k IDX files */
+    const char *vit = "{\"model_type\": \"vit\", \"img_size\": 8, \"patch_size\": 4, \"num_classes\": 3, "
+                      "\"embed_dim\": 16, \"depth\": 2, \"num_heads\": 4, \"mlp_ratio\": 2, \"router\": \"%s\", "
+                      "\"shared_heads\": %d, \"top_k\": %d}";
+    snprintf(a, sizeof a, "%s/vit-moh", dir);
+    snprintf(b, sizeof b, "%s/vit-mha", dir);
+    snprintf(js, sizeof js, vit, "learned", 1, 2);
+    save_vit(ctx, a, js);
+    snprintf(js, sizeof js, vit, "none", 0, 0);
+    save_vit(ctx, b, js);
+    enum { NI = 12 };
+    uint8_t img[16 + NI * 64], lab[8 + NI];
+    const uint8_t ih[16] = {0, 0, 8, 3, 0, 0, 0, NI, 0, 0, 0, 8, 0, 0, 0, 8}, lh[8] = {0, 0, 8, 1, 0, 0, 0, NI};
+    memcpy(img, ih, 16);
+    memcpy(lab, lh, 8);
+    for (int i = 0; i < NI; i++) {
+        lab[8 + i] = (uint8_t)(i % 3);
+        for (int k = 0; k < 64; k++) img[16 + i * 64 + k] = (uint8_t)((i * 37 + k * (1 + i % 3) * 11) & 255);
+    }
+    snprintf(path, sizeof path, "%s/idx", dir);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/idx/t10k-images-idx3-ubyte", dir);
+    CHECK(ctx, write_file(path, img, sizeof img), "%s", path);
+    snprintf(path, sizeof path, "%s/idx/t10k-labels-idx1-ubyte", dir);
+    CHECK(ctx, write_file(path, lab, sizeof lab), "%s", path);
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=1 %s analyze --checkpoint %s --compare %s --data %s/idx --out %s/out-vit "
+             "--max-tokens 15 --batch-size 4 > %s/vit.log 2>&1", bin, a, b, dir, dir, dir);
+    CHECK(ctx, run_cmd(cmd) == 0, "moh analyze (ViT) (log %s/vit.log)", dir);
+    snprintf(path, sizeof path, "%s/out-vit/analysis.json", dir);
+    CHECK(ctx, file_has(path, "\"categories\": [\"0\", \"1\", \"2\"]"), "ViT classes as categories");
+    CHECK(ctx, file_has(path, "\"tokens_per_category\": [15, 15, 15]"), "3 images x 5 tokens per class");
+    CHECK(ctx, file_has(path, "\"type\": \"vit\""), "model type vit");
+    snprintf(cmd, sizeof cmd, "%s analyze --checkpoint %s --compare %s/lm-mha --data %s/idx --out %s/o 2> %s/err.log", bin,
+             a, dir, dir, dir, dir);
+    CHECK(ctx, run_cmd(cmd) == 1, "ViT against an LM twin: exit 1");
+    snprintf(path, sizeof path, "%s/err.log", dir);
+    CHECK(ctx, file_has(path, "expected a ViT"), "mismatched twin explained");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (ctx->failures == 0) run_cmd(cmd);
+}
+
+int main(void) {
+    test_ctx ctx = {0, 0};
+    test_rank(&ctx);
+    test_primitives(&ctx);
+    test_accumulator(&ctx);
+    test_cli(&ctx);
+    return test_finish("test_analysis", &ctx);
+}
