@@ -69,6 +69,16 @@ for delay in 0.05 0.13 0.21 0.3 0.42; do
 done
 check "[ -z \"\$(ls '$T/k' | grep tmp)\" ] || true" "temp files left"
 
+# 5b. Ctrl-C (SIGINT) saves a checkpoint and exits with 130; --resume continues from it
+"$MOH" train "${common[@]}" --out "$T/int" --steps 100000 --eval-every 0 --save-every 0 &
+pid=$!
+for _ in $(seq 1 200); do [ -s "$T/int/metrics.jsonl" ] && break; sleep 0.05; done
+kill -INT $pid; wait $pid; rc=$?
+check "[ $rc -eq 130 ]" "SIGINT exit code $rc, want 130"
+check "[ -s '$T/int/optimizer.safetensors' ]" "no checkpoint after SIGINT"
+"$MOH" train --resume --data "$T/corpus.txt" --out "$T/int" --batch-size 4 --seq-len 32 --stop-at-step 1 --quiet 2>/dev/null
+check "[ \$(grep -c . '$T/int/metrics.jsonl') -ge 2 ]" "resume after SIGINT did not continue"
+
 # 6. one-line errors, non-zero exit
 expect_err() { # name, pattern, command...
   local name=$1 pat=$2; shift 2
