@@ -168,6 +168,10 @@ static int parse_file(test_ctx *t, const char *path, moh_lm_config *c) {
     char *text = slurp(path, &n);
     CHECK(t, text != NULL, "cannot read %s", path);
     if (!text) return 0;
+    if (strstr(text, "\"model_type\": \"vit\"")) { /* ViT configs: tests/test_vit.c */
+        free(text);
+        return 1;
+    }
     moh_error err = {0};
     int rc = moh_lm_config_parse_json(c, text, n, path, &err);
     CHECK(t, rc == MOH_OK, "%s: %s", path, err.msg);
