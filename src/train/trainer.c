@@ -13,20 +13,8 @@
 #include "core/fsutil.h"
 #include "data/text.h"
 #include "train/adamw.h"
+#include "train/train_util.h"
 #include "train/checkpoint.h"
-
-/* Set by the SIGINT handler. The one piece of global state: a signal handler can reach no other. */
-static volatile sig_atomic_t interrupted;
-static void on_sigint(int sig) {
-    (void)sig;
-    interrupted = 1;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 void lm_train_defaults(lm_train_options *o) {
     memset(o, 0, sizeof *o);
@@ -121,13 +109,6 @@ static void routed_share(const moh_lm_config *cfg, const lm_acts_f32 *a, double 
             *mn = f < *mn ? f : *mn;
             *mx = f > *mx ? f : *mx;
         }
-}
-
-static void fmt_time(char *buf, size_t cap, double s) {
-    if (s < 0 || !isfinite(s)) s = 0;
-    long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(buf, cap, "%ldh%02ldm", t / 3600, (t / 60) % 60);
-    else snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
 }
 
 typedef struct trainer {
@@ -286,14 +267,10 @@ int lm_train(const lm_train_options *o, moh_error *err) {
     tr.st.total_steps = auto_total ? 0 : total;
     tr.st.warmup = warmup;
 
-    struct sigaction sa, old_sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_sa);
-    interrupted = 0;
+    struct sigaction old_sa;
+    train_sigint_install(&old_sa);
 
-    const double t0 = now_s(), elapsed0 = tr.st.elapsed_s, max_s = o->max_minutes * 60.0;
+    const double t0 = train_now_s(), elapsed0 = tr.st.elapsed_s, max_s = o->max_minutes * 60.0;
     const long start_step = tr.st.step;
     double last_log_t = t0, last_val_bpb = NAN;
     long last_log_step = start_step;
@@ -312,8 +289,8 @@ int lm_train(const lm_train_options *o, moh_error *err) {
         if (auto_total && tr.st.total_steps == 0 && step - start_step == 3) {
             /* fitted after 3 timed steps; the warmup (unless given) becomes min(100, total / 10),
              * which only changes the ramp slope of those first 3 steps */
-            const double per_step = (now_s() - t0) / 3.0;
-            long fit = step + (long)((max_s - (now_s() - t0)) / per_step * 0.97);
+            const double per_step = (train_now_s() - t0) / 3.0;
+            long fit = step + (long)((max_s - (train_now_s() - t0)) / per_step * 0.97);
             tr.st.total_steps = total = fit > step + 1 ? fit : step + 1;
             if (o->warmup < 0) tr.st.warmup = warmup = total / 10 < 100 ? total / 10 : 100;
             if (!o->quiet) printf("schedule fitted to %.1f min: %ld steps (%.2f s/step), warmup %ld\n", o->max_minutes, total, per_step, warmup);
@@ -349,12 +326,12 @@ int lm_train(const lm_train_options *o, moh_error *err) {
         adamw_step(&ac, tr.p.data, tr.g.data, tr.m, tr.v, tr.decay, tr.p.n, step + 1, lr);
         tr.st.step++;
         tr.st.tokens_seen += (double)tokens_per_step;
-        const double t = now_s(), run_s = t - t0;
+        const double t = train_now_s(), run_s = t - t0;
         tr.st.elapsed_s = elapsed0 + run_s;
         double smin, smax;
         routed_share(&tr.cfg, &tr.acts, &smin, &smax);
         const bool pause = o->stop_at_step > 0 && tr.st.step >= o->stop_at_step;
-        const bool last = tr.st.step >= total || (max_s > 0 && run_s >= max_s) || interrupted || pause;
+        const bool last = tr.st.step >= total || (max_s > 0 && run_s >= max_s) || train_interrupted() || pause;
         const bool do_eval = last || (o->eval_every > 0 && tr.st.step % o->eval_every == 0);
         lm_eval_result ev = {0};
         if (do_eval) {
@@ -378,8 +355,8 @@ int lm_train(const lm_train_options *o, moh_error *err) {
             double eta = remaining_steps * (run_s / (double)(tr.st.step - start_step));
             if (max_s > 0 && eta > max_s - run_s) eta = max_s - run_s;
             char el[32], et[32], share[64] = "";
-            fmt_time(el, sizeof el, tr.st.elapsed_s);
-            fmt_time(et, sizeof et, auto_total && tr.st.total_steps == 0 ? max_s - run_s : eta);
+            train_fmt_time(el, sizeof el, tr.st.elapsed_s);
+            train_fmt_time(et, sizeof et, auto_total && tr.st.total_steps == 0 ? max_s - run_s : eta);
             if (tr.cfg.router != MOH_ROUTER_NONE)
                 snprintf(share, sizeof share, " | head share %.2f-%.2f", smin, smax);
             char val[48] = "";
@@ -392,7 +369,7 @@ int lm_train(const lm_train_options *o, moh_error *err) {
         }
         const bool do_save = last || do_eval || (o->save_every > 0 && tr.st.step % o->save_every == 0);
         if (do_save && (rc = save(&tr, err))) goto stop;
-        if (interrupted) {
+        if (train_interrupted()) {
             if (!o->quiet) printf("interrupted: checkpoint saved to %s at step %ld\n", o->out_dir, tr.st.step);
             status = 130;
             break;
@@ -412,7 +389,7 @@ int lm_train(const lm_train_options *o, moh_error *err) {
                tr.st.step, tr.st.tokens_seen, last_val_bpb, o->out_dir);
     rc = status;
 stop:
-    sigaction(SIGINT, &old_sa, NULL);
+    train_sigint_restore(&old_sa);
 out:
     free(tok);
     free(tgt);

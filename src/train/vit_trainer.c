@@ -13,27 +13,8 @@
 
 #include "core/fsutil.h"
 #include "train/adamw.h"
+#include "train/train_util.h"
 #include "train/vit_checkpoint.h"
-
-/* Set by the SIGINT handler. The one piece of global state: a signal handler can reach no other. */
-static volatile sig_atomic_t vit_interrupted;
-static void on_sigint(int sig) {
-    (void)sig;
-    vit_interrupted = 1;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* CPU seconds used by this process (all threads) so far. */
-static double cpu_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 void vit_train_defaults(vit_train_options *o) {
     memset(o, 0, sizeof *o);
@@ -258,13 +239,6 @@ static void routed_share(const moh_vit_config *cfg, const vit_shards *w, double 
         }
 }
 
-static void fmt_time(char *buf, size_t cap, double s) {
-    if (s < 0 || !isfinite(s)) s = 0;
-    long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(buf, cap, "%ldh%02ldm", t / 3600, (t / 60) % 60);
-    else snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
-}
-
 typedef struct vtrainer {
     const vit_train_options *o;
     moh_vit_config cfg;
@@ -462,14 +436,10 @@ int vit_train(const vit_train_options *o, moh_error *err) {
     const long total = st->total_steps, spe = st->steps_per_epoch;
     const long eval_every = o->eval_every > 0 ? o->eval_every : spe;
 
-    struct sigaction sa, old_sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_sa);
-    vit_interrupted = 0;
+    struct sigaction old_sa;
+    train_sigint_install(&old_sa);
 
-    const double t0 = now_s(), c0 = cpu_s(), elapsed0 = st->elapsed_s, max_s = o->max_minutes * 60.0;
+    const double t0 = train_now_s(), c0 = train_cpu_s(), elapsed0 = st->elapsed_s, max_s = o->max_minutes * 60.0;
     const long start_step = st->step;
     double last_log_t = t0, last_acc = NAN;
     long last_log_step = start_step;
@@ -518,16 +488,16 @@ int vit_train(const vit_train_options *o, moh_error *err) {
         st->images_seen += B;
         double smin, smax;
         routed_share(&tr.cfg, &tr.w, &smin, &smax);
-        double t = now_s(), run_s = t - t0;
+        double t = train_now_s(), run_s = t - t0;
         const bool pause = o->stop_at_step > 0 && st->step >= o->stop_at_step;
-        const bool last = st->step >= total || (max_s > 0 && run_s >= max_s) || vit_interrupted || pause;
+        const bool last = st->step >= total || (max_s > 0 && run_s >= max_s) || train_interrupted() || pause;
         const bool do_eval = last || st->step % eval_every == 0;
         vit_eval_result ev;
         memset(&ev, 0, sizeof ev);
         if (do_eval) {
             if ((rc = vit_evaluate(&tr.cfg, &tr.p, &tr.w, &tr.test, last ? 0 : o->eval_limit, &ev, err))) goto stop;
             last_acc = ev.accuracy;
-            t = now_s();
+            t = train_now_s();
             run_s = t - t0;
         }
         st->elapsed_s = elapsed0 + run_s;
@@ -536,7 +506,7 @@ int vit_train(const vit_train_options *o, moh_error *err) {
                 "\"lr\": %.6g, \"grad_norm\": %.4f, \"batch_acc\": %.4f, \"images\": %.0f, "
                 "\"elapsed_s\": %.2f, \"cpu_s\": %.2f, \"routed_share_min\": %.4f, \"routed_share_max\": %.4f",
                 st->step, (double)st->step / spe, loss, ce, lb, lr, gnorm, (double)hits / B,
-                st->images_seen, st->elapsed_s, cpu_s() - c0, smin, smax);
+                st->images_seen, st->elapsed_s, train_cpu_s() - c0, smin, smax);
         if (do_eval)
             fprintf(tr.metrics, ", \"test_loss\": %.6f, \"test_acc\": %.6f, \"test_n\": %ld", ev.loss,
                     ev.accuracy, ev.n);
@@ -547,21 +517,21 @@ int vit_train(const vit_train_options *o, moh_error *err) {
             double eta = (double)(total - st->step) * (run_s / (double)(st->step - start_step));
             if (max_s > 0 && eta > max_s - run_s) eta = max_s - run_s;
             char el[32], et[32], share[48] = "", val[48] = "";
-            fmt_time(el, sizeof el, st->elapsed_s);
-            fmt_time(et, sizeof et, eta);
+            train_fmt_time(el, sizeof el, st->elapsed_s);
+            train_fmt_time(et, sizeof et, eta);
             if (tr.cfg.router != MOH_ROUTER_NONE) snprintf(share, sizeof share, " | head share %.2f-%.2f", smin, smax);
             if (do_eval) snprintf(val, sizeof val, " | test acc %.4f (%ld)", ev.accuracy, ev.n);
             printf("step %6ld/%ld | ep %5.2f | loss %.4f | lb %.3f | lr %.2e | %5.0f img/s | %s, ETA %s%s%s\n",
                    st->step, total, (double)st->step / spe, ce, lb, lr, rate, el, et, share, val);
             fflush(stdout);
-            last_log_t = now_s();
+            last_log_t = train_now_s();
             last_log_step = st->step;
         }
         vit_eval_result_free(&ev);
         if ((last || do_eval) &&
             (rc = vit_checkpoint_save(o->out_dir, &tr.cfg, &tr.p, tr.m, tr.v, st, err)))
             goto stop;
-        if (vit_interrupted) {
+        if (train_interrupted()) {
             if (!o->quiet) printf("interrupted: checkpoint saved to %s at step %ld\n", o->out_dir, st->step);
             status = 130;
             break;
@@ -579,15 +549,15 @@ int vit_train(const vit_train_options *o, moh_error *err) {
     }
     if (!o->quiet && status == 0) {
         char el[32];
-        fmt_time(el, sizeof el, now_s() - t0);
+        train_fmt_time(el, sizeof el, train_now_s() - t0);
         printf("done: %ld steps (%.2f epochs), %.0f images, %s, final test accuracy %.4f, checkpoint in %s "
                "(this session: %s wall, %.0f CPU s)\n", st->step, (double)st->step / spe, st->images_seen,
                st->step >= total ? "schedule complete" : "stopped early", last_acc, o->out_dir, el,
-               cpu_s() - c0);
+               train_cpu_s() - c0);
     }
     rc = status;
 stop:
-    sigaction(SIGINT, &old_sa, NULL);
+    train_sigint_restore(&old_sa);
 out:
     free(init);
     teardown(&tr);
