@@ -1107,3 +1107,13 @@ fail:
     free(hb.p);
     return rc;
 }
+
+int moh_st_meta_number(const moh_safetensors *st, const char *key, double *out, moh_error *err) {
+    const char *s = moh_st_meta(st, key);
+    char *end = NULL;
+    if (s) *out = strtod(s, &end);
+    if (!s || end == s || *end)
+        return moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field '%s' is %s, expected a number",
+                        st->path ? st->path : "<memory>", key, s ? s : "missing");
+    return MOH_OK;
+}

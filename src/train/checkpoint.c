@@ -129,17 +129,6 @@ int lm_checkpoint_load(const char *dir, moh_lm_config *cfg, lm_params_f32 *p, mo
     return rc;
 }
 
-static int meta_num(const moh_safetensors *st, const char *path, const char *key, double *out,
-                    moh_error *err) {
-    const char *s = moh_st_meta(st, key);
-    char *end = NULL;
-    if (s) *out = strtod(s, &end);
-    if (!s || end == s || *end)
-        return moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field '%s' is %s, expected a number",
-                        path, key, s ? s : "missing");
-    return MOH_OK;
-}
-
 int lm_checkpoint_load_optimizer(const char *dir, const moh_lm_config *cfg, float *params,
                                  float *m, float *v, size_t n, lm_train_state *state,
                                  moh_error *err) {
@@ -161,11 +150,11 @@ int lm_checkpoint_load_optimizer(const char *dir, const moh_lm_config *cfg, floa
     if (!rc) rc = read_tensors(&st, ts, nt, "m.", m, err);
     if (!rc) rc = read_tensors(&st, ts, nt, "v.", v, err);
     double step = 0, tok = 0, el = 0, tot = 0, wu = 0;
-    if (!rc) rc = meta_num(&st, path, "step", &step, err);
-    if (!rc) rc = meta_num(&st, path, "total_steps", &tot, err);
-    if (!rc) rc = meta_num(&st, path, "warmup", &wu, err);
-    if (!rc) rc = meta_num(&st, path, "tokens_seen", &tok, err);
-    if (!rc) rc = meta_num(&st, path, "elapsed_s", &el, err);
+    if (!rc) rc = moh_st_meta_number(&st, "step", &step, err);
+    if (!rc) rc = moh_st_meta_number(&st, "total_steps", &tot, err);
+    if (!rc) rc = moh_st_meta_number(&st, "warmup", &wu, err);
+    if (!rc) rc = moh_st_meta_number(&st, "tokens_seen", &tok, err);
+    if (!rc) rc = moh_st_meta_number(&st, "elapsed_s", &el, err);
     if (!rc) {
         const char *r = moh_st_meta(&st, "rng_state");
         char *end = NULL;

@@ -153,17 +153,6 @@ int vit_checkpoint_load(const char *dir, moh_vit_config *cfg, vit_params_f32 *p,
     return rc;
 }
 
-static int meta_num(const moh_safetensors *st, const char *path, const char *key, double *out,
-                    moh_error *err) {
-    const char *s = moh_st_meta(st, key);
-    char *end = NULL;
-    if (s) *out = strtod(s, &end);
-    if (!s || end == s || *end)
-        return moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field '%s' is %s, expected a number",
-                        path, key, s ? s : "missing");
-    return MOH_OK;
-}
-
 int vit_checkpoint_load_optimizer(const char *dir, const moh_vit_config *cfg, float *params,
                                   float *m, float *v, size_t n, vit_train_state *state,
                                   moh_error *err) {
@@ -187,7 +176,7 @@ int vit_checkpoint_load_optimizer(const char *dir, const moh_vit_config *cfg, fl
     double num[NUM_META] = {0};
     for (int i = 0; i < NUM_META && !rc; i++) {
         if (i == 6 || i == 15) continue; /* seed, augment: parsed below */
-        rc = meta_num(&st, path, META_KEYS[i], &num[i], err);
+        rc = moh_st_meta_number(&st, META_KEYS[i], &num[i], err);
     }
     const char *seed = moh_st_meta(&st, "seed"), *aug = moh_st_meta(&st, "augment");
     char *end = NULL;

@@ -18,7 +18,7 @@
 
 void vit_train_defaults(vit_train_options *o) {
     memset(o, 0, sizeof *o);
-    o->epochs = 10;
+    o->epochs = 25;
     o->seed = 1;
     o->batch_size = 128;
     o->lr = 2e-3;
@@ -29,7 +29,7 @@ void vit_train_defaults(vit_train_options *o) {
     o->grad_clip = 1.0;
     o->warmup = -1;
     o->log_every = 50;
-    o->crop_pad = 2;
+    o->crop_pad = 1;
     o->hflip = true;
 }
 

@@ -9,7 +9,7 @@ typedef struct vit_train_options {
     const char *config_path; /* ViT config JSON (ignored with resume: the checkpoint's is used) */
     const char *data_dir;    /* train-images-idx3-ubyte[.gz], train-labels-..., t10k-... */
     const char *out_dir;     /* checkpoint directory, written during and after training */
-    double epochs;           /* passes over the training split (default 10) */
+    double epochs;           /* passes over the training split (default 25) */
     long steps;              /* total optimizer steps; > 0 overrides epochs */
     double max_minutes;      /* stop (with a checkpoint) after this much training time; 0 = none */
     long stop_at_step;       /* stop (checkpoint saved) after this step, as if interrupted; 0 = off */
@@ -23,7 +23,7 @@ typedef struct vit_train_options {
     long eval_limit;         /* images per periodic evaluation (0 = the whole test split) */
     long log_every;          /* progress line every N steps */
     long train_limit;        /* use only the first N training images (0 = all; smoke tests) */
-    int crop_pad;            /* random-crop padding (default 2; 0 = no crop) */
+    int crop_pad;            /* random-crop padding (default 1; 0 = no crop) */
     bool hflip;              /* random horizontal flip (default on) */
     bool resume;
     bool quiet;
