@@ -1,5 +1,7 @@
 /* Decoder-LM config: validation, the derived attention config, and config.json output. */
 #include <cjson/cJSON.h>
+
+#include "io/json_util.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,8 +76,8 @@ char *moh_lm_config_to_json(const moh_lm_config *c) {
     cJSON_AddNumberToObject(j, "intermediate_size", c->intermediate_size);
     cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
     cJSON_AddNumberToObject(j, "max_position_embeddings", c->max_position_embeddings);
-    cJSON_AddNumberToObject(j, "rms_norm_eps", c->rms_norm_eps);
-    cJSON_AddNumberToObject(j, "rope_theta", c->rope_theta);
+    cJSON_AddItemToObject(j, "rms_norm_eps", json_exact_number(c->rms_norm_eps));
+    cJSON_AddItemToObject(j, "rope_theta", json_exact_number(c->rope_theta));
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_word_embeddings);
     cJSON_AddBoolToObject(j, "attention_bias", false);
     cJSON_AddBoolToObject(j, "mlp_bias", false);
@@ -83,7 +85,7 @@ char *moh_lm_config_to_json(const moh_lm_config *c) {
     cJSON_AddStringToObject(j, "router", router_name(c->router));
     cJSON_AddNumberToObject(j, "shared_heads", c->shared_heads);
     cJSON_AddNumberToObject(j, "top_k", c->top_k);
-    cJSON_AddNumberToObject(j, "load_balance_coef", c->load_balance_coef);
+    cJSON_AddItemToObject(j, "load_balance_coef", json_exact_number(c->load_balance_coef));
     char *s = cJSON_Print(j);
     cJSON_Delete(j);
     return s;

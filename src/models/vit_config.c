@@ -8,6 +8,8 @@
  * starting with "_" or "comment" are annotations. Every message names the label (file), the field,
  * the value found and what was expected, on one line. */
 #include <cjson/cJSON.h>
+
+#include "io/json_util.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -355,19 +357,19 @@ char *moh_vit_config_to_json(const moh_vit_config *c) {
     cJSON_AddNumberToObject(j, "embed_dim", c->embed_dim);
     cJSON_AddNumberToObject(j, "depth", c->depth);
     cJSON_AddNumberToObject(j, "num_heads", c->num_heads);
-    cJSON_AddNumberToObject(j, "mlp_ratio", c->mlp_ratio);
+    cJSON_AddItemToObject(j, "mlp_ratio", json_exact_number(c->mlp_ratio));
     cJSON_AddBoolToObject(j, "class_token", c->class_token);
     cJSON_AddStringToObject(j, "global_pool", c->global_pool == VIT_POOL_TOKEN ? "token" : "avg");
     cJSON_AddStringToObject(j, "router", router_name(c->router));
     cJSON_AddNumberToObject(j, "shared_heads", c->shared_heads);
     cJSON_AddNumberToObject(j, "top_k", c->top_k);
-    cJSON_AddNumberToObject(j, "load_balance_coef", c->load_balance_coef);
-    cJSON_AddNumberToObject(j, "label_smoothing", c->label_smoothing);
+    cJSON_AddItemToObject(j, "load_balance_coef", json_exact_number(c->load_balance_coef));
+    cJSON_AddItemToObject(j, "label_smoothing", json_exact_number(c->label_smoothing));
     if (c->n_norm > 0) {
         cJSON *m = cJSON_AddArrayToObject(j, "mean"), *s = cJSON_AddArrayToObject(j, "std");
         for (int i = 0; m && s && i < c->n_norm; i++) {
-            cJSON_AddItemToArray(m, cJSON_CreateNumber(c->mean[i]));
-            cJSON_AddItemToArray(s, cJSON_CreateNumber(c->std[i]));
+            cJSON_AddItemToArray(m, json_exact_number(c->mean[i]));
+            cJSON_AddItemToArray(s, json_exact_number(c->std[i]));
         }
     }
     char *out = cJSON_Print(j);
