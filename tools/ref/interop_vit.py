@@ -15,10 +15,12 @@ tiny MoH config, in a temp dir:
   (c) grads   G holds the first step's batch, initial weights (init.*) and gradient (grad.*) of the
               training loss (label-smoothed CE + beta * mean layer load-balance loss, per shard as
               data-parallel GPUs): PyTorch autograd from init.* reproduces every gradient <= tol.
+  --checkpoint DIR (repeatable) also runs (a) and (b) on an existing checkpoint, e.g. one written
+  by a full `moh train` run, over --limit test images (0 = all 10,000).
 Prints PASS/FAIL per check and exits 1 if any failed.
 
   python3 tools/ref/interop_vit.py [--moh build/moh] [--data /usr/share/datasets/fashion-mnist]
-                                   [--keep] [--tol 1e-4] [--limit 2000]
+                                   [--keep] [--tol 1e-4] [--limit 2000] [--checkpoint DIR ...]
 """
 
 import argparse
@@ -86,14 +88,10 @@ def run(cmd):
     return r.stdout
 
 
-def check_case(name, cfg, a, tmp, checks):
-    cfg_path = os.path.join(tmp, f"{name}.json")
-    with open(cfg_path, "w") as f:
-        json.dump(cfg, f)
-    ck, grads, logits_path = (os.path.join(tmp, f"{name}-{s}") for s in ("ckpt", "grads.st", "logits.st"))
-    run([a.moh, "train", "--config", cfg_path, "--data", a.data, "--out", ck, "--steps", "40",
-         "--batch-size", "16", "--shards", "2", "--train-limit", "512", "--eval-limit", "64",
-         "--seed", "3", "--dump-grads", grads, "--quiet"])
+def check_checkpoint(name, ck, a, tmp, checks):
+    """(a) strict load into timm / vit_ref, (b) logits and accuracy against moh eval. Returns the
+    float64 model and the saved config."""
+    logits_path = os.path.join(tmp, "logits-%d.st" % len(checks.results))
     saved = json.load(open(os.path.join(ck, "config.json")))
     # (a) strict load into timm / the MoH reference
     model = vit_ref.build(saved)
@@ -111,15 +109,16 @@ def check_case(name, cfg, a, tmp, checks):
     checks.record(f"{name}: checkpoint loads with load_state_dict(strict=True)", ok, detail)
     model = model.double().eval()
     # (b) logits of the dumped batch and accuracy over the first --limit test images
+    limit = ["--limit", str(a.limit)] if a.limit > 0 else []
     out = json.loads(run([a.moh, "eval", "--checkpoint", ck, "--data", a.data, "--dump-logits",
-                          logits_path, "--batch-size", "64", "--limit", str(a.limit), "--json"]))
+                          logits_path, "--batch-size", "64", "--json"] + limit))
     L = load_file(logits_path)
     with torch.no_grad():
         ref = model(L["images"].double())
     e = rel_err(L["logits"], ref)
     checks.record(f"{name}: moh eval logits vs {'timm' if saved['router'] == 'none' else 'vit_ref'}",
                   e <= a.tol, f"relative error {e:.2e} on {L['logits'].shape[0]} images")
-    x, y = test_images(a.data, a.limit)
+    x, y = test_images(a.data, a.limit if a.limit > 0 else 10**9)
     x = (x - saved["mean"][0]) / saved["std"][0]
     with torch.no_grad():
         pred = torch.cat([model(x[i:i + 256]).argmax(-1) for i in range(0, len(x), 256)])
@@ -127,6 +126,18 @@ def check_case(name, cfg, a, tmp, checks):
     diff = abs(acc - out["accuracy"]) * len(x)
     checks.record(f"{name}: accuracy on {len(x)} test images", diff <= 1.0 + 1e-9,
                   f"moh eval {out['accuracy']:.4f}, PyTorch {acc:.4f}")
+    return model, saved
+
+
+def check_case(name, cfg, a, tmp, checks):
+    cfg_path = os.path.join(tmp, f"{name}.json")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    ck, grads = (os.path.join(tmp, f"{name}-{s}") for s in ("ckpt", "grads.st"))
+    run([a.moh, "train", "--config", cfg_path, "--data", a.data, "--out", ck, "--steps", "40",
+         "--batch-size", "16", "--shards", "2", "--train-limit", "512", "--eval-limit", "64",
+         "--seed", "3", "--dump-grads", grads, "--quiet"])
+    model, saved = check_checkpoint(name, ck, a, tmp, checks)
     # (c) first-step gradient
     G = load_file(grads)
     with safe_open(os.path.join(ck, "optimizer.safetensors"), "pt") as f:
@@ -152,6 +163,7 @@ def main():
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--limit", type=int, default=2000)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--checkpoint", action="append", default=[], help="also check this checkpoint dir")
     a = ap.parse_args()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     checks = Checks()
@@ -162,6 +174,11 @@ def main():
                 check_case(name, cfg, a, tmp, checks)
             except Exception as e:  # noqa: BLE001 - report and continue with the next case
                 checks.record(f"{name}: ran", False, f"{type(e).__name__}: {e}")
+        for i, ck in enumerate(a.checkpoint):
+            try:
+                check_checkpoint(f"checkpoint {ck}", ck, a, tmp, checks)
+            except Exception as e:  # noqa: BLE001
+                checks.record(f"checkpoint {ck}: ran", False, f"{type(e).__name__}: {e}")
     finally:
         if a.keep:
             print(f"kept {tmp}")
