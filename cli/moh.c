@@ -15,8 +15,8 @@ typedef struct subcommand {
 } subcommand;
 
 static const subcommand SUBCOMMANDS[] = {
-    {"train", cmd_train, "train a MoH (or dense) decoder language model on a text file"},
-    {"eval", cmd_eval, "validation loss, bits per byte and head-activation shares of a checkpoint"},
+    {"train", cmd_train, "train a MoH (or dense) LM on text, or a ViT on an IDX image folder"},
+    {"eval", cmd_eval, "LM: val loss, bits per byte, head shares; ViT: accuracy, per class, confusion"},
     {"sample", cmd_sample, "generate text from a checkpoint (KV cache, only selected heads run)"},
     {"analyze", cmd_analyze, "head load, routing scores, head similarity and rank over labelled data"},
     {"layer", cmd_layer, "run one MoH attention layer on safetensors inputs (parity with PyTorch)"},
