@@ -89,8 +89,22 @@ set +e
 echo '{"model_type": "vit", "embed_dim": 16, "depth": 2, "num_heads": 3}' >"$tmp/bad.json"
 "$MOH" train --config "$tmp/bad.json" --data "$tmp/data" --out "$tmp/d" --quiet 2>"$tmp/err2"; rc2=$?
 "$MOH" eval --checkpoint "$tmp/a" --data "$tmp/nodata" 2>"$tmp/err3"; rc3=$?
+# truncated image file, and a label outside 0..num_classes-1, each named with its file
+mkdir -p "$tmp/trunc" "$tmp/mislab"
+cp "$tmp/data"/* "$tmp/trunc/"; cp "$tmp/data"/* "$tmp/mislab/"
+head -c 5000 "$tmp/data/t10k-images-idx3-ubyte" >"$tmp/trunc/t10k-images-idx3-ubyte"
+python3 -c "import sys; b=bytearray(open(sys.argv[1],'rb').read()); b[8+7]=12; open(sys.argv[1],'wb').write(b)" \
+  "$tmp/mislab/train-labels-idx1-ubyte"
+"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/trunc" 2>"$tmp/err4"; rc4=$?
+"$MOH" train "${common[@]}" --data "$tmp/mislab" --out "$tmp/e" --steps 2 2>"$tmp/err5"; rc5=$?
 set -e
+[ "$rc4" -eq 1 ] && [ "$(wc -l <"$tmp/err4")" -eq 1 ] && grep -q "t10k-images-idx3-ubyte" "$tmp/err4" &&
+  grep -q "truncated" "$tmp/err4" || fail "truncated IDX: $(cat "$tmp/err4")"
+[ "$rc5" -eq 1 ] && [ "$(wc -l <"$tmp/err5")" -eq 1 ] && grep -q "train-labels-idx1-ubyte" "$tmp/err5" &&
+  grep -q "12" "$tmp/err5" || fail "mislabelled IDX: $(cat "$tmp/err5")"
+[ ! -e "$tmp/e/model.safetensors" ] || fail "mislabelled data still wrote a checkpoint"
 [ "$rc1" -eq 1 ] && [ "$(wc -l <"$tmp/err1")" -eq 1 ] && grep -q "no such file" "$tmp/err1" || fail "missing data: $(cat "$tmp/err1")"
 [ "$rc2" -eq 1 ] && grep -q "num_heads" "$tmp/err2" || fail "bad config: $(cat "$tmp/err2")"
 [ "$rc3" -eq 1 ] && grep -q "no such file" "$tmp/err3" || fail "eval missing data: $(cat "$tmp/err3")"
+echo "  truncated: $(cat "$tmp/err4")"; echo "  mislabelled: $(cat "$tmp/err5")"
 echo "cli_vit: all checks passed"
