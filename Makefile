@@ -34,3 +34,4 @@ help:
 .PHONY: interop
 interop: all
 	python3 tools/ref/interop_lm.py --moh $(BUILD)/moh
+	python3 tools/ref/interop_vit.py --moh $(BUILD)/moh

@@ -43,7 +43,9 @@ int cmd_train(int argc, char **argv) {
                         "--config NAME|FILE --data FILE --out DIR [options]",
                         "Loss = mean cross-entropy + load_balance_coef * mean over layers of the\n"
                         "load-balance loss. AdamW (beta 0.9/0.95), linear warmup + cosine decay.\n"
-                        "Ctrl-C saves a checkpoint and exits; --resume continues it.\n");
+                        "Ctrl-C saves a checkpoint and exits; --resume continues it.\n"
+                        "These are the LM options. With a ViT config (model_type \"vit\") the\n"
+                        "options differ: moh train --config vit-moh-75 --help lists them.\n");
     if (rc) return rc == 1 ? 0 : rc;
     char path[PATH_MAX + 64];
     if (!o.resume) {

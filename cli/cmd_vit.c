@@ -57,7 +57,7 @@ int cmd_train_vit(int argc, char **argv) {
     const char *config = NULL;
     bool no_flip = false, no_augment = false;
     const arg_spec specs[] = {
-        {"--config", ARG_STR, &config, "NAME|FILE", "ViT config: a JSON file or a name from configs/ (vit-moh-75, vit-mha, vit-moh-50, vit-moh-90)", false},
+        {"--config", ARG_STR, &config, "NAME|FILE", "ViT config: a JSON file or a name from configs/ (vit-moh-75, vit-mha, vit-moh-50, vit-moh-90, vit-moh-75-p4, ...)", false},
         {"--data", ARG_STR, &o.data_dir, "DIR", "IDX dir: train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-* (test set, evaluated every epoch)", true},
         {"--out", ARG_STR, &o.out_dir, "DIR", "checkpoint dir: config.json, model.safetensors (timm names), optimizer.safetensors, metrics.jsonl", true},
         {"--epochs", ARG_DOUBLE, &o.epochs, "E", "passes over the training images (default 25; fractions allowed)", false},

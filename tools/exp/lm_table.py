@@ -1,20 +1,14 @@
 """Summarises runs of tools/exp/lm_compare.sh as a markdown table (stdout)."""
-import json, math, os, statistics, sys
+import statistics, sys
+from runs import iter_runs
 
 root = sys.argv[1]
 rows = {}
-for d in sorted(os.listdir(root)):
-    p = os.path.join(root, d)
-    if not os.path.exists(os.path.join(p, "eval.json")):
-        continue
-    cfg, seed = d.rsplit("-s", 1)
-    ev = json.load(open(os.path.join(p, "eval.json")))
-    conf = json.load(open(os.path.join(p, "config.json")))
-    metrics = [json.loads(l) for l in open(os.path.join(p, "metrics.jsonl"))]
+for cfg, seed, conf, ev, metrics in iter_runs(root):
     last = metrics[-1]
     h = conf["num_attention_heads"]
     active = h if conf["router"] == "none" else conf["shared_heads"] + conf["top_k"]
-    rows.setdefault(cfg, []).append(dict(seed=int(seed), bpb=ev["bits_per_byte"], tokens=last["tokens"],
+    rows.setdefault(cfg, []).append(dict(seed=seed, bpb=ev["bits_per_byte"], tokens=last["tokens"],
                                          tps=last["tokens"] / last["elapsed_s"], active=active / h,
                                          train_loss=last["ce"]))
 print("| model | active heads | seeds | val bits/byte (mean ± sd) | per seed | train tokens | final train loss (nats, mean) |")
