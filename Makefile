@@ -27,10 +27,11 @@ help:
 	@echo "make test     build and run the test suite (CTest)"
 	@echo "make asan     the same tests under AddressSanitizer + UBSan"
 	@echo "make fuzz     run every fuzz target for FUZZ_SECONDS (needs clang)"
+	@echo "make interop  LM and ViT checkpoints against transformers, timm and the PyTorch references"
 
-# The decoder LM against PyTorch through the CLI: moh train/eval checkpoints, logits and first-step
-# gradients compared with transformers (dense) and tools/ref/lm_ref.py (MoH). Needs python3 with
-# torch, safetensors and transformers.
+# The decoder LM and the ViT against PyTorch through the CLI: moh train/eval checkpoints, logits and
+# first-step gradients compared with transformers / timm (dense) and tools/ref/lm_ref.py,
+# vit_ref.py (MoH). Needs python3 with torch, safetensors, transformers and timm.
 .PHONY: interop
 interop: all
 	python3 tools/ref/interop_lm.py --moh $(BUILD)/moh

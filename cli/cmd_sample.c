@@ -8,6 +8,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "cmd_vit.h"
 #include "models/lm_decode.h"
 #include "train/checkpoint.h"
 
@@ -81,6 +82,11 @@ int cmd_sample(int argc, char **argv) {
     if (max_tokens < 0 || temp < 0 || top_p <= 0 || top_p > 1 || top_k < 0) {
         fprintf(stderr, "moh sample: need --max-tokens >= 0, --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0\n");
         return 2;
+    }
+    if (cmd_is_vit(argc, argv, true)) {
+        fprintf(stderr, "moh sample: %s/config.json: model_type is \"vit\"; sample generates text and needs a "
+                        "language model checkpoint\n", ckpt);
+        return 1;
     }
     moh_error err = {0};
     moh_lm_config cfg;

@@ -39,6 +39,12 @@ int main(int argc, char **argv) {
         execv("/proc/self/exe", argv);
         /* exec failed (no /proc): carry on with the default policy */
     }
+    if (argc == 3 && !strcmp(argv[1], "help")) /* moh help CMD = moh CMD --help */
+        for (size_t i = 0; i < sizeof SUBCOMMANDS / sizeof SUBCOMMANDS[0]; i++)
+            if (!strcmp(argv[2], SUBCOMMANDS[i].name)) {
+                char *sub[] = {argv[2], "--help", NULL};
+                return SUBCOMMANDS[i].run(2, sub);
+            }
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return argc < 2 ? 2 : 0;

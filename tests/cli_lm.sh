@@ -108,6 +108,13 @@ expect_err missing-ckpt "config.json" "$MOH" eval --checkpoint "$T/none" --data 
 expect_err bad-option "unknown option" "$MOH" train --bogus 1
 cp -r "$T/a" "$T/noopt"; rm "$T/noopt/optimizer.safetensors"
 expect_err resume-no-optimizer "optimizer.safetensors" "$MOH" train --resume --data "$T/corpus.txt" --out "$T/noopt" --steps 30
+# a train that fails its argument checks leaves an existing checkpoint folder as it was
+cp -r "$T/a" "$T/keep"; before=$(cd "$T/keep" && cat * | cksum)
+expect_err no-schedule "max-minutes" "$MOH" train --config "$T/tiny.json" --data "$T/corpus.txt" --out "$T/keep"
+[ "$(cd "$T/keep" && cat * | cksum)" = "$before" ] && ok || bad "failed train changed the checkpoint folder"
+# moh sample on a ViT checkpoint says it needs an LM
+mkdir -p "$T/vitck"; echo '{"model_type": "vit", "embed_dim": 16, "depth": 1, "num_heads": 2}' >"$T/vitck/config.json"
+expect_err sample-vit "language model" "$MOH" sample --checkpoint "$T/vitck" --prompt x
 
 echo "cli_lm: $pass passed, $fail failed"
 [ $fail -eq 0 ]

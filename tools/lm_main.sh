@@ -4,9 +4,11 @@
 # order-0 entropy of the validation text, and print a sample.
 #   tools/lm_main.sh [MINUTES] [OUT_DIR]      (defaults: 10, runs/kjv-moh-75)
 set -euo pipefail
-cd "$(dirname "$0")/.."
 minutes=${1:-10}
-out=${2:-runs/kjv-moh-75}
+out=${2:-}
+case "$out" in "" | /*) ;; *) out="$PWD/$out" ;; esac   # a relative OUT_DIR is relative to where you are
+cd "$(dirname "$0")/.."
+out=${out:-runs/kjv-moh-75}
 bash tools/setup.sh
 make -s
 bash tools/data/fetch.sh data >/dev/null

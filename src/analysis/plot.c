@@ -320,8 +320,9 @@ static int plot_scores(const char *dir, const an_meta *m, const analysis *an, co
                        moh_error *err) {
     const an_shape *s = &r->s;
     const int h = s->heads, hs = s->shared, nc = s->categories < 4 ? s->categories : 4;
-    const double gw = nc * 18 + 22, left = 70, top = 92;
-    const double W = left + h * gw + 30 < 760 ? 760 : left + h * gw + 30, Hh = 470;
+    const bool more = s->categories > nc; /* one more subtitle line, legend moved down */
+    const double gw = nc * 18 + 22, left = 70, top = more ? 106 : 92;
+    const double W = left + h * gw + 30 < 760 ? 760 : left + h * gw + 30, Hh = more ? 484 : 470;
     cairo_surface_t *surf;
     cairo_t *cr = canvas((int)W, (int)Hh, &surf);
     double hi = 0;
@@ -339,9 +340,14 @@ static int plot_scores(const char *dir, const an_meta *m, const analysis *an, co
     text(cr, W / 2, 38,
          "gate values: shared heads over all tokens, routed heads over the tokens that select them;"
          " box 25-75 %, line median, whiskers 5-95 %", 11, false, 0.5, 0, 0);
+    if (more) {
+        snprintf(buf, sizeof buf, "first %d of %d categories shown (all of them: scores.csv)", nc, s->categories);
+        text(cr, W / 2, 54, buf, 11, false, 0.5, 0, 0);
+    }
     rgb cols[4];
     for (int c = 0; c < nc; c++) cols[c] = PALETTE[c];
-    legend(cr, W / 2 - legend_width(cr, m->categories, nc, 11.5) / 2, 64, m->categories, cols, nc, 11.5);
+    legend(cr, W / 2 - legend_width(cr, m->categories, nc, 11.5) / 2, more ? 78 : 64, m->categories, cols, nc,
+           11.5);
     y_axis(cr, &f, "gate value", 10.5, 6);
     for (int i = 0; i < h; i++) {
         if (i == hs && hs > 0) {

@@ -226,6 +226,16 @@ int lm_train(const lm_train_options *o, moh_error *err) {
     int *tok = NULL, *tgt = NULL;
     float *init = NULL;
     if (rc) goto out;
+    /* The schedule length: --steps, or (resume) what the interrupted run chose, or fitted to
+     * --max-minutes from the speed of the first steps (decided during warmup, so the lr curve
+     * up to that point does not depend on it). Checked before --out is touched. */
+    long total = o->steps;
+    if (o->resume && tr.st.total_steps > 0 && total == 0) total = tr.st.total_steps;
+    const bool auto_total = total <= 0;
+    if (auto_total && o->max_minutes <= 0) {
+        rc = moh_fail(err, MOH_E_ARG, "give --steps or --max-minutes");
+        goto out;
+    }
     if ((rc = fs_mkdir_p(o->out_dir, err))) goto out;
     {
         char mpath[4200];
@@ -250,16 +260,6 @@ int lm_train(const lm_train_options *o, moh_error *err) {
 
     const adamw_config ac = {o->beta1, o->beta2, 1e-8, o->weight_decay};
     const long tokens_per_step = (long)tr.B * tr.T * o->grad_accum;
-    /* The schedule length: --steps, or (resume) what the interrupted run chose, or fitted to
-     * --max-minutes from the speed of the first steps (decided during warmup, so the lr curve
-     * up to that point does not depend on it). */
-    long total = o->steps;
-    if (o->resume && tr.st.total_steps > 0 && total == 0) total = tr.st.total_steps;
-    const bool auto_total = total <= 0;
-    if (auto_total && o->max_minutes <= 0) {
-        rc = moh_fail(err, MOH_E_ARG, "give --steps or --max-minutes");
-        goto out;
-    }
     long warmup = o->warmup >= 0 ? o->warmup : 100;
     if (!auto_total && o->warmup < 0 && warmup > total / 10) warmup = total / 10;
     if (o->resume && tr.st.warmup >= 0 && tr.st.total_steps > 0) warmup = tr.st.warmup;
@@ -361,8 +361,10 @@ int lm_train(const lm_train_options *o, moh_error *err) {
                 snprintf(share, sizeof share, " | head share %.2f-%.2f", smin, smax);
             char val[48] = "";
             if (do_eval) snprintf(val, sizeof val, " | val %.4f bpb", ev.bits_per_byte);
-            printf("step %6ld/%-6ld | loss %.4f | lb %.3f | lr %.2e | %6.0f tok/s | %s, ETA %s%s%s\n",
-                   tr.st.step, total > (1L << 39) ? 0 : total, ce, lb, lr, rate, el, et, share, val);
+            char tot[24] = "?"; /* not known until the --max-minutes fit */
+            if (total <= (1L << 39)) snprintf(tot, sizeof tot, "%ld", total);
+            printf("step %6ld/%-6s | loss %.4f | lb %.3f | lr %.2e | %6.0f tok/s | %s, ETA %s%s%s\n",
+                   tr.st.step, tot, ce, lb, lr, rate, el, et, share, val);
             fflush(stdout);
             last_log_t = t;
             last_log_step = tr.st.step;

@@ -19,7 +19,7 @@ for cfg in $configs; do
         ./build/moh train --resume --out "$out" --data "$data" --log-every 500
       else
         ./build/moh train --config "$cfg" --data "$data" --out "$out" --epochs "$epochs" \
-          --sparse-attn --crop-pad 1 --seed "$seed" --log-every 500
+          --sparse-attn --crop-pad 1 --shards 2 --seed "$seed" --log-every 500
       fi
       ./build/moh eval --checkpoint "$out" --data "$data" --json > "$out/eval.json"
     fi
