@@ -85,3 +85,29 @@ int args_parse(const char *cmd, int argc, char **argv, const arg_spec *specs, in
         }
     return 0;
 }
+
+const char *args_value(int argc, char **argv, const char *name) {
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], name)) return argv[i + 1];
+    return NULL;
+}
+
+int args_check_train(int argc, char **argv, long steps, long log_every, double lr, double epochs) {
+    if (args_value(argc, argv, "--steps") && steps < 1) {
+        fprintf(stderr, "moh train: --steps is %ld, expected >= 1\n", steps);
+        return 1;
+    }
+    if (log_every < 1) {
+        fprintf(stderr, "moh train: --log-every is %ld, expected >= 1\n", log_every);
+        return 1;
+    }
+    if (!(lr > 0 && lr <= 1e3)) { /* also NaN */
+        fprintf(stderr, "moh train: --lr is %g, expected a number in (0, 1000]\n", lr);
+        return 1;
+    }
+    if (!(epochs > 0 && epochs <= 1e6)) {
+        fprintf(stderr, "moh train: --epochs is %g, expected a number in (0, 1000000]\n", epochs);
+        return 1;
+    }
+    return 0;
+}

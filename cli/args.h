@@ -19,4 +19,11 @@ typedef struct arg_spec {
  * (usage error printed to stderr as one line naming the option and what it expects). */
 int args_parse(const char *cmd, int argc, char **argv, const arg_spec *specs, int n,
                const char *synopsis, const char *epilog);
+
+/* The value after the first `name` in argv (before parsing), or NULL. */
+const char *args_value(int argc, char **argv, const char *name);
+
+/* moh train: --steps, when given, must be >= 1; --log-every >= 1; --lr in (0, 1000]; --epochs in
+ * (0, 1e6] (pass 1 where there is none). Prints the error; 1 on error. */
+int args_check_train(int argc, char **argv, long steps, long log_every, double lr, double epochs);
 #endif

@@ -283,6 +283,25 @@ static bool looks_fashion(const char *dir) {
     return strstr(low, "fashion") != NULL;
 }
 
+/* A ViT config without mean/std (normalisation) gets the training split's, as moh eval does. */
+static int fill_norm(moh_vit_config *cfg, const char *ckpt, const char *data, moh_error *err) {
+    if (cfg->n_norm) return MOH_OK;
+    idx_split tr;
+    moh_error e2 = {0};
+    if (idx_split_load(&tr, data, "train", cfg->num_classes, &e2)) {
+        fprintf(stderr, "moh analyze: note: %s/config.json has no mean/std and the training split cannot be "
+                "read (%s); pixels in [0, 1] are used unnormalised\n", ckpt, e2.msg);
+        (void)err;
+        return MOH_OK;
+    }
+    idx_mean_std(&tr, &cfg->mean[0], &cfg->std[0]);
+    cfg->n_norm = 1;
+    idx_split_free(&tr);
+    fprintf(stderr, "moh analyze: note: %s/config.json has no mean/std; using the training split's (%.4f, %.4f)\n",
+            ckpt, cfg->mean[0], cfg->std[0]);
+    return MOH_OK;
+}
+
 /* The t10k split of an IDX dir; per class the first ceil(max_tokens / Ntok) images in file order. */
 static int load_image_data(dataset *d, const moh_vit_config *cfg, const char *data, long max_tokens,
                            moh_error *err) {
@@ -403,7 +422,7 @@ static void print_summary(const char *label, const an_result *r, const int *laye
 int cmd_analyze(int argc, char **argv) {
     const char *ckpt = NULL, *data = NULL, *out = NULL, *compare = NULL, *which = "all", *cats = NULL;
     long max_tokens = 8192;
-    int T = 0, batch = 0;
+    int T = -1, batch = -1; /* -1: the model's default */
     bool no_plots = false;
     const arg_spec specs[] = {
         {"--checkpoint", ARG_STR, &ckpt, "DIR", "checkpoint dir (config.json + model.safetensors), LM or ViT", true},
@@ -442,12 +461,12 @@ int cmd_analyze(int argc, char **argv) {
         fprintf(stderr, "moh analyze: --layers is '%s', expected all or last\n", which);
         return 2;
     }
-    if (max_tokens < 1) {
-        fprintf(stderr, "moh analyze: --max-tokens is %ld, expected >= 1\n", max_tokens);
+    if (max_tokens < 1 || max_tokens > 1000000000000L) {
+        fprintf(stderr, "moh analyze: --max-tokens is %ld, expected 1..1000000000000\n", max_tokens);
         return 2;
     }
-    if (batch < 0 || T < 0) {
-        fprintf(stderr, "moh analyze: --batch-size and --seq-len must be >= 1\n");
+    if ((batch != -1 && (batch < 1 || batch > 65536)) || (T != -1 && T < 1)) {
+        fprintf(stderr, "moh analyze: --batch-size is %d and --seq-len %d, expected 1..65536 and >= 1\n", batch, T);
         return 2;
     }
     if (model_load(&m, ckpt, &err)) goto fail;
@@ -469,16 +488,31 @@ int cmd_analyze(int argc, char **argv) {
     }
     for (int l = last ? m.L - 1 : 0; l < m.L; l++) layers[nl++] = l;
     if (m.vit) {
-        if (!batch) batch = 64;
-        if (T) fprintf(stderr, "moh analyze: note: --seq-len does not apply to a ViT; ignored\n");
+        if (batch < 0) batch = 64;
+        if (T > 0) fprintf(stderr, "moh analyze: note: --seq-len does not apply to a ViT; ignored\n");
         if (cats) {
             moh_fail(&err, MOH_E_ARG, "--categories applies to LM topics; a ViT uses every class");
             goto fail;
         }
+        if (fill_norm(&m.vc, ckpt, data, &err) || (compare && fill_norm(&twin.vc, compare, data, &err))) goto fail;
         if (load_image_data(&d, &m.vc, data, max_tokens, &err)) goto fail;
+        if (compare && vit_check_split(&twin.vc, &d.split, data, &err)) { /* image size, channels */
+            char msg[sizeof err.msg];
+            snprintf(msg, sizeof msg, "%s", err.msg);
+            moh_fail(&err, MOH_E_CONFIG, "--compare %s: %s", compare, msg);
+            goto fail;
+        }
     } else {
-        if (!batch) batch = 8;
-        if (!T) T = m.lc.max_position_embeddings;
+        if (batch < 0) batch = 8;
+        if (T < 0) T = m.lc.max_position_embeddings;
+        const int ctx = compare && twin.lc.max_position_embeddings < m.lc.max_position_embeddings
+                            ? twin.lc.max_position_embeddings
+                            : m.lc.max_position_embeddings;
+        if (T > ctx) {
+            moh_fail(&err, MOH_E_ARG, "--seq-len is %d, expected 1..%d (max_position_embeddings of %s)", T, ctx,
+                     ctx == m.lc.max_position_embeddings ? ckpt : compare);
+            goto fail;
+        }
         if (load_text_data(&d, data, cats, max_tokens, T, &err)) goto fail;
     }
     if (fs_mkdir_p(out, &err)) goto fail;
@@ -486,6 +520,10 @@ int cmd_analyze(int argc, char **argv) {
     if (run_model(&m, &d, batch, layers, nl, &an, &err)) goto fail;
     double tok = 0;
     for (int c = 0; c < d.C; c++) tok += an.tokens[c];
+    if (!(tok > 0)) {
+        moh_fail(&err, MOH_E_FORMAT, "%s: no tokens to analyse", data);
+        goto fail;
+    }
     fprintf(stderr, "moh analyze: %s: %.0f tokens in %d categories, %d layer(s), %.1f s\n", ckpt, tok, d.C, nl,
             now_s() - t0);
     model_free(&m);

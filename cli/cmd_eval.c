@@ -70,8 +70,8 @@ int cmd_eval(int argc, char **argv) {
     if (lm_checkpoint_load(ckpt, &cfg, &p, &err)) goto fail;
     have_p = true;
     if (T <= 0) T = cfg.max_position_embeddings;
-    if (B < 1) {
-        moh_fail(&err, MOH_E_ARG, "--batch-size must be >= 1");
+    if (B < 1 || B > 65536) {
+        moh_fail(&err, MOH_E_ARG, "--batch-size is %d, expected 1..65536", B);
         goto fail;
     }
     if (!(text = fs_read_file(path, (size_t)4 << 30, &n, &err))) goto fail;

@@ -47,6 +47,7 @@ int cmd_train(int argc, char **argv) {
                         "These are the LM options. With a ViT config (model_type \"vit\") the\n"
                         "options differ: moh train --config vit-moh-75 --help lists them.\n");
     if (rc) return rc == 1 ? 0 : rc;
+    if (args_check_train(argc, argv, o.steps, o.log_every, o.lr, 1)) return 2;
     char path[PATH_MAX + 64];
     if (!o.resume) {
         if (!config) {

@@ -13,12 +13,6 @@
 #include "train/vit_checkpoint.h"
 #include "train/vit_trainer.h"
 
-static const char *arg_value(int argc, char **argv, const char *name) {
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], name)) return argv[i + 1];
-    return NULL;
-}
-
 static bool has_flag(int argc, char **argv, const char *name) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], name)) return true;
@@ -28,7 +22,9 @@ static bool has_flag(int argc, char **argv, const char *name) {
 static bool file_is_vit(const char *path) {
     size_t len = 0;
     char *text = fs_read_file(path, 1 << 20, &len, NULL);
-    const bool yes = text && moh_config_is_vit(text, len);
+    /* a ViT config that does not parse still goes to the ViT parser, which names the problem */
+    const bool yes = text && (moh_config_is_vit(text, len) ||
+                              (strstr(text, "\"model_type\"") && strstr(text, "\"vit\"")));
     free(text);
     return yes;
 }
@@ -36,18 +32,17 @@ static bool file_is_vit(const char *path) {
 bool cmd_is_vit(int argc, char **argv, bool eval) {
     char path[PATH_MAX + 64];
     if (eval) {
-        const char *ck = arg_value(argc, argv, "--checkpoint");
+        const char *ck = args_value(argc, argv, "--checkpoint");
         if (!ck) return false;
         snprintf(path, sizeof path, "%s/config.json", ck);
         return file_is_vit(path);
     }
-    const char *cfg = arg_value(argc, argv, "--config");
-    if (cfg && cli_resolve_config(cfg, path, sizeof path)) return file_is_vit(path);
-    const char *out = arg_value(argc, argv, "--out");
-    if (!cfg && out && has_flag(argc, argv, "--resume")) {
+    const char *cfg = args_value(argc, argv, "--config"), *out = args_value(argc, argv, "--out");
+    if (out && has_flag(argc, argv, "--resume")) { /* a resume follows the checkpoint's config */
         snprintf(path, sizeof path, "%s/config.json", out);
         return file_is_vit(path);
     }
+    if (cfg && cli_resolve_config(cfg, path, sizeof path)) return file_is_vit(path);
     return false;
 }
 
@@ -92,6 +87,7 @@ int cmd_train_vit(int argc, char **argv) {
                         "the training set's mean/std (saved in config.json). Ctrl-C saves a\n"
                         "checkpoint and exits; --resume continues it.\n");
     if (rc) return rc == 1 ? 0 : rc;
+    if (args_check_train(argc, argv, o.steps, o.log_every, o.lr, o.epochs)) return 2;
     if (no_flip || no_augment) o.hflip = false;
     if (no_augment) o.crop_pad = 0;
     char path[PATH_MAX + 64];
@@ -200,8 +196,8 @@ int cmd_eval_vit(int argc, char **argv) {
     memset(&s, 0, sizeof s);
     memset(&r, 0, sizeof r);
     int status = 1;
-    if (B < 1) {
-        moh_fail(&err, MOH_E_ARG, "--batch-size is %d, expected >= 1", B);
+    if (B < 1 || B > 65536) {
+        moh_fail(&err, MOH_E_ARG, "--batch-size is %d, expected 1..65536", B);
         goto fail;
     }
     if (vit_checkpoint_load(ckpt, &cfg, &p, &err)) goto fail;
@@ -216,6 +212,7 @@ int cmd_eval_vit(int argc, char **argv) {
     }
     if (idx_split_load(&s, data, split, cfg.num_classes, &err)) goto fail;
     if (vit_check_split(&cfg, &s, data, &err)) goto fail;
+    if (B > s.n) B = s.n; /* no larger than the split: the batch size does not change the result */
     if (vit_shards_init(&w, &cfg, B, vit_default_shards(B), false, sparse, &err)) goto fail;
     if (dump && dump_logits(dump, &cfg, &p, &w, &s, &err)) goto fail;
     if (vit_evaluate(&cfg, &p, &w, &s, limit, &r, &err)) goto fail;

@@ -92,9 +92,11 @@ typedef struct moh_st_entry {
 
 /* Value of __metadata__[key] of an opened file, or NULL (no such key, no __metadata__). */
 const char *moh_st_meta(const moh_safetensors *st, const char *key);
-/* __metadata__[key] parsed as a number into *out. MOH_E_FORMAT naming the file and key when it
- * is missing or not a number. */
-int moh_st_meta_number(const moh_safetensors *st, const char *key, double *out, moh_error *err);
+/* __metadata__[key] parsed as a finite number in [lo, hi] (an integer when `integer`) into *out.
+ * MOH_E_FORMAT naming the file, the key and the expected range when it is missing, not a number,
+ * not finite, fractional where an integer is expected, or out of range. */
+int moh_st_meta_number(const moh_safetensors *st, const char *key, double lo, double hi, bool integer,
+                       double *out, moh_error *err);
 
 /* Writes entries as an F32 safetensors file, with a __metadata__ object of n_meta string pairs
  * meta[2i] -> meta[2i+1] (none when n_meta is 0). Names, keys and values must be valid UTF-8;

@@ -29,10 +29,13 @@ check "[ \$(wc -l < '$T/a/metrics.jsonl') -eq 24 ]" "metrics.jsonl should have 2
 
 # 2. resume reproduces the uninterrupted run's losses exactly
 "$MOH" train "${common[@]}" --out "$T/b" --stop-at-step 10 || bad "first half exited $?"
+# lines past the checkpoint's step (left by a kill between the metrics line and the save) are dropped
+echo '{"step": 11, "loss": 9.999}' >> "$T/b/metrics.jsonl"
 "$MOH" train --resume --data "$T/corpus.txt" --out "$T/b" --batch-size 4 --seq-len 32 --steps 24 --eval-every 8 --eval-tokens 2000 --quiet || bad "resume exited $?"
 la=$(grep -o '"loss": [0-9.]*' "$T/a/metrics.jsonl" | tr '\n' ' ')
 lb=$(grep -o '"loss": [0-9.]*' "$T/b/metrics.jsonl" | tr '\n' ' ')
 check "[ '$la' = '$lb' ]" "resumed losses differ: [$la] vs [$lb]"
+check "[ \$(wc -l < '$T/b/metrics.jsonl') -eq 24 ]" "resumed metrics.jsonl should have 24 lines"
 
 # 3. eval: the metric as defined (chunks of T+1 bytes), JSON fields consistent
 js=$("$MOH" eval --checkpoint "$T/a" --data "$T/corpus.txt" --seq-len 32 --json) || bad "eval exited $?"
@@ -112,6 +115,17 @@ expect_err resume-no-optimizer "optimizer.safetensors" "$MOH" train --resume --d
 cp -r "$T/a" "$T/keep"; before=$(cd "$T/keep" && cat * | cksum)
 expect_err no-schedule "max-minutes" "$MOH" train --config "$T/tiny.json" --data "$T/corpus.txt" --out "$T/keep"
 [ "$(cd "$T/keep" && cat * | cksum)" = "$before" ] && ok || bad "failed train changed the checkpoint folder"
+# a fresh run never writes over a checkpoint; bad --steps, --log-every, vocab_size, FIFO inputs
+cp -r "$T/a" "$T/keep2"; before=$(cd "$T/keep2" && cat * | cksum)
+expect_err fresh-over-ckpt "already holds a checkpoint" "$MOH" train "${common[@]}" --out "$T/keep2"
+[ "$(cd "$T/keep2" && cat * | cksum)" = "$before" ] && ok || bad "fresh train changed a checkpoint folder"
+expect_err steps-0 "expected >= 1" "$MOH" train "${common[@]}" --out "$T/e" --steps 0
+expect_err log-every-0 "log-every" "$MOH" train "${common[@]}" --out "$T/e" --log-every 0
+mk 's/"vocab_size": 256/"vocab_size": 16/' vocab
+expect_err small-vocab vocab_size "$MOH" train --config "$T/vocab.json" --data "$T/corpus.txt" --out "$T/e" --steps 1
+mkfifo "$T/fifo.json"
+expect_err fifo-config "not a regular file" timeout 20 "$MOH" train --config "$T/fifo.json" --data "$T/corpus.txt" --out "$T/e" --steps 1
+expect_err analyze-seq-len "max_position_embeddings" "$MOH" analyze --checkpoint "$T/a" --data "$T/corpus.txt:all" --out "$T/an" --seq-len 33
 # moh sample on a ViT checkpoint says it needs an LM
 mkdir -p "$T/vitck"; echo '{"model_type": "vit", "embed_dim": 16, "depth": 1, "num_heads": 2}' >"$T/vitck/config.json"
 expect_err sample-vit "language model" "$MOH" sample --checkpoint "$T/vitck" --prompt x

@@ -12,6 +12,10 @@ out=${out:-runs/kjv-moh-75}
 bash tools/setup.sh
 make -s
 bash tools/data/fetch.sh data >/dev/null
+if [ -e "$out/model.safetensors" ] || [ -e "$out/optimizer.safetensors" ]; then
+  echo "== $out holds an earlier run: moving it to $out.prev"
+  rm -rf "$out.prev" && mv "$out" "$out.prev"
+fi
 echo "== training moh-75 on data/kjv for ${minutes} minutes (output: $out)"
 ./build/moh train --config moh-75 --data data/kjv --out "$out" --max-minutes "$minutes" --eval-every 100
 echo "== validation (held-out books: Colossians .. Revelation)"

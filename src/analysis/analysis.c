@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- primitives ----------------------------------------------------------------------------- */
 
@@ -505,16 +506,34 @@ static void jpairs(FILE *f, const an_pairs *p) {
     fprintf(f, ", \"pairs\": %d}", p->pairs);
 }
 
+/* Output files are written as PATH.tmp, fsynced and renamed over PATH by close_out, so an error
+ * (a full disk) never leaves a truncated table in place of an earlier good one. */
 static FILE *open_out(const char *dir, const char *name, char *path, size_t cap, moh_error *err) {
     snprintf(path, cap, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    if (!f) moh_fail(err, MOH_E_IO, "%s: cannot write: %s", path, strerror(errno));
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) moh_fail(err, MOH_E_IO, "%s: cannot write: %s", tmp, strerror(errno));
     return f;
 }
 
 static int close_out(FILE *f, const char *path, moh_error *err) {
-    const bool bad = ferror(f) != 0;
-    if (fclose(f) != 0 || bad) return moh_fail(err, MOH_E_IO, "%s: write failed", path);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    bool bad = fflush(f) != 0 || ferror(f) != 0 || fsync(fileno(f)) != 0;
+    int e = errno;
+    if (fclose(f) != 0 && !bad) {
+        bad = true;
+        e = errno;
+    }
+    if (!bad && rename(tmp, path) != 0) {
+        bad = true;
+        e = errno;
+    }
+    if (bad) {
+        remove(tmp);
+        return moh_fail(err, MOH_E_IO, "%s: write failed: %s", path, strerror(e));
+    }
     return MOH_OK;
 }
 

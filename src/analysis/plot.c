@@ -2,6 +2,7 @@
  * found cairo (MOH_HAVE_CAIRO); otherwise an_plot_all reports that plots are unavailable. */
 #include "analysis/analysis.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,10 +149,19 @@ static int save(cairo_t *cr, cairo_surface_t *surf, const char *dir, const char 
     snprintf(path, sizeof path, "%s/%s", dir, name);
     const cairo_status_t cst = cairo_status(cr);
     cairo_destroy(cr);
-    cairo_status_t st = cst ? cst : cairo_surface_write_to_png(surf, path);
+    char tmp[4200]; /* written aside, then renamed: an error never leaves a truncated PNG */
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    cairo_status_t st = cst ? cst : cairo_surface_write_to_png(surf, tmp);
     cairo_surface_destroy(surf);
-    if (st != CAIRO_STATUS_SUCCESS)
+    if (st != CAIRO_STATUS_SUCCESS) {
+        remove(tmp);
         return moh_fail(err, MOH_E_IO, "%s: cannot write PNG: %s", path, cairo_status_to_string(st));
+    }
+    if (rename(tmp, path) != 0) {
+        const int e = errno;
+        remove(tmp);
+        return moh_fail(err, MOH_E_IO, "%s: cannot write PNG: %s", path, strerror(e));
+    }
     return MOH_OK;
 }
 

@@ -74,8 +74,20 @@ int fs_mkdir_p(const char *dir, moh_error *err) {
     return MOH_OK;
 }
 
+FILE *fs_fopen_read(const char *path) {
+    const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        const int e = errno;
+        close(fd);
+        errno = e;
+    }
+    return f;
+}
+
 char *fs_read_file(const char *path, size_t max_bytes, size_t *len, moh_error *err) {
-    FILE *f = fopen(path, "rb");
+    FILE *f = fs_fopen_read(path);
     if (!f) {
         moh_fail(err, MOH_E_IO, "%s: cannot open: %s", path, strerror(errno));
         return NULL;

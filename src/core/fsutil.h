@@ -2,6 +2,7 @@
 #ifndef MOH_FSUTIL_H
 #define MOH_FSUTIL_H
 #include <stddef.h>
+#include <stdio.h>
 
 #include "moh.h"
 
@@ -11,5 +12,8 @@ int fs_write_atomic(const char *path, const void *data, size_t len, moh_error *e
 /* Creates dir and missing parents (mode 0755). MOH_OK or MOH_E_IO. */
 int fs_mkdir_p(const char *dir, moh_error *err);
 /* Reads a whole file (<= max_bytes) into a NUL-terminated malloc'd buffer. MOH_E_IO on error. */
+/* fopen(path, "rb") that never blocks on a FIFO or device (O_NONBLOCK open; callers then fstat and
+ * reject what is not a regular file). NULL with errno set on failure. */
+FILE *fs_fopen_read(const char *path);
 char *fs_read_file(const char *path, size_t max_bytes, size_t *len, moh_error *err);
 #endif

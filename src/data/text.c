@@ -6,6 +6,7 @@
  * bytes[p, len). A prepared directory (tools/data/fetch.sh) gives train.txt and val.txt as is.
  */
 #include "data/text.h"
+#include "core/fsutil.h"
 
 #include <errno.h>
 #include <math.h>
@@ -40,7 +41,7 @@ static int text_open(const char *path, const char *hint, FILE **out, size_t *siz
     char es[128];
     *out = NULL;
     *size = 0;
-    FILE *f = fopen(path, "rb");
+    FILE *f = fs_fopen_read(path);
     if (!f) {
         text_errno_str(errno, es, sizeof es);
         return moh_fail(err, MOH_E_IO, "%s: cannot open: %s%s", path, es, hint);

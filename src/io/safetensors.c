@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -646,7 +647,7 @@ int moh_st_open(moh_safetensors *st, const char *path, moh_error *err) {
     memset(st, 0, sizeof *st);
     if (!path) return moh_fail(err, MOH_E_ARG, "moh_st_open: path is NULL");
     char es[128];
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* never block on a FIFO */
     if (fd < 0) {
         st_errno_str(errno, es, sizeof es);
         return moh_fail(err, MOH_E_IO, "%s: cannot open: %s", path, es);
@@ -1108,12 +1109,15 @@ fail:
     return rc;
 }
 
-int moh_st_meta_number(const moh_safetensors *st, const char *key, double *out, moh_error *err) {
+int moh_st_meta_number(const moh_safetensors *st, const char *key, double lo, double hi, bool integer,
+                       double *out, moh_error *err) {
     const char *s = moh_st_meta(st, key);
     char *end = NULL;
-    if (s) *out = strtod(s, &end);
-    if (!s || end == s || *end)
-        return moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field '%s' is %s, expected a number",
-                        st->path ? st->path : "<memory>", key, s ? s : "missing");
+    const double v = s ? strtod(s, &end) : NAN;
+    if (!s || end == s || *end || !isfinite(v) || v < lo || v > hi || (integer && v != floor(v)))
+        return moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field '%s' is %s, expected %s in [%.17g, %.17g]",
+                        st->path ? st->path : "<memory>", key, s ? s : "missing",
+                        integer ? "an integer" : "a finite number", lo, hi);
+    *out = v;
     return MOH_OK;
 }

@@ -79,6 +79,13 @@ out:
     return rc;
 }
 
+int lm_check_byte_vocab(const moh_lm_config *cfg, const char *label, moh_error *err) {
+    if (cfg->vocab_size < 256)
+        return moh_fail(err, MOH_E_CONFIG, "%s: field 'vocab_size' is %d, expected >= 256 (moh's text data "
+                        "is bytes, token ids 0..255)", label, cfg->vocab_size);
+    return MOH_OK;
+}
+
 static int read_config(const char *dir, moh_lm_config *cfg, moh_error *err) {
     char path[4200];
     join(path, sizeof path, dir, "config.json");
@@ -87,6 +94,7 @@ static int read_config(const char *dir, moh_lm_config *cfg, moh_error *err) {
     if (!text) return err->code;
     int rc = moh_lm_config_parse_json(cfg, text, len, path, err);
     free(text);
+    if (!rc) rc = lm_check_byte_vocab(cfg, path, err);
     return rc;
 }
 
@@ -150,11 +158,11 @@ int lm_checkpoint_load_optimizer(const char *dir, const moh_lm_config *cfg, floa
     if (!rc) rc = read_tensors(&st, ts, nt, "m.", m, err);
     if (!rc) rc = read_tensors(&st, ts, nt, "v.", v, err);
     double step = 0, tok = 0, el = 0, tot = 0, wu = 0;
-    if (!rc) rc = moh_st_meta_number(&st, "step", &step, err);
-    if (!rc) rc = moh_st_meta_number(&st, "total_steps", &tot, err);
-    if (!rc) rc = moh_st_meta_number(&st, "warmup", &wu, err);
-    if (!rc) rc = moh_st_meta_number(&st, "tokens_seen", &tok, err);
-    if (!rc) rc = moh_st_meta_number(&st, "elapsed_s", &el, err);
+    if (!rc) rc = moh_st_meta_number(&st, "step", 0, 1e15, true, &step, err);
+    if (!rc) rc = moh_st_meta_number(&st, "total_steps", 0, 1e15, true, &tot, err);
+    if (!rc) rc = moh_st_meta_number(&st, "warmup", 0, 1e15, true, &wu, err);
+    if (!rc) rc = moh_st_meta_number(&st, "tokens_seen", 0, 1e18, false, &tok, err);
+    if (!rc) rc = moh_st_meta_number(&st, "elapsed_s", 0, 1e12, false, &el, err);
     if (!rc) {
         const char *r = moh_st_meta(&st, "rng_state");
         char *end = NULL;

@@ -24,6 +24,9 @@ int lm_checkpoint_save(const char *dir, const moh_lm_config *cfg, const lm_param
                        const float *m, const float *v, const lm_train_state *st, moh_error *err);
 /* Reads dir/config.json into cfg and dir/model.safetensors into freshly allocated params p
  * (caller frees with lm_params_free_f32). Errors name the file and tensor. */
+/* The byte-level data of moh (text files, prompts) has tokens 0..255: MOH_E_CONFIG naming label
+ * and 'vocab_size' unless cfg->vocab_size >= 256. */
+int lm_check_byte_vocab(const moh_lm_config *cfg, const char *label, moh_error *err);
 int lm_checkpoint_load(const char *dir, moh_lm_config *cfg, lm_params_f32 *p, moh_error *err);
 /* Reads dir/optimizer.safetensors into params, m and v (n floats each, lm_params layout) and
  * state. MOH_E_IO / MOH_E_FORMAT / MOH_E_SHAPE naming the file and field. */

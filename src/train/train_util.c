@@ -1,9 +1,14 @@
 #include "train/train_util.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+
+#include "core/fsutil.h"
 
 /* Set by the SIGINT handler: the one piece of global state, as a signal handler can reach no
  * other. */
@@ -41,4 +46,56 @@ void train_fmt_time(char *buf, size_t cap, double s) {
     long t = (long)(s + 0.5);
     if (t >= 3600) snprintf(buf, cap, "%ldh%02ldm", t / 3600, (t / 60) % 60);
     else snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+}
+
+int train_check_fresh_out(const char *out_dir, moh_error *err) {
+    static const char *const files[] = {"model.safetensors", "optimizer.safetensors"};
+    char path[4200];
+    struct stat sb;
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", out_dir, files[i]);
+        if (stat(path, &sb) == 0)
+            return moh_fail(err, MOH_E_ARG, "%s already holds a checkpoint (%s): continue it with --resume, "
+                            "or give a new --out (or remove it)", out_dir, files[i]);
+    }
+    return MOH_OK;
+}
+
+/* The step of a metrics line ({"step": N, ...}), or -1. */
+static long line_step(const char *line, const char *end) {
+    static const char key[] = "\"step\":";
+    const char *k = strstr(line, key);
+    if (!k || k >= end) return -1;
+    char *e = NULL;
+    const long v = strtol(k + sizeof key - 1, &e, 10);
+    return e == k + sizeof key - 1 ? -1 : v;
+}
+
+int train_metrics_open(const char *out_dir, bool resume, long step, FILE **out, moh_error *err) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
+    *out = NULL;
+    if (resume) {
+        struct stat sb;
+        if (stat(path, &sb) == 0) {
+            size_t len = 0;
+            char *text = fs_read_file(path, (size_t)1 << 31, &len, err);
+            if (!text) return err->code;
+            size_t keep = 0; /* lines up to the checkpoint's step, in order */
+            for (size_t i = 0; i < len;) {
+                const char *nl = memchr(text + i, '\n', len - i);
+                const size_t e = nl ? (size_t)(nl - text) + 1 : len;
+                const long s = line_step(text + i, text + e);
+                if (s < 0 || s > step) break;
+                keep = e;
+                i = e;
+            }
+            const int rc = keep < len ? fs_write_atomic(path, text, keep, err) : MOH_OK;
+            free(text);
+            if (rc) return rc;
+        }
+    }
+    *out = fopen(path, resume ? "a" : "w");
+    if (!*out) return moh_fail(err, MOH_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    return MOH_OK;
 }

@@ -171,6 +171,7 @@ static int setup(trainer *tr, moh_error *err) {
     if (!text) return err->code;
     int rc = moh_lm_config_parse_json(&tr->cfg, text, len, path, err);
     free(text);
+    if (!rc) rc = lm_check_byte_vocab(&tr->cfg, path, err);
     if (rc) return rc;
     tr->T = o->seq_len > 0 ? o->seq_len : tr->cfg.max_position_embeddings;
     tr->B = o->batch_size;
@@ -236,16 +237,9 @@ int lm_train(const lm_train_options *o, moh_error *err) {
         rc = moh_fail(err, MOH_E_ARG, "give --steps or --max-minutes");
         goto out;
     }
+    if (!o->resume && (rc = train_check_fresh_out(o->out_dir, err))) goto out;
     if ((rc = fs_mkdir_p(o->out_dir, err))) goto out;
-    {
-        char mpath[4200];
-        snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o->out_dir);
-        tr.metrics = fopen(mpath, o->resume ? "a" : "w");
-        if (!tr.metrics) {
-            rc = moh_fail(err, MOH_E_IO, "%s: cannot open: %s", mpath, strerror(errno));
-            goto out;
-        }
-    }
+    if ((rc = train_metrics_open(o->out_dir, o->resume, tr.st.step, &tr.metrics, err))) goto out;
     tok = malloc(sizeof(int) * (size_t)tr.B * tr.T);
     tgt = malloc(sizeof(int) * (size_t)tr.B * tr.T);
     if (!tok || !tgt) {

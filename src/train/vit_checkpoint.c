@@ -16,6 +16,11 @@ static const char *const META_KEYS[NUM_META] = {
     "step", "total_steps", "warmup", "steps_per_epoch", "batch_size", "shards", "seed",
     "images_seen", "elapsed_s", "lr", "min_lr_ratio", "weight_decay", "beta1", "beta2",
     "grad_clip", "augment"};
+/* Accepted values of the numeric keys on load: {lo, hi, integer}. */
+static const double META_RANGE[NUM_META][3] = {
+    {0, 1e15, 1}, {0, 1e15, 1}, {0, 1e15, 1}, {1, 1e15, 1}, {1, 1 << 30, 1}, {1, 256, 1}, {0, 0, 0},
+    {0, 1e18, 0}, {0, 1e12, 0}, {1e-30, 1e3, 0}, {0, 1, 0}, {0, 1e3, 0}, {0, 1, 0}, {0, 1, 0},
+    {0, 1e30, 0}, {0, 0, 0}};
 
 static void join(char *out, size_t cap, const char *dir, const char *file) {
     snprintf(out, cap, "%s/%s", dir, file);
@@ -176,7 +181,8 @@ int vit_checkpoint_load_optimizer(const char *dir, const moh_vit_config *cfg, fl
     double num[NUM_META] = {0};
     for (int i = 0; i < NUM_META && !rc; i++) {
         if (i == 6 || i == 15) continue; /* seed, augment: parsed below */
-        rc = moh_st_meta_number(&st, META_KEYS[i], &num[i], err);
+        rc = moh_st_meta_number(&st, META_KEYS[i], META_RANGE[i][0], META_RANGE[i][1], META_RANGE[i][2] != 0,
+                                &num[i], err);
     }
     const char *seed = moh_st_meta(&st, "seed"), *aug = moh_st_meta(&st, "augment");
     char *end = NULL;

@@ -413,16 +413,9 @@ int vit_train(const vit_train_options *o, moh_error *err) {
     float *init = NULL;
     int rc = setup(&tr, err);
     if (rc) goto out;
+    if (!o->resume && (rc = train_check_fresh_out(o->out_dir, err))) goto out;
     if ((rc = fs_mkdir_p(o->out_dir, err))) goto out;
-    {
-        char mpath[4200];
-        snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o->out_dir);
-        tr.metrics = fopen(mpath, o->resume ? "a" : "w");
-        if (!tr.metrics) {
-            rc = moh_fail(err, MOH_E_IO, "%s: cannot open: %s", mpath, strerror(errno));
-            goto out;
-        }
-    }
+    if ((rc = train_metrics_open(o->out_dir, o->resume, tr.st.step, &tr.metrics, err))) goto out;
     if (o->dump_grads) {
         if (!(init = malloc(sizeof(float) * tr.p.n))) {
             rc = moh_fail(err, MOH_E_NOMEM, "out of memory");

@@ -15,8 +15,12 @@ mkdir -p "$root"
 run_one() {
   local cfg=$1 seed=$2 out=$root/$1-s$2
   if [ ! -s "$out/eval.json" ]; then
-    OMP_NUM_THREADS=${THREADS:-1} ./build/moh train --config "$cfg" --data data/kjv --out "$out" \
-      --steps "$steps" --batch-size "$batch" --seed "$seed" --eval-every 100 --quiet
+    if [ -s "$out/optimizer.safetensors" ]; then   # finish an interrupted run
+      OMP_NUM_THREADS=${THREADS:-1} ./build/moh train --resume --data data/kjv --out "$out" --quiet
+    else
+      OMP_NUM_THREADS=${THREADS:-1} ./build/moh train --config "$cfg" --data data/kjv --out "$out" \
+        --steps "$steps" --batch-size "$batch" --seed "$seed" --eval-every 100 --quiet
+    fi
     OMP_NUM_THREADS=${THREADS:-1} ./build/moh eval --checkpoint "$out" --data data/kjv/val.txt --json > "$out/eval.json"
   fi
   echo "$cfg seed $seed: $(cat "$out/eval.json" | cut -c1-80)"
