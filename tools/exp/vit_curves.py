@@ -15,6 +15,8 @@ for d in sorted(os.listdir(root)):
     if not os.path.exists(p):
         continue
     cfg = d.rsplit("-s", 1)[0]
+    if cfg not in colors:  # the patch-7 comparison only
+        continue
     pts = [json.loads(l) for l in open(p)]
     pts = [(m["epoch"], 100 * m["test_acc"]) for m in pts if "test_acc" in m]
     for ax in axes:
