@@ -125,6 +125,9 @@ mk 's/"vocab_size": 256/"vocab_size": 16/' vocab
 expect_err small-vocab vocab_size "$MOH" train --config "$T/vocab.json" --data "$T/corpus.txt" --out "$T/e" --steps 1
 mkfifo "$T/fifo.json"
 expect_err fifo-config "not a regular file" timeout 20 "$MOH" train --config "$T/fifo.json" --data "$T/corpus.txt" --out "$T/e" --steps 1
+expect_err lr-inf "--lr is inf" "$MOH" train "${common[@]}" --out "$T/e" --lr inf
+expect_err analyze-max-tokens "max-tokens" "$MOH" analyze --checkpoint "$T/a" --data "$T/corpus.txt:all" --out "$T/an" --max-tokens 9223372036854775807
+expect_err analyze-batch-0 "batch-size" "$MOH" analyze --checkpoint "$T/a" --data "$T/corpus.txt:all" --out "$T/an" --batch-size 0
 expect_err analyze-seq-len "max_position_embeddings" "$MOH" analyze --checkpoint "$T/a" --data "$T/corpus.txt:all" --out "$T/an" --seq-len 33
 # moh sample on a ViT checkpoint says it needs an LM
 mkdir -p "$T/vitck"; echo '{"model_type": "vit", "embed_dim": 16, "depth": 1, "num_heads": 2}' >"$T/vitck/config.json"

@@ -95,6 +95,15 @@ cp "$tmp/data"/* "$tmp/trunc/"; cp "$tmp/data"/* "$tmp/mislab/"
 head -c 5000 "$tmp/data/t10k-images-idx3-ubyte" >"$tmp/trunc/t10k-images-idx3-ubyte"
 python3 -c "import sys; b=bytearray(open(sys.argv[1],'rb').read()); b[8+7]=12; open(sys.argv[1],'wb').write(b)" \
   "$tmp/mislab/train-labels-idx1-ubyte"
+# optimizer metadata that is not a finite integer (here "nan") stops a resume with one line
+cp -r "$tmp/b" "$tmp/nanmeta"
+python3 - "$tmp/nanmeta/optimizer.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+h['__metadata__']['step'] = 'nan'; nh = json.dumps(h).encode(); nh += b' ' * ((8 - len(nh) % 8) % 8)
+open(sys.argv[1], 'wb').write(struct.pack('<Q', len(nh)) + nh + b[8 + n:])
+PY
+"$MOH" train --resume --out "$tmp/nanmeta" --data "$tmp/data" --quiet 2>"$tmp/err6"; rc6=$?
 "$MOH" eval --checkpoint "$tmp/a" --data "$tmp/trunc" 2>"$tmp/err4"; rc4=$?
 "$MOH" train "${common[@]}" --data "$tmp/mislab" --out "$tmp/e" --steps 2 2>"$tmp/err5"; rc5=$?
 set -e
@@ -103,6 +112,8 @@ set -e
 [ "$rc5" -eq 1 ] && [ "$(wc -l <"$tmp/err5")" -eq 1 ] && grep -q "train-labels-idx1-ubyte" "$tmp/err5" &&
   grep -q "12" "$tmp/err5" || fail "mislabelled IDX: $(cat "$tmp/err5")"
 [ ! -e "$tmp/e/model.safetensors" ] || fail "mislabelled data still wrote a checkpoint"
+[ "$rc6" -eq 1 ] && [ "$(wc -l <"$tmp/err6")" -eq 1 ] && grep -q "field 'step' is nan" "$tmp/err6" ||
+  fail "nan step in optimizer metadata: $(cat "$tmp/err6")"
 [ "$rc1" -eq 1 ] && [ "$(wc -l <"$tmp/err1")" -eq 1 ] && grep -q "no such file" "$tmp/err1" || fail "missing data: $(cat "$tmp/err1")"
 [ "$rc2" -eq 1 ] && grep -q "num_heads" "$tmp/err2" || fail "bad config: $(cat "$tmp/err2")"
 [ "$rc3" -eq 1 ] && grep -q "no such file" "$tmp/err3" || fail "eval missing data: $(cat "$tmp/err3")"
