@@ -27,8 +27,7 @@
 
 #define MAX_CATEGORIES 256
 
-static const char *const FASHION_NAMES[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                                              "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
+
 
 /* A loaded checkpoint, LM or ViT, with activations for one batch. */
 typedef struct model {
@@ -275,31 +274,20 @@ static int load_text_data(dataset *d, const char *data, const char *cats, long m
     return rc;
 }
 
-static bool looks_fashion(const char *dir) {
-    char low[PATH_MAX];
-    size_t i = 0;
-    for (; dir[i] && i + 1 < sizeof low; i++) low[i] = (char)tolower((unsigned char)dir[i]);
-    low[i] = 0;
-    return strstr(low, "fashion") != NULL;
-}
 
-/* A ViT config without mean/std (normalisation) gets the training split's, as moh eval does. */
-static int fill_norm(moh_vit_config *cfg, const char *ckpt, const char *data, moh_error *err) {
-    if (cfg->n_norm) return MOH_OK;
-    idx_split tr;
+/* A ViT config without mean/std (normalisation) gets the training split's, as moh eval does;
+ * without a readable training split, unnormalised pixels in [0, 1] (with a note). */
+static void fill_norm(moh_vit_config *cfg, const char *ckpt, const char *data) {
+    if (cfg->n_norm) return;
     moh_error e2 = {0};
-    if (idx_split_load(&tr, data, "train", cfg->num_classes, &e2)) {
+    if (idx_train_mean_std(data, cfg->num_classes, &cfg->mean[0], &cfg->std[0], &e2)) {
         fprintf(stderr, "moh analyze: note: %s/config.json has no mean/std and the training split cannot be "
                 "read (%s); pixels in [0, 1] are used unnormalised\n", ckpt, e2.msg);
-        (void)err;
-        return MOH_OK;
+        return;
     }
-    idx_mean_std(&tr, &cfg->mean[0], &cfg->std[0]);
     cfg->n_norm = 1;
-    idx_split_free(&tr);
     fprintf(stderr, "moh analyze: note: %s/config.json has no mean/std; using the training split's (%.4f, %.4f)\n",
             ckpt, cfg->mean[0], cfg->std[0]);
-    return MOH_OK;
 }
 
 /* The t10k split of an IDX dir; per class the first ceil(max_tokens / Ntok) images in file order. */
@@ -314,11 +302,11 @@ static int load_image_data(dataset *d, const moh_vit_config *cfg, const char *da
     const long per = (max_tokens + cfg->num_tokens - 1) / cfg->num_tokens;
     d->idx = malloc(sizeof(int) * (size_t)d->split.n);
     if (!d->idx) return moh_fail(err, MOH_E_NOMEM, "out of memory");
-    const bool fashion = K == 10 && looks_fashion(data);
+    const char *const *fashion = idx_fashion_names(data, K);
     for (int k = 0; k < K; k++) {
         char buf[32];
         snprintf(buf, sizeof buf, "%d", k);
-        d->names[k] = dup_str(fashion ? FASHION_NAMES[k] : buf, strlen(fashion ? FASHION_NAMES[k] : buf));
+        d->names[k] = dup_str(fashion ? fashion[k] : buf, strlen(fashion ? fashion[k] : buf));
         d->C = k + 1;
         if (!d->names[k]) return moh_fail(err, MOH_E_NOMEM, "out of memory");
         long taken = 0;
@@ -494,7 +482,8 @@ int cmd_analyze(int argc, char **argv) {
             moh_fail(&err, MOH_E_ARG, "--categories applies to LM topics; a ViT uses every class");
             goto fail;
         }
-        if (fill_norm(&m.vc, ckpt, data, &err) || (compare && fill_norm(&twin.vc, compare, data, &err))) goto fail;
+        fill_norm(&m.vc, ckpt, data);
+        if (compare) fill_norm(&twin.vc, compare, data);
         if (load_image_data(&d, &m.vc, data, max_tokens, &err)) goto fail;
         if (compare && vit_check_split(&twin.vc, &d.split, data, &err)) { /* image size, channels */
             char msg[sizeof err.msg];

@@ -1,7 +1,6 @@
 /* moh train / moh eval for ViT image classifiers (MoH-ViT and its dense MHA twin) on IDX data. */
 #include "cmd_vit.h"
 
-#include <ctype.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,18 +112,6 @@ int cmd_train_vit(int argc, char **argv) {
     return rc;
 }
 
-static const char *const FASHION[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                                        "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
-
-/* true when the data dir's name says Fashion-MNIST (class names are then printed). */
-static bool looks_fashion(const char *dir) {
-    char low[PATH_MAX];
-    size_t i = 0;
-    for (; dir[i] && i + 1 < sizeof low; i++) low[i] = (char)tolower((unsigned char)dir[i]);
-    low[i] = 0;
-    return strstr(low, "fashion") != NULL;
-}
-
 static void json_string(const char *s) {
     putchar('"');
     for (; *s; s++) {
@@ -202,11 +189,8 @@ int cmd_eval_vit(int argc, char **argv) {
     }
     if (vit_checkpoint_load(ckpt, &cfg, &p, &err)) goto fail;
     if (cfg.n_norm == 0) {
-        idx_split tr;
-        if (idx_split_load(&tr, data, "train", cfg.num_classes, &err)) goto fail;
-        idx_mean_std(&tr, &cfg.mean[0], &cfg.std[0]);
+        if (idx_train_mean_std(data, cfg.num_classes, &cfg.mean[0], &cfg.std[0], &err)) goto fail;
         cfg.n_norm = 1;
-        idx_split_free(&tr);
         fprintf(stderr, "moh eval: note: %s/config.json has no mean/std; using the training split's "
                 "(%.4f, %.4f)\n", ckpt, cfg.mean[0], cfg.std[0]);
     }
@@ -217,7 +201,7 @@ int cmd_eval_vit(int argc, char **argv) {
     if (dump && dump_logits(dump, &cfg, &p, &w, &s, &err)) goto fail;
     if (vit_evaluate(&cfg, &p, &w, &s, limit, &r, &err)) goto fail;
     const int K = cfg.num_classes, L = cfg.depth, h = cfg.num_heads;
-    const bool names = K == 10 && looks_fashion(data);
+    const char *const *names = idx_fashion_names(data, K);
     char cname[32];
     if (json) {
         printf("{\"accuracy\": %.6f, \"correct\": %ld, \"n\": %ld, \"loss\": %.6f, \"lb_loss\": %.6f, "
@@ -227,7 +211,7 @@ int cmd_eval_vit(int argc, char **argv) {
         for (int k = 0; k < K; k++) {
             snprintf(cname, sizeof cname, "%d", k);
             printf("%s", k ? ", " : "");
-            json_string(names ? FASHION[k] : cname);
+            json_string(names ? names[k] : cname);
         }
         printf("], \"per_class\": [");
         for (int k = 0; k < K; k++) {
@@ -257,7 +241,7 @@ int cmd_eval_vit(int argc, char **argv) {
             long row = 0;
             for (int j = 0; j < K; j++) row += r.confusion[(size_t)k * K + j];
             snprintf(cname, sizeof cname, "class %d", k);
-            printf("  %2d %-12s %.4f (%ld)\n", k, names ? FASHION[k] : cname,
+            printf("  %2d %-12s %.4f (%ld)\n", k, names ? names[k] : cname,
                    row ? (double)r.confusion[(size_t)k * K + k] / row : 0.0, row);
         }
         printf("confusion matrix (rows: true class, columns: predicted):\n     ");

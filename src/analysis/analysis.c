@@ -298,11 +298,16 @@ static double cv_row(const double *x, int C, double *tmp) {
     return k >= 2 ? an_cv(tmp, k) : NAN;
 }
 
-static an_pairs pair_groups(const double *pair, int h, int hs) {
+/* Means over the head pairs i < j of one layer, overall and by group (shared-shared,
+ * shared-routed, routed-routed). Pair (i, j) is val[base + i*h + j], or with cnt the mean
+ * val / cnt of its accumulated sums; NaN values and pairs with cnt 0 are skipped. */
+static an_pairs group_means(const double *val, const double *cnt, size_t base, int h, int hs) {
     double sum[4] = {0}, n[4] = {0};
     for (int i = 0; i < h; i++)
         for (int j = i + 1; j < h; j++) {
-            const double v = pair[(size_t)i * h + j];
+            const size_t k = base + (size_t)i * h + j;
+            if (cnt && !(cnt[k] > 0)) continue;
+            const double v = cnt ? val[k] / cnt[k] : val[k];
             if (!isfinite(v)) continue;
             const int g = 1 + (i >= hs) + (j >= hs); /* 1 ss, 2 sr, 3 rr */
             sum[0] += v;
@@ -319,26 +324,11 @@ static an_pairs pair_groups(const double *pair, int h, int hs) {
     return r;
 }
 
+static an_pairs pair_groups(const double *pair, int h, int hs) { return group_means(pair, NULL, 0, h, hs); }
+
 /* pair_groups of sums / counts [L, h, h] (upper triangle) of layer l. */
 static an_pairs pair_groups_raw(const double *sum, const double *cnt, int l, int h, int hs) {
-    double acc[4] = {0}, n[4] = {0};
-    for (int i = 0; i < h; i++)
-        for (int j = i + 1; j < h; j++) {
-            const size_t k = ((size_t)l * h + i) * h + j;
-            if (!(cnt[k] > 0)) continue;
-            const int g = 1 + (i >= hs) + (j >= hs);
-            acc[0] += sum[k] / cnt[k];
-            n[0] += 1;
-            acc[g] += sum[k] / cnt[k];
-            n[g] += 1;
-        }
-    an_pairs r;
-    r.all = n[0] ? acc[0] / n[0] : NAN;
-    r.shared_shared = n[1] ? acc[1] / n[1] : NAN;
-    r.shared_routed = n[2] ? acc[2] / n[2] : NAN;
-    r.routed_routed = n[3] ? acc[3] / n[3] : NAN;
-    r.pairs = (int)n[0];
-    return r;
+    return group_means(sum, cnt, (size_t)l * h * h, h, hs);
 }
 
 int an_finish(const analysis *an, an_result *r, moh_error *err) {

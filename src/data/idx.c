@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <zlib.h>
 
@@ -310,6 +311,24 @@ void idx_mean_std(const idx_split *s, double *mean, double *std) {
     const double var = n ? sq / (double)n - m * m : 0.0;
     *mean = m;
     *std = sqrt(var > 0 ? var : 0);
+}
+
+int idx_train_mean_std(const char *dir, int num_classes, double *mean, double *std, moh_error *err) {
+    idx_split tr;
+    const int rc = idx_split_load(&tr, dir, "train", num_classes, err);
+    if (rc) return rc;
+    idx_mean_std(&tr, mean, std);
+    idx_split_free(&tr);
+    return MOH_OK;
+}
+
+const char *const *idx_fashion_names(const char *dir, int num_classes) {
+    static const char *const names[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                          "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
+    if (num_classes != 10 || !dir) return NULL;
+    for (const char *c = dir; *c; c++)
+        if (!strncasecmp(c, "fashion", 7)) return names;
+    return NULL;
 }
 
 uint64_t idx_rng_next(uint64_t *state) {

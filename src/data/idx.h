@@ -73,6 +73,13 @@ void idx_split_free(idx_split *s);
 /* Mean and standard deviation (population) of pixel / 255 over every pixel of s, accumulated in
  * double in a fixed order. */
 void idx_mean_std(const idx_split *s, double *mean, double *std);
+/* idx_mean_std of DIR's training split (train-images/-labels, as idx_split_load). Errors: those of
+ * idx_split_load; *mean and *std untouched then. Used when a checkpoint's config has no mean/std. */
+int idx_train_mean_std(const char *dir, int num_classes, double *mean, double *std, moh_error *err);
+
+/* The 10 Fashion-MNIST class names (index = label) when num_classes is 10 and the data dir's path
+ * says "fashion" (any case), else NULL: names for tables and plots. */
+const char *const *idx_fashion_names(const char *dir, int num_classes);
 
 /* splitmix64 step (state advanced by the golden-ratio increment, mixed output). */
 uint64_t idx_rng_next(uint64_t *state);
