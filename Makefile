@@ -1,19 +1,30 @@
 # Thin wrapper over CMake/CTest so the common commands are short. `make help` lists them.
 BUILD ?= build
 JOBS ?= $(shell nproc)
+PREFIX ?= /usr/local
 
-.PHONY: all test asan fuzz clean help
+.PHONY: all test asan fuzz clean help install
 all:
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-test: all
+# The build's log goes to a file (printed only if the build fails), so the test summary is what
+# a user sees.
+test:
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS) >$(BUILD)/build.log 2>&1 || { cat $(BUILD)/build.log; exit 1; }
+	@echo "built $(BUILD)/moh and the tests (log: $(BUILD)/build.log)"
 	ctest --test-dir $(BUILD) --output-on-failure
 
 asan:
 	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOH_SANITIZE=ON >/dev/null
-	@cmake --build build-asan -j $(JOBS)
+	@cmake --build build-asan -j $(JOBS) >build-asan/build.log 2>&1 || { cat build-asan/build.log; exit 1; }
+	@echo "built build-asan (log: build-asan/build.log)"
 	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure
+
+# PREFIX/bin/moh, PREFIX/lib/libmoh.a, PREFIX/include/moh.h, PREFIX/share/moh/configs/*.json
+install: all
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 # Each fuzz target for FUZZ_SECONDS (default 30) from its seed corpus.
 fuzz:
@@ -26,6 +37,7 @@ help:
 	@echo "make          build moh (Release, $(BUILD)/moh)"
 	@echo "make test     build and run the test suite (CTest)"
 	@echo "make asan     the same tests under AddressSanitizer + UBSan"
+	@echo "make install  install moh, libmoh.a, moh.h and the configs under PREFIX (default /usr/local)"
 	@echo "make fuzz     run every fuzz target for FUZZ_SECONDS (needs clang)"
 	@echo "make interop  LM and ViT checkpoints against transformers, timm and the PyTorch references"
 

@@ -4,6 +4,7 @@
 #define MOH_CLI_H
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 int cmd_layer(int argc, char **argv);
 int cmd_train(int argc, char **argv);
@@ -13,7 +14,12 @@ int cmd_bench(int argc, char **argv);
 int cmd_analyze(int argc, char **argv);
 
 /* A config given as a file path, or as a NAME found as configs/NAME.json in the working directory
- * or beside the executable (../configs). Writes the path found to out; false if none. */
+ * or beside the executable (../configs, or ../share/moh/configs once installed). Writes the path
+ * found to out; false if none. */
 bool cli_resolve_config(const char *name, char *out, size_t cap);
+
+/* moh --list-configs: every named config, one line each (model, size, heads active), to f.
+ * Returns 0, or 1 (message on stderr) when no config folder is found. */
+int cli_list_configs(FILE *f);
 
 #endif

@@ -28,6 +28,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: moh <command> [options]   (moh <command> --help for its options)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof SUBCOMMANDS / sizeof SUBCOMMANDS[0]; i++)
         fprintf(f, "  %-8s %s\n", SUBCOMMANDS[i].name, SUBCOMMANDS[i].summary);
+    fprintf(f, "\nmoh --list-configs   the named model configs (--config NAME)\nmoh --version        version and GEMM library\n");
 }
 
 int main(int argc, char **argv) {
@@ -49,6 +50,7 @@ int main(int argc, char **argv) {
         usage(stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (!strcmp(argv[1], "--list-configs")) return cli_list_configs(stdout);
     if (!strcmp(argv[1], "--version")) {
         printf("moh %s (GEMM: %s)\n", MOH_VERSION, gemm_library());
         return 0;

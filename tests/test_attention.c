@@ -164,6 +164,57 @@ static void run_case(test_ctx *ctx, const layer_case *lc, uint64_t seed) {
     free(w32); free(gw32); free(x32); free(dy32); free(y32); free(dx32); free(tmp);
 }
 
+/* Query-norm router zero-std guard (spec §10): when every routed query norm of a token is equal
+ * (identical q rows for the routed heads; and E == 1), scores are uniform 1/E, the K lowest
+ * routed indices are selected, lb_loss = K, every output is finite, and no gradient flows through
+ * the scores (dx equals the dx of beta = 0). */
+static void zero_std_case(test_ctx *ctx, int E, int K, uint64_t seed) {
+    const int C = 8, d = 4, hs = 2, h = hs + E, B = 1, N = 5;
+    const layer_case lc = {"query_norm_zero_std", C, h, h, d, hs, K, MOH_ROUTER_QUERY_NORM,
+                           true, false, false, 10000, 0.5, B, N};
+    moh_attn_config cfg = make_cfg(&lc);
+    moh_error err;
+    CHECK(ctx, moh_attn_config_validate(&cfg, lc.name, &err) == MOH_OK, "zero std: invalid: %s", err.msg);
+    const long T = (long)B * N, np = (long)attn_params_bind_f64(&(attn_params_f64){0}, NULL, &cfg);
+    test_rng rng = {seed};
+    double *w = malloc(sizeof(double) * np), *gw = calloc(np, sizeof(double)), *gw0 = calloc(np, sizeof(double));
+    double *x = malloc(sizeof(double) * T * C), *dy = malloc(sizeof(double) * T * C);
+    double *dx = calloc(T * C, sizeof(double)), *dx0 = calloc(T * C, sizeof(double)), *y = malloc(sizeof(double) * T * C);
+    attn_params_f64 p, g, g0;
+    attn_params_bind_f64(&p, w, &cfg);
+    attn_params_bind_f64(&g, gw, &cfg);
+    attn_params_bind_f64(&g0, gw0, &cfg);
+    for (long i = 0; i < np; i++) w[i] = test_rng_uniform(&rng) * 0.6;
+    for (long i = 0; i < T * C; i++) x[i] = test_rng_uniform(&rng);
+    for (long i = 0; i < T * C; i++) dy[i] = test_rng_uniform(&rng);
+    /* every routed head's q rows are a copy of the first routed head's: equal norms per token */
+    for (int j = 1; j < E; j++)
+        memcpy(p.w_qkv + (long)(hs + j) * d * C, p.w_qkv + (long)hs * d * C, sizeof(double) * d * C);
+    attn_cache_f64 c;
+    CHECK(ctx, attn_cache_init_f64(&c, &cfg, B, N, &err) == MOH_OK, "cache: %s", err.msg);
+    attn_forward_f64(&cfg, &p, x, B, N, y, &c);
+    bool finite = true;
+    for (long i = 0; i < T * C; i++) finite = finite && isfinite(y[i]);
+    for (long t = 0; t < T; t++) {
+        CHECK(ctx, c.qstd[t] == 0.0, "zero std E=%d: token %ld std %g, want 0", E, t, c.qstd[t]);
+        for (int j = 0; j < E; j++) {
+            CHECK(ctx, c.p[t * E + j] == 1.0 / E, "zero std E=%d: score %g, want 1/E", E, c.p[t * E + j]);
+            CHECK(ctx, c.mask[t * E + j] == (j < K ? 1.0 : 0.0), "zero std E=%d: token %ld head %d mask %g (ties go to the lower index)", E, t, j, c.mask[t * E + j]);
+        }
+    }
+    CHECK(ctx, fabs(c.lb_loss - K) < 1e-12, "zero std E=%d: lb_loss %.17g, want K = %d", E, c.lb_loss, K);
+    attn_backward_f64(&cfg, &p, &g, &c, dy, cfg.load_balance_coef, dx);
+    attn_backward_f64(&cfg, &p, &g0, &c, dy, 0.0, dx0);
+    for (long i = 0; i < T * C; i++) finite = finite && isfinite(dx[i]);
+    for (long i = 0; i < np; i++) finite = finite && isfinite(gw[i]);
+    CHECK(ctx, finite, "zero std E=%d: non-finite output or gradient", E);
+    CHECK(ctx, memcmp(dx, dx0, sizeof(double) * T * C) == 0 && memcmp(gw, gw0, sizeof(double) * np) == 0,
+          "zero std E=%d: the load-balance term must pass no gradient through uniform scores", E);
+    printf("  %-28s E=%d K=%d: uniform scores, lower-index selection, lb %.3f\n", lc.name, E, K, c.lb_loss);
+    attn_cache_free_f64(&c);
+    free(w); free(gw); free(gw0); free(x); free(dy); free(dx); free(dx0); free(y);
+}
+
 int main(void) {
     test_ctx ctx = {0};
     const layer_case cases[] = {
@@ -182,5 +233,7 @@ int main(void) {
         {"query_norm_beta0",   12, 6, 3, 4, 2, 2, MOH_ROUTER_QUERY_NORM, true,  false, false, 10000,  0,    1, 4},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&ctx, &cases[i], 0x9E3779B97F4A7C15ULL + i);
+    zero_std_case(&ctx, 4, 2, 77);
+    zero_std_case(&ctx, 1, 1, 78);
     return test_finish("test_attention", &ctx);
 }
