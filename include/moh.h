@@ -6,7 +6,7 @@
  *    h_kv = n_kv_heads, d = head_dim, E = h - shared_heads (routed heads), T = B*N tokens.
  *  - Fallible calls return 0 (MOH_OK) or a negative moh_status and fill a caller-owned moh_error
  *    with a one-line message naming the file, field and expected value. Nothing aborts.
- *  - Section numbers (spec §N) refer to shared/spec/MOH.md, the project's statement of MoH semantics.
+ *  - Section numbers (spec §N) refer to docs/spec.md, the project's statement of MoH semantics.
  */
 #ifndef MOH_H
 #define MOH_H
