@@ -67,6 +67,76 @@ static void run_sparse(test_ctx *ctx, const moh_attn_config *cfg, const attn_par
     sparse_cache_free(&c);
 }
 
+/* Runs the reference path into rc (initialised by the caller, B x N) and the sparse path, both
+ * kernel families, on weights w [np], input x and upstream gradient dy; checks y, gates,
+ * lb_loss, dx and every gradient to 1e-5 relative (bitwise equality for 1 thread when
+ * check_threads). Returns the worst relative error. */
+static double compare_paths(test_ctx *ctx, const char *name, const moh_attn_config *cfg, float *w,
+                            size_t np, const float *x, const float *dy, int B, int N,
+                            bool check_threads, attn_cache_f32 *rc) {
+    const int C = cfg->hidden_size, h = cfg->n_heads, d = cfg->head_dim;
+    const size_t T = (size_t)B * N;
+    float *gref = calloc(np, sizeof(float));
+    float *yref = malloc(sizeof(float) * T * C), *dxref = calloc(T * C, sizeof(float));
+    float *gates = malloc(sizeof(float) * T * h);
+    attn_params_f32 p, g;
+    attn_params_bind_f32(&p, w, cfg);
+    attn_params_bind_f32(&g, gref, cfg);
+    attn_forward_f32(cfg, &p, x, B, N, yref, rc);
+    attn_backward_f32(cfg, &p, &g, rc, dy, (float)cfg->load_balance_coef, dxref);
+
+    double worst = 0.0;
+    for (int pass = 0; pass < 2; pass++) { /* AVX-512 kernels (when the CPU has them), portable */
+        float *y, *dx, *gw, lb;
+        run_sparse(ctx, cfg, &p, np, x, dy, B, N, pass == 0, &y, &dx, &gw, gates, &lb);
+        const char *kern = pass == 0 ? "kernels" : "portable";
+        double e = test_rel_err_f32(y, yref, (long)(T * C));
+        worst = fmax(worst, e);
+        CHECK(ctx, e <= 1e-5, "%s (%s): y rel err %.3g", name, kern, e);
+        e = test_rel_err_f32(gates, rc->gates, (long)(T * h));
+        CHECK(ctx, e == 0.0, "%s (%s): gates differ (rel %.3g)", name, kern, e);
+        CHECK(ctx, lb == rc->lb_loss, "%s (%s): lb_loss %g vs %g", name, kern, lb, rc->lb_loss);
+        e = test_rel_err_f32(dx, dxref, (long)(T * C));
+        worst = fmax(worst, e);
+        CHECK(ctx, e <= 1e-5, "%s (%s): dx rel err %.3g", name, kern, e);
+        attn_params_f32 gs;
+        attn_params_bind_f32(&gs, gw, cfg);
+        const float *a[] = {gs.w_qkv, gs.b_qkv, gs.w_o, gs.b_o, gs.w_r, gs.w_h, gs.w_s};
+        const float *r[] = {g.w_qkv, g.b_qkv, g.w_o, g.b_o, g.w_r, g.w_h, g.w_s};
+        const char *names[] = {"w_qkv", "b_qkv", "w_o", "b_o", "w_r (wg)", "w_h (wg_0)", "w_s (wg_1)"};
+        const size_t C_ = (size_t)C, hd = (size_t)h * d, qd = (size_t)attn_qkv_dim(cfg);
+        const size_t E = (size_t)attn_routed_heads(cfg);
+        const size_t n[] = {qd * C_, qd, C_ * hd, C_, E * C_, 2 * C_, (size_t)cfg->shared_heads * C_};
+        for (int k = 0; k < 7; k++) {
+            if (!r[k]) continue;
+            e = test_rel_err_f32(a[k], r[k], (long)n[k]);
+            worst = fmax(worst, e);
+            CHECK(ctx, e <= 1e-5, "%s (%s): grad %s rel err %.3g", name, kern, names[k], e);
+        }
+        if (check_threads && pass == 0) { /* same bits with one thread */
+            float *y1, *dx1, *gw1, lb1;
+            const int nt = omp_get_max_threads();
+            omp_set_num_threads(1);
+            run_sparse(ctx, cfg, &p, np, x, dy, B, N, true, &y1, &dx1, &gw1, gates, &lb1);
+            omp_set_num_threads(nt);
+            CHECK(ctx, !memcmp(y1, y, sizeof(float) * T * C), "%s: y depends on the thread count", name);
+            CHECK(ctx, !memcmp(dx1, dx, sizeof(float) * T * C), "%s: dx depends on the thread count", name);
+            CHECK(ctx, !memcmp(gw1, gw, sizeof(float) * np), "%s: gradients depend on the thread count", name);
+            free(y1);
+            free(dx1);
+            free(gw1);
+        }
+        free(y);
+        free(dx);
+        free(gw);
+    }
+    free(gref);
+    free(yref);
+    free(dxref);
+    free(gates);
+    return worst;
+}
+
 static double run_case(test_ctx *ctx, const sp_case *sc, uint64_t seed, bool check_threads) {
     moh_attn_config cfg = make_cfg(sc);
     moh_error err;
@@ -74,13 +144,10 @@ static double run_case(test_ctx *ctx, const sp_case *sc, uint64_t seed, bool che
     const int B = sc->B, N = sc->N, C = sc->C, h = sc->h;
     const size_t T = (size_t)B * N, np = attn_params_bind_f32(&(attn_params_f32){0}, NULL, &cfg);
     test_rng rng = {seed};
-    float *w = malloc(sizeof(float) * np), *gref = calloc(np, sizeof(float));
+    float *w = malloc(sizeof(float) * np);
     float *x = malloc(sizeof(float) * T * C), *dy = malloc(sizeof(float) * T * C);
-    float *yref = malloc(sizeof(float) * T * C), *dxref = calloc(T * C, sizeof(float));
-    float *gates = malloc(sizeof(float) * T * h);
-    attn_params_f32 p, g;
+    attn_params_f32 p;
     attn_params_bind_f32(&p, w, &cfg);
-    attn_params_bind_f32(&g, gref, &cfg);
     const double ws = 1.0 / sqrt((double)C);
     for (size_t i = 0; i < np; i++) w[i] = (float)(test_rng_uniform(&rng) * 2.0 * ws);
     for (size_t i = 0; i < T * C; i++) x[i] = (float)test_rng_uniform(&rng);
@@ -92,54 +159,7 @@ static double run_case(test_ctx *ctx, const sp_case *sc, uint64_t seed, bool che
 
     attn_cache_f32 rc;
     CHECK(ctx, attn_cache_init_f32(&rc, &cfg, B, N, &err) == MOH_OK, "ref cache: %s", err.msg);
-    attn_forward_f32(&cfg, &p, x, B, N, yref, &rc);
-    attn_backward_f32(&cfg, &p, &g, &rc, dy, (float)cfg.load_balance_coef, dxref);
-
-    double worst = 0.0;
-    for (int pass = 0; pass < 2; pass++) { /* AVX-512 kernels (when the CPU has them), portable */
-        float *y, *dx, *gw, lb;
-        run_sparse(ctx, &cfg, &p, np, x, dy, B, N, pass == 0, &y, &dx, &gw, gates, &lb);
-        const char *kern = pass == 0 ? "kernels" : "portable";
-        double e = test_rel_err_f32(y, yref, (long)(T * C));
-        worst = fmax(worst, e);
-        CHECK(ctx, e <= 1e-5, "%s (%s): y rel err %.3g", sc->name, kern, e);
-        e = test_rel_err_f32(gates, rc.gates, (long)(T * h));
-        CHECK(ctx, e == 0.0, "%s (%s): gates differ (rel %.3g)", sc->name, kern, e);
-        CHECK(ctx, lb == rc.lb_loss, "%s (%s): lb_loss %g vs %g", sc->name, kern, lb, rc.lb_loss);
-        e = test_rel_err_f32(dx, dxref, (long)(T * C));
-        worst = fmax(worst, e);
-        CHECK(ctx, e <= 1e-5, "%s (%s): dx rel err %.3g", sc->name, kern, e);
-        attn_params_f32 gs;
-        attn_params_bind_f32(&gs, gw, &cfg);
-        const float *a[] = {gs.w_qkv, gs.b_qkv, gs.w_o, gs.b_o, gs.w_r, gs.w_h, gs.w_s};
-        const float *r[] = {g.w_qkv, g.b_qkv, g.w_o, g.b_o, g.w_r, g.w_h, g.w_s};
-        const char *names[] = {"w_qkv", "b_qkv", "w_o", "b_o", "w_r (wg)", "w_h (wg_0)", "w_s (wg_1)"};
-        const size_t C_ = (size_t)C, hd = (size_t)h * sc->d, qd = (size_t)attn_qkv_dim(&cfg);
-        const size_t E = (size_t)attn_routed_heads(&cfg);
-        const size_t n[] = {qd * C_, qd, C_ * hd, C_, E * C_, 2 * C_, (size_t)sc->hs * C_};
-        for (int k = 0; k < 7; k++) {
-            if (!r[k]) continue;
-            e = test_rel_err_f32(a[k], r[k], (long)n[k]);
-            worst = fmax(worst, e);
-            CHECK(ctx, e <= 1e-5, "%s (%s): grad %s rel err %.3g", sc->name, kern, names[k], e);
-        }
-        if (check_threads && pass == 0) { /* same bits with one thread */
-            float *y1, *dx1, *gw1, lb1;
-            const int nt = omp_get_max_threads();
-            omp_set_num_threads(1);
-            run_sparse(ctx, &cfg, &p, np, x, dy, B, N, true, &y1, &dx1, &gw1, gates, &lb1);
-            omp_set_num_threads(nt);
-            CHECK(ctx, !memcmp(y1, y, sizeof(float) * T * C), "%s: y depends on the thread count", sc->name);
-            CHECK(ctx, !memcmp(dx1, dx, sizeof(float) * T * C), "%s: dx depends on the thread count", sc->name);
-            CHECK(ctx, !memcmp(gw1, gw, sizeof(float) * np), "%s: gradients depend on the thread count", sc->name);
-            free(y1);
-            free(dx1);
-            free(gw1);
-        }
-        free(y);
-        free(dx);
-        free(gw);
-    }
+    const double worst = compare_paths(ctx, sc->name, &cfg, w, np, x, dy, B, N, check_threads, &rc);
     if (sc->dead >= 0) { /* the forced head really is unused */
         long used = 0;
         for (size_t t = 0; t < T; t++) used += rc.gates[t * h + sc->hs + sc->dead] != 0.0f;
@@ -148,12 +168,8 @@ static double run_case(test_ctx *ctx, const sp_case *sc, uint64_t seed, bool che
     printf("  %-34s worst rel err %.2e\n", sc->name, worst);
     attn_cache_free_f32(&rc);
     free(w);
-    free(gref);
     free(x);
     free(dy);
-    free(yref);
-    free(dxref);
-    free(gates);
     return worst;
 }
 
@@ -227,6 +243,183 @@ static void decode_test(test_ctx *ctx) {
             free(ref);
         }
     printf("  decode (one query, one head): worst rel err %.2e\n", worst);
+}
+
+/* Huge scores (issue 14): raw scores s_j = sign_j round(sqrt(d) base) + off_j with
+ * off_j = round(sqrt(d) j rise / 128) + a random integer in [0, jitter), sign_j = -1 for j < flip.
+ * rise = 128, jitter = 0, base = -2e5, d = 16 or 64: scaled scores exactly [-2e5, -2e5+1, ...]. */
+typedef struct big_case {
+    const char *name;
+    int d, n;
+    bool causal;
+    double base;
+    int rise, jitter, flip;
+} big_case;
+
+static long big_offset(const big_case *bc, int j, test_rng *rng) {
+    const double sd = sqrt((double)bc->d);
+    return lround(sd * j * bc->rise / 128.0) + (bc->jitter ? (long)(test_rng_u64(rng) % (uint64_t)bc->jitter) : 0);
+}
+
+/* Random integer in [-2, 2] as a float. */
+static float small_int(test_rng *rng) { return (float)((int)(test_rng_u64(rng) % 5) - 2); }
+
+/* Layer at huge scores against the reference: integer x and W_Q, W_K make every q.k exact in
+ * float in both paths (and scale * q.k exact: sqrt(d) is a power of 2), so only the softmax can
+ * differ. C = 3d, 4 heads on one KV head, head 0 shared (every token selects it), learned router:
+ *  - head 0: q_t = x_t[0:d], x_t[0] = +-sqrt(d) base + small (every token's scores are huge);
+ *    heads 1..3: q = a signed permutation of x_t[2d:3d];
+ *  - k_j = x_j[d:2d], k_j[0] = sign_j, k_j[1] solved so that the last query's head-0 raw scores are
+ *    exactly those of big_offset; other entries random integers;
+ *  - V, W_O, b_o, the router and dy random; W_V and the router skip the columns 0 and d+1 (huge or
+ *    solved values). No q/k/v bias: its k part has a zero gradient (softmax shift) that both paths
+ *    compute as noise proportional to the scores. */
+static void big_layer_case(test_ctx *ctx, const big_case *bc, uint64_t seed) {
+    const int d = bc->d, N = bc->n, C = 3 * d, h = 4, t0 = N - 1;
+    moh_attn_config cfg;
+    moh_attn_config_default(&cfg);
+    cfg.hidden_size = C;
+    cfg.n_heads = h;
+    cfg.n_kv_heads = 1;
+    cfg.head_dim = d;
+    cfg.shared_heads = 1;
+    cfg.top_k = 1;
+    cfg.router = MOH_ROUTER_LEARNED;
+    cfg.causal = bc->causal;
+    cfg.qkv_bias = false;
+    cfg.proj_bias = true;
+    cfg.rope_theta = 0;
+    cfg.load_balance_coef = 0.01;
+    moh_error err;
+    CHECK(ctx, moh_attn_config_validate(&cfg, bc->name, &err) == MOH_OK, "%s: invalid: %s", bc->name, err.msg);
+    const size_t np = attn_params_bind_f32(&(attn_params_f32){0}, NULL, &cfg), T = (size_t)N;
+    test_rng rng = {seed};
+    float *w = malloc(sizeof(float) * np), *x = malloc(sizeof(float) * T * C), *dy = malloc(sizeof(float) * T * C);
+    attn_params_f32 p;
+    attn_params_bind_f32(&p, w, &cfg);
+    const double ws = 1.0 / sqrt((double)C);
+    for (size_t i = 0; i < np; i++) w[i] = (float)(test_rng_uniform(&rng) * 2.0 * ws);
+    for (size_t i = 0; i < T * C; i++) dy[i] = (float)test_rng_uniform(&rng);
+    for (size_t i = 0; i < T * C; i++) x[i] = small_int(&rng);
+    float *wq = p.w_qkv, *wk = p.w_qkv + (size_t)h * d * C, *wv = wk + (size_t)d * C;
+    for (int i = 0; i < h; i++)
+        for (int e = 0; e < d; e++) {
+            float *row = wq + ((size_t)i * d + e) * C;
+            memset(row, 0, sizeof(float) * C);
+            if (i == 0) row[e] = 1.0f;
+            else row[2 * d + (e * 5 + i) % d] = test_rng_u64(&rng) & 1 ? 1.0f : -1.0f;
+        }
+    for (int e = 0; e < d; e++) {
+        memset(wk + (size_t)e * C, 0, sizeof(float) * C);
+        wk[(size_t)e * C + d + e] = 1.0f;
+        wv[(size_t)e * C] = wv[(size_t)e * C + d + 1] = 0.0f;
+    }
+    float *rw[] = {p.w_r, p.w_h, p.w_s}; /* router weights, NULL when the config has none */
+    const int rrows[] = {attn_routed_heads(&cfg), 2, cfg.shared_heads};
+    for (int k = 0; k < 3; k++)
+        for (int r = 0; rw[k] && r < rrows[k]; r++) rw[k][(size_t)r * C] = rw[k][(size_t)r * C + d + 1] = 0.0f;
+    const float big = (float)lround(sqrt((double)d) * bc->base);
+    for (int t = 0; t < N; t++) /* alternating signs: dW_K[:, 0] = sum_j dK_j x_j[0] must not cancel */
+        x[(size_t)t * C] = t == t0 ? big : ((t0 - t) % 2 ? -big : big) + small_int(&rng);
+    float *xq = x + (size_t)t0 * C;
+    xq[1] = 1.0f;
+    for (int j = 0; j < N; j++) {
+        float *xk = x + (size_t)j * C + d;
+        xk[0] = j < bc->flip ? -1.0f : 1.0f;
+        float rest = 0.0f;
+        for (int e = 2; e < d; e++) rest += xq[e] * xk[e];
+        xk[1] = (float)(big_offset(bc, j, &rng) - lround(rest));
+    }
+    attn_cache_f32 rc;
+    CHECK(ctx, attn_cache_init_f32(&rc, &cfg, 1, N, &err) == MOH_OK, "ref cache: %s", err.msg);
+    const double worst = compare_paths(ctx, bc->name, &cfg, w, np, x, dy, 1, N, false, &rc);
+    if (bc->rise == 128 && bc->jitter == 0 && bc->flip == 0 && N == 3 && (d == 16 || d == 64)) {
+        /* the construction: the reference's head-0 weights of the last query are softmax(0, 1, 2) */
+        const float *a = rc.att + (size_t)t0 * N;
+        const double want[3] = {0.0900305731703805, 0.2447284710547976, 0.6652409557748219};
+        for (int j = 0; j < 3; j++)
+            CHECK(ctx, fabs(a[j] - want[j]) <= 1e-6, "%s: reference weight %d = %.8f, want %.8f", bc->name, j, a[j], want[j]);
+    }
+    printf("  %-34s worst rel err %.2e\n", bc->name, worst);
+    attn_cache_free_f32(&rc);
+    free(w);
+    free(x);
+    free(dy);
+}
+
+/* sparse_decode_attend_f32 at huge scores against a float64 softmax: integer q and K make every
+ * q.k exact. The 3-key cases read the weights directly (V rows e_j, gate 1). */
+static void decode_big_test(test_ctx *ctx, const big_case *bc, uint64_t seed) {
+    const int d = bc->d, n = bc->n;
+    test_rng rng = {seed};
+    float *K = malloc(sizeof(float) * (size_t)n * d), *V = malloc(sizeof(float) * (size_t)n * d);
+    float *q = malloc(sizeof(float) * d), *out = malloc(sizeof(float) * d), *sc = malloc(sizeof(float) * n);
+    double *wt = malloc(sizeof(double) * n), *ref = calloc((size_t)d, sizeof(double));
+    const bool onehot = n == 3;
+    for (int e = 0; e < d; e++) q[e] = small_int(&rng);
+    q[0] = (float)lround(sqrt((double)d) * bc->base);
+    q[1] = 1.0f;
+    double mx = -INFINITY, sum = 0.0;
+    for (int j = 0; j < n; j++) {
+        float *kj = K + (size_t)j * d;
+        double rest = 0.0;
+        for (int e = 0; e < d; e++) {
+            kj[e] = small_int(&rng);
+            V[(size_t)j * d + e] = onehot ? (float)(e == j) : (float)test_rng_uniform(&rng);
+            if (e >= 2) rest += (double)q[e] * kj[e];
+        }
+        kj[0] = j < bc->flip ? -1.0f : 1.0f;
+        kj[1] = (float)(big_offset(bc, j, &rng) - lround(rest));
+        double s = 0.0;
+        for (int e = 0; e < d; e++) s += (double)q[e] * kj[e];
+        wt[j] = s / sqrt((double)d);
+        mx = fmax(mx, wt[j]);
+    }
+    for (int j = 0; j < n; j++) sum += (wt[j] = exp(wt[j] - mx));
+    const float gate = onehot ? 1.0f : 0.7f;
+    for (int j = 0; j < n; j++)
+        for (int e = 0; e < d; e++) ref[e] += gate * wt[j] / sum * V[(size_t)j * d + e];
+    sparse_decode_attend_f32(q, K, V, d, n, d, gate, sc, out);
+    double num = 0.0, den = 0.0;
+    for (int e = 0; e < d; e++) {
+        num = fmax(num, fabs(out[e] - ref[e]));
+        den = fmax(den, fabs(ref[e]));
+    }
+    const double err = num / fmax(den, 1e-30);
+    CHECK(ctx, err <= 1e-5, "decode %s: rel err %.3g (weights %.6f %.6f %.6f)", bc->name, err, out[0], out[1], out[2]);
+    if (onehot && bc->rise == 128 && (d == 16 || d == 64))
+        CHECK(ctx, fabs(out[0] - 0.090031) < 1e-6 && fabs(out[1] - 0.244728) < 1e-6 && fabs(out[2] - 0.665241) < 1e-6,
+              "decode %s: weights %.6f %.6f %.6f, want 0.090031 0.244728 0.665241", bc->name, out[0], out[1], out[2]);
+    printf("  decode %-27s rel err %.2e\n", bc->name, err);
+    free(K);
+    free(V);
+    free(q);
+    free(out);
+    free(sc);
+    free(wt);
+    free(ref);
+}
+
+static void big_score_tests(test_ctx *ctx) {
+    const big_case cases[] = {
+        /* name                             d    n causal  base    rise jitter flip */
+        {"big: scores -2e5 + {0,1,2}",      16,  3, false, -2e5,   128, 0,     0},
+        {"big: scores -2e5 + {0,1,2} d=64", 64,  3, true,  -2e5,   128, 0,     0},
+        {"big: positive 3e5, d=64 causal",  64,  20, true, 3e5,    16,  16,    0},
+        {"big: +-1.5e5 keys, lazy max",     16,  300, false, 1.5e5, 7,  8,     40},
+        {"big: +-1e5 keys, lazy max causal", 64, 300, true, -1e5,   9,  16,    150},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        big_layer_case(ctx, &cases[i], 0xB16B00B5ULL + 977u * (unsigned)i);
+    const big_case dec[] = {
+        {"-2e5 + {0,1,2} d=16",  16, 3,   false, -2e5,  128, 0,  0},
+        {"-2e5 + {0,1,2} d=64",  64, 3,   false, -2e5,  128, 0,  0},
+        {"-2e5 + ~{0,1,2} d=72", 72, 3,   false, -2e5,  128, 0,  0},
+        {"3e5 n=40 d=64",        64, 40,  false, 3e5,   16,  16, 0},
+        {"+-1.5e5 n=100 d=16",   16, 100, false, 1.5e5, 40,  8,  30},
+        {"-1e5 n=100 d=72",      72, 100, false, -1e5,  40,  16, 30},
+    };
+    for (size_t i = 0; i < sizeof dec / sizeof dec[0]; i++) decode_big_test(ctx, &dec[i], 0xDEC0DEULL + 31u * (unsigned)i);
 }
 
 /* Runs cmd, returns its stdout (malloc'd) or NULL; *status gets the exit status. */
@@ -326,6 +519,7 @@ int main(void) {
     printf("  worst relative error over all cases: %.2e (limit 1e-5)\n", worst);
     memory_test(&ctx);
     decode_test(&ctx);
+    big_score_tests(&ctx);
     cli_bench_test(&ctx);
     return test_finish("test_sparse", &ctx);
 }

@@ -175,16 +175,18 @@ static void sp_mm(bool avx, int amode, int M, int n, int K, const float *const *
 }
 
 /* ------------------------------------------------------------------------------------------------
- * Softmax tiles. Scores are kept in log2 units: s' = (q.k) * cl2, cl2 = log2(e) / sqrt(d), so
- * p = 2^(s' - m) equals the reference's e^(q.k / sqrt(d) - max).
+ * Softmax tiles. Scores s = q.k stay raw (unscaled) and so does the running max m; the exponent is
+ * (s - m) * cl2, cl2 = log2(e) / sqrt(d), so p = 2^((s - m) cl2) equals the reference's
+ * e^(q.k / sqrt(d) - max). Subtracting BEFORE scaling keeps s - m exact near the max whatever the
+ * magnitude of s (s * cl2 - m would round s * cl2 to float first: 1e-2 absolute at |s'| ~ 3e5).
  * ---------------------------------------------------------------------------------------------- */
 
 /* Online-softmax update of R rows of raw scores s[r][0..nk) of which the first nv[r] are valid
- * (causal prefix; <= 0: none): running max m[r] (log2 units), running sum l[16 r .. 16 r + 16)
+ * (causal prefix; <= 0: none): running max m[r] (raw units), running sum l[16 r .. 16 r + 16)
  * (16 partial sums, added up at the end), accumulator row o[r][0..d); s[r] is overwritten with
- * the unnormalised probabilities 2^(s' - m) (0 past nv[r]). The max is lazy: it moves (and l, o
- * are rescaled) only when a score exceeds it by more than SP_LAZY, so p <= 2^SP_LAZY; the final
- * o = acc / l and lse = m + log2(l) are exact either way. */
+ * the unnormalised probabilities 2^((s - m) cl2) (0 past nv[r]). The max is lazy: it moves (and
+ * l, o are rescaled) only when a score exceeds it by more than SP_LAZY log2 units, so
+ * p <= 2^SP_LAZY; the final o = acc / l and (m, log2(l)) are exact either way. */
 static void fwd_softmax_ref(int R, int nk, float *const *s, const int *nv, float cl2, float *m,
                             float *l, float *const *o, int d) {
     for (int r = 0; r < R; r++) {
@@ -196,16 +198,15 @@ static void fwd_softmax_ref(int R, int nk, float *const *s, const int *nv, float
         }
         float mx = sr[0];
         for (int j = 1; j < v; j++) mx = sr[j] > mx ? sr[j] : mx;
-        mx *= cl2;
-        if (mx > m[r] + SP_LAZY) {
-            const float alpha = exp2f(m[r] - mx);
+        if ((mx - m[r]) * cl2 > SP_LAZY) {
+            const float alpha = exp2f((m[r] - mx) * cl2);
             m[r] = mx;
             for (int q = 0; q < 16; q++) l[16 * r + q] *= alpha;
             for (int e = 0; e < d; e++) o[r][e] *= alpha;
         }
         float sum = 0.0f;
         for (int j = 0; j < nk; j++) {
-            const float p = j < v ? exp2f(sr[j] * cl2 - m[r]) : 0.0f;
+            const float p = j < v ? exp2f((sr[j] - m[r]) * cl2) : 0.0f;
             sr[j] = p;
             sum += p;
         }
@@ -213,14 +214,15 @@ static void fwd_softmax_ref(int R, int nk, float *const *s, const int *nv, float
     }
 }
 
-/* Backward tile: s[r][j] raw scores -> P = 2^(s' - lse[r]); dp[r][j] = dO.v -> dS =
- * P (dp - D[r]) / sqrt(d) (both 0 past nv[r]). */
+/* Backward tile: s[r][j] raw scores -> P = 2^((s - smax[r]) cl2 - lse[r]) (the forward's max in
+ * raw units and log2 of its sum); dp[r][j] = dO.v -> dS = P (dp - D[r]) / sqrt(d) (both 0 past
+ * nv[r]). */
 static void bwd_ds_ref(int R, int nk, float *const *s, float *const *dp, const int *nv, float cl2,
-                       float scale, const float *lse, const float *D) {
+                       float scale, const float *smax, const float *lse, const float *D) {
     for (int r = 0; r < R; r++) {
         const int v = imin(nv[r], nk);
         for (int j = 0; j < nk; j++) {
-            const float p = j < v ? exp2f(s[r][j] * cl2 - lse[r]) : 0.0f;
+            const float p = j < v ? exp2f(fmaf(s[r][j] - smax[r], cl2, -lse[r])) : 0.0f;
             s[r][j] = p;
             dp[r][j] = j < v ? p * (dp[r][j] - D[r]) * scale : 0.0f;
         }
@@ -228,8 +230,9 @@ static void bwd_ds_ref(int R, int nk, float *const *s, float *const *dp, const i
 }
 
 #if SP_X86
-/* 2^x for finite x <= ~SP_LAZY (scalef flushes large negative n to 0 or a denormal). */
+/* 2^x for x <= ~SP_LAZY, -inf included (scalef flushes large negative n to 0 or a denormal). */
 SP_INLINE SP_AVX512 __m512 exp2_avx(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-FLT_MAX)); /* -inf (s - m overflowed) -> 0, not NaN */
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_set1_ps(SP_E6);
@@ -246,9 +249,9 @@ SP_INLINE __mmask16 lanes_mask(int lanes) {
     return lanes >= 16 ? (__mmask16)0xFFFF : lanes <= 0 ? (__mmask16)0 : (__mmask16)((1u << lanes) - 1u);
 }
 
-/* Rescale of row r when its max moves to mx (see fwd_softmax_ref). */
-SP_INLINE SP_AVX512 __m512 fwd_rescale(float mx, float *m, __m512 lv, float *orow, int d) {
-    const __m512 va = _mm512_set1_ps(exp2f(*m - mx));
+/* Rescale of row r when its max moves to mx (raw units; see fwd_softmax_ref). */
+SP_INLINE SP_AVX512 __m512 fwd_rescale(float mx, float cl2, float *m, __m512 lv, float *orow, int d) {
+    const __m512 va = _mm512_set1_ps(exp2f((*m - mx) * cl2));
     *m = mx;
     for (int e = 0; e < d; e += 16) {
         const __mmask16 mm = lanes_mask(d - e);
@@ -269,16 +272,16 @@ SP_AVX512 static void fwd_softmax_avx(int R, int nk, float *const *s, const int 
             __m512 vmax = _mm512_loadu_ps(s[r]);
 #pragma GCC unroll 16
             for (int q = 1; q < SPARSE_BK / 16; q++) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s[r] + 16 * q));
-            mx[r] = _mm512_reduce_max_ps(vmax) * cl2;
+            mx[r] = _mm512_reduce_max_ps(vmax);
         }
         for (int r = 0; r < R; r++) {
             float *sr = s[r];
             __m512 lv = _mm512_loadu_ps(l + 16 * r);
-            if (mx[r] > m[r] + SP_LAZY) lv = fwd_rescale(mx[r], m + r, lv, o[r], d);
-            const __m512 vneg = _mm512_set1_ps(-m[r]);
+            if ((mx[r] - m[r]) * cl2 > SP_LAZY) lv = fwd_rescale(mx[r], cl2, m + r, lv, o[r], d);
+            const __m512 vm = _mm512_set1_ps(m[r]);
 #pragma GCC unroll 16
             for (int q = 0; q < SPARSE_BK / 16; q++) {
-                const __m512 p = exp2_avx(_mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(sr + 16 * q), vc), vneg));
+                const __m512 p = exp2_avx(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + 16 * q), vm), vc));
                 _mm512_storeu_ps(sr + 16 * q, p);
                 lv = _mm512_add_ps(lv, p);
             }
@@ -296,15 +299,15 @@ SP_AVX512 static void fwd_softmax_avx(int R, int nk, float *const *s, const int 
         __m512 vmax = _mm512_set1_ps(-INFINITY);
         for (int q = 0; q < nvec; q++)
             vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, lanes_mask(v - 16 * q), sr + 16 * q));
-        const float mx = _mm512_reduce_max_ps(vmax) * cl2;
+        const float mx = _mm512_reduce_max_ps(vmax);
         __m512 lv = _mm512_loadu_ps(l + 16 * r);
-        if (mx > m[r] + SP_LAZY) lv = fwd_rescale(mx, m + r, lv, o[r], d); /* the max moves */
-        const __m512 vneg = _mm512_set1_ps(-m[r]);
+        if ((mx - m[r]) * cl2 > SP_LAZY) lv = fwd_rescale(mx, cl2, m + r, lv, o[r], d); /* the max moves */
+        const __m512 vm = _mm512_set1_ps(m[r]);
         for (int q = 0; q < nvec; q++) {
             const __mmask16 ok = lanes_mask(v - 16 * q);
             const __m512 sv = _mm512_maskz_loadu_ps(ok, sr + 16 * q);
-            /* s' - m as a rounded product, then a difference: exactly 0 at the max (p = 1) */
-            const __m512 p = _mm512_maskz_mov_ps(ok, exp2_avx(_mm512_add_ps(_mm512_mul_ps(sv, vc), vneg)));
+            /* s - m first (exact near the max: 0 at the max, p = 1), then scaled */
+            const __m512 p = _mm512_maskz_mov_ps(ok, exp2_avx(_mm512_mul_ps(_mm512_sub_ps(sv, vm), vc)));
             _mm512_mask_storeu_ps(sr + 16 * q, lanes_mask(nk - 16 * q), p);
             lv = _mm512_add_ps(lv, p);
         }
@@ -313,15 +316,16 @@ SP_AVX512 static void fwd_softmax_avx(int R, int nk, float *const *s, const int 
 }
 
 SP_AVX512 static void bwd_ds_avx(int R, int nk, float *const *s, float *const *dp, const int *nv,
-                                 float cl2, float scale, const float *lse, const float *D) {
+                                 float cl2, float scale, const float *smax, const float *lse,
+                                 const float *D) {
     const __m512 vc = _mm512_set1_ps(cl2), vs = _mm512_set1_ps(scale);
     for (int r = 0; r < R; r++) {
         const int v = imin(nv[r], nk);
-        const __m512 vl = _mm512_set1_ps(-lse[r]), vd = _mm512_set1_ps(D[r]);
+        const __m512 vm = _mm512_set1_ps(smax[r]), vl = _mm512_set1_ps(lse[r]), vd = _mm512_set1_ps(D[r]);
         for (int q = 0; q < nk; q += 16) {
             const __mmask16 st = lanes_mask(nk - q), ok = lanes_mask(v - q);
             const __m512 sv = _mm512_maskz_loadu_ps(ok, s[r] + q);
-            const __m512 p = _mm512_maskz_mov_ps(ok, exp2_avx(_mm512_add_ps(_mm512_mul_ps(sv, vc), vl)));
+            const __m512 p = _mm512_maskz_mov_ps(ok, exp2_avx(_mm512_fmsub_ps(_mm512_sub_ps(sv, vm), vc, vl)));
             const __m512 dv = _mm512_maskz_loadu_ps(ok, dp[r] + q);
             const __m512 ds = _mm512_maskz_mul_ps(ok, _mm512_mul_ps(p, _mm512_sub_ps(dv, vd)), vs);
             _mm512_mask_storeu_ps(s[r] + q, st, p);
@@ -343,14 +347,14 @@ static void fwd_softmax(bool avx, int R, int nk, float *const *s, const int *nv,
 }
 
 static void bwd_ds(bool avx, int R, int nk, float *const *s, float *const *dp, const int *nv,
-                   float cl2, float scale, const float *lse, const float *D) {
+                   float cl2, float scale, const float *smax, const float *lse, const float *D) {
 #if SP_X86
     if (avx) {
-        bwd_ds_avx(R, nk, s, dp, nv, cl2, scale, lse, D);
+        bwd_ds_avx(R, nk, s, dp, nv, cl2, scale, smax, lse, D);
         return;
     }
 #endif
-    bwd_ds_ref(R, nk, s, dp, nv, cl2, scale, lse, D);
+    bwd_ds_ref(R, nk, s, dp, nv, cl2, scale, smax, lse, D);
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -365,12 +369,12 @@ static void decode_ref(const float *q, const float *K, const float *V, long ld, 
         const float *kj = K + (size_t)j * ld;
         float s = 0.0f;
         for (int e = 0; e < d; e++) s += q[e] * kj[e];
-        scores[j] = s * cl2;
-        mx = scores[j] > mx ? scores[j] : mx;
+        scores[j] = s; /* raw: the max is subtracted before scaling (see the softmax tiles) */
+        mx = s > mx ? s : mx;
     }
     float sum = 0.0f;
     for (int j = 0; j < n; j++) {
-        scores[j] = exp2f(scores[j] - mx);
+        scores[j] = exp2f((scores[j] - mx) * cl2);
         sum += scores[j];
     }
     for (int e = 0; e < d; e++) out[e] = 0.0f;
@@ -422,15 +426,16 @@ SP_AVX512 static void decode_avx(const float *q, const float *K, const float *V,
                 acc[jj] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, kj + 16 * v), qv[v], acc[jj]);
         }
         const __mmask16 jm = lanes_mask(jn);
-        const __m512 sv = _mm512_mul_ps(hsum16(acc), vc);
+        const __m512 sv = hsum16(acc); /* raw scores: scaled after the max is subtracted */
         _mm512_mask_storeu_ps(scores + j0, jm, sv);
         vmax = _mm512_mask_max_ps(vmax, jm, vmax, sv);
     }
-    const __m512 vneg = _mm512_set1_ps(-_mm512_reduce_max_ps(vmax));
+    const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
     __m512 vsum = _mm512_setzero_ps();
     for (int j0 = 0; j0 < n; j0 += 16) {
         const __mmask16 jm = lanes_mask(n - j0);
-        const __m512 p = _mm512_maskz_mov_ps(jm, exp2_avx(_mm512_add_ps(_mm512_maskz_loadu_ps(jm, scores + j0), vneg)));
+        const __m512 sv = _mm512_maskz_loadu_ps(jm, scores + j0);
+        const __m512 p = _mm512_maskz_mov_ps(jm, exp2_avx(_mm512_mul_ps(_mm512_sub_ps(sv, vm), vc)));
         _mm512_mask_storeu_ps(scores + j0, jm, p);
         vsum = _mm512_add_ps(vsum, p);
     }
@@ -566,6 +571,7 @@ static size_t sp_layout(sparse_cache *c, const moh_attn_config *cfg, int B, int 
     o->q = carve(&cv, P * d * F);
     o->o = carve(&cv, P * d * F);
     o->og = carve(&cv, P * d * F);
+    o->smax = carve(&cv, P * F);
     o->lse = carve(&cv, P * F);
     o->kv = carve(&cv, T * 2 * kvd * F);
     o->kh = carve(&cv, T * kvd * F);
@@ -823,7 +829,8 @@ static void attn_fwd_tile(const moh_attn_config *cfg, sparse_cache *c, const int
             orow[e] = acc[e] * inv;
             og[e] = gate * orow[e];
         }
-        c->lse[p0 + r] = w->m[r] + log2f(lsum);
+        c->smax[p0 + r] = w->m[r];
+        c->lse[p0 + r] = log2f(lsum);
     }
 }
 
@@ -1007,7 +1014,7 @@ static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, in
                 /* S = Q K^T, dP = dO V^T, then P and dS in place */
                 sp_mm(avx, 0, nr, nk, d, w->pa, 0, w->pb, 0, w->sc, 0, false);
                 sp_mm(avx, 0, nr, nk, d, w->pa2, 0, w->pb2, 0, w->dsc, 0, false);
-                bwd_ds(avx, nr, nk, w->sc, w->dsc, w->nv, cl2, scale, c->lse + p0, c->ddot + p0);
+                bwd_ds(avx, nr, nk, w->sc, w->dsc, w->nv, cl2, scale, c->smax + p0, c->lse + p0, c->ddot + p0);
                 /* dV += P^T dO, dK += dS^T Q (A transposed: one pointer per query row) */
                 sp_mm(avx, 1, nk, d, nr, w->sa, 0, w->pa2, 0, dvrow, 0, true);
                 sp_mm(avx, 1, nk, d, nr, w->dsa, 0, w->pa, 0, dkrow, 0, true);

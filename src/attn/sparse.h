@@ -11,7 +11,7 @@
  *    the gathered positions; query_norm router: the dense q it needs to choose anyway, §3/§10);
  *  - attention for the selected pairs against all keys (causal: keys <= the query's position),
  *    tiled with an online softmax (flash attention): no N x N buffer exists; per pair the
- *    log-sum-exp is saved for backward;
+ *    max score (raw units) and the log-sum-exp relative to it are saved for backward;
  *  - y = b_o + sum over selected pairs of gate * o W_O^i (per-head GEMM scatter-added into y in a
  *    fixed head order: deterministic, no atomics);
  *  - backward (FlashAttention-2 style, probabilities recomputed tile by tile from the saved
@@ -69,7 +69,9 @@ typedef struct sparse_cache {
     float *q;            /* [P, d] queries of the selected pairs, after bias and RoPE */
     float *o;            /* [P, d] attention output of each selected pair (before the gate) */
     float *og;           /* [P, d] gate * o (the input of W_O) */
-    float *lse;          /* [P] log2-sum-exp2 of the pair's scaled scores */
+    float *smax;         /* [P] the pair's (lazy) running max of its raw scores q.k at the end */
+    float *lse;          /* [P] log2 sum_j 2^((q.k_j - smax) cl2), cl2 = log2(e) / sqrt(d): backward
+                          * recomputes p_j = 2^((q.k_j - smax) cl2 - lse), exact near the max */
     float *kv;           /* [T, 2 kvd] K|V projections (row layout); backward: dK|dV rows */
     float *kh, *vh;      /* [B, h_kv, N, d] keys (after RoPE) and values, head-contiguous */
     float *kt;           /* [B, h_kv, nkt, d, SPARSE_BK] keys transposed, one block per key tile */
