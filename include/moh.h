@@ -69,8 +69,9 @@ typedef struct moh_safetensors {
     char **meta;                   /* meta[2i] -> meta[2i+1] (keys unique; use moh_st_meta) */
 } moh_safetensors;
 
-/* Reads and validates a whole file: header length, JSON, dtypes, shapes vs offsets, overlaps,
- * truncation. Returns MOH_OK, MOH_E_IO or MOH_E_FORMAT; on error st is left empty. */
+/* Reads and validates a whole file as the reference safetensors reader does: header length, JSON,
+ * dtypes, shapes vs offsets, tensors tiling the data buffer to the end of the file (rules: top of
+ * src/io/safetensors.c). Returns MOH_OK, MOH_E_IO or MOH_E_FORMAT; on error st is left empty. */
 int moh_st_open(moh_safetensors *st, const char *path, moh_error *err);
 /* Same validation on a buffer the caller keeps alive while st is used (fuzzing, tests). */
 int moh_st_parse(moh_safetensors *st, const uint8_t *buf, size_t len, const char *label,

@@ -99,10 +99,18 @@ static void parse_errors(test_ctx *ctx) {
     img[3] = 0x01; /* labels magic in an image file */
     rc = idx_parse_images(&im, img, n, 1 << 20, "t", &err);
     expect_err(ctx, "bad magic", rc, MOH_E_FORMAT, &err, "bad magic 0x00000801, expected 0x00000803");
+    expect_err(ctx, "bad magic reason", rc, MOH_E_FORMAT, &err, "3 dims): wrong number of dims");
+    img[0] = 0x01; /* not IDX at all: the first two bytes must be zero */
+    img[3] = 0x03;
+    rc = idx_parse_images(&im, img, n, 1 << 20, "t", &err);
+    expect_err(ctx, "not IDX", rc, MOH_E_FORMAT, &err, "bad magic 0x01000803, expected 0x00000803");
+    expect_err(ctx, "not IDX reason", rc, MOH_E_FORMAT, &err, "not an IDX file: its first two bytes must be zero");
+    img[0] = 0x00;
     img[3] = 0x03;
     img[2] = 0x0D; /* float data type */
     rc = idx_parse_images(&im, img, n, 1 << 20, "t", &err);
     expect_err(ctx, "float type", rc, MOH_E_FORMAT, &err, "bad magic 0x00000d03");
+    expect_err(ctx, "float type reason", rc, MOH_E_FORMAT, &err, "type code is not 0x08 (unsigned byte)");
     img[2] = 0x08;
     put_be32(img + 8, 0);
     rc = idx_parse_images(&im, img, n, 1 << 20, "t", &err);

@@ -1,4 +1,15 @@
-/* IDX (MNIST-format) reader, plain or gzip, and the image pipeline of the ViT trainer. */
+/* IDX (MNIST-format) reader, plain or gzip, and the image pipeline of the ViT trainer.
+ *
+ * Accepted files are those the common readers accept for MNIST data (the format on
+ * yann.lecun.com/exdb/mnist; torchvision's read_sn3_pascalvincent_tensor + read_image_file /
+ * read_label_file): magic 0x0000TTNN, big-endian (the first two bytes zero, else it is not IDX);
+ * type code TT = 0x08, unsigned byte (the other IDX types 0x09..0x0E are valid IDX, but
+ * torchvision's MNIST readers refuse them too); NN = 3 dims for images, 1 for labels; NN
+ * big-endian uint32 sizes; then exactly prod(sizes) bytes: torchvision's view(*sizes) fails on
+ * both missing and trailing bytes, and so does this reader. A zero size is refused (torchvision
+ * fails on the empty buffer as well); sizes above IDX_MAX_COUNT / IDX_MAX_SIDE are moh's resource
+ * caps and the message states them. gzip: concatenated members and trailing zero padding are
+ * accepted and anything else after the stream refused, as Python's gzip module does. */
 #include "data/idx.h"
 
 #include <errno.h>
@@ -104,9 +115,15 @@ static int parse_header(const uint8_t *buf, size_t len, uint32_t magic, int ndim
         return moh_fail(err, MOH_E_FORMAT, "%s: truncated: %zu bytes, expected an IDX %s header of %zu bytes",
                         label, len, what, hdr);
     const uint32_t m = be32(buf);
-    if (m != magic)
-        return moh_fail(err, MOH_E_FORMAT, "%s: bad magic 0x%08x, expected 0x%08x (IDX unsigned-byte %s, %d dims)",
-                        label, m, magic, what, ndim);
+    if (m != magic) {
+        const char *why = (m >> 16) != 0 ? "not an IDX file: its first two bytes must be zero"
+                          : ((m >> 8) & 0xff) != 0x08
+                              ? "IDX type code is not 0x08 (unsigned byte), the only type of MNIST data"
+                              : "wrong number of dims";
+        return moh_fail(err, MOH_E_FORMAT,
+                        "%s: bad magic 0x%08x, expected 0x%08x (IDX unsigned-byte %s, %d dims): %s",
+                        label, m, magic, what, ndim, why);
+    }
     if (len < hdr)
         return moh_fail(err, MOH_E_FORMAT, "%s: truncated header: %zu bytes, expected %zu", label, len, hdr);
     uint64_t total = 1;

@@ -16,7 +16,7 @@
 
 #define IDX_MAGIC_IMAGES 0x00000803u
 #define IDX_MAGIC_LABELS 0x00000801u
-/* Largest accepted image side and image count (anything larger is rejected as absurd). */
+/* Largest accepted image side and image count: moh's resource caps, not limits of the format. */
 #define IDX_MAX_SIDE 4096
 #define IDX_MAX_COUNT 100000000
 /* Largest decoded (inflated) file accepted from disk: 2 GiB. */

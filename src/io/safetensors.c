@@ -2,14 +2,32 @@
  *
  * File layout (https://huggingface.co/docs/safetensors): u64 little-endian header length n, n bytes
  * of UTF-8 JSON {name: {"dtype", "shape", "data_offsets": [begin, end)}, "__metadata__": {...}},
- * then the data buffer that the offsets index. Everything read from a file is validated before any
- * tensor is handed out: header length, UTF-8, JSON shape, dtypes, dims, offsets against the buffer,
- * byte counts against numel * itemsize (checked arithmetic), duplicate names and overlaps. Gaps
- * between tensors and trailing bytes after the last one are tolerated (the reference writer never
- * makes them; they are harmless to a reader).
+ * then the data buffer that the offsets index.
  *
- * __metadata__ must be an object of strings with unique keys; it is kept (moh_st_meta). A \u0000
- * escape in any string is refused (cJSON would silently cut the string there).
+ * The reader accepts what the reference reader accepts (huggingface/safetensors 0.8,
+ * SafeTensors::read_metadata + Metadata::validate, checked against the Python package with
+ * tools/ref/st_strict_verdicts.py) and refuses the rest, with the reference's reason:
+ * - file shorter than 8 bytes (HeaderTooSmall); n above 100000000 (HeaderTooLarge); n past the
+ *   end of the file (InvalidHeaderLength); header not UTF-8 (InvalidHeader);
+ * - header not JSON as serde_json reads it into the reference's structs (InvalidHeader-
+ *   Deserialization): strict JSON grammar, JSON whitespace (space, tab, CR, LF) allowed before and
+ *   after the object, nesting at most 127 deep, no number out of double range; the top level an
+ *   object; "__metadata__" at most once, null or an object of strings (a repeated key: the last
+ *   one wins); each tensor an object with dtype, shape and data_offsets once each (unknown fields
+ *   ignored), or serde's equivalent 3-element array [dtype, shape, data_offsets]; dtype one of the
+ *   format's names (or serde's {"F32": null} form); shape and data_offsets integer literals >= 0
+ *   (1.0, 1e0 and -0 are floats to serde and refused); a repeated tensor name: the last one wins;
+ * - the tensors, sorted by (begin, end), tile the data buffer: the first begins at 0, each begins
+ *   where the previous ends, so no gaps, no overlaps, zero-size tensors only at a boundary
+ *   (InvalidOffset); numel and bits computed with overflow checks dim by dim (ValidationOverflow);
+ *   a whole number of bytes (MisalignedSlice); end - begin == numel * itemsize
+ *   (TensorInvalidInfo); the last tensor ends exactly at the end of the file, no trailing bytes
+ *   (MetadataIncompleteBuffer).
+ * moh is stricter in three cases the reference accepts, each because moh's tensor struct would
+ * otherwise carry a wrong value: a \u0000 escape in a name or metadata string (C strings: cJSON
+ * would cut "a\u0000b" to "a", so a lookup could return another tensor), more than
+ * MOH_ST_MAX_DIMS dims (fixed-size shape array) and a dim above INT64_MAX (int64_t shape; the
+ * reference can only accept one in a tensor with a zero dim).
  *
  * Writing produces F32 tensors in entry order, after the optional __metadata__ object, header
  * padded with spaces to a multiple of 8 like the reference implementation, atomically (temp file,
@@ -44,7 +62,7 @@ typedef struct st_dtype_info {
     unsigned bits; /* bits per element */
 } st_dtype_info;
 
-/* Every dtype of the safetensors format (as of 0.6); only the first four are readable as float. */
+/* Every dtype of the safetensors format (as of 0.8); only the first four are readable as float. */
 static const st_dtype_info ST_DTYPES[] = {
     {"F32", MOH_DT_F32, 32},      {"F64", MOH_DT_F64, 64},      {"BF16", MOH_DT_BF16, 16},
     {"F16", MOH_DT_F16, 16},      {"I64", MOH_DT_OTHER, 64},    {"U64", MOH_DT_OTHER, 64},
@@ -52,7 +70,8 @@ static const st_dtype_info ST_DTYPES[] = {
     {"U16", MOH_DT_OTHER, 16},    {"I8", MOH_DT_OTHER, 8},      {"U8", MOH_DT_OTHER, 8},
     {"BOOL", MOH_DT_OTHER, 8},    {"F8_E4M3", MOH_DT_OTHER, 8}, {"F8_E5M2", MOH_DT_OTHER, 8},
     {"F8_E8M0", MOH_DT_OTHER, 8}, {"C64", MOH_DT_OTHER, 64},    {"F6_E2M3", MOH_DT_OTHER, 6},
-    {"F6_E3M2", MOH_DT_OTHER, 6}, {"F4", MOH_DT_OTHER, 4},
+    {"F6_E3M2", MOH_DT_OTHER, 6}, {"F4", MOH_DT_OTHER, 4},        {"F8_E4M3FNUZ", MOH_DT_OTHER, 8},
+    {"F8_E5M2FNUZ", MOH_DT_OTHER, 8},
 };
 
 static const st_dtype_info *st_dtype_lookup(const char *name) {
@@ -192,15 +211,6 @@ static size_t st_check_text(const uint8_t *s, size_t len, int allow_control, int
     return len;
 }
 
-/* A JSON number that is a non-negative integer no larger than 2^53 (exact in a double). */
-static int st_json_uint(const cJSON *j, uint64_t *out) {
-    if (!cJSON_IsNumber(j)) return 0;
-    double v = j->valuedouble;
-    if (!(v >= 0.0) || v > ST_MAX_JSON_INT || v != (double)(uint64_t)v) return 0;
-    *out = (uint64_t)v;
-    return 1;
-}
-
 /* Shortest %g rendering of v that reads back as v (0.1, not 0.10000000000000001). */
 static void st_num(char *buf, size_t cap, double v) {
     for (int p = 1; p <= 17; p++) {
@@ -229,11 +239,6 @@ static const char *st_json_show(char *buf, size_t cap, const cJSON *j) {
     return buf;
 }
 
-static int st_cmp_name(const void *a, const void *b) {
-    const moh_st_tensor *x = *(const moh_st_tensor *const *)a, *y = *(const moh_st_tensor *const *)b;
-    return strcmp(x->name, y->name);
-}
-
 static int st_cmp_begin(const void *a, const void *b) {
     const moh_st_tensor *x = *(const moh_st_tensor *const *)a, *y = *(const moh_st_tensor *const *)b;
     if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
@@ -252,22 +257,115 @@ static char *st_strdup(const char *s) {
     return d;
 }
 
-/* Offset of the first \u0000 escape inside a string of the (already parsed, valid) JSON text, or
- * n when there is none. cJSON would cut such a string at the NUL, silently turning "a\u0000b" into
- * "a"; names and metadata are C strings here, so these are refused instead. */
-static size_t st_find_nul_escape(const char *text, size_t n) {
-    int in_str = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!in_str) {
-            if (text[i] == '"') in_str = 1;
-        } else if (text[i] == '"') {
-            in_str = 0;
-        } else if (text[i] == '\\' && i + 1 < n) {
-            if (text[i + 1] == 'u' && i + 5 < n && memcmp(text + i + 2, "0000", 4) == 0) return i;
-            i++; /* skip the escaped character (\" or \\ in particular) */
+#define ST_MAX_DEPTH 127 /* serde_json's recursion limit: 128 nested arrays/objects fail */
+
+/* One JSON number of the header, in text order: is_uint when it is an integer literal (no '-',
+ * fraction or exponent) that fits 64 bits, which is what serde_json hands to a usize field. */
+typedef struct st_number {
+    uint64_t u;
+    int is_uint;
+} st_number;
+
+/* What the header scan found: the numbers in text order, or the first problem cJSON does not
+ * report itself (a number outside the JSON grammar, nesting over ST_MAX_DEPTH, \u0000). */
+typedef struct st_scan {
+    st_number *num;
+    size_t n_num, cap;
+    size_t bad_at; /* byte offset of the problem, when why != NULL */
+    const char *why;
+} st_scan;
+
+/* Scans the JSON text (already accepted by cJSON) outside strings: number grammar (RFC 8259:
+ * -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, cJSON's strtod also takes "01" and "1."),
+ * nesting depth, and \u0000 escapes inside strings. Returns 0 when out of memory. */
+static int st_scan_json(const char *t, size_t n, st_scan *sc) {
+    int depth = 0;
+    for (size_t i = 0; i < n && !sc->why; i++) {
+        char c = t[i];
+        if (c == '"') {
+            for (i++; i < n && t[i] != '"'; i++)
+                if (t[i] == '\\') {
+                    if (i + 5 < n && t[i + 1] == 'u' && memcmp(t + i + 2, "0000", 4) == 0) {
+                        sc->bad_at = i;
+                        sc->why = "a \\u0000 escape in a string (NUL is not supported in "
+                                  "tensor names or metadata)";
+                    }
+                    i++; /* the escaped character, \" in particular */
+                }
+        } else if (c == '[' || c == '{') {
+            if (++depth > ST_MAX_DEPTH) {
+                sc->bad_at = i;
+                sc->why = "not valid JSON (nested deeper than 127 levels, the reference "
+                          "parser's recursion limit)";
+            }
+        } else if (c == ']' || c == '}') {
+            depth--;
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            size_t s = i, k = i + (c == '-');
+            int ok = k < n && t[k] >= '0' && t[k] <= '9', is_int = c != '-', over = 0;
+            uint64_t u = 0;
+            if (ok && t[k] == '0' && k + 1 < n && t[k + 1] >= '0' && t[k + 1] <= '9') ok = 0;
+            for (; ok && k < n && t[k] >= '0' && t[k] <= '9'; k++)
+                if (__builtin_mul_overflow(u, 10u, &u) ||
+                    __builtin_add_overflow(u, (uint64_t)(t[k] - '0'), &u))
+                    over = 1;
+            if (ok && k < n && t[k] == '.') {
+                is_int = 0;
+                ok = ++k < n && t[k] >= '0' && t[k] <= '9';
+                while (k < n && t[k] >= '0' && t[k] <= '9') k++;
+            }
+            if (ok && k < n && (t[k] == 'e' || t[k] == 'E')) {
+                is_int = 0;
+                k++;
+                if (k < n && (t[k] == '+' || t[k] == '-')) k++;
+                ok = k < n && t[k] >= '0' && t[k] <= '9';
+                while (k < n && t[k] >= '0' && t[k] <= '9') k++;
+            }
+            if (!ok) {
+                sc->bad_at = s;
+                sc->why = "not valid JSON (malformed number)";
+                break;
+            }
+            if (sc->n_num == sc->cap) {
+                size_t cap = sc->cap ? 2 * sc->cap : 64;
+                st_number *q = realloc(sc->num, cap * sizeof *q);
+                if (!q) return 0;
+                sc->num = q;
+                sc->cap = cap;
+            }
+            sc->num[sc->n_num].u = u;
+            sc->num[sc->n_num++].is_uint = is_int && !over;
+            i = k - 1;
         }
     }
-    return n;
+    return 1;
+}
+
+/* Tags every number node of the tree with its index in text order (in valueint, which nothing
+ * here reads otherwise): cJSON keeps members and elements in text order and keys are strings, so
+ * a pre-order walk meets the numbers in the order st_scan_json found them. Returns the first
+ * number node that is out of double range (serde_json refuses 1e400), else NULL; *k counts. */
+static const cJSON *st_tag_numbers(cJSON *j, size_t *k) {
+    for (; j; j = j->next) {
+        if (cJSON_IsNumber(j)) {
+            j->valueint = *k <= INT_MAX ? (int)*k : -1;
+            ++*k;
+            if (isinf(j->valuedouble)) return j;
+        }
+        const cJSON *bad = st_tag_numbers(j->child, k);
+        if (bad) return bad;
+    }
+    return NULL;
+}
+
+/* A JSON number written as an integer literal >= 0 that fits 64 bits (serde's usize); its exact
+ * value, from the text (cJSON's double is exact only up to 2^53). */
+static int st_json_uint(const st_scan *sc, const cJSON *j, uint64_t *out) {
+    if (!cJSON_IsNumber(j) || j->valueint < 0 || (size_t)j->valueint >= sc->n_num) return 0;
+    const st_number *x = &sc->num[j->valueint];
+    if (!x->is_uint) return 0;
+    *out = x->u;
+    return 1;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -287,13 +385,43 @@ void moh_st_close(moh_safetensors *st) {
     memset(st, 0, sizeof *st);
 }
 
-/* Keeps the __metadata__ object (string -> string, keys unique) in st->meta. */
+/* keep[i] = 0 for each of the n keys (keys[i * stride]) that appears again later, else 1: the
+ * reference reads the header into a HashMap, where the last of repeated keys wins. Returns 0
+ * when out of memory. */
+typedef struct st_key {
+    const char *k;
+    int i;
+} st_key;
+static int st_cmp_key(const void *a, const void *b) {
+    const st_key *x = a, *y = b;
+    int c = strcmp(x->k, y->k);
+    return c ? c : (x->i > y->i) - (x->i < y->i);
+}
+static int st_last_wins(const char *const *keys, size_t stride, int n, unsigned char *keep) {
+    st_key *v = malloc((size_t)n * sizeof *v);
+    if (!v) return 0;
+    for (int i = 0; i < n; i++) {
+        v[i].k = keys[(size_t)i * stride];
+        v[i].i = i;
+        keep[i] = 1;
+    }
+    qsort(v, (size_t)n, sizeof *v, st_cmp_key);
+    for (int i = 1; i < n; i++)
+        if (strcmp(v[i - 1].k, v[i].k) == 0) keep[v[i - 1].i] = 0;
+    free(v);
+    return 1;
+}
+
+/* Keeps the __metadata__ object (string -> string; null is no metadata; of a repeated key the last
+ * value) in st->meta, in file order. */
 static int st_parse_metadata(moh_safetensors *st, const cJSON *meta, const char *label,
                              moh_error *err) {
     char v[200], k[200];
+    if (cJSON_IsNull(meta)) return MOH_OK;
     if (!cJSON_IsObject(meta))
-        return moh_fail(err, MOH_E_FORMAT, "%s: __metadata__: expected an object of strings, got %s",
-                        label, st_json_show(v, sizeof v, meta));
+        return moh_fail(err, MOH_E_FORMAT,
+                        "%s: __metadata__: expected null or an object of strings, got %s", label,
+                        st_json_show(v, sizeof v, meta));
     int count = 0;
     for (const cJSON *m = meta->child; m; m = m->next) {
         if (!m->string)
@@ -308,9 +436,12 @@ static int st_parse_metadata(moh_safetensors *st, const cJSON *meta, const char 
     }
     if (count == 0) return MOH_OK;
     st->meta = calloc(2 * (size_t)count, sizeof *st->meta);
-    if (!st->meta)
+    unsigned char *keep = malloc((size_t)count);
+    if (!st->meta || !keep) {
+        free(keep);
         return moh_fail(err, MOH_E_NOMEM, "%s: out of memory for %d metadata entries", label,
                         count);
+    }
     for (const cJSON *m = meta->child; m; m = m->next) {
         char **kv = st->meta + 2 * st->n_meta;
         kv[0] = st_strdup(m->string);
@@ -318,24 +449,28 @@ static int st_parse_metadata(moh_safetensors *st, const cJSON *meta, const char 
         if (!kv[1]) {
             free(kv[0]);
             kv[0] = NULL;
+            free(keep);
             return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", label);
         }
         st->n_meta++;
     }
-    if (count > 1) { /* a repeated key is ambiguous: refuse it like a repeated tensor name */
-        const char **keys = malloc((size_t)count * sizeof *keys);
-        if (!keys) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", label);
-        for (int i = 0; i < count; i++) keys[i] = st->meta[2 * i];
-        qsort(keys, (size_t)count, sizeof *keys, st_cmp_str);
-        for (int i = 1; i < count; i++)
-            if (strcmp(keys[i - 1], keys[i]) == 0) {
-                st_show(k, sizeof k, keys[i]);
-                free(keys);
-                return moh_fail(err, MOH_E_FORMAT, "%s: __metadata__: key '%s' appears twice",
-                                label, k);
-            }
-        free(keys);
+    if (!st_last_wins((const char *const *)st->meta, 2, count, keep)) {
+        free(keep);
+        return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", label);
     }
+    int w = 0;
+    for (int i = 0; i < count; i++) {
+        if (keep[i]) {
+            st->meta[2 * w] = st->meta[2 * i];
+            st->meta[2 * w + 1] = st->meta[2 * i + 1];
+            w++;
+        } else {
+            free(st->meta[2 * i]);
+            free(st->meta[2 * i + 1]);
+        }
+    }
+    st->n_meta = w;
+    free(keep);
     return MOH_OK;
 }
 
@@ -346,167 +481,175 @@ const char *moh_st_meta(const moh_safetensors *st, const char *key) {
     return NULL;
 }
 
-/* Fills t from the header entry j; the name is already set. */
-static int st_parse_entry(moh_st_tensor *t, const cJSON *j, size_t data_size, const char *label,
+/* Fills dtype, shape and offsets of t from the header entry j (the name is already set): the
+ * checks of deserialising the reference's TensorInfo. Offsets and sizes: st_validate. */
+static int st_parse_entry(moh_st_tensor *t, const cJSON *j, const st_scan *sc, const char *label,
                           moh_error *err) {
-    char nm[200], v[200], sh[200];
+    char nm[200], v[200];
     st_show(nm, sizeof nm, t->name);
-    if (!cJSON_IsObject(j))
+    const cJSON *jd, *js, *jo;
+    if (cJSON_IsArray(j) && cJSON_GetArraySize(j) == 3) { /* serde reads a struct from a sequence */
+        jd = j->child;
+        js = jd->next;
+        jo = js->next;
+    } else if (cJSON_IsObject(j)) {
+        /* Unknown keys are ignored like the reference does; a repeated field is an error there. */
+        static const char *const fields[3] = {"dtype", "shape", "data_offsets"};
+        int seen[3] = {0, 0, 0};
+        for (const cJSON *a = j->child; a; a = a->next)
+            for (int f = 0; f < 3; f++)
+                if (a->string && strcmp(a->string, fields[f]) == 0 && seen[f]++)
+                    return moh_fail(err, MOH_E_FORMAT,
+                                    "%s: tensor '%s': field '%s' appears twice", label, nm,
+                                    fields[f]);
+        jd = cJSON_GetObjectItemCaseSensitive(j, "dtype");
+        js = cJSON_GetObjectItemCaseSensitive(j, "shape");
+        jo = cJSON_GetObjectItemCaseSensitive(j, "data_offsets");
+        const char *miss = !jd ? "dtype" : !js ? "shape" : !jo ? "data_offsets" : NULL;
+        if (miss)
+            return moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s': missing field '%s'", label, nm,
+                            miss);
+    } else {
         return moh_fail(err, MOH_E_FORMAT,
-                        "%s: tensor '%s': expected an object with dtype, shape and data_offsets, "
-                        "got %s",
+                        "%s: tensor '%s': expected an object with dtype, shape and data_offsets "
+                        "(or the array [dtype, shape, data_offsets]), got %s",
                         label, nm, st_json_show(v, sizeof v, j));
+    }
 
-    /* Unknown keys are ignored like the reference does; a repeated field is ambiguous. */
-    static const char *const fields[3] = {"dtype", "shape", "data_offsets"};
-    int seen[3] = {0, 0, 0};
-    for (const cJSON *a = j->child; a; a = a->next)
-        for (int f = 0; f < 3; f++)
-            if (a->string && strcmp(a->string, fields[f]) == 0 && seen[f]++)
-                return moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s': field '%s' appears twice",
-                                label, nm, fields[f]);
-
-    /* dtype */
-    const cJSON *jd = cJSON_GetObjectItemCaseSensitive(j, "dtype");
-    if (!jd)
-        return moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s': missing field 'dtype'", label, nm);
-    if (!cJSON_IsString(jd) || !jd->valuestring)
+    /* dtype: a name, or serde's map form of a unit variant {"F32": null} */
+    const char *dn = NULL;
+    if (cJSON_IsString(jd)) dn = jd->valuestring;
+    else if (cJSON_IsObject(jd) && jd->child && !jd->child->next && cJSON_IsNull(jd->child))
+        dn = jd->child->string;
+    if (!dn)
         return moh_fail(err, MOH_E_FORMAT,
                         "%s: tensor '%s': field 'dtype': expected a string such as \"F32\", got %s",
                         label, nm, st_json_show(v, sizeof v, jd));
-    const st_dtype_info *di = st_dtype_lookup(jd->valuestring);
-    if (di) {
-        t->dtype = di->dt;
-        snprintf(t->dtype_name, sizeof t->dtype_name, "%s", di->name);
-    } else {
-        /* Unknown dtype: kept (moh_st_read_f32 refuses it), its byte size cannot be checked. */
-        t->dtype = MOH_DT_OTHER;
-        st_show(t->dtype_name, sizeof t->dtype_name, jd->valuestring); /* may be cut: "ABCDEFGHIJK..." */
+    const st_dtype_info *di = st_dtype_lookup(dn);
+    if (!di) {
+        char names[300];
+        size_t o = 0;
+        for (size_t i = 0; i < sizeof ST_DTYPES / sizeof ST_DTYPES[0] && o < sizeof names; i++)
+            o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", i ? ", " : "",
+                                  ST_DTYPES[i].name);
+        return moh_fail(err, MOH_E_FORMAT,
+                        "%s: tensor '%s': field 'dtype': unknown dtype '%s', expected one of %s",
+                        label, nm, st_show(v, sizeof v, dn), names);
     }
+    t->dtype = di->dt;
+    snprintf(t->dtype_name, sizeof t->dtype_name, "%s", di->name);
 
     /* shape */
-    const cJSON *js = cJSON_GetObjectItemCaseSensitive(j, "shape");
-    if (!js)
-        return moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s': missing field 'shape'", label, nm);
     if (!cJSON_IsArray(js))
         return moh_fail(err, MOH_E_FORMAT,
                         "%s: tensor '%s': field 'shape': expected an array of non-negative "
                         "integers, got %s",
                         label, nm, st_json_show(v, sizeof v, js));
-    int nd = cJSON_GetArraySize(js);
-    if (nd > MOH_ST_MAX_DIMS)
-        return moh_fail(err, MOH_E_FORMAT,
-                        "%s: tensor '%s': field 'shape' has %d dims, at most %d are supported",
-                        label, nm, nd, MOH_ST_MAX_DIMS);
     t->ndim = 0;
-    int any_zero = 0;
     for (const cJSON *d = js->child; d; d = d->next) {
         uint64_t x;
-        if (!st_json_uint(d, &x))
+        if (!st_json_uint(sc, d, &x))
             return moh_fail(err, MOH_E_FORMAT,
-                            "%s: tensor '%s': field 'shape': dim %d is %s, expected a non-negative "
-                            "integer <= 2^53",
+                            "%s: tensor '%s': field 'shape': dim %d is %s, expected an integer "
+                            "literal >= 0 below 2^64 (a fraction, exponent or '-' makes a float)",
                             label, nm, t->ndim, st_json_show(v, sizeof v, d));
-        if (x == 0) any_zero = 1;
+        if (t->ndim == MOH_ST_MAX_DIMS)
+            return moh_fail(err, MOH_E_FORMAT,
+                            "%s: tensor '%s': field 'shape' has %d dims, at most %d are supported",
+                            label, nm, cJSON_GetArraySize(js), MOH_ST_MAX_DIMS);
+        if (x > (uint64_t)INT64_MAX)
+            return moh_fail(err, MOH_E_FORMAT,
+                            "%s: tensor '%s': field 'shape': dim %d is %" PRIu64
+                            ", above the %" PRId64 " that moh supports",
+                            label, nm, t->ndim, x, INT64_MAX);
         t->shape[t->ndim++] = (int64_t)x;
     }
 
     /* data_offsets */
-    const cJSON *jo = cJSON_GetObjectItemCaseSensitive(j, "data_offsets");
-    if (!jo)
-        return moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s': missing field 'data_offsets'", label,
-                        nm);
     uint64_t off[2];
-    if (!cJSON_IsArray(jo) || cJSON_GetArraySize(jo) != 2 || !st_json_uint(jo->child, &off[0]) ||
-        !st_json_uint(jo->child->next, &off[1]))
+    if (!cJSON_IsArray(jo) || cJSON_GetArraySize(jo) != 2 || !st_json_uint(sc, jo->child, &off[0]) ||
+        !st_json_uint(sc, jo->child->next, &off[1]))
         return moh_fail(err, MOH_E_FORMAT,
                         "%s: tensor '%s': field 'data_offsets': expected [begin, end] with two "
-                        "non-negative integers, got %s",
+                        "integer literals >= 0 below 2^64 (a fraction, exponent or '-' makes a "
+                        "float), got %s",
                         label, nm, st_json_show(v, sizeof v, jo));
-    if (off[0] > off[1])
-        return moh_fail(err, MOH_E_FORMAT,
-                        "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
-                        "): begin is after end",
-                        label, nm, off[0], off[1]);
-    if (off[1] > data_size)
-        return moh_fail(err, MOH_E_FORMAT,
-                        "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
-                        ") end beyond the data buffer of %zu bytes (file truncated?)",
-                        label, nm, off[0], off[1], data_size);
-    t->begin = (size_t)off[0];
-    t->end = (size_t)off[1];
-
-    /* numel and byte size, with checked arithmetic */
-    uint64_t numel = 1;
-    if (any_zero) {
-        numel = 0;
-    } else {
-        for (int i = 0; i < t->ndim; i++)
-            if (__builtin_mul_overflow(numel, (uint64_t)t->shape[i], &numel) ||
-                numel > (uint64_t)INT64_MAX)
-                return moh_fail(err, MOH_E_FORMAT,
-                                "%s: tensor '%s': shape %s has too many elements (numel overflows "
-                                "64 bits)",
-                                label, nm, st_shape_str(sh, sizeof sh, t->ndim, t->shape));
-    }
-    t->numel = (int64_t)numel;
-    if (di) {
-        uint64_t bits;
-        if (__builtin_mul_overflow(numel, (uint64_t)di->bits, &bits))
-            return moh_fail(err, MOH_E_FORMAT,
-                            "%s: tensor '%s': dtype %s with shape %s needs more than 2^64 bits "
-                            "(numel * itemsize overflows)",
-                            label, nm, di->name, st_shape_str(sh, sizeof sh, t->ndim, t->shape));
-        if (bits % 8 != 0)
-            return moh_fail(err, MOH_E_FORMAT,
-                            "%s: tensor '%s': dtype %s with shape %s is %" PRIu64
-                            " bits, not a whole number of bytes",
-                            label, nm, di->name, st_shape_str(sh, sizeof sh, t->ndim, t->shape),
-                            bits);
-        uint64_t need = bits / 8, have = off[1] - off[0];
-        if (need != have)
-            return moh_fail(err, MOH_E_FORMAT,
-                            "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 ") hold %" PRIu64
-                            " bytes but dtype %s with shape %s needs %" PRIu64,
-                            label, nm, off[0], off[1], have, di->name,
-                            st_shape_str(sh, sizeof sh, t->ndim, t->shape), need);
-    }
+    t->begin = off[0] < SIZE_MAX ? (size_t)off[0] : SIZE_MAX;
+    t->end = off[1] < SIZE_MAX ? (size_t)off[1] : SIZE_MAX;
     return MOH_OK;
 }
 
-/* Duplicate names and overlapping byte ranges, both by sorting. */
-static int st_check_set(moh_safetensors *st, const char *label, moh_error *err) {
+/* The reference's Metadata::validate and its last check: the tensors, sorted by (begin, end),
+ * tile the data buffer from byte 0 to its end; each holds exactly numel * itemsize bytes. */
+static int st_validate(moh_safetensors *st, const char *label, moh_error *err) {
     int n = st->n_tensors;
-    if (n < 2) return MOH_OK;
-    moh_st_tensor **p = malloc((size_t)n * sizeof *p);
-    if (!p) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory checking %d tensors", label, n);
-    char a[200], b[200];
-    int rc = MOH_OK;
-
+    moh_st_tensor **p = n ? malloc((size_t)n * sizeof *p) : NULL;
+    if (n && !p) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory checking %d tensors", label, n);
     for (int i = 0; i < n; i++) p[i] = &st->tensors[i];
-    qsort(p, (size_t)n, sizeof *p, st_cmp_name);
-    for (int i = 1; i < n && rc == MOH_OK; i++)
-        if (strcmp(p[i - 1]->name, p[i]->name) == 0)
-            rc = moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s' appears twice in the header", label,
-                          st_show(a, sizeof a, p[i]->name));
-
-    if (rc == MOH_OK) {
-        int m = 0; /* zero-size tensors own no bytes and overlap nothing */
-        for (int i = 0; i < n; i++)
-            if (st->tensors[i].end > st->tensors[i].begin) p[m++] = &st->tensors[i];
-        qsort(p, (size_t)m, sizeof *p, st_cmp_begin);
-        const moh_st_tensor *far = NULL; /* the tensor reaching furthest so far */
-        for (int i = 0; i < m && rc == MOH_OK; i++) {
-            if (far && p[i]->begin < far->end)
-                rc = moh_fail(err, MOH_E_FORMAT,
-                              "%s: tensors '%s' [%zu, %zu) and '%s' [%zu, %zu) overlap", label,
-                              st_show(a, sizeof a, far->name), far->begin, far->end,
-                              st_show(b, sizeof b, p[i]->name), p[i]->begin, p[i]->end);
-            if (!far || p[i]->end > far->end) far = p[i];
+    if (n > 1) qsort(p, (size_t)n, sizeof *p, st_cmp_begin);
+    char nm[200], a[200], sh[200];
+    int rc = MOH_OK;
+    size_t start = 0;
+    for (int i = 0; i < n && rc == MOH_OK; i++) {
+        moh_st_tensor *t = p[i];
+        st_show(nm, sizeof nm, t->name);
+        st_shape_str(sh, sizeof sh, t->ndim, t->shape);
+        if (t->end < t->begin) {
+            rc = moh_fail(err, MOH_E_FORMAT,
+                          "%s: tensor '%s': invalid offsets: data_offsets [%zu, %zu) begin after "
+                          "their end",
+                          label, nm, t->begin, t->end);
+        } else if (t->begin < start) {
+            rc = moh_fail(err, MOH_E_FORMAT,
+                          "%s: tensor '%s': invalid offsets: data_offsets [%zu, %zu) overlap "
+                          "tensor '%s' [%zu, %zu) (tensors must tile the data buffer)",
+                          label, nm, t->begin, t->end, st_show(a, sizeof a, p[i - 1]->name),
+                          p[i - 1]->begin, p[i - 1]->end);
+        } else if (t->begin > start) {
+            rc = moh_fail(err, MOH_E_FORMAT,
+                          "%s: tensor '%s': invalid offsets: data_offsets [%zu, %zu) leave bytes "
+                          "[%zu, %zu) of the data buffer unused, expected it to begin at %zu "
+                          "(tensors must tile the data buffer from byte 0, without gaps)",
+                          label, nm, t->begin, t->end, start, t->begin, start);
         }
+        if (rc != MOH_OK) break;
+        start = t->end;
+        const st_dtype_info *di = st_dtype_lookup(t->dtype_name);
+        uint64_t numel = 1, bits = 0;
+        int over = 0;
+        for (int d = 0; d < t->ndim && !over; d++)
+            over = __builtin_mul_overflow(numel, (uint64_t)t->shape[d], &numel);
+        if (over || __builtin_mul_overflow(numel, (uint64_t)di->bits, &bits) ||
+            numel > (uint64_t)INT64_MAX)
+            rc = moh_fail(err, MOH_E_FORMAT,
+                          "%s: tensor '%s': dtype %s with shape %s overflows 64 bits computing "
+                          "its byte size",
+                          label, nm, di->name, sh);
+        else if (bits % 8 != 0)
+            rc = moh_fail(err, MOH_E_FORMAT,
+                          "%s: tensor '%s': dtype %s with shape %s is %" PRIu64
+                          " bits, not a whole number of bytes",
+                          label, nm, di->name, sh, bits);
+        else if (bits / 8 != (uint64_t)(t->end - t->begin))
+            rc = moh_fail(err, MOH_E_FORMAT,
+                          "%s: tensor '%s': data_offsets [%zu, %zu) hold %zu bytes but dtype %s "
+                          "with shape %s needs %" PRIu64,
+                          label, nm, t->begin, t->end, t->end - t->begin, di->name, sh, bits / 8);
+        t->numel = (int64_t)numel;
     }
     free(p);
-    return rc;
+    if (rc != MOH_OK) return rc;
+    if (start > st->data_size)
+        return moh_fail(err, MOH_E_FORMAT,
+                        "%s: the tensors end at byte %zu of the data buffer but the file holds "
+                        "only %zu data bytes (file truncated?)",
+                        label, start, st->data_size);
+    if (start < st->data_size)
+        return moh_fail(err, MOH_E_FORMAT,
+                        "%s: %zu bytes after the last tensor (which ends at byte %zu of the data "
+                        "buffer), expected the file to end there",
+                        label, st->data_size - start, start);
+    return MOH_OK;
 }
 
 int moh_st_parse(moh_safetensors *st, const uint8_t *buf, size_t len, const char *label,
@@ -522,8 +665,9 @@ int moh_st_parse(moh_safetensors *st, const uint8_t *buf, size_t len, const char
     uint64_t hlen = st_le64(buf);
     if (hlen > ST_MAX_HEADER)
         return moh_fail(err, MOH_E_FORMAT,
-                        "%s: header length %" PRIu64 " is absurd (limit %llu bytes)", label, hlen,
-                        ST_MAX_HEADER);
+                        "%s: header length %" PRIu64
+                        " exceeds the %llu-byte limit of the safetensors format",
+                        label, hlen, ST_MAX_HEADER);
     if (hlen > len - 8)
         return moh_fail(err, MOH_E_FORMAT,
                         "%s: header length %" PRIu64
@@ -540,6 +684,11 @@ int moh_st_parse(moh_safetensors *st, const uint8_t *buf, size_t len, const char
                                      "JSON)"
                                    : "%s: header is not valid UTF-8 (byte 0x%02x at byte %zu)",
                         label, hdr[bad], bad);
+
+    if (hn >= 3 && memcmp(hdr, "\xef\xbb\xbf", 3) == 0) /* cJSON would skip it, serde does not */
+        return moh_fail(err, MOH_E_FORMAT,
+                        "%s: header is not valid JSON (it starts with a UTF-8 byte order mark)",
+                        label);
 
     /* cJSON gets a NUL-terminated private copy: nothing past the header can ever be read. */
     char *text = malloc(hn + 1);
@@ -564,18 +713,32 @@ int moh_st_parse(moh_safetensors *st, const uint8_t *buf, size_t len, const char
                             "byte %zu of %zu)",
                             label, at, hn);
         }
-    size_t nul = st_find_nul_escape(text, hn);
+    st_scan sc = {0};
+    int scanned = st_scan_json(text, hn, &sc);
     free(text);
-    if (nul < hn) {
-        cJSON_Delete(root);
-        return moh_fail(err, MOH_E_FORMAT,
-                        "%s: header has a \\u0000 escape in a string at byte %zu (NUL is not "
-                        "supported in tensor names or metadata)",
-                        label, nul);
-    }
-
     int rc = MOH_OK;
     char v[200];
+    size_t tagged = 0;
+    const cJSON *inf = NULL;
+    if (!scanned) {
+        rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory scanning the header", label);
+        goto done;
+    }
+    if (sc.why) {
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: header at byte %zu: %s", label, sc.bad_at, sc.why);
+        goto done;
+    }
+    inf = st_tag_numbers(root, &tagged);
+    if (inf) {
+        rc = moh_fail(err, MOH_E_FORMAT,
+                      "%s: header is not valid JSON (number out of range: beyond a double)", label);
+        goto done;
+    }
+    if (tagged != sc.n_num) { /* cannot happen when cJSON and the scan agree on the text */
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: header is not valid JSON (%zu numbers parsed, %zu "
+                      "scanned)", label, tagged, sc.n_num);
+        goto done;
+    }
     if (!cJSON_IsObject(root)) {
         rc = moh_fail(err, MOH_E_FORMAT, "%s: header is not a JSON object (got %s)", label,
                       st_json_show(v, sizeof v, root));
@@ -628,11 +791,32 @@ int moh_st_parse(moh_safetensors *st, const uint8_t *buf, size_t len, const char
             goto done;
         }
         st->n_tensors++; /* counted now so that close frees the name */
-        if ((rc = st_parse_entry(t, e, st->data_size, label, err)) != MOH_OK) goto done;
+        if ((rc = st_parse_entry(t, e, &sc, label, err)) != MOH_OK) goto done;
     }
-    rc = st_check_set(st, label, err);
+    if (count > 1) { /* a repeated name: the last entry wins, like the reference's HashMap */
+        const char **names = malloc((size_t)count * sizeof *names);
+        unsigned char *keep = malloc((size_t)count);
+        int ok = names && keep;
+        for (int i = 0; ok && i < count; i++) names[i] = st->tensors[i].name;
+        ok = ok && st_last_wins(names, 1, count, keep);
+        free(names);
+        if (!ok) {
+            free(keep);
+            rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory checking %d tensors", label, count);
+            goto done;
+        }
+        int w = 0;
+        for (int i = 0; i < count; i++) {
+            if (keep[i]) st->tensors[w++] = st->tensors[i];
+            else free(st->tensors[i].name);
+        }
+        st->n_tensors = w;
+        free(keep);
+    }
+    rc = st_validate(st, label, err);
 
 done:
+    free(sc.num);
     cJSON_Delete(root);
     if (rc != MOH_OK) moh_st_close(st);
     return rc;
@@ -940,8 +1124,10 @@ static int st_build_header(const char *path, const moh_st_entry *entries, int n,
     while (!hb->oom && hb->n % 8 != 0) sb_str(hb, " ");
     if (hb->oom) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory building the header", path);
     if (hb->n > ST_MAX_HEADER)
-        return moh_fail(err, MOH_E_ARG, "%s: header would be %zu bytes (limit %llu)", path, hb->n,
-                        ST_MAX_HEADER);
+        return moh_fail(err, MOH_E_ARG,
+                        "%s: header would be %zu bytes, over the %llu-byte limit of the "
+                        "safetensors format",
+                        path, hb->n, ST_MAX_HEADER);
 
     if (n > 1) { /* duplicate names */
         const char **names = malloc((size_t)n * sizeof *names);
