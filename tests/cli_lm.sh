@@ -149,13 +149,20 @@ check "python3 -c 'assert $lr_end <= 1.05 * 2e-4, $lr_end'" "time-fitted run end
 check "[ \"\$(field total_steps < '$T/fit/metrics.jsonl')\" = \"\${last#*/}\" ]" "metrics.jsonl total_steps differs from the progress line's $last"
 
 # 8. tokens/s leaves validation out: with a whole-split validation every 2 steps (most of the wall
-# time), the reported training rate stays near that of a run without validation
-"$MOH" train "${common[@]}" --out "$T/noval" --steps 60 --eval-every 0 || bad "no-validation run exited $?"
-"$MOH" train "${common[@]}" --out "$T/heavy" --steps 60 --eval-every 2 --eval-tokens 0 || bad "heavy-validation run exited $?"
-r0=$(field train_tok_s < "$T/noval/metrics.jsonl"); r1=$(field train_tok_s < "$T/heavy/metrics.jsonl")
-e1=$(field elapsed_s < "$T/heavy/metrics.jsonl")
-check "python3 -c 'assert $r1 >= 0.6 * $r0, ($r1, $r0)'" "training tok/s with heavy validation $r1 vs $r0 without: validation time counted"
-check "python3 -c 'assert 60 * 128 / $e1 < 0.5 * $r0, ($e1, $r0)'" "heavy validation is not heavy (test premise): elapsed $e1 s"
+# time: counted in, the rate would drop ~7x), the reported training rate stays near that of a run
+# without validation (best of 2 runs each, against load bursts on a shared machine)
+best() { python3 -c "import sys; print(max(float(a or 0) for a in sys.argv[1:]))" "$@"; }
+r0=0 r1=0 e1=0
+for _ in 1 2; do
+  rm -rf "$T/noval" "$T/heavy"
+  "$MOH" train "${common[@]}" --out "$T/noval" --steps 60 --eval-every 0 || bad "no-validation run exited $?"
+  "$MOH" train "${common[@]}" --out "$T/heavy" --steps 60 --eval-every 2 --eval-tokens 0 || bad "heavy-validation run exited $?"
+  r0=$(best "$r0" "$(field train_tok_s < "$T/noval/metrics.jsonl")")
+  r1=$(best "$r1" "$(field train_tok_s < "$T/heavy/metrics.jsonl")")
+  e1=$(field elapsed_s < "$T/heavy/metrics.jsonl")
+done
+check "python3 -c 'assert $r1 >= 0.4 * $r0 > 0, ($r1, $r0)'" "training tok/s with heavy validation $r1 vs $r0 without: validation time counted"
+check "python3 -c 'assert 60 * 128 / $e1 < 0.3 * $r0, ($e1, $r0)'" "heavy validation is not heavy (test premise): elapsed $e1 s"
 
 # 9. a time-fitted run stopped early records its fitted total; --resume (no --steps) continues to it
 # and ends at the minimum lr

@@ -386,9 +386,11 @@ int lm_train(const lm_train_options *o, moh_error *err) {
         const double t = train_now_s(), run_s = t - t0, step_s = t - t_top, train_s = training_s(&clk, t);
         tr.st.elapsed_s = elapsed0 + run_s;
         const bool pause = o->stop_at_step > 0 && tr.st.step >= o->stop_at_step;
-        /* out of time when one more step and the final validation no longer fit */
+        /* out of time when one more step and the final validation no longer fit; during the
+         * first 3 steps (too slow to predict from) only when the budget is spent */
         const train_cost_model cm = cost_model(&tr, &clk, tr.st.step, t);
-        const bool time_up = max_s > 0 && train_fit_steps(&cm, tr.st.step, max_s - run_s) == 0;
+        const bool time_up = max_s > 0 && (run_s >= max_s || (tr.st.step - start_step >= 3 &&
+                                                              train_fit_steps(&cm, tr.st.step, max_s - run_s) == 0));
         const bool last = tr.st.step >= total || time_up || train_interrupted() || pause;
         const bool do_eval = last || (o->eval_every > 0 && tr.st.step % o->eval_every == 0);
         lm_eval_result ev = {0};
