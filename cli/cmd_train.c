@@ -18,7 +18,7 @@ int cmd_train(int argc, char **argv) {
         {"--data", ARG_STR, &o.data_path, "FILE|DIR", "UTF-8 text file (its last --val-fraction, cut at a line start, is validation) or a dir with train.txt + val.txt", true},
         {"--out", ARG_STR, &o.out_dir, "DIR", "checkpoint dir: config.json, model.safetensors, optimizer.safetensors, metrics.jsonl", true},
         {"--steps", ARG_LONG, &o.steps, "N", "optimizer steps (default: fit the schedule into --max-minutes)", false},
-        {"--max-minutes", ARG_DOUBLE, &o.max_minutes, "M", "stop after M minutes of training (checkpoint saved)", false},
+        {"--max-minutes", ARG_DOUBLE, &o.max_minutes, "M", "end the run within M minutes, final validation included (checkpoint saved)", false},
         {"--seed", ARG_U64, &o.seed, "S", "seed for init and data order (default 1)", false},
         {"--batch-size", ARG_INT, &o.batch_size, "B", "sequences per micro-batch (default 16)", false},
         {"--seq-len", ARG_INT, &o.seq_len, "T", "tokens per sequence (default: config max_position_embeddings)", false},

@@ -133,5 +133,47 @@ expect_err analyze-seq-len "max_position_embeddings" "$MOH" analyze --checkpoint
 mkdir -p "$T/vitck"; echo '{"model_type": "vit", "embed_dim": 16, "depth": 1, "num_heads": 2}' >"$T/vitck/config.json"
 expect_err sample-vit "language model" "$MOH" sample --checkpoint "$T/vitck" --prompt x
 
+# 7. --max-minutes without --steps: the schedule is refitted as training goes, so with validation a
+# large share of the time the run still ends at the budget (validation included) with its last step
+# at the fitted total (lr at its minimum); bounds are generous for a shared machine
+field() { grep -o "\"$1\": [0-9.e+-]*" | tail -1 | cut -d' ' -f2; } # last value of a metrics field
+s0=$(date +%s.%N)
+"$MOH" train --config "$T/tiny.json" --data "$T/corpus.txt" --out "$T/fit" --batch-size 4 --seq-len 32 \
+  --max-minutes 0.1 --eval-every 20 --eval-tokens 0 --seed 5 --log-every 1 > "$T/fit.out" || bad "time-fitted train exited $?"
+s1=$(date +%s.%N)
+last=$(grep '^step ' "$T/fit.out" | tail -1 | awk '{print $2}') # "N/TOTAL" of the last progress line
+check "python3 -c 'n, t = map(int, \"$last\".split(\"/\")); assert n >= 0.98 * t, (n, t)'" "time-fitted run ended at step $last, short of its fitted total"
+check "python3 -c 'w = $s1 - $s0; assert 0.9 * 6 <= w <= 1.15 * 6, w'" "time-fitted run of a 6 s budget took $(echo "$s1 - $s0" | bc) s"
+lr_end=$(field lr < "$T/fit/metrics.jsonl")
+check "python3 -c 'assert $lr_end <= 1.05 * 2e-4, $lr_end'" "time-fitted run ended at lr $lr_end, not at the minimum 2e-4"
+check "[ \"\$(field total_steps < '$T/fit/metrics.jsonl')\" = \"\${last#*/}\" ]" "metrics.jsonl total_steps differs from the progress line's $last"
+
+# 8. tokens/s leaves validation out: with a whole-split validation every 2 steps (most of the wall
+# time: counted in, the rate would drop ~7x), the reported training rate stays near that of a run
+# without validation (best of 2 runs each, against load bursts on a shared machine)
+best() { python3 -c "import sys; print(max(float(a or 0) for a in sys.argv[1:]))" "$@"; }
+r0=0 r1=0 e1=0
+for _ in 1 2; do
+  rm -rf "$T/noval" "$T/heavy"
+  "$MOH" train "${common[@]}" --out "$T/noval" --steps 60 --eval-every 0 || bad "no-validation run exited $?"
+  "$MOH" train "${common[@]}" --out "$T/heavy" --steps 60 --eval-every 2 --eval-tokens 0 || bad "heavy-validation run exited $?"
+  r0=$(best "$r0" "$(field train_tok_s < "$T/noval/metrics.jsonl")")
+  r1=$(best "$r1" "$(field train_tok_s < "$T/heavy/metrics.jsonl")")
+  e1=$(field elapsed_s < "$T/heavy/metrics.jsonl")
+done
+check "python3 -c 'assert $r1 >= 0.4 * $r0 > 0, ($r1, $r0)'" "training tok/s with heavy validation $r1 vs $r0 without: validation time counted"
+check "python3 -c 'assert 60 * 128 / $e1 < 0.3 * $r0, ($e1, $r0)'" "heavy validation is not heavy (test premise): elapsed $e1 s"
+
+# 9. a time-fitted run stopped early records its fitted total; --resume (no --steps) continues to it
+# and ends at the minimum lr
+"$MOH" train --config "$T/tiny.json" --data "$T/corpus.txt" --out "$T/fitr" --batch-size 4 --seq-len 32 \
+  --max-minutes 0.03 --eval-every 0 --seed 5 --stop-at-step 40 --quiet || bad "time-fitted first part exited $?"
+tot=$(field total_steps < "$T/fitr/metrics.jsonl")
+check "[ -n '$tot' ] && [ '$tot' -gt 40 ]" "stopped time-fitted run recorded total_steps '$tot'"
+"$MOH" train --resume --data "$T/corpus.txt" --out "$T/fitr" --batch-size 4 --seq-len 32 --eval-every 0 --quiet || bad "resume of a time-fitted run exited $?"
+check "[ \"\$(field step < '$T/fitr/metrics.jsonl')\" = '$tot' ]" "resumed time-fitted run did not end at its saved total $tot"
+lr_end=$(field lr < "$T/fitr/metrics.jsonl")
+check "python3 -c 'assert $lr_end <= 1.05 * 2e-4, $lr_end'" "resumed time-fitted run ended at lr $lr_end"
+
 echo "cli_lm: $pass passed, $fail failed"
 [ $fail -eq 0 ]

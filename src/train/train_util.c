@@ -99,3 +99,40 @@ int train_metrics_open(const char *out_dir, bool resume, long step, FILE **out, 
     if (!*out) return moh_fail(err, MOH_E_IO, "%s: cannot open: %s", path, strerror(errno));
     return MOH_OK;
 }
+
+/* How many multiples of every (> 0) lie in step+1 .. step+n-1. */
+static long multiples(long every, long step, long n) {
+    if (every <= 0 || n <= 1) return 0;
+    return (step + n - 1) / every - step / every;
+}
+
+double train_cost_of(const train_cost_model *m, long step, long n) {
+    if (n <= 0) return 0.0;
+    const long ev = multiples(m->eval_every, step, n);
+    long sv = multiples(m->save_every, step, n);
+    if (m->eval_every > 0 && m->save_every > 0) { /* a step that validates also saves: count it once */
+        long g = m->eval_every, b = m->save_every;
+        while (b) {
+            const long r = g % b;
+            g = b;
+            b = r;
+        }
+        const double lcm = (double)m->eval_every / (double)g * (double)m->save_every;
+        if (lcm < 9e18) sv -= multiples((long)lcm, step, n);
+    }
+    const double step_s = m->step_s > 1e-9 ? m->step_s : 1e-9;
+    return (double)n * step_s + (double)ev * m->eval_s + (double)sv * m->save_s + m->final_s;
+}
+
+long train_fit_steps(const train_cost_model *m, long step, double left_s) {
+    if (!(left_s > 0.0) || train_cost_of(m, step, 1) > left_s) return 0;
+    const double step_s = m->step_s > 1e-9 ? m->step_s : 1e-9;
+    const double cap = left_s / step_s + 1.0; /* every step costs at least step_s */
+    long lo = 1, hi = cap < 1e15 ? (long)cap + 1 : (long)1e15; /* cost(lo) fits; cost(hi) does not */
+    while (hi - lo > 1) {
+        const long mid = lo + (hi - lo) / 2;
+        if (train_cost_of(m, step, mid) <= left_s) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}

@@ -28,4 +28,21 @@ int train_check_fresh_out(const char *out_dir, moh_error *err);
  * first rewritten (atomically) without the lines of steps after `step`, the checkpoint's step, which
  * a kill or failed save can leave behind, then opened for appending. MOH_E_IO naming the file. */
 int train_metrics_open(const char *out_dir, bool resume, long step, FILE **out, moh_error *err);
+
+/* What the rest of a run costs, in wall seconds, as measured (or estimated) so far. */
+typedef struct train_cost_model {
+    double step_s;               /* one optimizer step, validation and checkpoints excluded */
+    double eval_s;               /* one periodic validation with its checkpoint */
+    double save_s;               /* one checkpoint alone (a --save-every step that is no validation step) */
+    double final_s;              /* the last step's validation (whole split) with its checkpoint */
+    long eval_every, save_every; /* steps between validations / checkpoints; 0 = none */
+} train_cost_model;
+
+/* Seconds that n more steps after step `step` cost: n * step_s, the periodic validations and
+ * checkpoints at the multiples of eval_every / save_every among steps step+1 .. step+n-1, and
+ * final_s after step step+n (0 when n <= 0). */
+double train_cost_of(const train_cost_model *m, long step, long n);
+/* The largest n >= 0 with train_cost_of(m, step, n) <= left_s: how many more steps fit in left_s
+ * seconds (0 when not even one does; step_s <= 0 counts as 1e-9 s). */
+long train_fit_steps(const train_cost_model *m, long step, double left_s);
 #endif

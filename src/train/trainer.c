@@ -219,6 +219,46 @@ static int validate(trainer *tr, long max_tokens, lm_eval_result *r, moh_error *
                        max_tokens, r, err);
 }
 
+/* Wall time of this session, split into training and the rest (validation, checkpoints), with
+ * what the rest cost so far: the inputs of the --max-minutes fit and the tokens/s figures. */
+typedef struct run_clock {
+    double t0, over_s;      /* session start (train_now_s); seconds in validation and checkpoints */
+    double val_s;           /* seconds of the periodic validations, over val_preds predictions */
+    long val_preds;
+    double eval_s;          /* seconds of the periodic validations with their checkpoints */
+    long evals;
+    double save_s;          /* seconds of all checkpoints */
+    long saves;
+    double base_s;          /* training seconds before base_step (the session's first 3 steps, */
+    long start_step, base_step; /* slower than the rest: left out of the step time once possible) */
+} run_clock;
+
+static double training_s(const run_clock *c, double now) { return now - c->t0 - c->over_s; }
+
+/* The cost model of the rest of the run (train_util.h) from what this session measured. Not yet
+ * measured: a validation prediction costs a third of a training token (forward only, no backward
+ * or optimizer), a checkpoint 0 s; the first validations and saves replace these guesses. */
+static train_cost_model cost_model(const trainer *tr, const run_clock *c, long step, double now) {
+    const lm_train_options *o = tr->o;
+    train_cost_model m = {0};
+    const double train_s = training_s(c, now);
+    if (step - c->base_step >= 3) m.step_s = (train_s - c->base_s) / (double)(step - c->base_step);
+    else if (step > c->start_step) m.step_s = train_s / (double)(step - c->start_step);
+    const double tokens_per_step = (double)tr->B * tr->T * o->grad_accum;
+    const double pred_s = c->val_preds > 0 ? c->val_s / (double)c->val_preds : m.step_s / tokens_per_step / 3.0;
+    const double save_s = c->saves > 0 ? c->save_s / (double)c->saves : 0.0;
+    const double full = (double)tr->data.n_val - (double)text_eval_num_chunks(tr->data.n_val, tr->T);
+    double periodic = full; /* predictions of a periodic validation: whole batches up to eval_tokens */
+    const double bt = (double)tr->B * tr->T;
+    if (o->eval_tokens > 0 && ceil((double)o->eval_tokens / bt) * bt < full) periodic = ceil((double)o->eval_tokens / bt) * bt;
+    m.eval_s = c->evals > 0 ? c->eval_s / (double)c->evals : periodic * pred_s + save_s;
+    m.save_s = save_s;
+    m.final_s = full * pred_s + save_s;
+    m.eval_every = o->eval_every;
+    m.save_every = o->save_every;
+    return m;
+}
+
 int lm_train(const lm_train_options *o, moh_error *err) {
     trainer tr;
     memset(&tr, 0, sizeof tr);
@@ -227,9 +267,10 @@ int lm_train(const lm_train_options *o, moh_error *err) {
     int *tok = NULL, *tgt = NULL;
     float *init = NULL;
     if (rc) goto out;
-    /* The schedule length: --steps, or (resume) what the interrupted run chose, or fitted to
-     * --max-minutes from the speed of the first steps (decided during warmup, so the lr curve
-     * up to that point does not depend on it). Checked before --out is touched. */
+    /* The schedule length: --steps, or (resume) what the interrupted run had when it saved, or
+     * fitted to --max-minutes. A resume of a time-fitted run thus keeps the saved length (the lr
+     * curve goes on from where it stopped) and --max-minutes only caps that session. Checked before
+     * --out is touched. */
     long total = o->steps;
     if (o->resume && tr.st.total_steps > 0 && total == 0) total = tr.st.total_steps;
     const bool auto_total = total <= 0;
@@ -257,16 +298,19 @@ int lm_train(const lm_train_options *o, moh_error *err) {
     long warmup = o->warmup >= 0 ? o->warmup : 100;
     if (!auto_total && o->warmup < 0 && warmup > total / 10) warmup = total / 10;
     if (o->resume && tr.st.warmup >= 0 && tr.st.total_steps > 0) warmup = tr.st.warmup;
-    if (auto_total) total = 1L << 40; /* provisional, fixed after the first timed steps */
+    if (auto_total) total = 1L << 40; /* provisional, fitted after the first timed steps */
     tr.st.total_steps = auto_total ? 0 : total;
     tr.st.warmup = warmup;
+    bool fitted = !auto_total;
 
     struct sigaction old_sa;
     train_sigint_install(&old_sa);
 
-    const double t0 = train_now_s(), elapsed0 = tr.st.elapsed_s, max_s = o->max_minutes * 60.0;
+    const double elapsed0 = tr.st.elapsed_s, max_s = o->max_minutes * 60.0;
+    run_clock clk = {.t0 = train_now_s(), .start_step = tr.st.step, .base_step = tr.st.step};
+    const double t0 = clk.t0;
     const long start_step = tr.st.step;
-    double last_log_t = t0, last_val_bpb = NAN;
+    double last_log_train_s = 0.0, last_val_bpb = NAN;
     long last_log_step = start_step;
     int status = 0;
     if (!o->quiet)
@@ -280,17 +324,34 @@ int lm_train(const lm_train_options *o, moh_error *err) {
                tr.data.n_train, tr.data.n_val);
     while (tr.st.step < total) {
         const long step = tr.st.step;
-        if (auto_total && tr.st.total_steps == 0 && step - start_step == 3) {
-            /* fitted after 3 timed steps; the warmup (unless given) becomes min(100, total / 10),
-             * which only changes the ramp slope of those first 3 steps */
-            const double per_step = (train_now_s() - t0) / 3.0;
-            long fit = step + (long)((max_s - (train_now_s() - t0)) / per_step * 0.97);
-            tr.st.total_steps = total = fit > step + 1 ? fit : step + 1;
-            if (o->warmup < 0) tr.st.warmup = warmup = total / 10 < 100 ? total / 10 : 100;
-            if (!o->quiet) printf("schedule fitted to %.1f min: %ld steps (%.2f s/step), warmup %ld\n", o->max_minutes, total, per_step, warmup);
+        const double t_top = train_now_s();
+        if (step - start_step == 3) { /* the first 3 steps are slower: the step time leaves them out */
+            clk.base_s = training_s(&clk, t_top);
+            clk.base_step = step;
         }
-        const double lr = lr_schedule(step, warmup, auto_total && tr.st.total_steps == 0 ? 1L << 40 : total,
-                                      o->lr, o->lr * o->min_lr_ratio);
+        if (auto_total && step - start_step >= 6) {
+            /* --max-minutes without --steps: before every step, total = this step + the steps that
+             * still fit in the budget at the measured training step time, with the periodic
+             * validations and checkpoints still due and the final whole-split validation costed in
+             * (never below step + 1). lr(step) is the cosine over the current total; a refit by d
+             * steps moves it by at most ~1.6 d / (total - warmup) of the lr range, and a refit only
+             * follows the drift of the measured times since the last step (the step time is a mean
+             * over the session), so the curve stays close to one cosine and reaches its minimum at
+             * the last step, as the budget ends. The first fit comes after 6 steps (3 timed
+             * after the 3 slow first ones); the warmup (unless given) is min(100, total / 10) of that
+             * fit, and then kept. Until then the lr ramps as with a warmup of 100 (or the given one). */
+            const train_cost_model cm = cost_model(&tr, &clk, step, t_top);
+            const long n = train_fit_steps(&cm, step, max_s - (t_top - t0));
+            tr.st.total_steps = total = step + (n > 1 ? n : 1);
+            if (!fitted) {
+                fitted = true;
+                if (o->warmup < 0) tr.st.warmup = warmup = total / 10 < 100 ? total / 10 : 100;
+                if (!o->quiet)
+                    printf("schedule fitted to %.1f min: %ld steps (%.3f s/step; refitted as training goes), "
+                           "warmup %ld\n", o->max_minutes, total, cm.step_s, warmup);
+            }
+        }
+        const double lr = lr_schedule(step, warmup, fitted ? total : 1L << 40, o->lr, o->lr * o->min_lr_ratio);
         memset(tr.g.data, 0, sizeof(float) * tr.g.n);
         double loss = 0.0, ce = 0.0, lb = 0.0;
         for (int micro = 0; micro < o->grad_accum; micro++) {
@@ -320,51 +381,77 @@ int lm_train(const lm_train_options *o, moh_error *err) {
         adamw_step(&ac, tr.p.data, tr.g.data, tr.m, tr.v, tr.decay, tr.p.n, step + 1, lr);
         tr.st.step++;
         tr.st.tokens_seen += (double)tokens_per_step;
-        const double t = train_now_s(), run_s = t - t0;
-        tr.st.elapsed_s = elapsed0 + run_s;
         double smin, smax;
         routed_share(&tr.cfg, &tr.acts, &smin, &smax);
+        const double t = train_now_s(), run_s = t - t0, step_s = t - t_top, train_s = training_s(&clk, t);
+        tr.st.elapsed_s = elapsed0 + run_s;
         const bool pause = o->stop_at_step > 0 && tr.st.step >= o->stop_at_step;
-        const bool last = tr.st.step >= total || (max_s > 0 && run_s >= max_s) || train_interrupted() || pause;
+        /* out of time when one more step and the final validation no longer fit; during the
+         * first 3 steps (too slow to predict from) only when the budget is spent */
+        const train_cost_model cm = cost_model(&tr, &clk, tr.st.step, t);
+        const bool time_up = max_s > 0 && (run_s >= max_s || (tr.st.step - start_step >= 3 &&
+                                                              train_fit_steps(&cm, tr.st.step, max_s - run_s) == 0));
+        const bool last = tr.st.step >= total || time_up || train_interrupted() || pause;
         const bool do_eval = last || (o->eval_every > 0 && tr.st.step % o->eval_every == 0);
         lm_eval_result ev = {0};
+        double val_s = 0.0;
         if (do_eval) {
             if ((rc = validate(&tr, last ? 0 : o->eval_tokens, &ev, err))) goto stop;
+            val_s = train_now_s() - t;
+            clk.over_s += val_s;
+            if (!last) {
+                clk.val_s += val_s;
+                clk.val_preds += ev.tokens;
+            }
             last_val_bpb = ev.bits_per_byte;
             free(ev.head_share);
         }
         fprintf(tr.metrics,
                 "{\"step\": %ld, \"loss\": %.6f, \"ce\": %.6f, \"lb_loss\": %.6f, \"lr\": %.6g, "
-                "\"grad_norm\": %.4f, \"tokens\": %.0f, \"elapsed_s\": %.2f, \"routed_share_min\": %.4f, "
-                "\"routed_share_max\": %.4f",
-                tr.st.step, loss, ce, lb, lr, gnorm, tr.st.tokens_seen, tr.st.elapsed_s, smin, smax);
+                "\"grad_norm\": %.4f, \"tokens\": %.0f, \"elapsed_s\": %.2f, \"step_s\": %.4f, "
+                "\"train_tok_s\": %.1f, \"routed_share_min\": %.4f, \"routed_share_max\": %.4f",
+                tr.st.step, loss, ce, lb, lr, gnorm, tr.st.tokens_seen, tr.st.elapsed_s, step_s,
+                (double)(tr.st.step - start_step) * tokens_per_step / train_s, smin, smax);
+        if (fitted) fprintf(tr.metrics, ", \"total_steps\": %ld", total);
         if (do_eval)
-            fprintf(tr.metrics, ", \"val_loss\": %.6f, \"val_bpb\": %.6f, \"val_tokens\": %ld",
-                    ev.val_loss, ev.bits_per_byte, ev.tokens);
+            fprintf(tr.metrics, ", \"val_loss\": %.6f, \"val_bpb\": %.6f, \"val_tokens\": %ld, \"val_s\": %.3f",
+                    ev.val_loss, ev.bits_per_byte, ev.tokens, val_s);
         fprintf(tr.metrics, "}\n");
         fflush(tr.metrics);
         if (!o->quiet && (tr.st.step % o->log_every == 0 || do_eval || tr.st.step == start_step + 1)) {
-            const double rate = (double)(tr.st.step - last_log_step) * tokens_per_step / (t - last_log_t);
-            const long remaining_steps = total - tr.st.step;
-            double eta = remaining_steps * (run_s / (double)(tr.st.step - start_step));
+            /* training tokens per second since the last progress line, validation and checkpoints
+             * excluded */
+            const double rate = (double)(tr.st.step - last_log_step) * tokens_per_step / (train_s - last_log_train_s);
+            double eta = fitted ? train_cost_of(&cm, tr.st.step, total - tr.st.step) : max_s - run_s;
             if (max_s > 0 && eta > max_s - run_s) eta = max_s - run_s;
             char el[32], et[32], share[64] = "";
             train_fmt_time(el, sizeof el, tr.st.elapsed_s);
-            train_fmt_time(et, sizeof et, auto_total && tr.st.total_steps == 0 ? max_s - run_s : eta);
+            train_fmt_time(et, sizeof et, eta);
             if (tr.cfg.router != MOH_ROUTER_NONE)
                 snprintf(share, sizeof share, " | head share %.2f-%.2f", smin, smax);
             char val[48] = "";
             if (do_eval) snprintf(val, sizeof val, " | val %.4f bpb", ev.bits_per_byte);
             char tot[24] = "?"; /* not known until the --max-minutes fit */
-            if (total <= (1L << 39)) snprintf(tot, sizeof tot, "%ld", total);
+            if (fitted) snprintf(tot, sizeof tot, "%ld", total);
             printf("step %6ld/%-6s | loss %.4f | lb %.3f | lr %.2e | %6.0f tok/s | %s, ETA %s%s%s\n",
                    tr.st.step, tot, ce, lb, lr, rate, el, et, share, val);
             fflush(stdout);
-            last_log_t = t;
+            last_log_train_s = train_s;
             last_log_step = tr.st.step;
         }
         const bool do_save = last || do_eval || (o->save_every > 0 && tr.st.step % o->save_every == 0);
-        if (do_save && (rc = save(&tr, err))) goto stop;
+        if (do_save) {
+            const double ts = train_now_s();
+            if ((rc = save(&tr, err))) goto stop;
+            const double sv = train_now_s() - ts;
+            clk.over_s += sv;
+            clk.save_s += sv;
+            clk.saves++;
+            if (do_eval && !last) {
+                clk.eval_s += val_s + sv;
+                clk.evals++;
+            }
+        }
         if (train_interrupted()) {
             if (!o->quiet) printf("interrupted: checkpoint saved to %s at step %ld\n", o->out_dir, tr.st.step);
             status = 130;
@@ -374,15 +461,24 @@ int lm_train(const lm_train_options *o, moh_error *err) {
             if (!o->quiet) printf("stopped at step %ld as asked; continue with --resume\n", tr.st.step);
             break;
         }
-        if (max_s > 0 && run_s >= max_s) {
-            if (tr.st.step < total && !o->quiet)
-                printf("time budget of %.1f min reached at step %ld of %ld\n", o->max_minutes, tr.st.step, total);
+        if (time_up) {
+            if (tr.st.step < total && !o->quiet) {
+                if (fitted) printf("time budget of %.1f min reached at step %ld of %ld\n", o->max_minutes, tr.st.step, total);
+                else printf("time budget of %.1f min reached at step %ld, before the schedule was fitted\n", o->max_minutes, tr.st.step);
+            }
             break;
         }
     }
-    if (!o->quiet && status == 0)
-        printf("done: %ld steps, %.0f tokens, final val %.4f bits/byte, checkpoint in %s\n",
-               tr.st.step, tr.st.tokens_seen, last_val_bpb, o->out_dir);
+    if (!o->quiet && status == 0) {
+        const double now = train_now_s();
+        char wall[32], tr_s[32], ov[32];
+        train_fmt_time(wall, sizeof wall, now - t0);
+        train_fmt_time(tr_s, sizeof tr_s, training_s(&clk, now));
+        train_fmt_time(ov, sizeof ov, clk.over_s);
+        printf("done: %ld steps, %.0f tokens, final val %.4f bits/byte, checkpoint in %s (this session: %s "
+               "wall = %s training + %s validation and checkpoints)\n",
+               tr.st.step, tr.st.tokens_seen, last_val_bpb, o->out_dir, wall, tr_s, ov);
+    }
     rc = status;
 stop:
     train_sigint_restore(&old_sa);

@@ -8,7 +8,7 @@ typedef struct lm_train_options {
     const char *data_path;   /* text file (last val_fraction held out) or dir with train/val.txt */
     const char *out_dir;     /* checkpoint directory, written during and after training */
     long steps;              /* total optimizer steps; 0 = fit the schedule into max_minutes */
-    double max_minutes;      /* wall-clock budget for this run (0 = none) */
+    double max_minutes;      /* wall-clock budget for this run, final validation included (0 = none) */
     uint64_t seed;
     int batch_size;          /* sequences per micro-batch */
     int seq_len;             /* T; 0 = config max_position_embeddings */
