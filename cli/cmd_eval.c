@@ -1,10 +1,12 @@
 /* moh eval: validation loss and bits per byte of a checkpoint on a text file (metric defined in
  * src/train/trainer.h, lm_evaluate), per-layer head-activation shares. */
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "cli.h"
@@ -12,7 +14,100 @@
 #include "core/fsutil.h"
 #include "data/text.h"
 #include "train/checkpoint.h"
+#include "train/train_util.h"
 #include "train/trainer.h"
+
+void eval_progress_start(eval_progress *pg, const char *unit) {
+    memset(pg, 0, sizeof *pg);
+    pg->t0 = pg->last = train_now_s();
+    pg->tty = isatty(2);
+    pg->unit = unit;
+}
+
+void eval_progress_update(eval_progress *pg, long done, long total) {
+    const double t = train_now_s(), el = t - pg->t0;
+    if (pg->tty ? t - pg->last < 0.25 : el < 2.0 || (pg->shown && t - pg->last < 10.0)) return;
+    char eta[32];
+    const double rate = el > 0 ? (double)done / el : 0.0;
+    train_fmt_time(eta, sizeof eta, rate > 0 ? (double)(total - done) / rate : 0.0);
+    fprintf(stderr, "%smoh eval: %3.0f%% (%ld / %ld %s), %.0f %s/s, ETA %s%s", pg->tty ? "\r" : "",
+            total ? 100.0 * (double)done / (double)total : 100.0, done, total, pg->unit, rate, pg->unit, eta,
+            pg->tty ? "\033[K" : "\n");
+    fflush(stderr);
+    pg->shown = true;
+    pg->last = t;
+}
+
+void eval_progress_end(eval_progress *pg, long total) {
+    if (!pg->shown) return;
+    if (pg->tty) {
+        fputs("\r\033[K", stderr);
+        return;
+    }
+    char el[32];
+    train_fmt_time(el, sizeof el, train_now_s() - pg->t0);
+    fprintf(stderr, "moh eval: 100%% (%ld %s) in %s\n", total, pg->unit, el);
+}
+
+/* true when path is (a directory of) MNIST-style IDX files rather than text */
+static bool is_idx_data(const char *path, bool dir) {
+    if (!dir) return strstr(path, "-idx") && strstr(path, "-ubyte");
+    static const char *const names[] = {"t10k-images-idx3-ubyte", "t10k-images-idx3-ubyte.gz",
+                                        "train-images-idx3-ubyte", "train-images-idx3-ubyte.gz"};
+    char p[PATH_MAX + 32];
+    struct stat st;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", path, names[i]);
+        if (stat(p, &st) == 0) return true;
+    }
+    return false;
+}
+
+/* lm_evaluate over consecutive slices of B chunks (one batch each; the last slice takes what is
+ * left), with progress on stderr. The slices batch the chunks as one call over the whole text
+ * does, so the result is the same up to the rounding of the sums: val_loss and head_share are
+ * weighted by predictions, lb_loss (a mean over batches) by each slice's batches. */
+static int evaluate_lm(const moh_lm_config *cfg, const lm_params_f32 *p, lm_acts_f32 *acts, int B, int T,
+                       const uint8_t *bytes, size_t n, lm_eval_result *r, moh_error *err) {
+    const int L = cfg->num_hidden_layers, h = cfg->num_attention_heads;
+    const long nchunks = text_eval_num_chunks(n, T);
+    const size_t step = (size_t)B * ((size_t)T + 1);
+    if (nchunks < 1) return lm_evaluate(cfg, p, acts, B, T, bytes, n, 0, r, err); /* names the problem */
+    /* predictions in all: T per full chunk, len - 1 for a short last one */
+    const long total = (long)(n / ((size_t)T + 1)) * T + (n % ((size_t)T + 1) >= 2 ? (long)(n % ((size_t)T + 1)) - 1 : 0);
+    memset(r, 0, sizeof *r);
+    if (!(r->head_share = calloc((size_t)L * h, sizeof(double)))) return moh_fail(err, MOH_E_NOMEM, "eval: out of memory");
+    double ce = 0.0, lb = 0.0;
+    long batches = 0;
+    eval_progress pg;
+    eval_progress_start(&pg, "predictions");
+    for (size_t off = 0; off < n && (long)(off / ((size_t)T + 1)) < nchunks; off += step) {
+        const size_t len = n - off > step ? step : n - off;
+        lm_eval_result s;
+        const int rc = lm_evaluate(cfg, p, acts, B, T, bytes + off, len, 0, &s, err);
+        if (rc) {
+            eval_progress_end(&pg, total);
+            free(r->head_share);
+            r->head_share = NULL;
+            return rc;
+        }
+        const long nch = text_eval_num_chunks(len, T), part = len % ((size_t)T + 1) >= 2 ? 1 : 0;
+        const long nb = (nch - part + B - 1) / B + part; /* a short last chunk runs as its own batch */
+        ce += s.val_loss * (double)s.tokens;
+        lb += s.lb_loss * (double)nb;
+        batches += nb;
+        for (size_t i = 0; i < (size_t)L * h; i++) r->head_share[i] += s.head_share[i] * (double)s.tokens;
+        r->tokens += s.tokens;
+        free(s.head_share);
+        eval_progress_update(&pg, r->tokens, total);
+    }
+    eval_progress_end(&pg, total);
+    for (size_t i = 0; i < (size_t)L * h; i++) r->head_share[i] /= (double)r->tokens;
+    r->val_loss = ce / (double)r->tokens;
+    r->bits_per_byte = r->val_loss / log(2.0);
+    r->lb_loss = lb / (double)batches;
+    return MOH_OK;
+}
 
 static int dump_logits(const char *path, const moh_lm_config *cfg, const lm_params_f32 *p,
                        lm_acts_f32 *acts, const uint8_t *bytes, size_t n, int T, moh_error *err) {
@@ -42,7 +137,7 @@ int cmd_eval(int argc, char **argv) {
     const arg_spec specs[] = {
         {"--checkpoint", ARG_STR, &ckpt, "DIR", "checkpoint dir (config.json + model.safetensors)", true},
         {"--data", ARG_STR, &data, "FILE|DIR", "text file evaluated whole (a prepared dir: its val.txt)", true},
-        {"--seq-len", ARG_INT, &T, "T", "context per chunk (default: config max_position_embeddings)", false},
+        {"--seq-len", ARG_INT, &T, "T", "context per chunk, at most the config's max_position_embeddings (the default)", false},
         {"--batch-size", ARG_INT, &B, "B", "chunks per forward pass (default 8; does not change the result)", false},
         {"--json", ARG_FLAG, &json, NULL, "print one JSON object: val_loss, bits_per_byte, tokens, head_share", false},
         {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write tokens [1,T] and logits [1,T,V] of the first chunk", false},
@@ -52,7 +147,8 @@ int cmd_eval(int argc, char **argv) {
                         "Metric: the file's bytes are cut into consecutive chunks of T + 1 bytes (a last\n"
                         "chunk shorter than 2 bytes is dropped); each chunk predicts its bytes 1..len-1\n"
                         "from the bytes before them; val_loss is the mean cross-entropy in nats over all\n"
-                        "predictions (no load-balance term); bits_per_byte = val_loss / ln 2.\n");
+                        "predictions (no load-balance term); bits_per_byte = val_loss / ln 2.\n"
+                        "Long runs print progress (rate, ETA) to stderr; stdout holds only the result.\n");
     if (rc) return rc == 1 ? 0 : rc;
     moh_error err = {0};
     moh_lm_config cfg;
@@ -65,11 +161,22 @@ int cmd_eval(int argc, char **argv) {
     int status = 1;
     char path[PATH_MAX + 16];
     struct stat st;
-    if (stat(data, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(path, sizeof path, "%s/val.txt", data);
+    const bool dir = stat(data, &st) == 0 && S_ISDIR(st.st_mode);
+    if (dir) snprintf(path, sizeof path, "%s/val.txt", data);
     else snprintf(path, sizeof path, "%s", data);
+    if (is_idx_data(data, dir) && (!dir || stat(path, &st) != 0)) {
+        moh_fail(&err, MOH_E_ARG, "--data %s holds IDX images, but %s is a language model checkpoint: it "
+                 "needs a text file (or a directory with val.txt)", data, ckpt);
+        goto fail;
+    }
     if (lm_checkpoint_load(ckpt, &cfg, &p, &err)) goto fail;
     have_p = true;
     if (T <= 0) T = cfg.max_position_embeddings;
+    if (T > cfg.max_position_embeddings) { /* positions past the trained context */
+        moh_fail(&err, MOH_E_ARG, "--seq-len is %d, more than the context of %s (max_position_embeddings %d)",
+                 T, ckpt, cfg.max_position_embeddings);
+        goto fail;
+    }
     if (B < 1 || B > 65536) {
         moh_fail(&err, MOH_E_ARG, "--batch-size is %d, expected 1..65536", B);
         goto fail;
@@ -78,7 +185,7 @@ int cmd_eval(int argc, char **argv) {
     if (lm_acts_init_sparse_f32(&acts, &cfg, B, T, &err)) goto fail;
     have_acts = true;
     if (dump && dump_logits(dump, &cfg, &p, &acts, (const uint8_t *)text, n, T, &err)) goto fail;
-    if (lm_evaluate(&cfg, &p, &acts, B, T, (const uint8_t *)text, n, 0, &r, &err)) goto fail;
+    if (evaluate_lm(&cfg, &p, &acts, B, T, (const uint8_t *)text, n, &r, &err)) goto fail;
     const int L = cfg.num_hidden_layers, h = cfg.num_attention_heads;
     if (json) {
         printf("{\"val_loss\": %.8f, \"bits_per_byte\": %.8f, \"tokens\": %ld, \"seq_len\": %d, "

@@ -1,15 +1,18 @@
 /* moh sample: generate text from a checkpoint with a KV cache (only the selected heads of each
- * token are computed). */
-#include <math.h>
+ * token are computed). The model never runs at a position >= max_position_embeddings: when the
+ * cache is full, the last half of the context is re-encoded from position 0 (--context-full slide)
+ * or generation stops (--context-full stop). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "cli.h"
 #include "cmd_vit.h"
 #include "models/lm_decode.h"
+#include "models/lm_sample.h"
 #include "train/checkpoint.h"
 
 static uint64_t rng_next(uint64_t *s) {
@@ -19,68 +22,51 @@ static uint64_t rng_next(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-typedef struct cand {
-    float p;
-    int id;
-} cand;
-
-static int cmp_cand(const void *a, const void *b) {
-    const cand *x = a, *y = b;
-    return x->p < y->p ? 1 : x->p > y->p ? -1 : x->id - y->id;
-}
-
-/* Samples from logits[V] with temperature, top-k (0 = off) and top-p; temperature 0 = argmax. */
-static int sample(const float *logits, int V, double temp, int top_k, double top_p, uint64_t *rng, cand *c) {
-    int best = 0;
-    for (int i = 1; i < V; i++) best = logits[i] > logits[best] ? i : best;
-    if (temp <= 0) return best;
-    double sum = 0.0;
-    for (int i = 0; i < V; i++) {
-        c[i].id = i;
-        c[i].p = (float)exp((logits[i] - logits[best]) / temp);
-        sum += c[i].p;
-    }
-    qsort(c, V, sizeof *c, cmp_cand);
-    int n = top_k > 0 && top_k < V ? top_k : V;
-    double kept = 0.0;
-    for (int i = 0; i < n; i++) {
-        kept += c[i].p / sum;
-        if (kept >= top_p) {
-            n = i + 1;
-            break;
-        }
-    }
-    double tot = 0.0;
-    for (int i = 0; i < n; i++) tot += c[i].p;
-    double u = (double)(rng_next(rng) >> 11) / 9007199254740992.0 * tot;
-    for (int i = 0; i < n; i++) {
-        u -= c[i].p;
-        if (u <= 0) return c[i].id;
-    }
-    return c[n - 1].id;
+/* Empties the cache and encodes tok[0..n) from position 0; logits are those after tok[n-1]. */
+static int encode(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, const int *tok, int n,
+                  float *logits, moh_error *err) {
+    lm_kv_reset(kv);
+    for (int i = 0; i < n; i++)
+        if (lm_decode_step(cfg, p, kv, tok[i], logits, err)) return err->code;
+    return MOH_OK;
 }
 
 int cmd_sample(int argc, char **argv) {
-    const char *ckpt = NULL, *prompt = "";
+    const char *ckpt = NULL, *prompt = "", *full = "slide";
     int max_tokens = 256, top_k = 0;
     double temp = 0.8, top_p = 0.95;
     uint64_t seed = 1;
     const arg_spec specs[] = {
         {"--checkpoint", ARG_STR, &ckpt, "DIR", "checkpoint dir (config.json + model.safetensors)", true},
-        {"--prompt", ARG_STR, &prompt, "TEXT", "text to continue (bytes; default empty)", false},
+        {"--prompt", ARG_STR, &prompt, "TEXT", "text to continue (bytes; default empty: starts after a newline)", false},
         {"--max-tokens", ARG_INT, &max_tokens, "N", "bytes to generate (default 256)", false},
         {"--temperature", ARG_DOUBLE, &temp, "T", "softmax temperature (default 0.8; 0 = greedy)", false},
         {"--top-k", ARG_INT, &top_k, "K", "keep the K most likely bytes (default 0 = all)", false},
-        {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: keep the smallest set with probability >= P (default 0.95)", false},
+        {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: of those, keep the smallest set with probability >= P (default 0.95)", false},
         {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false},
+        {"--context-full", ARG_STR, &full, "MODE", "when the context is full: slide (re-encode its last half and go on; default) or stop", false},
     };
     int rc = args_parse("sample", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                        "--checkpoint DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]",
+                        "--checkpoint DIR [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
+                        "                  [--seed S] [--context-full slide|stop]",
                         "Prints the prompt and its continuation to stdout, and speed and the share of\n"
-                        "attention heads computed to stderr.\n");
+                        "attention heads computed to stderr.\n"
+                        "Sampling order (as transformers' generate()): logits / temperature, softmax;\n"
+                        "keep the top-k; renormalise; keep the smallest most-likely prefix of those with\n"
+                        "probability >= top-p; renormalise and draw. Temperature 0 = greedy (argmax).\n"
+                        "Context: the model never runs at a position >= max_position_embeddings (N).\n"
+                        "When the N positions are full, slide keeps the most recent N/2 tokens,\n"
+                        "re-encodes them from position 0 and goes on (a note on stderr the first time);\n"
+                        "stop ends generation there (a line on stderr; exit 0). A prompt longer than N\n"
+                        "bytes: slide encodes its last N bytes (with a note), stop refuses it.\n");
     if (rc) return rc == 1 ? 0 : rc;
     if (max_tokens < 0 || temp < 0 || top_p <= 0 || top_p > 1 || top_k < 0) {
         fprintf(stderr, "moh sample: need --max-tokens >= 0, --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0\n");
+        return 2;
+    }
+    const bool slide = !strcmp(full, "slide");
+    if (!slide && strcmp(full, "stop")) {
+        fprintf(stderr, "moh sample: --context-full is '%s', expected slide or stop\n", full);
         return 2;
     }
     if (cmd_is_vit(argc, argv, true)) {
@@ -95,37 +81,84 @@ int cmd_sample(int argc, char **argv) {
         fprintf(stderr, "moh sample: %s\n", err.msg);
         return 1;
     }
-    const int plen = (int)strlen(prompt);
+    const int N = cfg.max_position_embeddings, plen = (int)strlen(prompt);
+    if (!slide && plen > N) {
+        fprintf(stderr, "moh sample: --prompt is %d bytes, more than the context of %d tokens "
+                        "(max_position_embeddings of %s); shorten it or use --context-full slide\n", plen, N, ckpt);
+        lm_params_free_f32(&p);
+        return 1;
+    }
+    /* hist: the tokens in the cache, in order (hist[i] at position i) */
     lm_kv_cache kv;
     float *logits = malloc(sizeof(float) * cfg.vocab_size);
-    cand *c = malloc(sizeof(cand) * cfg.vocab_size);
+    lm_cand *c = malloc(sizeof(lm_cand) * cfg.vocab_size);
+    int *hist = malloc(sizeof(int) * (size_t)N);
     int status = 1;
-    if (!logits || !c || lm_kv_init(&kv, &cfg, plen + max_tokens + 1, &err)) {
+    if (!logits || !c || !hist || lm_kv_init(&kv, &cfg, N, &err)) {
         fprintf(stderr, "moh sample: %s\n", err.msg[0] ? err.msg : "out of memory");
         free(logits);
         free(c);
+        free(hist);
         lm_params_free_f32(&p);
         return 1;
     }
     fputs(prompt, stdout);
     /* an empty prompt starts from a newline byte, the corpus' natural separator */
-    const int first = plen ? (unsigned char)prompt[0] : '\n';
-    if (lm_decode_step(&cfg, &p, &kv, first, logits, &err)) goto fail;
-    for (int i = 1; i < plen; i++)
-        if (lm_decode_step(&cfg, &p, &kv, (unsigned char)prompt[i], logits, &err)) goto fail;
+    int n = 0;
+    if (!plen) hist[n++] = '\n';
+    else {
+        const int from = plen > N ? plen - N : 0;
+        if (from) {
+            fflush(stdout);
+            fprintf(stderr, "moh sample: note: --prompt is %d bytes, more than the context of %d tokens: "
+                            "encoding its last %d bytes\n", plen, N, N);
+        }
+        for (int i = from; i < plen; i++) hist[n++] = (unsigned char)prompt[i];
+    }
+    if (encode(&cfg, &p, &kv, hist, n, logits, &err)) goto fail;
+    const int keep = N / 2 > 0 ? N / 2 : 1;
+    int gen = 0, slides = 0;
+    bool stopped = false;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int i = 0; i < max_tokens; i++) {
-        int tok = sample(logits, cfg.vocab_size, temp, top_k, top_p, &seed, c);
+    for (; gen < max_tokens; gen++) {
+        const int nk = lm_sample_keep(logits, cfg.vocab_size, temp, top_k, top_p, c);
+        const int tok = lm_sample_pick(c, nk, (double)(rng_next(&seed) >> 11) / 9007199254740992.0);
         putchar(tok);
-        if (i + 1 < max_tokens && lm_decode_step(&cfg, &p, &kv, tok, logits, &err)) goto fail;
+        if (gen + 1 == max_tokens) continue; /* the last token's logits are not needed */
+        if (n < N) {
+            hist[n++] = tok;
+            if (lm_decode_step(&cfg, &p, &kv, tok, logits, &err)) goto fail;
+            continue;
+        }
+        if (!slide) {
+            stopped = true;
+            gen++;
+            break;
+        }
+        if (!slides++) { /* on a terminal shared with the text, the note gets a line of its own */
+            fflush(stdout);
+            fprintf(stderr, "%smoh sample: note: context of %d tokens full at generated byte %d: re-encoding "
+                            "the last %d tokens from position 0 (--context-full stop to end instead)\n",
+                    isatty(1) && isatty(2) ? "\n" : "", N, gen + 1, keep);
+        }
+        memmove(hist, hist + (N - keep + 1), sizeof(int) * (size_t)(keep - 1));
+        hist[keep - 1] = tok;
+        n = keep;
+        if (encode(&cfg, &p, &kv, hist, n, logits, &err)) goto fail;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     putchar('\n');
+    fflush(stdout);
+    if (stopped)
+        fprintf(stderr, "moh sample: stopped after %d of %d bytes: the context of %d tokens "
+                        "(max_position_embeddings) is full (--context-full slide goes on)\n", gen, max_tokens, N);
     const double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    fprintf(stderr, "[%d bytes in %.2f s, %.1f tok/s; attention heads computed: %.1f%% of %ld]\n",
-            max_tokens, s, s > 0 ? max_tokens / s : 0.0,
-            kv.heads_total ? 100.0 * kv.heads_run / kv.heads_total : 0.0, kv.heads_total);
+    char re[64] = "";
+    if (slides) snprintf(re, sizeof re, "; %d context re-encodes", slides);
+    fprintf(stderr, "[%d bytes in %.2f s, %.1f tok/s; attention heads computed: %.1f%% of %ld%s]\n",
+            gen, s, s > 0 ? gen / s : 0.0,
+            kv.heads_total ? 100.0 * kv.heads_run / kv.heads_total : 0.0, kv.heads_total, re);
     status = 0;
     goto done;
 fail:
@@ -134,6 +167,7 @@ done:
     lm_kv_free(&kv);
     free(logits);
     free(c);
+    free(hist);
     lm_params_free_f32(&p);
     return status;
 }

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "cli.h"
@@ -150,6 +152,63 @@ static int dump_logits(const char *path, const moh_vit_config *cfg, const vit_pa
     return rc;
 }
 
+/* vit_evaluate over consecutive slices of one batch each (the batches of one call over the whole
+ * split), with progress on stderr; counts add up, loss and head_share are weighted by images and
+ * lb_loss (a mean over batches) by batch. */
+static int evaluate_vit(const moh_vit_config *cfg, const vit_params_f32 *p, vit_shards *w, const idx_split *s,
+                        long limit, vit_eval_result *r, moh_error *err) {
+    const int K = cfg->num_classes, L = cfg->depth, h = cfg->num_heads, B = w->n * w->Bmax;
+    const long n = limit > 0 && limit < s->n ? limit : s->n;
+    if (n < 1) return vit_evaluate(cfg, p, w, s, limit, r, err);
+    memset(r, 0, sizeof *r);
+    r->confusion = calloc((size_t)K * K, sizeof(long));
+    r->head_share = calloc((size_t)L * h, sizeof(double));
+    if (!r->confusion || !r->head_share) {
+        vit_eval_result_free(r);
+        return moh_fail(err, MOH_E_NOMEM, "eval: out of memory");
+    }
+    const size_t hw = (size_t)s->rows * s->cols;
+    double loss = 0.0, lb = 0.0;
+    long batches = 0;
+    eval_progress pg;
+    eval_progress_start(&pg, "images");
+    for (long i0 = 0; i0 < n; i0 += B) {
+        idx_split part = *s; /* a view of images i0 .. i0 + cnt - 1 */
+        part.n = (int)(n - i0 < B ? n - i0 : B);
+        part.images = s->images + (size_t)i0 * hw;
+        part.labels = s->labels + i0;
+        vit_eval_result q;
+        const int rc = vit_evaluate(cfg, p, w, &part, 0, &q, err);
+        if (rc) {
+            eval_progress_end(&pg, n);
+            vit_eval_result_free(r);
+            return rc;
+        }
+        for (size_t i = 0; i < (size_t)K * K; i++) r->confusion[i] += q.confusion[i];
+        for (size_t i = 0; i < (size_t)L * h; i++) r->head_share[i] += q.head_share[i] * (double)q.n;
+        r->correct += q.correct;
+        r->n += q.n;
+        loss += q.loss * (double)q.n;
+        lb += q.lb_loss;
+        batches++;
+        vit_eval_result_free(&q);
+        eval_progress_update(&pg, r->n, n);
+    }
+    eval_progress_end(&pg, n);
+    for (size_t i = 0; i < (size_t)L * h; i++) r->head_share[i] /= (double)r->n;
+    r->accuracy = (double)r->correct / (double)r->n;
+    r->loss = loss / (double)r->n;
+    r->lb_loss = lb / (double)batches;
+    return MOH_OK;
+}
+
+/* true when dir holds a file named name */
+static bool has_file(const char *dir, const char *name) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return access(path, F_OK) == 0;
+}
+
 int cmd_eval_vit(int argc, char **argv) {
     const char *ckpt = NULL, *data = NULL, *dump = NULL, *split = "t10k";
     int B = 256;
@@ -162,15 +221,17 @@ int cmd_eval_vit(int argc, char **argv) {
         {"--limit", ARG_LONG, &limit, "N", "evaluate the first N images only (default all)", false},
         {"--batch-size", ARG_INT, &B, "B", "images per forward pass (default 256; does not change the result)", false},
         {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (same results to ~1e-5)", false},
-        {"--json", ARG_FLAG, &json, NULL, "print one JSON object: accuracy, per_class, confusion, loss, head_share, ...", false},
+        {"--json", ARG_FLAG, &json, NULL, "print one JSON object: accuracy, per_class, confusion, ce_loss, head_share, ...", false},
         {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write images, labels and logits of the first --batch-size images (safetensors)", false},
     };
     int rc = args_parse("eval", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint DIR --data DIR [--json]   (ViT checkpoints)",
                         "ViT: top-1 accuracy over the split (no augmentation; inputs normalised with\n"
                         "the mean/std in config.json), per-class accuracy (recall), the confusion\n"
-                        "matrix (rows: true class, columns: predicted), the mean cross-entropy (with\n"
-                        "the config's label smoothing) and each head's activation share per layer.\n");
+                        "matrix (rows: true class, columns: predicted), the mean cross-entropy in nats\n"
+                        "(ce_loss: plain, without the config's label smoothing, which only training\n"
+                        "uses) and each head's activation share per layer. Long runs print progress\n"
+                        "(rate, ETA) to stderr; stdout holds only the result.\n");
     if (rc) return rc == 1 ? 0 : rc;
     moh_error err = {0};
     moh_vit_config cfg;
@@ -187,7 +248,20 @@ int cmd_eval_vit(int argc, char **argv) {
         moh_fail(&err, MOH_E_ARG, "--batch-size is %d, expected 1..65536", B);
         goto fail;
     }
+    struct stat st;
+    if (stat(data, &st) == 0 && !S_ISDIR(st.st_mode)) {
+        moh_fail(&err, MOH_E_ARG, "--data %s is a file, but %s is a ViT (image) checkpoint: it needs a directory "
+                 "of IDX files (t10k-images-idx3-ubyte[.gz], ...)", data, ckpt);
+        goto fail;
+    }
+    if (stat(data, &st) == 0 && (has_file(data, "val.txt") || has_file(data, "train.txt")) &&
+        !has_file(data, "t10k-images-idx3-ubyte") && !has_file(data, "t10k-images-idx3-ubyte.gz")) {
+        moh_fail(&err, MOH_E_ARG, "--data %s holds text (val.txt / train.txt), but %s is a ViT (image) checkpoint: "
+                 "it needs a directory of IDX files (t10k-images-idx3-ubyte[.gz], ...)", data, ckpt);
+        goto fail;
+    }
     if (vit_checkpoint_load(ckpt, &cfg, &p, &err)) goto fail;
+    cfg.label_smoothing = 0.0; /* the reported loss is the plain cross-entropy */
     if (cfg.n_norm == 0) {
         if (idx_train_mean_std(data, cfg.num_classes, &cfg.mean[0], &cfg.std[0], &err)) goto fail;
         cfg.n_norm = 1;
@@ -199,12 +273,12 @@ int cmd_eval_vit(int argc, char **argv) {
     if (B > s.n) B = s.n; /* no larger than the split: the batch size does not change the result */
     if (vit_shards_init(&w, &cfg, B, vit_default_shards(B), false, sparse, &err)) goto fail;
     if (dump && dump_logits(dump, &cfg, &p, &w, &s, &err)) goto fail;
-    if (vit_evaluate(&cfg, &p, &w, &s, limit, &r, &err)) goto fail;
+    if (evaluate_vit(&cfg, &p, &w, &s, limit, &r, &err)) goto fail;
     const int K = cfg.num_classes, L = cfg.depth, h = cfg.num_heads;
     const char *const *names = idx_fashion_names(data, K);
     char cname[32];
     if (json) {
-        printf("{\"accuracy\": %.6f, \"correct\": %ld, \"n\": %ld, \"loss\": %.6f, \"lb_loss\": %.6f, "
+        printf("{\"accuracy\": %.6f, \"correct\": %ld, \"n\": %ld, \"ce_loss\": %.6f, \"lb_loss\": %.6f, "
                "\"split\": ", r.accuracy, r.correct, r.n, r.loss, r.lb_loss);
         json_string(split);
         printf(", \"classes\": [");
@@ -234,7 +308,8 @@ int cmd_eval_vit(int argc, char **argv) {
         printf("]}\n");
     } else {
         printf("checkpoint %s on %s/%s (%ld images)\n", ckpt, data, split, r.n);
-        printf("top-1 accuracy %.4f (%ld / %ld) | loss %.4f | lb %.3f (monitoring, not added)\n",
+        printf("top-1 accuracy %.4f (%ld / %ld) | cross-entropy %.4f nats (no label smoothing) | lb %.3f "
+               "(monitoring, not added)\n",
                r.accuracy, r.correct, r.n, r.loss, r.lb_loss);
         printf("per-class accuracy:\n");
         for (int k = 0; k < K; k++) {

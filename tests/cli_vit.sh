@@ -64,6 +64,28 @@ assert r["accuracy"] > 0.2, f"accuracy {r['accuracy']} on an easy synthetic task
 assert len(r["head_share"]) == 2 and abs(sum(r["head_share"][0]) - 3.0) < 1e-6  # 1 shared + top-2
 EOF
 
+# the reported loss is the plain cross-entropy of the logits (the config's label smoothing 0.1 is
+# for training only): recomputed from --dump-logits of all 200 images, and text output says so
+"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/data" --json --batch-size 200 --dump-logits "$tmp/d.st" >"$tmp/ce.json" 2>"$tmp/ce.err" || fail "eval --dump-logits"
+[ ! -s "$tmp/ce.err" ] || fail "short eval wrote to stderr: $(cat "$tmp/ce.err")"
+python3 - "$tmp/d.st" "$tmp/ce.json" <<'EOF' || fail "eval ce_loss is not the plain cross-entropy"
+import json, math, struct, sys
+b = open(sys.argv[1], 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n]); d = b[8 + n:]
+def get(k):
+    s, e = h[k]['data_offsets']; return h[k]['shape'], struct.unpack('<%df' % ((e - s) // 4), d[s:e])
+(m, K), lg = get('logits'); _, lab = get('labels')
+ce = sm = 0.0
+for i in range(m):
+    row = lg[i * K:(i + 1) * K]; mx = max(row); lse = mx + math.log(sum(math.exp(x - mx) for x in row))
+    ce += lse - row[int(lab[i])]
+    sm += 0.9 * (lse - row[int(lab[i])]) + 0.1 * sum(lse - x for x in row) / K
+r = json.load(open(sys.argv[2]))
+assert m == 200 and "loss" not in r, r.keys()
+assert abs(r["ce_loss"] - ce / m) < 1e-5, (r["ce_loss"], ce / m)
+assert abs(r["ce_loss"] - sm / m) > 1e-3, "ce_loss equals the label-smoothed loss"
+EOF
+grep -q "cross-entropy [0-9.]* nats (no label smoothing)" "$tmp/eval.txt" || fail "eval text: cross-entropy"
+
 # resume after --stop-at-step (with augmentation): same final weights as the uninterrupted run
 "$MOH" train "${common[@]}" --out "$tmp/a2" --steps 40 || fail "train (augmented)"
 "$MOH" train "${common[@]}" --out "$tmp/b" --steps 40 --stop-at-step 23 || fail "train --stop-at-step"
@@ -104,6 +126,10 @@ h['__metadata__']['step'] = 'nan'; nh = json.dumps(h).encode(); nh += b' ' * ((8
 open(sys.argv[1], 'wb').write(struct.pack('<Q', len(nh)) + nh + b[8 + n:])
 PY
 "$MOH" train --resume --out "$tmp/nanmeta" --data "$tmp/data" --quiet 2>"$tmp/err6"; rc6=$?
+# text given to a ViT checkpoint: a file, and a prepared text dir (val.txt)
+echo "some text, not images" >"$tmp/text.txt"; mkdir -p "$tmp/textdir"; cp "$tmp/text.txt" "$tmp/textdir/val.txt"
+"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/text.txt" 2>"$tmp/err7"; rc7=$?
+"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/textdir" 2>"$tmp/err8"; rc8=$?
 "$MOH" eval --checkpoint "$tmp/a" --data "$tmp/trunc" 2>"$tmp/err4"; rc4=$?
 "$MOH" train "${common[@]}" --data "$tmp/mislab" --out "$tmp/e" --steps 2 2>"$tmp/err5"; rc5=$?
 set -e
@@ -112,6 +138,10 @@ set -e
 [ "$rc5" -eq 1 ] && [ "$(wc -l <"$tmp/err5")" -eq 1 ] && grep -q "train-labels-idx1-ubyte" "$tmp/err5" &&
   grep -q "12" "$tmp/err5" || fail "mislabelled IDX: $(cat "$tmp/err5")"
 [ ! -e "$tmp/e/model.safetensors" ] || fail "mislabelled data still wrote a checkpoint"
+for k in 7 8; do
+  [ "$(eval echo \$rc$k)" -eq 1 ] && [ "$(wc -l <"$tmp/err$k")" -eq 1 ] && grep -q "ViT (image) checkpoint: it needs a directory of IDX files" "$tmp/err$k" ||
+    fail "text data for a ViT checkpoint: $(cat "$tmp/err$k")"
+done
 [ "$rc6" -eq 1 ] && [ "$(wc -l <"$tmp/err6")" -eq 1 ] && grep -q "field 'step' is nan" "$tmp/err6" ||
   fail "nan step in optimizer metadata: $(cat "$tmp/err6")"
 [ "$rc1" -eq 1 ] && [ "$(wc -l <"$tmp/err1")" -eq 1 ] && grep -q "no such file" "$tmp/err1" || fail "missing data: $(cat "$tmp/err1")"
