@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "analysis/analysis.h"
 #include "args.h"
@@ -324,6 +325,56 @@ static int load_image_data(dataset *d, const moh_vit_config *cfg, const char *da
 
 /* ---- running a model over the data ---------------------------------------------------------- */
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Progress of one model's pass, on stderr only: rewritten in place (\r) at most 4 times a second
+ * when stderr is a terminal, else one line at each quarter of the work. */
+typedef struct progress {
+    const char *name, *unit;
+    double total, done, t0, last;
+    bool tty, shown;
+    int quarters; /* quarters reported (not a terminal) */
+} progress;
+
+static void progress_init(progress *p, const char *name, const char *unit, double total) {
+    memset(p, 0, sizeof *p);
+    p->name = name;
+    p->unit = unit;
+    p->total = total;
+    p->t0 = p->last = now_s();
+    p->tty = isatty(fileno(stderr));
+}
+
+static void progress_add(progress *p, double n) {
+    p->done += n;
+    if (!(p->total > 0)) return;
+    const double t = now_s();
+    char buf[256];
+    if (p->tty) {
+        if (t - p->last < 0.25 && p->done < p->total) return;
+        p->last = t;
+        fprintf(stderr, "\rmoh analyze: %s: %s\033[K", p->name,
+                an_progress_text(buf, sizeof buf, p->done, p->total, p->unit, t - p->t0));
+        p->shown = true;
+    } else {
+        const int q = (int)(4 * p->done / p->total);
+        if (q <= p->quarters) return;
+        p->quarters = q;
+        fprintf(stderr, "moh analyze: %s: %s\n", p->name,
+                an_progress_text(buf, sizeof buf, p->done, p->total, p->unit, t - p->t0));
+    }
+}
+
+/* Ends an in-place line, so later messages start on their own line. */
+static void progress_end(progress *p) {
+    if (p->tty && p->shown) fputc('\n', stderr);
+    p->shown = false;
+}
+
 static void add_layers(analysis *an, const model *m, const int *layers, int nl, int B, int N,
                        const int *cat, moh_error *err, int *rc) {
     const int E = attn_routed_heads(m->attn);
@@ -343,6 +394,13 @@ static int run_model(model *m, const dataset *d, int batch, const int *layers, i
     if (rc) return rc;
     int *cat = malloc(sizeof(int) * (size_t)batch);
     if (!cat) return moh_fail(err, MOH_E_NOMEM, "out of memory");
+    progress pg;
+    if (m->vit) progress_init(&pg, m->dir, "images", d->n_idx);
+    else {
+        double total = 0;
+        for (int c = 0; c < d->C; c++) total += (double)d->len[c];
+        progress_init(&pg, m->dir, "tokens", total);
+    }
     if (m->vit) {
         const moh_vit_config *cfg = &m->vc;
         const size_t chw = (size_t)cfg->in_chans * cfg->img_size * cfg->img_size;
@@ -355,6 +413,7 @@ static int run_model(model *m, const dataset *d, int batch, const int *layers, i
             for (int b = 0; b < B; b++) cat[b] = d->split.labels[d->idx[i0 + b]];
             vit_forward_f32(cfg, &m->vp, &m->va, img, NULL, B);
             add_layers(an, m, layers, nl, B, cfg->num_tokens, cat, err, &rc);
+            progress_add(&pg, B);
         }
         free(img);
     } else {
@@ -372,6 +431,7 @@ static int run_model(model *m, const dataset *d, int batch, const int *layers, i
                 }
                 lm_forward_f32(&m->lc, &m->lp, &m->la, tok, NULL, B, T);
                 add_layers(an, m, layers, nl, B, T, cat, err, &rc);
+                progress_add(&pg, (double)B * T);
             }
             const int tail = (int)(n - full * T);
             if (!rc && tail >= 1) {
@@ -379,32 +439,14 @@ static int run_model(model *m, const dataset *d, int batch, const int *layers, i
                 cat[0] = c;
                 lm_forward_f32(&m->lc, &m->lp, &m->la, tok, NULL, 1, tail);
                 add_layers(an, m, layers, nl, 1, tail, cat, err, &rc);
+                progress_add(&pg, tail);
             }
         }
         free(tok);
     }
+    progress_end(&pg);
     free(cat);
     return rc;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void print_summary(const char *label, const an_result *r, const int *layers) {
-    const bool routed = r->s.routed > 0;
-    printf("%s: per layer  att_sim  out_cos  erank%s\n", label,
-           routed ? " (shared/routed)  score_cv (shared/routed)" : "");
-    for (int l = 0; l < r->s.layers; l++) {
-        const an_layer_result *y = &r->layer[l];
-        if (routed)
-            printf("  layer %2d   %.4f   %.4f   %5.2f / %5.2f        %.4f / %.4f\n", layers[l], y->att_sim.all,
-                   y->out_sim.all, y->erank_shared, y->erank_routed, y->cv_shared, y->cv_routed);
-        else
-            printf("  layer %2d   %.4f   %.4f   %5.2f\n", layers[l], y->att_sim.all, y->out_sim.all, y->erank_all);
-    }
 }
 
 int cmd_analyze(int argc, char **argv) {
@@ -535,8 +577,9 @@ int cmd_analyze(int argc, char **argv) {
         else if (an_plot_all(out, &meta, &an, &res, compare ? &res2 : NULL, &err))
             goto fail;
     }
-    print_summary(m.attn->router == MOH_ROUTER_NONE ? "model (dense)" : "model (MoH)", &res, layers);
-    if (compare) print_summary("compare (twin)", &res2, layers);
+    an_print_table(stdout, m.attn->router == MOH_ROUTER_NONE ? "model (dense)" : "model (MoH)", &res, layers);
+    if (compare) an_print_table(stdout, "compare (twin)", &res2, layers);
+    an_print_legend(stdout, res.s.routed > 0);
     printf("wrote %s/analysis.json, CSV tables%s\n", out, !no_plots && an_plot_available() ? " and PNG plots" : "");
     status = 0;
     goto done;

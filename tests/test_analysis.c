@@ -265,6 +265,127 @@ static void test_accumulator(test_ctx *ctx) {
     an_free(&an);
 }
 
+/* The stdout table, its legend, the progress line and the bar-chart value axis. */
+static void test_presentation(test_ctx *ctx) {
+    test_rng rng = {0x5eed1234abcdULL};
+    /* axis: all values near -0.02 get an axis of their own scale that ends at 0, not 0..1 */
+    const double neg[4] = {-0.0213 + 0.001 * test_rng_uniform(&rng), -0.0187, -0.0021, NAN};
+    double lo, hi, step;
+    an_axis_range(neg, 4, 0.05, 5, &lo, &hi, &step);
+    CHECK(ctx, hi == 0 && lo <= -0.0223 && lo >= -0.04, "all-negative axis [%g, %g], expected [-0.04.., 0]", lo, hi);
+    CHECK(ctx, step > 0 && step <= 0.01, "step %g for a span of 0.02", step);
+    an_axis_range(neg, 0, 0.05, 5, &lo, &hi, &step);
+    CHECK(ctx, lo == 0 && hi == 1, "no data: [0, 1], got [%g, %g]", lo, hi);
+    for (int trial = 0; trial < 200; trial++) {
+        double x[7];
+        const double scale = pow(10, 4 * test_rng_uniform(&rng)), shift = test_rng_uniform(&rng);
+        double mn = 0, mx = 0;
+        for (int i = 0; i < 7; i++) {
+            x[i] = scale * (test_rng_uniform(&rng) + shift);
+            if (x[i] < mn) mn = x[i];
+            if (x[i] > mx) mx = x[i];
+        }
+        const double pad = 0.1 * (1 + test_rng_uniform(&rng));
+        an_axis_range(x, 7, pad, 5, &lo, &hi, &step);
+        const double span = mx - mn, n_lo = lo / step, n_hi = hi / step, ticks = (hi - lo) / step;
+        CHECK(ctx, lo <= mn - (mn < 0 ? pad * span * (1 - 1e-9) : 0) && hi >= mx + (mx > 0 ? pad * span * (1 - 1e-9) : 0),
+              "trial %d: axis [%g, %g] misses data [%g, %g] + pad %g", trial, lo, hi, mn, mx, pad);
+        CHECK(ctx, fabs(n_lo - round(n_lo)) < 1e-6 && fabs(n_hi - round(n_hi)) < 1e-6,
+              "trial %d: ends %g, %g not multiples of the step %g", trial, lo, hi, step);
+        CHECK(ctx, ticks >= 2.5 && ticks <= 13, "trial %d: %g steps on the axis", trial, ticks);
+        CHECK(ctx, (hi - lo) <= span * (1 + 2 * pad) + 2 * step + 1e-12, "trial %d: axis [%g, %g] too wide for [%g, %g]",
+              trial, lo, hi, mn, mx);
+    }
+    CHECK(ctx, an_nice_step(1, 5) == 0.2 && an_nice_step(0.026, 5) == 0.005 && an_nice_step(16, 5) == 2,
+          "nice steps %g %g %g", an_nice_step(1, 5), an_nice_step(0.026, 5), an_nice_step(16, 5));
+
+    /* table: a header, right-aligned columns whatever the signs, the values as given */
+    enum { L = 3 };
+    an_layer_result lay[L];
+    memset(lay, 0, sizeof lay);
+    double want[L][6];
+    for (int l = 0; l < L; l++) {
+        an_layer_result *y = &lay[l];
+        y->att_sim.all = want[l][0] = 0.5 + 0.5 * test_rng_uniform(&rng);
+        y->out_sim.all = want[l][1] = (l == 1 ? 0.02 : 0.4) * test_rng_uniform(&rng) - (l == 2 ? 0.5 : 0);
+        y->erank_shared = want[l][2] = 8 + 7.9 * test_rng_uniform(&rng);
+        y->erank_routed = want[l][3] = 4 + 3 * test_rng_uniform(&rng);
+        y->cv_shared = want[l][4] = 0.1 + 0.09 * test_rng_uniform(&rng);
+        y->cv_routed = want[l][5] = 0.2 + 0.19 * test_rng_uniform(&rng);
+    }
+    lay[1].out_sim.all = want[1][1] = -fabs(want[1][1]) - 0.001; /* one negative cosine, one positive */
+    lay[0].out_sim.all = want[0][1] = fabs(want[0][1]) + 0.001;
+    an_result r;
+    memset(&r, 0, sizeof r);
+    r.s.layers = L;
+    r.s.heads = 4;
+    r.s.shared = 1;
+    r.s.routed = 3;
+    r.layer = lay;
+    const int idx[L] = {0, 7, 11};
+    FILE *f = tmpfile();
+    CHECK(ctx, f != NULL, "tmpfile");
+    if (!f) return;
+    an_print_table(f, "model (MoH)", &r, idx);
+    an_print_legend(f, true);
+    rewind(f);
+    char lines[16][256];
+    int n = 0;
+    while (n < 16 && fgets(lines[n], sizeof lines[n], f)) n++;
+    fclose(f);
+    CHECK(ctx, n >= 2 + L + 3, "%d lines printed", n);
+    if (n < 2 + L + 3) return;
+    CHECK(ctx, strstr(lines[0], "model (MoH)") != NULL, "label line: %s", lines[0]);
+    const char *cols[7] = {"layer", "att_sim", "out_cos", "erank_sh", "erank_rt", "cv_sh", "cv_rt"};
+    for (int k = 0; k < 7; k++) CHECK(ctx, strstr(lines[1], cols[k]) != NULL, "header names %s: %s", cols[k], lines[1]);
+    for (int l = 0; l < L; l++) {
+        const char *row = lines[2 + l];
+        CHECK(ctx, strlen(row) == strlen(lines[1]), "row %d is %zu chars, header %zu: '%s' vs '%s'", l, strlen(row),
+              strlen(lines[1]), row, lines[1]);
+        /* every column ends where its header name ends, '.' at the same place in every row */
+        for (size_t c = 0; c < strlen(lines[1]); c++) {
+            const bool hend = lines[1][c] != ' ' && lines[1][c] != '\n' && (lines[1][c + 1] == ' ' || lines[1][c + 1] == '\n');
+            const bool rend = row[c] != ' ' && row[c] != '\n' && (row[c + 1] == ' ' || row[c + 1] == '\n');
+            CHECK(ctx, hend == rend, "row %d: column edge at %zu differs from the header: '%s' vs '%s'", l, c, row,
+                  lines[1]);
+            if (l > 0) CHECK(ctx, (row[c] == '.') == (lines[2][c] == '.'), "row %d: '.' not aligned at %zu", l, c);
+        }
+        int li = -1;
+        double v[6] = {NAN, NAN, NAN, NAN, NAN, NAN};
+        CHECK(ctx, sscanf(row, "%d %lf %lf %lf %lf %lf %lf", &li, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) == 7,
+              "row %d parses: %s", l, row);
+        CHECK(ctx, li == idx[l], "row %d: layer %d, expected %d", l, li, idx[l]);
+        for (int k = 0; k < 6; k++)
+            CHECK(ctx, fabs(v[k] - want[l][k]) <= (k == 2 || k == 3 ? 0.005 : 0.00005) + 1e-12,
+                  "row %d column %d: %g, expected %g", l, k, v[k], want[l][k]);
+    }
+    bool legend_cos = false, legend_rank = false, legend_cv = false;
+    for (int i = 2 + L; i < n; i++) {
+        if (strstr(lines[i], "out_cos") && strstr(lines[i], "cosine") && strstr(lines[i], "-1..1")) legend_cos = true;
+        if (strstr(lines[i], "erank") && strstr(lines[i], "dimensions")) legend_rank = true;
+        if (strstr(lines[i], "cv") && strstr(lines[i], "std / mean")) legend_cv = true;
+    }
+    CHECK(ctx, legend_cos && legend_rank && legend_cv, "legend explains out_cos, erank, cv with units");
+
+    /* progress line: counts, percentage, rate, elapsed and ETA */
+    char buf[200];
+    an_progress_text(buf, sizeof buf, 250, 1000, "tokens", 5);
+    CHECK(ctx, strstr(buf, "250/1000 tokens (25 %)") && strstr(buf, "50 tokens/s") && strstr(buf, "elapsed 5 s") &&
+                   strstr(buf, "ETA 15 s"),
+          "progress: %s", buf);
+    an_progress_text(buf, sizeof buf, 0, 640, "images", 0);
+    CHECK(ctx, strstr(buf, "0/640 images (0 %)") && strstr(buf, "? images/s") && strstr(buf, "ETA ?"), "progress at 0: %s",
+          buf);
+    an_progress_text(buf, sizeof buf, 1, 3, "tokens", 3725);
+    CHECK(ctx, strstr(buf, "elapsed 1h02m") && strstr(buf, "ETA 2h04m"), "progress hours: %s", buf);
+    an_progress_text(buf, sizeof buf, 600, 900, "tokens", 200);
+    CHECK(ctx, strstr(buf, "elapsed 3m20s") && strstr(buf, "ETA 100 s") == NULL && strstr(buf, "ETA 1m40s"),
+          "progress minutes: %s", buf);
+    char tiny[16];
+    an_progress_text(tiny, sizeof tiny, 600, 900, "tokens", 200);
+    CHECK(ctx, strlen(tiny) == sizeof tiny - 1, "truncated to the buffer: '%s'", tiny);
+}
+
 static bool write_file(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
     if (!f) return false;
@@ -346,6 +467,36 @@ static void test_cli(test_ctx *ctx) {
     CHECK(ctx, file_has(path, "\"tokens_per_category\": [40, 40]"), "LM token cap: 40 per category");
     snprintf(path, sizeof path, "%s/out-lm/similarity.csv", dir);
     CHECK(ctx, file_has(path, "\ncompare,1,"), "twin rows in similarity.csv");
+    /* progress on stderr only: stdout and analysis.json are the same whether stderr is a file (one
+     * line per quarter) or a terminal (rewritten in place, through script(1) when installed) */
+    const char *run = "OMP_NUM_THREADS=1 %s analyze --checkpoint %s --compare %s --data %s/one.txt:prose,"
+                      "%s/two.txt:symbols --out %s/out-p --max-tokens 40 --no-plots > %s/p%d.out";
+    snprintf(cmd, sizeof cmd, run, bin, a, b, dir, dir, dir, dir, 1);
+    snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " 2> %s/p1.err && cp %s/out-p/analysis.json %s/p1.json",
+             dir, dir, dir);
+    CHECK(ctx, run_cmd(cmd) == 0, "moh analyze, stderr to a file");
+    snprintf(path, sizeof path, "%s/p1.err", dir);
+    CHECK(ctx, file_has(path, "moh analyze: ") && file_has(path, "80/80 tokens (100 %)") && file_has(path, "ETA") &&
+                   file_has(path, "tokens/s") && !file_has(path, "\r"),
+          "progress lines in %s", path);
+    snprintf(path, sizeof path, "%s/p1.out", dir);
+    CHECK(ctx, file_has(path, "  layer   att_sim   out_cos  erank_sh") && file_has(path, "columns: att_sim") &&
+                   !file_has(path, "tokens/s"),
+          "stdout: table header and legend, no progress (%s)", path);
+    snprintf(cmd, sizeof cmd, run, bin, a, b, dir, dir, dir, dir, 2);
+    snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " 2> /dev/null && cmp -s %s/p1.out %s/p2.out && "
+             "cmp -s %s/p1.json %s/out-p/analysis.json", dir, dir, dir, dir);
+    CHECK(ctx, run_cmd(cmd) == 0, "stdout and analysis.json identical with stderr to a file and to /dev/null");
+    if (run_cmd("command -v script > /dev/null") == 0) {
+        char inner[2048];
+        snprintf(inner, sizeof inner, run, bin, a, b, dir, dir, dir, dir, 3);
+        snprintf(cmd, sizeof cmd, "script -qec '%s' /dev/null > %s/p3.tty < /dev/null && cmp -s %s/p1.out %s/p3.out && "
+                 "cmp -s %s/p1.json %s/out-p/analysis.json", inner, dir, dir, dir, dir, dir);
+        CHECK(ctx, run_cmd(cmd) == 0, "stdout and analysis.json identical with stderr on a terminal (%s/p3.tty)", dir);
+        snprintf(path, sizeof path, "%s/p3.tty", dir);
+        CHECK(ctx, file_has(path, "\rmoh analyze: ") && file_has(path, "80/80 tokens (100 %)"),
+              "progress rewritten in place on a terminal (%s)", path);
+    } else printf("test_analysis: note: script(1) not installed, terminal progress check skipped\n");
     if (an_plot_available()) {
         snprintf(path, sizeof path, "%s/out-lm/load_final_layer.png", dir);
         CHECK(ctx, access(path, R_OK) == 0, "%s", path);
@@ -426,6 +577,7 @@ int main(void) {
     test_rank(&ctx);
     test_primitives(&ctx);
     test_accumulator(&ctx);
+    test_presentation(&ctx);
     test_cli(&ctx);
     return test_finish("test_analysis", &ctx);
 }

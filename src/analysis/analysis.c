@@ -859,3 +859,81 @@ int an_write_outputs(const char *dir, const an_meta *meta, const analysis *an, c
     if (!rc) rc = write_csv(dir, meta, an, r, cmp_meta, cmp, err);
     return rc;
 }
+
+/* ---- presentation --------------------------------------------------------------------------- */
+
+void an_print_table(FILE *f, const char *label, const an_result *r, const int *layer_index) {
+    const bool routed = r->s.routed > 0;
+    fprintf(f, "%s, per layer:\n  %5s %9s %9s", label, "layer", "att_sim", "out_cos");
+    if (routed) fprintf(f, " %9s %9s %9s %9s\n", "erank_sh", "erank_rt", "cv_sh", "cv_rt");
+    else fprintf(f, " %9s\n", "erank");
+    for (int l = 0; l < r->s.layers; l++) {
+        const an_layer_result *y = &r->layer[l];
+        fprintf(f, "  %5d %9.4f %9.4f", layer_index[l], y->att_sim.all, y->out_sim.all);
+        if (routed)
+            fprintf(f, " %9.2f %9.2f %9.4f %9.4f\n", y->erank_shared, y->erank_routed, y->cv_shared, y->cv_routed);
+        else fprintf(f, " %9.2f\n", y->erank_all);
+    }
+}
+
+void an_print_legend(FILE *f, bool routed) {
+    fputs("columns: att_sim  attention-pattern similarity of head pairs, 1 - 0.5 E|A - A'|_1 (0..1, 1 = same)\n"
+          "         out_cos  cosine of head outputs before gating (-1..1, 0 = orthogonal)\n"
+          "                  (both: mean over the tokens selecting both heads, then over head pairs)\n"
+          "         erank    effective rank of head outputs (dimensions, 1..head_dim), mean over heads\n",
+          f);
+    if (routed)
+        fputs("                  (_sh / _rt: over shared / routed heads)\n"
+              "         cv       CV across categories of a head's mean routing score (std / mean, no unit)\n"
+              "                  (_sh / _rt: mean over shared / routed heads)\n",
+              f);
+}
+
+/* "12 s", "3m05s", "2h03m"; "?" when not finite or negative. */
+static void fmt_duration(char *buf, size_t cap, double s) {
+    if (!(s >= 0) || !isfinite(s)) snprintf(buf, cap, "?");
+    else if (s < 99.5) snprintf(buf, cap, "%.0f s", s);
+    else if (s < 3600) snprintf(buf, cap, "%dm%02ds", (int)(s + 0.5) / 60, (int)(s + 0.5) % 60);
+    else if (s < 1e8) snprintf(buf, cap, "%dh%02dm", (int)(s / 3600), (int)(s / 60) % 60);
+    else snprintf(buf, cap, "?");
+}
+
+char *an_progress_text(char *buf, size_t cap, double done, double total, const char *unit, double elapsed_s) {
+    char el[32], eta[32], rate[48];
+    const bool moving = done > 0 && elapsed_s > 0;
+    fmt_duration(el, sizeof el, elapsed_s);
+    fmt_duration(eta, sizeof eta, moving ? (total - done) * elapsed_s / done : NAN);
+    if (moving) snprintf(rate, sizeof rate, "%.0f %s/s", done / elapsed_s, unit);
+    else snprintf(rate, sizeof rate, "? %s/s", unit);
+    snprintf(buf, cap, "%.0f/%.0f %s (%.0f %%), %s, elapsed %s, ETA %s", done, total, unit,
+             total > 0 ? 100 * done / total : 0, rate, el, eta);
+    return buf;
+}
+
+double an_nice_step(double span, int n) {
+    if (!(span > 0) || !isfinite(span) || n < 1) return 1;
+    const double raw = span / n, p = pow(10, floor(log10(raw))), m = raw / p;
+    return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
+}
+
+void an_axis_range(const double *x, int n, double pad, int nticks, double *lo, double *hi, double *step) {
+    double mn = 0, mx = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(x[i])) {
+            if (x[i] < mn) mn = x[i];
+            if (x[i] > mx) mx = x[i];
+        }
+    if (!(mx > mn)) {
+        *lo = 0;
+        *hi = 1;
+        *step = an_nice_step(1, nticks);
+        return;
+    }
+    const double span = mx - mn;
+    if (mx > 0) mx += pad * span;
+    if (mn < 0) mn -= pad * span;
+    const double st = an_nice_step(mx - mn, nticks);
+    *step = st;
+    *lo = st * floor(mn / st + 1e-9);
+    *hi = st * ceil(mx / st - 1e-9);
+}

@@ -32,6 +32,7 @@
 #define MOH_ANALYSIS_H
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "moh.h"
 
@@ -159,6 +160,28 @@ typedef struct an_meta {
  * cmp_meta then describes it). MOH_E_IO naming the file. */
 int an_write_outputs(const char *dir, const an_meta *meta, const analysis *an, const an_result *r,
                      const an_meta *cmp_meta, const an_result *cmp, moh_error *err);
+
+/* ---- presentation (stdout table, progress, plot axes) --------------------------------------- */
+
+/* The per-layer table of r on f: a header naming the columns, then one row per analysed layer
+ * (layer_index[l] = model layer of slot l), values right-aligned in fixed-width columns so signs
+ * and decimal points line up: layer, att_sim, out_cos (%.4f), erank (%.2f; shared and routed for
+ * MoH), score CV (%.4f; shared and routed for MoH). NaN prints as "nan". */
+void an_print_table(FILE *f, const char *label, const an_result *r, const int *layer_index);
+/* The legend of an_print_table's columns (meaning, range, unit), a few lines on f; routed: with
+ * the shared/routed columns of a MoH table. */
+void an_print_legend(FILE *f, bool routed);
+/* "DONE/TOTAL UNIT (P %), R UNIT/s, elapsed E, ETA X" into buf (at most cap bytes, always
+ * terminated); durations as "12 s", "3m05s" or "2h03m"; rate and ETA "?" before any progress or
+ * time. Returns buf. */
+char *an_progress_text(char *buf, size_t cap, double done, double total, const char *unit, double elapsed_s);
+/* A tick step of 1, 2 or 5 x 10^k giving about n ticks over a span (1 when span <= 0). */
+double an_nice_step(double span, int n);
+/* The value axis of a bar chart of x[0..n) (non-finite entries skipped): *lo <= min(0, x) and
+ * *hi >= max(0, x), widened by pad (a fraction of max - min, room for value labels) on each side
+ * holding a non-zero extreme, then rounded outwards to multiples of *step = an_nice_step(., nticks).
+ * No non-zero finite value: [0, 1]. */
+void an_axis_range(const double *x, int n, double pad, int nticks, double *lo, double *hi, double *step);
 
 /* PNG plots (plot.c, cairo): head load of the final analysed layer, one panel per category (at
  * most 12, in order) "load_final_layer.png"; a head x category heat map of routed-head load per

@@ -88,23 +88,30 @@ static void line(cairo_t *cr, double x0, double y0, double x1, double y1, rgb c,
     cairo_stroke(cr);
 }
 
-/* A tick step of 1, 2 or 5 x 10^k giving about n ticks over [0, span]. */
-static double nice_step(double span, int n) {
-    if (!(span > 0)) return 1;
-    const double raw = span / n, p = pow(10, floor(log10(raw))), m = raw / p;
-    return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
+/* Decimals of tick labels at this step. */
+static int tick_decimals(double step) {
+    const int dec = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
+    return dec > 6 ? 6 : dec;
 }
 
 static void fmt_tick(char *buf, size_t cap, double v, double step) {
-    int dec = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
-    if (dec > 6) dec = 6;
     if (fabs(v) < 1e-9 * step) v = 0; /* no "-0.0" */
+    snprintf(buf, cap, "%.*f", tick_decimals(step), v);
+}
+
+/* A value label on an axis of this tick step: 3 significant digits, within 1 or 2 decimals more
+ * than the ticks. */
+static void fmt_value(char *buf, size_t cap, double v, double step) {
+    const int lo = tick_decimals(step) + 1;
+    int dec = v != 0 && isfinite(v) ? 2 - (int)floor(log10(fabs(v))) : lo;
+    dec = dec < lo ? lo : dec > lo + 1 ? lo + 1 : dec;
     snprintf(buf, cap, "%.*f", dec, v);
 }
 
-/* A plot area: data y range [lo, hi] mapped onto pixels [y0 + h, y0]. */
+/* A plot area: data y range [lo, hi] mapped onto pixels [y0 + h, y0]; ticks every step (0: a
+ * step from an_nice_step). */
 typedef struct frame {
-    double x, y, w, h, lo, hi;
+    double x, y, w, h, lo, hi, step;
 } frame;
 
 static double fy(const frame *f, double v) {
@@ -115,7 +122,7 @@ static double fy(const frame *f, double v) {
 
 /* Horizontal grid lines, y tick labels, the frame's left and bottom axes and a y-axis title. */
 static void y_axis(cairo_t *cr, const frame *f, const char *title, double fs, int nticks) {
-    const double step = nice_step(f->hi - f->lo, nticks);
+    const double step = f->step > 0 ? f->step : an_nice_step(f->hi - f->lo, nticks);
     char buf[32];
     double maxw = 0;
     for (double v = ceil(f->lo / step - 1e-9) * step; v <= f->hi + 1e-9 * step; v += step) {
@@ -208,7 +215,7 @@ static int plot_load(const char *dir, const an_meta *m, const an_result *r, moh_
     legend(cr, W / 2.0 - legend_width(cr, lab, 2, 12) / 2, 64, lab, col, 2, 12);
     for (int k = 0; k < n; k++) {
         const int pr = k / cols, pc = k % cols;
-        frame f = {left + pc * pw + 44, top + pr * ph + 24, pw - 58, ph - 58, 0, 1};
+        frame f = {left + pc * pw + 44, top + pr * ph + 24, pw - 58, ph - 58, 0, 1, 0};
         set_rgb(cr, INK);
         text(cr, f.x + f.w / 2, f.y - 18, m->categories[k], 13, true, 0.5, 0, 0);
         y_axis(cr, &f, k % cols == 0 ? "load" : NULL, 10, 4);
@@ -250,6 +257,13 @@ static int plot_heatmap(const char *dir, const an_meta *m, const an_result *r, i
         const double w = text_width(mc, m->categories[c], 12);
         if (w > maxlab) maxlab = w;
     }
+    char sub[256], shared[64];
+    if (hs == 0) snprintf(shared, sizeof shared, "no shared heads");
+    else if (hs == 1) snprintf(shared, sizeof shared, "shared head 0 always on");
+    else snprintf(shared, sizeof shared, "shared heads 0-%d always on", hs - 1);
+    snprintf(sub, sizeof sub, "colour: share of the category's tokens that select the head (top-%d of %d routed; %s)",
+             m->top_k, E, shared);
+    const double subw = text_width(mc, sub, 11);
     cairo_destroy(mc);
     cairo_surface_destroy(tmp);
     const double cw = C <= 6 ? 90 : C <= 12 ? 64 : C <= 24 ? 40 : 28, ch = 34;
@@ -259,6 +273,7 @@ static int plot_heatmap(const char *dir, const an_meta *m, const an_result *r, i
     const double gw = C * cw, gh = E * ch;
     double W = left + gw + 110, Hh = top + gh + bottom;
     if (W < 620) W = 620;
+    if (W < subw + 24) W = subw + 24; /* the subtitle inside the picture */
     cairo_surface_t *surf;
     cairo_t *cr = canvas((int)W, (int)Hh, &surf);
     double lo = INFINITY, hi = -INFINITY;
@@ -278,9 +293,7 @@ static int plot_heatmap(const char *dir, const an_meta *m, const an_result *r, i
     set_rgb(cr, INK);
     snprintf(buf, sizeof buf, "Routed-head load by category, layer %d (%s)", m->layer_index[l], m->model_type);
     text(cr, W / 2, 14, buf, 16, true, 0.5, 0, 0);
-    snprintf(buf, sizeof buf, "colour: share of the category's tokens that select the head (top-%d of %d routed; shared heads 0-%d always on)",
-             m->top_k, E, hs - 1);
-    text(cr, W / 2, 38, buf, 11, false, 0.5, 0, 0);
+    text(cr, W / 2, 38, sub, 11, false, 0.5, 0, 0);
     const double gx = left, gy = top;
     for (int e = 0; e < E; e++) {
         for (int c = 0; c < C; c++) {
@@ -311,7 +324,7 @@ static int plot_heatmap(const char *dir, const an_meta *m, const an_result *r, i
     cairo_set_line_width(cr, 0.8);
     cairo_rectangle(cr, bx, gy, cbw, gh);
     cairo_stroke(cr);
-    const double step = nice_step(hi - lo, 4);
+    const double step = an_nice_step(hi - lo, 4);
     for (double v = ceil(lo / step - 1e-9) * step; v <= hi + 1e-9 * step; v += step) {
         const double yy = gy + gh - (v - lo) / (hi - lo) * gh;
         line(cr, bx + cbw, yy, bx + cbw + 4, yy, INK, 1);
@@ -341,8 +354,8 @@ static int plot_scores(const char *dir, const an_meta *m, const analysis *an, co
             const double v = an_score_quantile(an, l, i, c, 0.95);
             if (isfinite(v) && v > hi) hi = v;
         }
-    if (!(hi > 0)) hi = 1;
-    frame f = {left, top, h * gw, Hh - top - 64, 0, hi * 1.08};
+    frame f = {left, top, h * gw, Hh - top - 64, 0, 1, 0};
+    an_axis_range(&hi, 1, 0.03, 6, &f.lo, &f.hi, &f.step);
     char buf[256];
     set_rgb(cr, INK);
     snprintf(buf, sizeof buf, "Routing scores per head, layer %d (%s)", m->layer_index[l], m->model_type);
@@ -398,8 +411,51 @@ typedef struct series {
     double v[65]; /* per layer, then the mean in v[L] */
 } series;
 
-static void bar_panel(cairo_t *cr, const frame *f, const char *title, const char *ytitle,
-                      const series *sr, int ns, int L, const int *layer_index, bool with_mean) {
+/* Mean-group value label of v on f (vertical or not); *w its width in pixels. */
+static void mean_label(cairo_t *cr, const frame *f, double v, char *buf, size_t cap, double *w) {
+    fmt_value(buf, cap, v, f->step);
+    *w = text_width(cr, buf, 9.5);
+}
+
+/* Sets f's value range and ticks from the data of sr (an_axis_range), widened until the value
+ * labels of the mean group fit inside the frame beyond their bars; returns whether those labels
+ * are drawn vertically (when any is wider than its bar). */
+static bool bar_axis(cairo_t *cr, frame *f, const series *sr, int ns, int L, bool with_mean, int nticks) {
+    const int ng = L + (with_mean ? 1 : 0);
+    const double bw = f->w / ng * 0.8 / ns;
+    double vals[3 * 65];
+    int n = 0;
+    for (int k = 0; k < ns && k < 3; k++)
+        for (int g = 0; g < ng; g++) vals[n++] = sr[k].v[g];
+    double pad = 0.02;
+    bool vertical = false;
+    for (int it = 0; it < 16; it++, pad = pad * 1.5 + 0.02) {
+        an_axis_range(vals, n, pad, nticks, &f->lo, &f->hi, &f->step);
+        if (!with_mean) return false;
+        char buf[32];
+        double maxw = 0, w;
+        for (int k = 0; k < ns; k++)
+            if (isfinite(sr[k].v[L])) {
+                mean_label(cr, f, sr[k].v[L], buf, sizeof buf, &w);
+                if (w > maxw) maxw = w;
+            }
+        vertical = maxw + 2 > bw;
+        const double need = (vertical ? maxw : 9.5 * 0.75) + 5, px = f->h / (f->hi - f->lo);
+        bool fits = true;
+        for (int k = 0; k < ns; k++) {
+            const double v = sr[k].v[L];
+            if (isfinite(v) && (v >= 0 ? (f->hi - v) * px : (v - f->lo) * px) < need) fits = false;
+        }
+        if (fits) break;
+    }
+    return vertical;
+}
+
+/* Grouped bars per layer (and the mean over layers when with_mean, labelled with its values) in f,
+ * whose value range comes from the data (bar_axis). */
+static void bar_panel(cairo_t *cr, frame *f, const char *title, const char *ytitle, const series *sr,
+                      int ns, int L, const int *layer_index, bool with_mean) {
+    const bool vertical = bar_axis(cr, f, sr, ns, L, with_mean, 5);
     set_rgb(cr, INK);
     text(cr, f->x + f->w / 2, f->y - 26, title, 13.5, true, 0.5, 0, 0);
     y_axis(cr, f, ytitle, 10.5, 5);
@@ -407,12 +463,6 @@ static void bar_panel(cairo_t *cr, const frame *f, const char *title, const char
     const int ng = L + (with_mean ? 1 : 0);
     const double gw = f->w / ng, bw = gw * 0.8 / ns;
     char buf[32];
-    bool vertical = false; /* value labels of the mean group: vertical when any is wider than its bar */
-    for (int k = 0; with_mean && k < ns; k++) {
-        const double v = sr[k].v[L];
-        snprintf(buf, sizeof buf, fabs(v) >= 1 ? "%.2f" : "%.3f", v);
-        if (isfinite(v) && text_width(cr, buf, 9.5) + 2 > bw) vertical = true;
-    }
     for (int g = 0; g < ng; g++) {
         for (int k = 0; k < ns; k++) {
             const double v = sr[k].v[g];
@@ -420,7 +470,8 @@ static void bar_panel(cairo_t *cr, const frame *f, const char *title, const char
             const double x = f->x + g * gw + gw * 0.1 + k * bw, y0 = fy(f, 0), y1 = fy(f, v);
             rect(cr, x, y1 < y0 ? y1 : y0, bw * 0.92, fabs(y0 - y1), sr[k].color);
             if (g == L && with_mean) {
-                snprintf(buf, sizeof buf, fabs(v) >= 1 ? "%.2f" : "%.3f", v);
+                double w;
+                mean_label(cr, f, v, buf, sizeof buf, &w);
                 set_rgb(cr, INK);
                 if (vertical)
                     text(cr, x + bw * 0.46, v >= 0 ? y1 - 3 : y1 + 3, buf, 9.5, false, v >= 0 ? 0 : 1, 0.5,
@@ -489,15 +540,7 @@ static int plot_similarity(const char *dir, const an_meta *m, const an_result *r
         fill_series(&sr[0], r, off);
         if (k_all >= 0) fill_series(&sr[k_all], r, off_all);
         if (k_twin >= 0) fill_series(&sr[k_twin], cmp, off);
-        double hi = 0, lo = 0;
-        for (int k = 0; k < ns; k++)
-            for (int g = 0; g <= L; g++)
-                if (isfinite(sr[k].v[g])) {
-                    if (sr[k].v[g] > hi) hi = sr[k].v[g];
-                    if (sr[k].v[g] < lo) lo = sr[k].v[g];
-                }
-        frame f = {78 + p * (pw + 10), top, pw - 84, ph - 40, lo < 0 ? lo * 1.15 : 0, hi > 0 ? hi * 1.15 : 1};
-        if (p == 0 && f.hi > 1) f.hi = 1;
+        frame f = {78 + p * (pw + 10), top, pw - 84, ph - 40, 0, 1, 0};
         bar_panel(cr, &f, p ? "Head-output cosine similarity" : "Attention-pattern similarity",
                   p ? "cosine" : "1 - 0.5 E||A - A'||_1", sr, ns, L, m->layer_index, true);
     }
@@ -540,7 +583,7 @@ static int plot_rank(const char *dir, const an_meta *m, const an_result *r, cons
     const char *lab[3] = {sr[0].label, sr[1].label, sr[2].label};
     const rgb col[3] = {sr[0].color, sr[1].color, sr[2].color};
     legend(cr, W / 2 - legend_width(cr, lab, ns, 12) / 2, 62, lab, col, ns, 12);
-    frame f = {70, top + 10, W - 100, Hh - top - 70, 0, r->s.head_dim};
+    frame f = {70, top + 10, W - 100, Hh - top - 70, 0, 1, 0};
     bar_panel(cr, &f, "", "effective rank", sr, ns, L, m->layer_index, true);
     return save(cr, surf, dir, "effective_rank.png", err);
 }
