@@ -66,23 +66,19 @@ int cmd_sample(int argc, char **argv) {
     double temp = 0.8, top_p = 0.95;
     uint64_t seed = 1;
     const arg_spec specs[] = {
-        {"--checkpoint", ARG_STR, &ckpt, "DIR", "checkpoint dir (config.json + model.safetensors)", true},
-        {"--prompt", ARG_STR, &prompt, "TEXT", "text to continue (bytes; default empty)", false},
-        {"--max-tokens", ARG_INT, &max_tokens, "N", "bytes to generate (default 256)", false},
-        {"--temperature", ARG_DOUBLE, &temp, "T", "softmax temperature (default 0.8; 0 = greedy)", false},
-        {"--top-k", ARG_INT, &top_k, "K", "keep the K most likely bytes (default 0 = all)", false},
-        {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: keep the smallest set with probability >= P (default 0.95)", false},
-        {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false},
+        {"--checkpoint", ARG_STR, &ckpt, "DIR", "checkpoint dir (config.json + model.safetensors)", true, ARG_ANY},
+        {"--prompt", ARG_STR, &prompt, "TEXT", "text to continue (bytes; default empty)", false, ARG_ANY},
+        {"--max-tokens", ARG_INT, &max_tokens, "N", "bytes to generate (default 256)", false, ARG_IN(0, 1000000000)},
+        {"--temperature", ARG_DOUBLE, &temp, "T", "softmax temperature (default 0.8; 0 = greedy)", false, ARG_GE(0)},
+        {"--top-k", ARG_INT, &top_k, "K", "keep the K most likely bytes (default 0 = all)", false, ARG_GE(0)},
+        {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: keep the smallest set with probability >= P (default 0.95)", false, ARG_IN_OC(0, 1)},
+        {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false, ARG_ANY},
     };
     int rc = args_parse("sample", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]",
                         "Prints the prompt and its continuation to stdout, and speed and the share of\n"
                         "attention heads computed to stderr.\n");
     if (rc) return rc == 1 ? 0 : rc;
-    if (max_tokens < 0 || temp < 0 || top_p <= 0 || top_p > 1 || top_k < 0) {
-        fprintf(stderr, "moh sample: need --max-tokens >= 0, --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0\n");
-        return 2;
-    }
     if (cmd_is_vit(argc, argv, true)) {
         fprintf(stderr, "moh sample: %s/config.json: model_type is \"vit\"; sample generates text and needs a "
                         "language model checkpoint\n", ckpt);
