@@ -119,13 +119,13 @@ expect_err no-schedule "max-minutes" "$MOH" train --config "$T/tiny.json" --data
 cp -r "$T/a" "$T/keep2"; before=$(cd "$T/keep2" && cat * | cksum)
 expect_err fresh-over-ckpt "already holds a checkpoint" "$MOH" train "${common[@]}" --out "$T/keep2"
 [ "$(cd "$T/keep2" && cat * | cksum)" = "$before" ] && ok || bad "fresh train changed a checkpoint folder"
-expect_err steps-0 "expected >= 1" "$MOH" train "${common[@]}" --out "$T/e" --steps 0
+expect_err steps-0 "--steps 0 is out of range: expected N >= 1" "$MOH" train "${common[@]}" --out "$T/e" --steps 0
 expect_err log-every-0 "log-every" "$MOH" train "${common[@]}" --out "$T/e" --log-every 0
 mk 's/"vocab_size": 256/"vocab_size": 16/' vocab
 expect_err small-vocab vocab_size "$MOH" train --config "$T/vocab.json" --data "$T/corpus.txt" --out "$T/e" --steps 1
 mkfifo "$T/fifo.json"
 expect_err fifo-config "not a regular file" timeout 20 "$MOH" train --config "$T/fifo.json" --data "$T/corpus.txt" --out "$T/e" --steps 1
-expect_err lr-inf "--lr is inf" "$MOH" train "${common[@]}" --out "$T/e" --lr inf
+expect_err lr-inf "--lr inf is not a finite number" "$MOH" train "${common[@]}" --out "$T/e" --lr inf
 expect_err analyze-max-tokens "max-tokens" "$MOH" analyze --checkpoint "$T/a" --data "$T/corpus.txt:all" --out "$T/an" --max-tokens 9223372036854775807
 expect_err analyze-batch-0 "batch-size" "$MOH" analyze --checkpoint "$T/a" --data "$T/corpus.txt:all" --out "$T/an" --batch-size 0
 expect_err analyze-seq-len "max_position_embeddings" "$MOH" analyze --checkpoint "$T/a" --data "$T/corpus.txt:all" --out "$T/an" --seq-len 33
