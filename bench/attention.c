@@ -171,14 +171,14 @@ int bench_attention(int argc, char **argv) {
         int repeats;
     } a = {false, false, false, "all", "256,512,1024,2048,4096,8192", "0.9,0.75,0.5", "all", 5};
     const arg_spec specs[] = {
-        {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false},
-        {"--model", ARG_STR, &a.model, "vit-b|llm|all", "vit-b: d_model 768, 12 heads, bidirectional; llm: 1024, 16 heads, causal, RoPE (default all)", false},
-        {"--n", ARG_STR, &a.n, "N,N,...", "sequence lengths (default 256,512,1024,2048,4096,8192)", false},
-        {"--active", ARG_STR, &a.active, "S,S,...", "MoH active-head shares in (0,1] (default 0.9,0.75,0.5; dense MHA always runs)", false},
-        {"--pass", ARG_STR, &a.pass, "forward|train|all", "forward only, forward + backward, or both (default all)", false},
-        {"--repeats", ARG_INT, &a.repeats, "R", "timed repeats per configuration, interleaved (default 5, max 64)", false},
-        {"--phases", ARG_FLAG, &a.phases, NULL, "also print the per-phase breakdown under each row of the table", false},
-        {"--reference", ARG_FLAG, &a.reference, NULL, "also time the reference path (every head computed, then gated, as the official code) for N <= 4096; extra rows with path \"reference\"", false},
+        {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false, ARG_ANY},
+        {"--model", ARG_CHOICE, &a.model, "vit-b|llm|all", "vit-b: d_model 768, 12 heads, bidirectional; llm: 1024, 16 heads, causal, RoPE (default all)", false, ARG_ANY},
+        {"--n", ARG_STR, &a.n, "N,N,...", "sequence lengths (default 256,512,1024,2048,4096,8192)", false, ARG_ANY},
+        {"--active", ARG_STR, &a.active, "S,S,...", "MoH active-head shares in (0,1] (default 0.9,0.75,0.5; dense MHA always runs)", false, ARG_ANY},
+        {"--pass", ARG_CHOICE, &a.pass, "forward|train|all", "forward only, forward + backward, or both (default all)", false, ARG_ANY},
+        {"--repeats", ARG_INT, &a.repeats, "R", "timed repeats per configuration, interleaved (default 5, max 64)", false, ARG_IN(1, 64)},
+        {"--phases", ARG_FLAG, &a.phases, NULL, "also print the per-phase breakdown under each row of the table", false, ARG_ANY},
+        {"--reference", ARG_FLAG, &a.reference, NULL, "also time the reference path (every head computed, then gated, as the official code) for N <= 4096; extra rows with path \"reference\"", false, ARG_ANY},
     };
     int prc = args_parse("bench attention", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                          "[--json] [--model vit-b|llm|all] [--n 1024,4096] [--active 0.75,0.5] [--pass forward|train|all] [--repeats R]",
@@ -188,27 +188,19 @@ int bench_attention(int argc, char **argv) {
     double shares[BA_MAX_ACT];
     const int nN = bench_parse_ints(a.n, Ns, BA_MAX_N);
     const int nS = bench_parse_doubles(a.active, shares, BA_MAX_ACT - 1);
-    if (nN < 1 || nS < 0) {
-        fprintf(stderr, "moh bench attention: --n / --active expect comma-separated positive numbers (shares <= 1)\n");
+    if (nN < 1) {
+        fprintf(stderr, "moh bench attention: --n '%s': expected up to %d comma-separated integers 1..16777216\n", a.n, BA_MAX_N);
+        return 2;
+    }
+    if (nS < 0) {
+        fprintf(stderr, "moh bench attention: --active '%s': expected up to %d comma-separated shares 0 < S <= 1\n", a.active, BA_MAX_ACT - 1);
         return 2;
     }
     const bool fwd = !strcmp(a.pass, "forward") || !strcmp(a.pass, "all");
     const bool trn = !strcmp(a.pass, "train") || !strcmp(a.pass, "all");
-    if (!fwd && !trn) {
-        fprintf(stderr, "moh bench attention: --pass expects forward, train or all, got '%s'\n", a.pass);
-        return 2;
-    }
-    if (a.repeats < 1 || a.repeats > 64) {
-        fprintf(stderr, "moh bench attention: --repeats expects 1..64, got %d\n", a.repeats);
-        return 2;
-    }
     const int nmodels = (int)(sizeof MODELS / sizeof MODELS[0]);
     bool use_model[2] = {false, false};
     for (int i = 0; i < nmodels; i++) use_model[i] = !strcmp(a.model, "all") || !strcmp(a.model, MODELS[i].name);
-    if (!use_model[0] && !use_model[1]) {
-        fprintf(stderr, "moh bench attention: --model expects vit-b, llm or all, got '%s'\n", a.model);
-        return 2;
-    }
     /* the group: dense first, then the MoH shares (a share of 1 is the dense row itself) */
     double group[BA_MAX_ACT];
     int ng = 0;

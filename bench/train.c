@@ -122,13 +122,13 @@ int bench_train(int argc, char **argv) {
         int batch, seq, steps, repeats;
     } a = {false, "mha,moh-90,moh-75,moh-50", "both", 16, 0, 2, 3};
     const arg_spec specs[] = {
-        {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false},
-        {"--configs", ARG_STR, &a.configs, "A,B,...", "LM configs, names in configs/ or paths; the first is the baseline (default mha,moh-90,moh-75,moh-50)", false},
-        {"--path", ARG_STR, &a.path, "sparse|reference|both", "attention path of the step (default both)", false},
-        {"--batch", ARG_INT, &a.batch, "B", "sequences per step (default 16, as moh train)", false},
-        {"--seq", ARG_INT, &a.seq, "T", "sequence length (default: the first config's max_position_embeddings)", false},
-        {"--steps", ARG_INT, &a.steps, "S", "timed optimizer steps per repeat (default 2)", false},
-        {"--repeats", ARG_INT, &a.repeats, "R", "repeats, interleaved over configs and paths (default 3, max 64)", false},
+        {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false, ARG_ANY},
+        {"--configs", ARG_STR, &a.configs, "A,B,...", "LM configs, names in configs/ or paths; the first is the baseline (default mha,moh-90,moh-75,moh-50)", false, ARG_ANY},
+        {"--path", ARG_CHOICE, &a.path, "sparse|reference|both", "attention path of the step (default both)", false, ARG_ANY},
+        {"--batch", ARG_INT, &a.batch, "B", "sequences per step (default 16, as moh train)", false, ARG_GE(1)},
+        {"--seq", ARG_INT, &a.seq, "T", "sequence length (default: the first config's max_position_embeddings)", false, ARG_GE(1)},
+        {"--steps", ARG_INT, &a.steps, "S", "timed optimizer steps per repeat (default 2)", false, ARG_GE(1)},
+        {"--repeats", ARG_INT, &a.repeats, "R", "repeats, interleaved over configs and paths (default 3, max 64)", false, ARG_IN(1, 64)},
     };
     int prc = args_parse("bench train", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                          "[--json] [--configs mha,moh-75] [--path sparse|reference|both] [--batch B] [--seq T] [--steps S] [--repeats R]",
@@ -136,10 +136,6 @@ int bench_train(int argc, char **argv) {
     if (prc) return prc == 1 ? 0 : prc;
     const bool p_ref = !strcmp(a.path, "reference") || !strcmp(a.path, "both");
     const bool p_sp = !strcmp(a.path, "sparse") || !strcmp(a.path, "both");
-    if ((!p_ref && !p_sp) || a.batch < 1 || a.steps < 1 || a.repeats < 1 || a.repeats > 64 || a.seq < 0) {
-        fprintf(stderr, "moh bench train: bad option (--path sparse|reference|both, --batch/--steps >= 1, --repeats 1..64)\n");
-        return 2;
-    }
     char names[BT_MAX_CFG][64];
     int nn = 0;
     for (const char *s = a.configs; *s && nn < BT_MAX_CFG;) {

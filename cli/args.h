@@ -4,26 +4,46 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-typedef enum arg_kind { ARG_STR, ARG_INT, ARG_LONG, ARG_DOUBLE, ARG_U64, ARG_FLAG } arg_kind;
+/* ARG_CHOICE: a string that must be one of the '|'-separated words of the spec's meta. */
+typedef enum arg_kind { ARG_STR, ARG_INT, ARG_LONG, ARG_DOUBLE, ARG_U64, ARG_FLAG, ARG_CHOICE } arg_kind;
+
+/* Bounds of a numeric value given on the command line (not of the default: -1/0 sentinels stay
+ * allowed). lo_kind/hi_kind: 0 = no bound, 1 = inclusive, 2 = exclusive. */
+typedef struct arg_range {
+    unsigned char lo_kind, hi_kind;
+    double lo, hi;
+} arg_range;
+#define ARG_ANY {0, 0, 0.0, 0.0}
+#define ARG_GE(a) {1, 0, (a), 0.0}          /* x >= a */
+#define ARG_GT(a) {2, 0, (a), 0.0}          /* x > a */
+#define ARG_IN(a, b) {1, 1, (a), (b)}       /* a <= x <= b */
+#define ARG_IN_OC(a, b) {2, 1, (a), (b)}    /* a < x <= b */
+#define ARG_IN_OO(a, b) {2, 2, (a), (b)}    /* a < x < b */
 
 typedef struct arg_spec {
     const char *name;  /* "--steps" */
     arg_kind kind;
-    void *dst;         /* const char **, int *, long *, double *, uint64_t *, bool * */
-    const char *meta;  /* value placeholder in help, e.g. "N" (NULL for flags) */
+    void *dst;         /* const char ** (STR, CHOICE), int *, long *, double *, uint64_t *, bool * */
+    const char *meta;  /* value placeholder in help, e.g. "N" (NULL for flags); CHOICE: "a|b|c" */
     const char *help;  /* one line; defaults are appended by the caller's text */
     bool required;
+    arg_range range;   /* checked by args_parse for INT, LONG, DOUBLE, U64; shown in --help */
 } arg_spec;
 
 /* Parses argv[1..argc) against specs. Returns 0 (parsed), 1 (--help printed to stdout), or 2
- * (usage error printed to stderr as one line naming the option and what it expects). */
+ * (usage error printed to stderr as one line naming the one bad option, its value and what it
+ * expects). Rejects: unknown options (suggesting the nearest known one when close: edit distance,
+ * a unique prefix, initials like --learning-rate for --lr, or --name=value), a missing value,
+ * integers that do not parse or overflow the type, doubles that are not finite (nan, inf), values
+ * outside spec.range and CHOICE values outside meta. */
 int args_parse(const char *cmd, int argc, char **argv, const arg_spec *specs, int n,
                const char *synopsis, const char *epilog);
 
 /* The value after the first `name` in argv (before parsing), or NULL. */
 const char *args_value(int argc, char **argv, const char *name);
 
-/* moh train: --steps, when given, must be >= 1; --log-every >= 1; --lr in (0, 1000]; --epochs in
- * (0, 1e6] (pass 1 where there is none). Prints the error; 1 on error. */
-int args_check_train(int argc, char **argv, long steps, long log_every, double lr, double epochs);
+/* A check across two options, made only when both were given: a_val < b_val. Prints one line
+ * naming both ("moh train: --warmup 500 must be less than --steps 100") and returns 1 if not. */
+int args_check_less(const char *cmd, int argc, char **argv, const char *a, long a_val, const char *b,
+                    long b_val);
 #endif

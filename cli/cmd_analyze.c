@@ -455,16 +455,16 @@ int cmd_analyze(int argc, char **argv) {
     int T = -1, batch = -1; /* -1: the model's default */
     bool no_plots = false;
     const arg_spec specs[] = {
-        {"--checkpoint", ARG_STR, &ckpt, "DIR", "checkpoint dir (config.json + model.safetensors), LM or ViT", true},
-        {"--data", ARG_STR, &data, "SRC", "LM: dir of <topic>.txt files, or FILE:LABEL[,FILE:LABEL...]; ViT: IDX dir (t10k split)", true},
-        {"--out", ARG_STR, &out, "DIR", "output dir: analysis.json, *.csv, *.png (created)", true},
-        {"--compare", ARG_STR, &compare, "DIR", "dense MHA twin checkpoint: its similarity and rank numbers too", false},
-        {"--max-tokens", ARG_LONG, &max_tokens, "N", "tokens per category (default 8192; ViT: rounded up to whole images)", false},
-        {"--layers", ARG_STR, &which, "all|last", "layers analysed (default all)", false},
-        {"--categories", ARG_STR, &cats, "A,B,..", "LM with a --data dir: these topics, in this order (default: all)", false},
-        {"--seq-len", ARG_INT, &T, "T", "LM chunk length (default: config max_position_embeddings)", false},
-        {"--batch-size", ARG_INT, &batch, "B", "sequences/images per forward (default 8 LM, 64 ViT)", false},
-        {"--no-plots", ARG_FLAG, &no_plots, NULL, "write only analysis.json and the CSV tables", false},
+        {"--checkpoint", ARG_STR, &ckpt, "DIR", "checkpoint dir (config.json + model.safetensors), LM or ViT", true, ARG_ANY},
+        {"--data", ARG_STR, &data, "SRC", "LM: dir of <topic>.txt files, or FILE:LABEL[,FILE:LABEL...]; ViT: IDX dir (t10k split)", true, ARG_ANY},
+        {"--out", ARG_STR, &out, "DIR", "output dir: analysis.json, *.csv, *.png (created)", true, ARG_ANY},
+        {"--compare", ARG_STR, &compare, "DIR", "dense MHA twin checkpoint: its similarity and rank numbers too", false, ARG_ANY},
+        {"--max-tokens", ARG_LONG, &max_tokens, "N", "tokens per category (default 8192; ViT: rounded up to whole images)", false, ARG_IN(1, 1e12)},
+        {"--layers", ARG_CHOICE, &which, "all|last", "layers analysed (default all)", false, ARG_ANY},
+        {"--categories", ARG_STR, &cats, "A,B,..", "LM with a --data dir: these topics, in this order (default: all)", false, ARG_ANY},
+        {"--seq-len", ARG_INT, &T, "T", "LM chunk length (default: config max_position_embeddings)", false, ARG_GE(1)},
+        {"--batch-size", ARG_INT, &batch, "B", "sequences/images per forward (default 8 LM, 64 ViT)", false, ARG_IN(1, 65536)},
+        {"--no-plots", ARG_FLAG, &no_plots, NULL, "write only analysis.json and the CSV tables", false, ARG_ANY},
     };
     int rc = args_parse("analyze", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint DIR --data SRC --out DIR [--compare DIR] [--max-tokens N] [--layers all|last]",
@@ -487,18 +487,6 @@ int cmd_analyze(int argc, char **argv) {
     memset(&res2, 0, sizeof res2);
     int status = 1, layers[1024], nl = 0;
     const bool last = !strcmp(which, "last");
-    if (!last && strcmp(which, "all")) {
-        fprintf(stderr, "moh analyze: --layers is '%s', expected all or last\n", which);
-        return 2;
-    }
-    if (max_tokens < 1 || max_tokens > 1000000000000L) {
-        fprintf(stderr, "moh analyze: --max-tokens is %ld, expected 1..1000000000000\n", max_tokens);
-        return 2;
-    }
-    if ((batch != -1 && (batch < 1 || batch > 65536)) || (T != -1 && T < 1)) {
-        fprintf(stderr, "moh analyze: --batch-size is %d and --seq-len %d, expected 1..65536 and >= 1\n", batch, T);
-        return 2;
-    }
     if (model_load(&m, ckpt, &err)) goto fail;
     if (compare) {
         if (model_load(&twin, compare, &err)) goto fail;

@@ -135,12 +135,12 @@ int cmd_eval(int argc, char **argv) {
     int T = 0, B = 8;
     bool json = false;
     const arg_spec specs[] = {
-        {"--checkpoint", ARG_STR, &ckpt, "DIR", "checkpoint dir (config.json + model.safetensors)", true},
-        {"--data", ARG_STR, &data, "FILE|DIR", "text file evaluated whole (a prepared dir: its val.txt)", true},
-        {"--seq-len", ARG_INT, &T, "T", "context per chunk, at most the config's max_position_embeddings (the default)", false},
-        {"--batch-size", ARG_INT, &B, "B", "chunks per forward pass (default 8; does not change the result)", false},
-        {"--json", ARG_FLAG, &json, NULL, "print one JSON object: val_loss, bits_per_byte, tokens, head_share", false},
-        {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write tokens [1,T] and logits [1,T,V] of the first chunk", false},
+        {"--checkpoint", ARG_STR, &ckpt, "DIR", "checkpoint dir (config.json + model.safetensors)", true, ARG_ANY},
+        {"--data", ARG_STR, &data, "FILE|DIR", "text file evaluated whole (a prepared dir: its val.txt)", true, ARG_ANY},
+        {"--seq-len", ARG_INT, &T, "T", "context per chunk, at most the config's max_position_embeddings (the default)", false, ARG_GE(1)},
+        {"--batch-size", ARG_INT, &B, "B", "chunks per forward pass (default 8; does not change the result)", false, ARG_IN(1, 65536)},
+        {"--json", ARG_FLAG, &json, NULL, "print one JSON object: val_loss, bits_per_byte, tokens, head_share", false, ARG_ANY},
+        {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write tokens [1,T] and logits [1,T,V] of the first chunk", false, ARG_ANY},
     };
     int rc = args_parse("eval", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint DIR --data FILE [--seq-len T] [--json]",
@@ -175,10 +175,6 @@ int cmd_eval(int argc, char **argv) {
     if (T > cfg.max_position_embeddings) { /* positions past the trained context */
         moh_fail(&err, MOH_E_ARG, "--seq-len is %d, more than the context of %s (max_position_embeddings %d)",
                  T, ckpt, cfg.max_position_embeddings);
-        goto fail;
-    }
-    if (B < 1 || B > 65536) {
-        moh_fail(&err, MOH_E_ARG, "--batch-size is %d, expected 1..65536", B);
         goto fail;
     }
     if (!(text = fs_read_file(path, (size_t)4 << 30, &n, &err))) goto fail;

@@ -50,22 +50,18 @@ int cmd_layer(int argc, char **argv) {
     } a = {0};
     a.path = "sparse";
     const arg_spec specs[] = {
-        {"--config", ARG_STR, &a.config, "FILE", "layer JSON: hidden_size, num_attention_heads, num_key_value_heads, head_dim, shared_heads, top_k, router (learned|query_norm|none), causal, qkv_bias, proj_bias, rope_theta, load_balance_coef", true},
-        {"--weights", ARG_STR, &a.weights, "FILE", "safetensors with the official names: qkv/proj (fused) or q_proj/k_proj/v_proj/o_proj (split), plus wg/wg_0/wg_1 as the router needs", true},
-        {"--input", ARG_STR, &a.input, "FILE", "safetensors with 'x' [B, N, hidden_size]", true},
-        {"--grad-output", ARG_STR, &a.grad_output, "FILE", "safetensors with 'dy' [B, N, hidden_size]: also compute gradients of L = sum(y * dy) + load_balance_coef * lb_loss", false},
-        {"--output", ARG_STR, &a.output, "FILE", "written (F32): y [B,N,C], gates [B,N,h], lb_loss [1]; with --grad-output also grad.x and grad.<name> for every weight", true},
-        {"--path", ARG_STR, &a.path, "sparse|reference", "sparse (default): only routed (token, head) pairs; reference: every head, then gated (the definition)", false},
+        {"--config", ARG_STR, &a.config, "FILE", "layer JSON: hidden_size, num_attention_heads, num_key_value_heads, head_dim, shared_heads, top_k, router (learned|query_norm|none), causal, qkv_bias, proj_bias, rope_theta, load_balance_coef", true, ARG_ANY},
+        {"--weights", ARG_STR, &a.weights, "FILE", "safetensors with the official names: qkv/proj (fused) or q_proj/k_proj/v_proj/o_proj (split), plus wg/wg_0/wg_1 as the router needs", true, ARG_ANY},
+        {"--input", ARG_STR, &a.input, "FILE", "safetensors with 'x' [B, N, hidden_size]", true, ARG_ANY},
+        {"--grad-output", ARG_STR, &a.grad_output, "FILE", "safetensors with 'dy' [B, N, hidden_size]: also compute gradients of L = sum(y * dy) + load_balance_coef * lb_loss", false, ARG_ANY},
+        {"--output", ARG_STR, &a.output, "FILE", "written (F32): y [B,N,C], gates [B,N,h], lb_loss [1]; with --grad-output also grad.x and grad.<name> for every weight", true, ARG_ANY},
+        {"--path", ARG_CHOICE, &a.path, "sparse|reference", "sparse (default): only routed (token, head) pairs; reference: every head, then gated (the definition)", false, ARG_ANY},
     };
     int prc = args_parse("layer", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                          "--config LAYER.json --weights W.safetensors --input X.safetensors [--grad-output DY.safetensors] --output OUT.safetensors",
                          "Runs one MoH attention layer (head-sparse path by default; --path reference computes every\nhead, then gates) and writes its outputs; the parity tool for moving weights between PyTorch\nand moh.\n");
     if (prc) return prc == 1 ? 0 : prc;
     const bool sparse = !strcmp(a.path, "sparse");
-    if (!sparse && strcmp(a.path, "reference")) {
-        fprintf(stderr, "moh layer: option --path expects sparse or reference, got '%s'\n", a.path);
-        return 2;
-    }
 
     moh_error err = {0};
     int status = 1;

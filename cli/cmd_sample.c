@@ -37,14 +37,14 @@ int cmd_sample(int argc, char **argv) {
     double temp = 0.8, top_p = 0.95;
     uint64_t seed = 1;
     const arg_spec specs[] = {
-        {"--checkpoint", ARG_STR, &ckpt, "DIR", "checkpoint dir (config.json + model.safetensors)", true},
-        {"--prompt", ARG_STR, &prompt, "TEXT", "text to continue (bytes; default empty: starts after a newline)", false},
-        {"--max-tokens", ARG_INT, &max_tokens, "N", "bytes to generate (default 256)", false},
-        {"--temperature", ARG_DOUBLE, &temp, "T", "softmax temperature (default 0.8; 0 = greedy)", false},
-        {"--top-k", ARG_INT, &top_k, "K", "keep the K most likely bytes (default 0 = all)", false},
-        {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: of those, keep the smallest set with probability >= P (default 0.95)", false},
-        {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false},
-        {"--context-full", ARG_STR, &full, "MODE", "when the context is full: slide (re-encode its last half and go on; default) or stop", false},
+        {"--checkpoint", ARG_STR, &ckpt, "DIR", "checkpoint dir (config.json + model.safetensors)", true, ARG_ANY},
+        {"--prompt", ARG_STR, &prompt, "TEXT", "text to continue (bytes; default empty: starts after a newline)", false, ARG_ANY},
+        {"--max-tokens", ARG_INT, &max_tokens, "N", "bytes to generate (default 256)", false, ARG_IN(0, 1000000000)},
+        {"--temperature", ARG_DOUBLE, &temp, "T", "softmax temperature (default 0.8; 0 = greedy)", false, ARG_GE(0)},
+        {"--top-k", ARG_INT, &top_k, "K", "keep the K most likely bytes (default 0 = all)", false, ARG_GE(0)},
+        {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: of those, keep the smallest set with probability >= P (default 0.95)", false, ARG_IN_OC(0, 1)},
+        {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false, ARG_ANY},
+        {"--context-full", ARG_CHOICE, &full, "slide|stop", "when the context is full: slide (re-encode its last half and go on; default) or stop", false, ARG_ANY},
     };
     int rc = args_parse("sample", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint DIR [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
@@ -60,15 +60,7 @@ int cmd_sample(int argc, char **argv) {
                         "stop ends generation there (a line on stderr; exit 0). A prompt longer than N\n"
                         "bytes: slide encodes its last N bytes (with a note), stop refuses it.\n");
     if (rc) return rc == 1 ? 0 : rc;
-    if (max_tokens < 0 || temp < 0 || top_p <= 0 || top_p > 1 || top_k < 0) {
-        fprintf(stderr, "moh sample: need --max-tokens >= 0, --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0\n");
-        return 2;
-    }
     const bool slide = !strcmp(full, "slide");
-    if (!slide && strcmp(full, "stop")) {
-        fprintf(stderr, "moh sample: --context-full is '%s', expected slide or stop\n", full);
-        return 2;
-    }
     if (cmd_is_vit(argc, argv, true)) {
         fprintf(stderr, "moh sample: %s/config.json: model_type is \"vit\"; sample generates text and needs a "
                         "language model checkpoint\n", ckpt);

@@ -53,32 +53,32 @@ int cmd_train_vit(int argc, char **argv) {
     const char *config = NULL;
     bool no_flip = false, no_augment = false;
     const arg_spec specs[] = {
-        {"--config", ARG_STR, &config, "NAME|FILE", "ViT config: a JSON file or a name from configs/ (vit-moh-75, vit-mha, vit-moh-50, vit-moh-90, vit-moh-75-p4, ...)", false},
-        {"--data", ARG_STR, &o.data_dir, "DIR", "IDX dir: train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-* (test set, evaluated every epoch)", true},
-        {"--out", ARG_STR, &o.out_dir, "DIR", "checkpoint dir: config.json, model.safetensors (timm names), optimizer.safetensors, metrics.jsonl", true},
-        {"--epochs", ARG_DOUBLE, &o.epochs, "E", "passes over the training images (default 25; fractions allowed)", false},
-        {"--steps", ARG_LONG, &o.steps, "N", "optimizer steps (overrides --epochs)", false},
-        {"--stop-at-step", ARG_LONG, &o.stop_at_step, "N", "save and stop after step N (continue later with --resume)", false},
-        {"--max-minutes", ARG_DOUBLE, &o.max_minutes, "M", "stop after M minutes of training, checkpoint saved (--resume continues)", false},
-        {"--seed", ARG_U64, &o.seed, "S", "seed for init, data order and augmentation (default 1)", false},
-        {"--batch-size", ARG_INT, &o.batch_size, "B", "images per step (default 128)", false},
-        {"--shards", ARG_INT, &o.shards, "S", "split each batch into S data-parallel shards, one thread each, with per-shard load-balance statistics like S GPUs (default: OpenMP threads; kept on --resume)", false},
-        {"--lr", ARG_DOUBLE, &o.lr, "LR", "peak learning rate (default 2e-3)", false},
-        {"--min-lr-ratio", ARG_DOUBLE, &o.min_lr_ratio, "R", "final lr = R * peak after cosine decay (default 0.01)", false},
-        {"--warmup", ARG_LONG, &o.warmup, "N", "linear warmup steps (default one epoch, at most 10% of the steps)", false},
-        {"--weight-decay", ARG_DOUBLE, &o.weight_decay, "WD", "AdamW weight decay on weight matrices and routers, not biases/norms/pos_embed/cls_token (default 0.05)", false},
-        {"--grad-clip", ARG_DOUBLE, &o.grad_clip, "C", "clip the global gradient norm to C (default 1.0; 0 = off)", false},
-        {"--eval-every", ARG_LONG, &o.eval_every, "N", "evaluate on the test split and checkpoint every N steps (default: every epoch)", false},
-        {"--eval-limit", ARG_LONG, &o.eval_limit, "N", "test images per periodic evaluation (default all; the final one uses all)", false},
-        {"--log-every", ARG_LONG, &o.log_every, "N", "progress line every N steps (default 50)", false},
-        {"--train-limit", ARG_LONG, &o.train_limit, "N", "train on the first N training images only (smoke tests)", false},
-        {"--crop-pad", ARG_INT, &o.crop_pad, "P", "random crop with zero padding P, i.e. shifts of up to P pixels (default 1; 0 = off)", false},
-        {"--no-flip", ARG_FLAG, &no_flip, NULL, "no random horizontal flip", false},
-        {"--no-augment", ARG_FLAG, &no_augment, NULL, "no crop and no flip", false},
-        {"--sparse-attn", ARG_FLAG, &o.sparse_attn, NULL, "attention on the head-sparse path (only routed heads, flash-style; same results to ~1e-5)", false},
-        {"--resume", ARG_FLAG, &o.resume, NULL, "continue the run in --out (same batches, schedule, hyper-parameters, shards and seed)", false},
-        {"--quiet", ARG_FLAG, &o.quiet, NULL, "no progress output", false},
-        {"--dump-grads", ARG_STR, &o.dump_grads, "FILE", "debug: write the first step's images, labels, initial weights (init.*) and gradient (grad.*)", false},
+        {"--config", ARG_STR, &config, "NAME|FILE", "ViT config: a JSON file or a name from configs/ (vit-moh-75, vit-mha, vit-moh-50, vit-moh-90, vit-moh-75-p4, ...)", false, ARG_ANY},
+        {"--data", ARG_STR, &o.data_dir, "DIR", "IDX dir: train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-* (test set, evaluated every epoch)", true, ARG_ANY},
+        {"--out", ARG_STR, &o.out_dir, "DIR", "checkpoint dir: config.json, model.safetensors (timm names), optimizer.safetensors, metrics.jsonl", true, ARG_ANY},
+        {"--epochs", ARG_DOUBLE, &o.epochs, "E", "passes over the training images (default 25; fractions allowed)", false, ARG_IN_OC(0, 1e6)},
+        {"--steps", ARG_LONG, &o.steps, "N", "optimizer steps (overrides --epochs)", false, ARG_GE(1)},
+        {"--stop-at-step", ARG_LONG, &o.stop_at_step, "N", "save and stop after step N (continue later with --resume)", false, ARG_GE(1)},
+        {"--max-minutes", ARG_DOUBLE, &o.max_minutes, "M", "stop after M minutes of training, checkpoint saved (--resume continues)", false, ARG_GT(0)},
+        {"--seed", ARG_U64, &o.seed, "S", "seed for init, data order and augmentation (default 1)", false, ARG_ANY},
+        {"--batch-size", ARG_INT, &o.batch_size, "B", "images per step (default 128)", false, ARG_IN(1, 65536)},
+        {"--shards", ARG_INT, &o.shards, "S", "split each batch into S data-parallel shards, one thread each, with per-shard load-balance statistics like S GPUs (default: OpenMP threads; kept on --resume)", false, ARG_IN(1, 256)},
+        {"--lr", ARG_DOUBLE, &o.lr, "LR", "peak learning rate (default 2e-3)", false, ARG_IN_OC(0, 1000)},
+        {"--min-lr-ratio", ARG_DOUBLE, &o.min_lr_ratio, "R", "final lr = R * peak after cosine decay (default 0.01)", false, ARG_IN(0, 1)},
+        {"--warmup", ARG_LONG, &o.warmup, "N", "linear warmup steps (default one epoch, at most 10% of the steps)", false, ARG_GE(0)},
+        {"--weight-decay", ARG_DOUBLE, &o.weight_decay, "WD", "AdamW weight decay on weight matrices and routers, not biases/norms/pos_embed/cls_token (default 0.05)", false, ARG_GE(0)},
+        {"--grad-clip", ARG_DOUBLE, &o.grad_clip, "C", "clip the global gradient norm to C (default 1.0; 0 = off)", false, ARG_GE(0)},
+        {"--eval-every", ARG_LONG, &o.eval_every, "N", "evaluate on the test split and checkpoint every N steps (default: every epoch)", false, ARG_GE(0)},
+        {"--eval-limit", ARG_LONG, &o.eval_limit, "N", "test images per periodic evaluation (default all; the final one uses all)", false, ARG_GE(0)},
+        {"--log-every", ARG_LONG, &o.log_every, "N", "progress line every N steps (default 50)", false, ARG_GE(1)},
+        {"--train-limit", ARG_LONG, &o.train_limit, "N", "train on the first N training images only (smoke tests)", false, ARG_GE(1)},
+        {"--crop-pad", ARG_INT, &o.crop_pad, "P", "random crop with zero padding P, i.e. shifts of up to P pixels (default 1; 0 = off)", false, ARG_IN(0, 64)},
+        {"--no-flip", ARG_FLAG, &no_flip, NULL, "no random horizontal flip", false, ARG_ANY},
+        {"--no-augment", ARG_FLAG, &no_augment, NULL, "no crop and no flip", false, ARG_ANY},
+        {"--sparse-attn", ARG_FLAG, &o.sparse_attn, NULL, "attention on the head-sparse path (only routed heads, flash-style; same results to ~1e-5)", false, ARG_ANY},
+        {"--resume", ARG_FLAG, &o.resume, NULL, "continue the run in --out (same batches, schedule, hyper-parameters, shards and seed)", false, ARG_ANY},
+        {"--quiet", ARG_FLAG, &o.quiet, NULL, "no progress output", false, ARG_ANY},
+        {"--dump-grads", ARG_STR, &o.dump_grads, "FILE", "debug: write the first step's images, labels, initial weights (init.*) and gradient (grad.*)", false, ARG_ANY},
     };
     int rc = args_parse("train", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--config vit-NAME|FILE --data DIR --out DIR [options]   (ViT configs)",
@@ -88,7 +88,7 @@ int cmd_train_vit(int argc, char **argv) {
                         "the training set's mean/std (saved in config.json). Ctrl-C saves a\n"
                         "checkpoint and exits; --resume continues it.\n");
     if (rc) return rc == 1 ? 0 : rc;
-    if (args_check_train(argc, argv, o.steps, o.log_every, o.lr, o.epochs)) return 2;
+    if (args_check_less("train", argc, argv, "--warmup", o.warmup, "--steps", o.steps)) return 2;
     if (no_flip || no_augment) o.hflip = false;
     if (no_augment) o.crop_pad = 0;
     char path[PATH_MAX + 64];
@@ -215,14 +215,14 @@ int cmd_eval_vit(int argc, char **argv) {
     long limit = 0;
     bool json = false, sparse = false;
     const arg_spec specs[] = {
-        {"--checkpoint", ARG_STR, &ckpt, "DIR", "ViT checkpoint dir (config.json + model.safetensors)", true},
-        {"--data", ARG_STR, &data, "DIR", "IDX dir (as for moh train)", true},
-        {"--split", ARG_STR, &split, "NAME", "file prefix of the split: t10k (test, default) or train", false},
-        {"--limit", ARG_LONG, &limit, "N", "evaluate the first N images only (default all)", false},
-        {"--batch-size", ARG_INT, &B, "B", "images per forward pass (default 256; does not change the result)", false},
-        {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (same results to ~1e-5)", false},
-        {"--json", ARG_FLAG, &json, NULL, "print one JSON object: accuracy, per_class, confusion, ce_loss, head_share, ...", false},
-        {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write images, labels and logits of the first --batch-size images (safetensors)", false},
+        {"--checkpoint", ARG_STR, &ckpt, "DIR", "ViT checkpoint dir (config.json + model.safetensors)", true, ARG_ANY},
+        {"--data", ARG_STR, &data, "DIR", "IDX dir (as for moh train)", true, ARG_ANY},
+        {"--split", ARG_STR, &split, "NAME", "file prefix of the split: t10k (test, default) or train", false, ARG_ANY},
+        {"--limit", ARG_LONG, &limit, "N", "evaluate the first N images only (default all)", false, ARG_GE(0)},
+        {"--batch-size", ARG_INT, &B, "B", "images per forward pass (default 256; does not change the result)", false, ARG_IN(1, 65536)},
+        {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (same results to ~1e-5)", false, ARG_ANY},
+        {"--json", ARG_FLAG, &json, NULL, "print one JSON object: accuracy, per_class, confusion, ce_loss, head_share, ...", false, ARG_ANY},
+        {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write images, labels and logits of the first --batch-size images (safetensors)", false, ARG_ANY},
     };
     int rc = args_parse("eval", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint DIR --data DIR [--json]   (ViT checkpoints)",
@@ -244,10 +244,6 @@ int cmd_eval_vit(int argc, char **argv) {
     memset(&s, 0, sizeof s);
     memset(&r, 0, sizeof r);
     int status = 1;
-    if (B < 1 || B > 65536) {
-        moh_fail(&err, MOH_E_ARG, "--batch-size is %d, expected 1..65536", B);
-        goto fail;
-    }
     struct stat st;
     if (stat(data, &st) == 0 && !S_ISDIR(st.st_mode)) {
         moh_fail(&err, MOH_E_ARG, "--data %s is a file, but %s is a ViT (image) checkpoint: it needs a directory "

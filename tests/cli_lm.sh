@@ -119,13 +119,13 @@ expect_err no-schedule "max-minutes" "$MOH" train --config "$T/tiny.json" --data
 cp -r "$T/a" "$T/keep2"; before=$(cd "$T/keep2" && cat * | cksum)
 expect_err fresh-over-ckpt "already holds a checkpoint" "$MOH" train "${common[@]}" --out "$T/keep2"
 [ "$(cd "$T/keep2" && cat * | cksum)" = "$before" ] && ok || bad "fresh train changed a checkpoint folder"
-expect_err steps-0 "expected >= 1" "$MOH" train "${common[@]}" --out "$T/e" --steps 0
+expect_err steps-0 "--steps 0 is out of range: expected N >= 1" "$MOH" train "${common[@]}" --out "$T/e" --steps 0
 expect_err log-every-0 "log-every" "$MOH" train "${common[@]}" --out "$T/e" --log-every 0
 mk 's/"vocab_size": 256/"vocab_size": 16/' vocab
 expect_err small-vocab vocab_size "$MOH" train --config "$T/vocab.json" --data "$T/corpus.txt" --out "$T/e" --steps 1
 mkfifo "$T/fifo.json"
 expect_err fifo-config "not a regular file" timeout 20 "$MOH" train --config "$T/fifo.json" --data "$T/corpus.txt" --out "$T/e" --steps 1
-expect_err lr-inf "--lr is inf" "$MOH" train "${common[@]}" --out "$T/e" --lr inf
+expect_err lr-inf "--lr inf is not a finite number" "$MOH" train "${common[@]}" --out "$T/e" --lr inf
 expect_err analyze-max-tokens "max-tokens" "$MOH" analyze --checkpoint "$T/a" --data "$T/corpus.txt:all" --out "$T/an" --max-tokens 9223372036854775807
 expect_err analyze-batch-0 "batch-size" "$MOH" analyze --checkpoint "$T/a" --data "$T/corpus.txt:all" --out "$T/an" --batch-size 0
 expect_err analyze-seq-len "max_position_embeddings" "$MOH" analyze --checkpoint "$T/a" --data "$T/corpus.txt:all" --out "$T/an" --seq-len 33
@@ -192,7 +192,7 @@ check "[ \$(wc -c < '$T/s.out') -eq 9 ] && grep -q 'stopped after 8 of 20' '$T/s
 "$MOH" sample --checkpoint "$T/c8" --prompt abc --max-tokens 6 --context-full stop >/dev/null 2>"$T/s.err"
 check "! grep -q stopped '$T/s.err'" "6 bytes after a 3-byte prompt fit the context of 8: $(cat "$T/s.err")"
 expect_err stop-long-prompt "max_position_embeddings" "$MOH" sample --checkpoint "$T/c8" --prompt abcdefghijkl --context-full stop
-expect_err context-full-mode "expected slide or stop" "$MOH" sample --checkpoint "$T/c8" --context-full wrap
+expect_err context-full-mode "is not one of slide|stop" "$MOH" sample --checkpoint "$T/c8" --context-full wrap
 # after a slide, greedy decoding continues exactly as a fresh run on the re-encoded last 4 tokens
 python3 - "$MOH" "$T/c8" <<'PY' && ok || bad "slide does not re-encode the last half of the context from position 0"
 import subprocess, sys
