@@ -21,7 +21,7 @@ int cmd_train(int argc, char **argv) {
         {"--max-minutes", ARG_DOUBLE, &o.max_minutes, "M", "end the run within M minutes, final validation included (checkpoint saved)", false, ARG_GT(0)},
         {"--seed", ARG_U64, &o.seed, "S", "seed for init and data order (default 1)", false, ARG_ANY},
         {"--batch-size", ARG_INT, &o.batch_size, "B", "sequences per micro-batch (default 16)", false, ARG_IN(1, 65536)},
-        {"--seq-len", ARG_INT, &o.seq_len, "T", "tokens per sequence (default: config max_position_embeddings)", false, ARG_GE(1)},
+        {"--seq-len", ARG_INT, &o.seq_len, "T", "tokens per sequence, at most the config's max_position_embeddings (the default)", false, ARG_GE(1)},
         {"--grad-accum", ARG_INT, &o.grad_accum, "N", "micro-batches per optimizer step (default 1)", false, ARG_IN(1, 65536)},
         {"--lr", ARG_DOUBLE, &o.lr, "LR", "peak learning rate (default 2e-3)", false, ARG_IN_OC(0, 1000)},
         {"--min-lr-ratio", ARG_DOUBLE, &o.min_lr_ratio, "R", "final lr = R * peak after cosine decay (default 0.1)", false, ARG_IN(0, 1)},

@@ -257,7 +257,6 @@ int cmd_eval_vit(int argc, char **argv) {
         goto fail;
     }
     if (vit_checkpoint_load(ckpt, &cfg, &p, &err)) goto fail;
-    cfg.label_smoothing = 0.0; /* the reported loss is the plain cross-entropy */
     if (cfg.n_norm == 0) {
         if (idx_train_mean_std(data, cfg.num_classes, &cfg.mean[0], &cfg.std[0], &err)) goto fail;
         cfg.n_norm = 1;

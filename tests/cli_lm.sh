@@ -204,6 +204,9 @@ for prompt in ['verse 1', 'the ', 'and th']:
     tail = run(x[s - 4:s].decode('latin-1'), 5)[4:]
     assert tail == x[s:s + 5], (prompt, x, tail)
 PY
+# train: --seq-len past the config's context is refused, and nothing is written
+expect_err train-seq-len "\-\-seq-len is 9, more than .*max_position_embeddings 8" "$MOH" train --config "$T/ctx8.json" --data "$T/corpus.txt" --out "$T/c8long" --seq-len 9 --steps 1
+check "[ ! -e '$T/c8long' ]" "a refused train (--seq-len past the context) created its --out"
 # eval: --seq-len past the context is refused; at the context it is the default
 expect_err eval-seq-len "\-\-seq-len is 9, more than the context of .*max_position_embeddings 8" "$MOH" eval --checkpoint "$T/c8" --data "$T/corpus.txt" --seq-len 9
 e8=$("$MOH" eval --checkpoint "$T/c8" --data "$T/short.txt" --seq-len 8 --json); e0=$("$MOH" eval --checkpoint "$T/c8" --data "$T/short.txt" --json)

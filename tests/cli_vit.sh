@@ -85,6 +85,13 @@ assert abs(r["ce_loss"] - ce / m) < 1e-5, (r["ce_loss"], ce / m)
 assert abs(r["ce_loss"] - sm / m) > 1e-3, "ce_loss equals the label-smoothed loss"
 EOF
 grep -q "cross-entropy [0-9.]* nats (no label smoothing)" "$tmp/eval.txt" || fail "eval text: cross-entropy"
+# training's final test_loss (whole t10k split) is the same plain cross-entropy as moh eval's
+python3 - "$tmp/a/metrics.jsonl" "$tmp/ce.json" <<'EOF' || fail "metrics test_loss is not moh eval's plain cross-entropy"
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1]) if '"test_loss"' in l][-1]
+r = json.load(open(sys.argv[2]))
+assert last["test_n"] == 200 and abs(last["test_loss"] - r["ce_loss"]) < 1e-5, (last["test_loss"], r["ce_loss"])
+EOF
 
 # resume after --stop-at-step (with augmentation): same final weights as the uninterrupted run
 "$MOH" train "${common[@]}" --out "$tmp/a2" --steps 40 || fail "train (augmented)"

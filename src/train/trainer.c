@@ -177,6 +177,9 @@ static int setup(trainer *tr, moh_error *err) {
     tr->B = o->batch_size;
     if (tr->B < 1 || tr->T < 1 || o->grad_accum < 1)
         return moh_fail(err, MOH_E_ARG, "--batch-size, --seq-len and --grad-accum must be >= 1");
+    if (tr->T > tr->cfg.max_position_embeddings) /* positions the model is not built for */
+        return moh_fail(err, MOH_E_ARG, "--seq-len is %d, more than %s's max_position_embeddings %d (raise it in the "
+                        "config to train a longer context)", tr->T, path, tr->cfg.max_position_embeddings);
     if ((rc = text_data_load(&tr->data, o->data_path, o->val_fraction, (size_t)tr->T + 2, err))) return rc;
     if ((rc = lm_params_init_f32(&tr->p, &tr->cfg, err))) return rc;
     if ((rc = lm_params_init_f32(&tr->g, &tr->cfg, err))) return rc;

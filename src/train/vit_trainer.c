@@ -175,6 +175,8 @@ int vit_evaluate(const moh_vit_config *cfg, const vit_params_f32 *p, vit_shards 
         rc = moh_fail(err, MOH_E_NOMEM, "eval: out of memory");
         goto out;
     }
+    moh_vit_config plain = *cfg; /* the reported loss is the plain cross-entropy */
+    plain.label_smoothing = 0.0;
     double loss_sum = 0.0, lb_sum = 0.0, tokens = 0.0;
     long batches = 0;
     for (long i0 = 0; i0 < n; i0 += B) {
@@ -185,7 +187,7 @@ int vit_evaluate(const moh_vit_config *cfg, const vit_params_f32 *p, vit_shards 
         }
         vit_make_batch(cfg, s, idx, cnt, NULL, 0, 0, img);
         double ce = 0.0, lb = 0.0;
-        vit_shards_step(cfg, p, w, img, lab, cnt, NULL, &ce, &lb);
+        vit_shards_step(&plain, p, w, img, lab, cnt, NULL, &ce, &lb);
         loss_sum += ce * cnt;
         lb_sum += lb;
         batches++;

@@ -71,14 +71,15 @@ typedef struct vit_eval_result {
     long n;              /* images evaluated */
     long correct;        /* top-1 hits */
     double accuracy;     /* correct / n, in [0, 1] */
-    double loss;         /* mean cross-entropy with the config's label smoothing (nats) */
+    double loss;         /* mean plain cross-entropy, no label smoothing (nats) */
     double lb_loss;      /* mean over batches of the load-balance loss (monitoring, not added) */
     long *confusion;     /* [K, K]: row = true class, column = predicted (malloc'd) */
     double *head_share;  /* [L, h]: share of tokens whose gate for head i is non-zero (malloc'd) */
 } vit_eval_result;
 
 /* Evaluates images 0..limit-1 (0 = all) of s, normalised with cfg's mean/std (no augmentation),
- * in batches of w->n * w->Bmax. The split's image size must match cfg (MOH_E_CONFIG otherwise).
+ * in batches of w->n * w->Bmax; r->loss is the plain cross-entropy (cfg's label smoothing is for
+ * training only). The split's image size must match cfg (MOH_E_CONFIG otherwise).
  * Free r with vit_eval_result_free. */
 int vit_evaluate(const moh_vit_config *cfg, const vit_params_f32 *p, vit_shards *w,
                  const idx_split *s, long limit, vit_eval_result *r, moh_error *err);
