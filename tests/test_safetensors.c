@@ -620,6 +620,18 @@ static void test_reference_rules(test_ctx *t) {
     expect_bad(t, "leading zero", "{\"a\":{\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]}}",
                4, "malformed number", NULL);
     expect_bad(t, "byte order mark", "\xef\xbb\xbf{}", 0, "byte order mark", NULL);
+    /* strings as serde_json reads them (cJSON accepts all of these) */
+    expect_bad(t, "tab in a metadata key", "{\"__metadata__\":{\"a\tb\":\"c\"}}", 0, "control character", NULL);
+    expect_bad(t, "newline in a tensor name", "{\"a\nb\":{" W1 ",\"data_offsets\":[0,4]}}", 4,
+               "control character", NULL);
+    expect_bad(t, "\\u with non-hex digits", "{\"\\uzzzz\":{" W1 ",\"data_offsets\":[0,4]}}", 4,
+               "invalid \\u escape", NULL);
+    expect_bad(t, "short \\u", "{\"__metadata__\":{\"k\":\"\\u0-0e\"}}", 0, "invalid \\u escape", NULL);
+    expect_bad(t, "unknown escape", "{\"__metadata__\":{\"k\":\"\\q\"}}", 0, "invalid escape", NULL);
+    CHECK(t, OK_HDR(t, "every escape", "{\"__metadata__\":{\"k\":\"\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\\uD83D\\uDE00\"},\"a\":{"
+          W1 ",\"data_offsets\":[0,4]}}", 4) == 1, "every valid escape in a metadata value is accepted");
+    CHECK(t, OK_HDR(t, "whitespace between tokens", "{ \"a\" :\t{\n" W1 ",\r\"data_offsets\":[0,4]} }", 4) == 1,
+          "tab, newline and CR between tokens are accepted");
     expect_bad(t, "array of 4", "{\"a\":[\"F32\",[1],[0,4],5]}", 4, "tensor 'a'",
                "[dtype, shape, data_offsets]", NULL);
     expect_bad(t, "dtype map with a value",

@@ -11,7 +11,8 @@
  *   end of the file (InvalidHeaderLength); header not UTF-8 (InvalidHeader);
  * - header not JSON as serde_json reads it into the reference's structs (InvalidHeader-
  *   Deserialization): strict JSON grammar, JSON whitespace (space, tab, CR, LF) allowed before and
- *   after the object, nesting at most 127 deep, no number out of double range; the top level an
+ *   after the object, nesting at most 127 deep, no number out of double range, strings without
+ *   raw control bytes and with only JSON's escapes (\uXXXX with 4 hex digits); the top level an
  *   object; "__metadata__" at most once, null or an object of strings (a repeated key: the last
  *   one wins); each tensor an object with dtype, shape and data_offsets once each (unknown fields
  *   ignored), or serde's equivalent 3-element array [dtype, shape, data_offsets]; dtype one of the
@@ -36,6 +37,7 @@
 #include "moh.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -207,6 +209,42 @@ static size_t st_check_text(const uint8_t *s, size_t len, int allow_control, int
         }
         if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
         i += n + 1;
+    }
+    return len;
+}
+
+/* serde_json's string rules, which cJSON does not enforce: inside a JSON string no raw control
+ * byte (0x00-0x1F), and a backslash only before one of " \\ / b f n r t, or u and 4 hex digits.
+ * Returns the offset of the first offending byte, or len; *what gets the reason. */
+static size_t st_check_strings(const uint8_t *s, size_t len, const char **what) {
+    bool in = false;
+    for (size_t i = 0; i < len; i++) {
+        const uint8_t c = s[i];
+        if (!in) {
+            in = c == '"';
+            continue;
+        }
+        if (c == '"') {
+            in = false;
+        } else if (c < 0x20) {
+            *what = "control character (\\u0000-\\u001F) found while parsing a string";
+            return i;
+        } else if (c == '\\') {
+            const uint8_t e = i + 1 < len ? s[i + 1] : 0;
+            if (e && strchr("\"\\/bfnrt", e)) {
+                i++;
+            } else if (e == 'u') {
+                for (size_t k = 2; k < 6; k++)
+                    if (i + k >= len || !isxdigit(s[i + k])) {
+                        *what = "invalid \\u escape (expected 4 hex digits)";
+                        return i;
+                    }
+                i += 5;
+            } else {
+                *what = "invalid escape";
+                return i;
+            }
+        }
     }
     return len;
 }
@@ -684,6 +722,11 @@ int moh_st_parse(moh_safetensors *st, const uint8_t *buf, size_t len, const char
                                      "JSON)"
                                    : "%s: header is not valid UTF-8 (byte 0x%02x at byte %zu)",
                         label, hdr[bad], bad);
+
+    const char *why = NULL;
+    bad = st_check_strings(hdr, hn, &why);
+    if (bad < hn)
+        return moh_fail(err, MOH_E_FORMAT, "%s: header is not valid JSON: %s (byte %zu)", label, why, bad);
 
     if (hn >= 3 && memcmp(hdr, "\xef\xbb\xbf", 3) == 0) /* cJSON would skip it, serde does not */
         return moh_fail(err, MOH_E_FORMAT,
