@@ -175,6 +175,16 @@ check "[ \"\$(field step < '$T/fitr/metrics.jsonl')\" = '$tot' ]" "resumed time-
 lr_end=$(field lr < "$T/fitr/metrics.jsonl")
 check "python3 -c 'assert $lr_end <= 1.05 * 2e-4, $lr_end'" "resumed time-fitted run ended at lr $lr_end"
 
+# 9b. a periodic validation that uses up the budget ends the run: the whole-split validation at
+# step 1 (about 1.5 s) is past the 0.3 s budget, so it is the final one (before: a second step and
+# a second whole-split validation followed)
+mkdir -p "$T/bigval"; cp "$T/corpus.txt" "$T/bigval/train.txt"
+for _ in 1 2 3 4 5; do cat "$T/corpus.txt"; done > "$T/bigval/val.txt"
+"$MOH" train --config "$T/tiny.json" --data "$T/bigval" --out "$T/bv" --batch-size 4 --seq-len 32 \
+  --max-minutes 0.005 --eval-every 1 --eval-tokens 0 --quiet || bad "budget-in-validation run exited $?"
+check "[ \"\$(grep -c val_bpb '$T/bv/metrics.jsonl')\" = 1 ] && [ \"\$(wc -l < '$T/bv/metrics.jsonl')\" = 1 ]" \
+  "a validation past the budget was followed by more steps: $(cat "$T/bv/metrics.jsonl" 2>/dev/null | head -c 400)"
+
 # 10. the trained context (max_position_embeddings 8 here) is never exceeded
 mk 's/"max_position_embeddings": 32/"max_position_embeddings": 8/' ctx8
 "$MOH" train --config "$T/ctx8.json" --data "$T/corpus.txt" --out "$T/c8" --batch-size 8 --seq-len 8 --steps 150 --lr 1e-2 --seed 3 --quiet || bad "train ctx8 exited $?"

@@ -325,6 +325,9 @@ int lm_train(const lm_train_options *o, moh_error *err) {
                tr.cfg.num_attention_heads, tr.B, tr.T, o->grad_accum,
                auto_total ? "time-fitted" : "fixed", o->reference_attention ? "reference" : "head-sparse",
                tr.data.n_train, tr.data.n_val);
+    /* predictions of a whole-split validation (the moh eval metric) */
+    const long whole_split_preds = (long)tr.data.n_val - (long)text_eval_num_chunks(tr.data.n_val, tr.T) -
+                                   (tr.data.n_val % ((size_t)tr.T + 1) == 1);
     while (tr.st.step < total) {
         const long step = tr.st.step;
         const double t_top = train_now_s();
@@ -392,9 +395,9 @@ int lm_train(const lm_train_options *o, moh_error *err) {
         /* out of time when one more step and the final validation no longer fit; during the
          * first 3 steps (too slow to predict from) only when the budget is spent */
         const train_cost_model cm = cost_model(&tr, &clk, tr.st.step, t);
-        const bool time_up = max_s > 0 && (run_s >= max_s || (tr.st.step - start_step >= 3 &&
-                                                              train_fit_steps(&cm, tr.st.step, max_s - run_s) == 0));
-        const bool last = tr.st.step >= total || time_up || train_interrupted() || pause;
+        bool time_up = max_s > 0 && (run_s >= max_s || (tr.st.step - start_step >= 3 &&
+                                                        train_fit_steps(&cm, tr.st.step, max_s - run_s) == 0));
+        bool last = tr.st.step >= total || time_up || train_interrupted() || pause;
         const bool do_eval = last || (o->eval_every > 0 && tr.st.step % o->eval_every == 0);
         lm_eval_result ev = {0};
         double val_s = 0.0;
@@ -405,6 +408,24 @@ int lm_train(const lm_train_options *o, moh_error *err) {
             if (!last) {
                 clk.val_s += val_s;
                 clk.val_preds += ev.tokens;
+            }
+            /* a periodic validation that used up the budget (one more step and the final
+             * validation no longer fit) ends the run here: it is the final one when it covered
+             * the whole split; otherwise the whole split is validated only if time is left */
+            const double t2 = train_now_s();
+            if (!last && max_s > 0 && (t2 - t0 >= max_s ||
+                                       train_fit_steps(&cm, tr.st.step, max_s - (t2 - t0)) == 0)) {
+                time_up = last = true;
+                if (ev.tokens < whole_split_preds && t2 - t0 < max_s) {
+                    free(ev.head_share);
+                    if ((rc = validate(&tr, 0, &ev, err))) goto stop;
+                    val_s = train_now_s() - t;
+                    clk.over_s += train_now_s() - t2;
+                } else if (ev.tokens < whole_split_preds && !o->quiet) {
+                    printf("note: the time budget ran out in the validation at step %ld: it covered %ld of the "
+                           "split's %ld predictions (moh eval gives the whole split)\n",
+                           tr.st.step, ev.tokens, whole_split_preds);
+                }
             }
             last_val_bpb = ev.bits_per_byte;
             free(ev.head_share);
