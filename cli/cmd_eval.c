@@ -49,9 +49,24 @@ void eval_progress_end(eval_progress *pg, long total) {
     fprintf(stderr, "moh eval: 100%% (%ld %s) in %s\n", total, pg->unit, el);
 }
 
-/* true when path is (a directory of) MNIST-style IDX files rather than text */
+/* The first 4 bytes of a file (0 when shorter or unreadable). */
+static unsigned long file_magic(const char *path) {
+    unsigned char b[4] = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    const size_t got = fread(b, 1, 4, f);
+    fclose(f);
+    return got == 4 ? (unsigned long)b[0] << 24 | (unsigned long)b[1] << 16 | (unsigned long)b[2] << 8 | b[3] : 0;
+}
+
+/* true when path is (a directory of) MNIST-style IDX files rather than text: by name, or for a
+ * file by content (gzip magic 1f 8b, or the IDX magic 00 00 08 0N of unsigned-byte IDX) */
 static bool is_idx_data(const char *path, bool dir) {
-    if (!dir) return strstr(path, "-idx") && strstr(path, "-ubyte");
+    if (!dir) {
+        const unsigned long m = file_magic(path);
+        return (strstr(path, "-idx") && strstr(path, "-ubyte")) || m >> 16 == 0x1f8b ||
+               (m >> 8 == 0x000008 && (m & 0xff) >= 1 && (m & 0xff) <= 4);
+    }
     static const char *const names[] = {"t10k-images-idx3-ubyte", "t10k-images-idx3-ubyte.gz",
                                         "train-images-idx3-ubyte", "train-images-idx3-ubyte.gz"};
     char p[PATH_MAX + 32];
@@ -165,8 +180,9 @@ int cmd_eval(int argc, char **argv) {
     if (dir) snprintf(path, sizeof path, "%s/val.txt", data);
     else snprintf(path, sizeof path, "%s", data);
     if (is_idx_data(data, dir) && (!dir || stat(path, &st) != 0)) {
-        moh_fail(&err, MOH_E_ARG, "--data %s holds IDX images, but %s is a language model checkpoint: it "
-                 "needs a text file (or a directory with val.txt)", data, ckpt);
+        moh_fail(&err, MOH_E_ARG, "--data %s holds IDX%s data, but %s is a language model checkpoint: it "
+                 "needs a plain text file (or a directory with val.txt)", data,
+                 !dir && file_magic(data) >> 16 == 0x1f8b ? " or gzip" : "", ckpt);
         goto fail;
     }
     if (lm_checkpoint_load(ckpt, &cfg, &p, &err)) goto fail;
@@ -178,10 +194,18 @@ int cmd_eval(int argc, char **argv) {
         goto fail;
     }
     if (!(text = fs_read_file(path, (size_t)4 << 30, &n, &err))) goto fail;
+    if (text_eval_num_chunks(n, T) < 1) {
+        moh_fail(&err, MOH_E_FORMAT, "%s: %zu bytes, fewer than the 2 needed for one prediction", path, n);
+        goto fail;
+    }
     if (lm_acts_init_sparse_f32(&acts, &cfg, B, T, &err)) goto fail;
     have_acts = true;
     if (dump && dump_logits(dump, &cfg, &p, &acts, (const uint8_t *)text, n, T, &err)) goto fail;
     if (evaluate_lm(&cfg, &p, &acts, B, T, (const uint8_t *)text, n, &r, &err)) goto fail;
+    if (!isfinite(r.val_loss)) { /* finite weights can still overflow: never print nan as a result */
+        moh_fail(&err, MOH_E_FORMAT, "%s: val_loss is %g on %s: the model's outputs overflow", ckpt, r.val_loss, path);
+        goto fail;
+    }
     const int L = cfg.num_hidden_layers, h = cfg.num_attention_heads;
     if (json) {
         printf("{\"val_loss\": %.8f, \"bits_per_byte\": %.8f, \"tokens\": %ld, \"seq_len\": %d, "

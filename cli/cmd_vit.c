@@ -2,6 +2,7 @@
 #include "cmd_vit.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -269,6 +270,10 @@ int cmd_eval_vit(int argc, char **argv) {
     if (vit_shards_init(&w, &cfg, B, vit_default_shards(B), false, sparse, &err)) goto fail;
     if (dump && dump_logits(dump, &cfg, &p, &w, &s, &err)) goto fail;
     if (evaluate_vit(&cfg, &p, &w, &s, limit, &r, &err)) goto fail;
+    if (!isfinite(r.loss)) { /* finite weights can still overflow: never print nan as a result */
+        moh_fail(&err, MOH_E_FORMAT, "%s: ce_loss is %g: the model's outputs overflow", ckpt, r.loss);
+        goto fail;
+    }
     const int K = cfg.num_classes, L = cfg.depth, h = cfg.num_heads;
     const char *const *names = idx_fashion_names(data, K);
     char cname[32];

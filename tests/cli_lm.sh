@@ -185,6 +185,30 @@ for _ in 1 2 3 4 5; do cat "$T/corpus.txt"; done > "$T/bigval/val.txt"
 check "[ \"\$(grep -c val_bpb '$T/bv/metrics.jsonl')\" = 1 ] && [ \"\$(wc -l < '$T/bv/metrics.jsonl')\" = 1 ]" \
   "a validation past the budget was followed by more steps: $(cat "$T/bv/metrics.jsonl" 2>/dev/null | head -c 400)"
 
+# 9c. non-finite weights are refused at load (naming the file and tensor), and outputs that
+# overflow with finite weights are errors, never "nan" printed as a result
+setw() { # setw SRC_DIR DST_DIR FILE TENSOR VALUE: copy of a checkpoint with TENSOR[0] (all if VALUE starts with *) set
+  rm -rf "$2"; cp -r "$1" "$2"
+  python3 - "$2/$3" "$4" "$5" <<'PY'
+import json, struct, sys
+path, name, val = sys.argv[1:4]
+b = bytearray(open(path, 'rb').read()); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+s, e = h[name]['data_offsets']
+count = (e - s) // 4 if val.startswith('*') else 1
+for i in range(count): struct.pack_into('<f', b, 8 + n + s + 4 * i, float(val.lstrip('*')))
+open(path, 'wb').write(b)
+PY
+}
+setw "$T/a" "$T/wnan" model.safetensors lm_head.weight nan
+expect_err eval-nan-weight "model.safetensors: tensor 'lm_head.weight' holds nan at index 0, expected finite" "$MOH" eval --checkpoint "$T/wnan" --data "$T/short.txt"
+setw "$T/a" "$T/winf" model.safetensors model.norm.weight inf
+expect_err sample-inf-weight "tensor 'model.norm.weight' holds inf" "$MOH" sample --checkpoint "$T/winf" --max-tokens 4
+setw "$T/a" "$T/mnan" optimizer.safetensors m.model.norm.weight nan
+expect_err resume-nan-moment "optimizer.safetensors: tensor 'm.model.norm.weight' holds nan" "$MOH" train --resume --data "$T/corpus.txt" --out "$T/mnan" --steps 30 --quiet
+setw "$T/a" "$T/wbig" model.safetensors lm_head.weight '*3e38'
+expect_err eval-overflow "val_loss is .* the model's outputs overflow" "$MOH" eval --checkpoint "$T/wbig" --data "$T/short.txt" --json
+expect_err sample-overflow "the model's outputs overflow" "$MOH" sample --checkpoint "$T/wbig" --max-tokens 4
+
 # 10. the trained context (max_position_embeddings 8 here) is never exceeded
 mk 's/"max_position_embeddings": 32/"max_position_embeddings": 8/' ctx8
 "$MOH" train --config "$T/ctx8.json" --data "$T/corpus.txt" --out "$T/c8" --batch-size 8 --seq-len 8 --steps 150 --lr 1e-2 --seed 3 --quiet || bad "train ctx8 exited $?"
@@ -223,7 +247,11 @@ e8=$("$MOH" eval --checkpoint "$T/c8" --data "$T/short.txt" --seq-len 8 --json);
 check "[ -n '$e8' ] && [ '$e8' = '$e0' ]" "eval --seq-len 8 differs from the default: $e8 vs $e0"
 # eval on image data names the mismatch
 mkdir -p "$T/idx"; head -c 64 /dev/urandom > "$T/idx/t10k-images-idx3-ubyte"
-expect_err eval-lm-on-idx "language model checkpoint: it needs a text file" "$MOH" eval --checkpoint "$T/c8" --data "$T/idx"
+expect_err eval-lm-on-idx "language model checkpoint: it needs a plain text file" "$MOH" eval --checkpoint "$T/c8" --data "$T/idx"
+: > "$T/empty.txt"
+expect_err eval-empty "empty.txt: 0 bytes, fewer than the 2 needed" "$MOH" eval --checkpoint "$T/c8" --data "$T/empty.txt"
+printf 'x' | gzip > "$T/renamed.txt"
+expect_err eval-gzip-text "holds IDX or gzip data" "$MOH" eval --checkpoint "$T/c8" --data "$T/renamed.txt"
 expect_err eval-lm-on-idx-file "language model" "$MOH" eval --checkpoint "$T/c8" --data "$T/idx/t10k-images-idx3-ubyte"
 # eval progress: none for a short run with stderr not a terminal; rate and ETA on a terminal
 head -c 2000 "$T/corpus.txt" > "$T/c2k.txt"

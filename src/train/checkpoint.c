@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/fsutil.h"
+#include "train/train_util.h"
 
 #define CKPT_FORMAT "moh-lm-train-v1"
 
@@ -105,6 +106,7 @@ static int read_tensors(const moh_safetensors *st, const lm_tensor *ts, int nt, 
     for (int i = 0; i < nt; i++) {
         snprintf(name, sizeof name, "%s%s", prefix, ts[i].name);
         int rc = moh_st_read_f32(st, name, ts[i].ndim, ts[i].shape, buf + ts[i].offset, err);
+        if (!rc) rc = train_check_finite(st->path, name, buf + ts[i].offset, ts[i].numel, err);
         if (rc) return rc;
     }
     return MOH_OK;

@@ -24,6 +24,10 @@ void train_fmt_time(char *buf, size_t cap, double seconds);
 /* A fresh (not --resume) run must not write over a checkpoint: MOH_E_ARG naming out_dir when it
  * holds model.safetensors or optimizer.safetensors. */
 int train_check_fresh_out(const char *out_dir, moh_error *err);
+/* Checkpoint tensors must hold finite values: MOH_E_FORMAT naming the file, the tensor and the
+ * first non-finite value's index when x[0..n) has a NaN or infinity (a diverged or damaged
+ * checkpoint, refused before it can print nan or sample garbage). */
+int train_check_finite(const char *path, const char *name, const float *x, size_t n, moh_error *err);
 /* Opens OUT/metrics.jsonl for the run's progress lines: truncated for a fresh run; for a resume,
  * first rewritten (atomically) without the lines of steps after `step`, the checkpoint's step, which
  * a kill or failed save can leave behind, then opened for appending. MOH_E_IO naming the file. */

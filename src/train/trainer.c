@@ -353,7 +353,7 @@ int lm_train(const lm_train_options *o, moh_error *err) {
                 fitted = true;
                 if (o->warmup < 0) tr.st.warmup = warmup = total / 10 < 100 ? total / 10 : 100;
                 if (!o->quiet)
-                    printf("schedule fitted to %.1f min: %ld steps (%.3f s/step; refitted as training goes), "
+                    printf("schedule fitted to %g min: %ld steps (%.3f s/step; refitted as training goes), "
                            "warmup %ld\n", o->max_minutes, total, cm.step_s, warmup);
             }
         }
@@ -487,8 +487,8 @@ int lm_train(const lm_train_options *o, moh_error *err) {
         }
         if (time_up) {
             if (tr.st.step < total && !o->quiet) {
-                if (fitted) printf("time budget of %.1f min reached at step %ld of %ld\n", o->max_minutes, tr.st.step, total);
-                else printf("time budget of %.1f min reached at step %ld, before the schedule was fitted\n", o->max_minutes, tr.st.step);
+                if (fitted) printf("time budget of %g min reached at step %ld of %ld\n", o->max_minutes, tr.st.step, total);
+                else printf("time budget of %g min reached at step %ld, before the schedule was fitted\n", o->max_minutes, tr.st.step);
             }
             break;
         }

@@ -537,7 +537,7 @@ int vit_train(const vit_train_options *o, moh_error *err) {
         }
         if (max_s > 0 && run_s >= max_s) {
             if (st->step < total && !o->quiet)
-                printf("time budget of %.1f min reached at step %ld of %ld (checkpoint saved; --resume "
+                printf("time budget of %g min reached at step %ld of %ld (checkpoint saved; --resume "
                        "continues)\n", o->max_minutes, st->step, total);
             break;
         }
