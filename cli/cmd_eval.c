@@ -163,7 +163,9 @@ int cmd_eval(int argc, char **argv) {
                         "chunk shorter than 2 bytes is dropped); each chunk predicts its bytes 1..len-1\n"
                         "from the bytes before them; val_loss is the mean cross-entropy in nats over all\n"
                         "predictions (no load-balance term); bits_per_byte = val_loss / ln 2.\n"
-                        "Long runs print progress (rate, ETA) to stderr; stdout holds only the result.\n");
+                        "Long runs print progress (rate, ETA) to stderr; stdout holds only the result.\n"
+                        "These are the LM options. A ViT checkpoint (model_type \"vit\") takes an IDX\n"
+                        "folder and other options: moh eval --checkpoint VIT_DIR --help lists them.\n");
     if (rc) return rc == 1 ? 0 : rc;
     moh_error err = {0};
     moh_lm_config cfg;

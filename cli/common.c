@@ -1,4 +1,3 @@
-#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <limits.h>
 #include <stdio.h>
@@ -7,6 +6,10 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/fsutil.h"
+#include "models/lm.h"
+#include "models/vit.h"
+#include "train/vit_checkpoint.h"
 
 static bool readable(const char *p) { return access(p, R_OK) == 0; }
 
@@ -54,46 +57,59 @@ static int cmp_named(const void *a, const void *b) {
     return strcmp(((const named_config *)a)->name, ((const named_config *)b)->name);
 }
 
-static int json_int(const cJSON *j, const char *key, int dflt) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
-    return cJSON_IsNumber(v) ? v->valueint : dflt;
-}
-
-/* One line for config file `path` named `name`: model type, size, heads active per token. */
+/* One line for config file `path` named `name`: model, parameter count (from the model's tensor
+ * registry), heads active per token; or the parser's error. */
 static void describe_config(FILE *f, const char *name, const char *path) {
-    FILE *in = fopen(path, "rb");
-    char buf[1 << 16];
-    size_t n = in ? fread(buf, 1, sizeof buf - 1, in) : 0;
-    if (in) fclose(in);
-    buf[n] = 0;
-    cJSON *j = cJSON_Parse(buf);
-    if (!j) {
-        fprintf(f, "  %-16s (%s: not valid JSON)\n", name, path);
+    moh_error err = {0};
+    size_t len = 0;
+    char *text = fs_read_file(path, 1 << 20, &len, &err);
+    if (!text) {
+        fprintf(f, "  %-16s (%s)\n", name, err.msg);
         return;
     }
-    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
-    const cJSON *rt = cJSON_GetObjectItemCaseSensitive(j, "router");
-    const bool vit = cJSON_IsString(mt) && !strcmp(mt->valuestring, "vit");
-    const bool dense = cJSON_IsString(rt) && !strcmp(rt->valuestring, "none");
-    const int heads = json_int(j, vit ? "num_heads" : "num_attention_heads", 0);
-    const int hs = json_int(j, "shared_heads", 0), k = json_int(j, "top_k", 0);
-    const int active = dense ? heads : hs + k;
-    char size[96];
-    if (vit)
-        snprintf(size, sizeof size, "ViT %dx%d patch %d, D %d, %d blocks", json_int(j, "img_size", 0),
-                 json_int(j, "img_size", 0), json_int(j, "patch_size", 0), json_int(j, "embed_dim", 0),
-                 json_int(j, "depth", 0));
+    const bool vit = moh_config_is_vit(text, len);
+    free(text);
+    char size[112];
+    size_t params = 0;
+    int heads = 0, hs = 0, k = 0;
+    moh_router router = MOH_ROUTER_NONE;
+    if (vit) {
+        moh_vit_config c;
+        if (vit_config_load(path, &c, &err)) {
+            fprintf(f, "  %-16s (%s)\n", name, err.msg);
+            return;
+        }
+        int nt = 0;
+        vit_tensor *ts = vit_tensors(&c, &nt);
+        for (int i = 0; ts && i < nt; i++) params += ts[i].numel;
+        free(ts);
+        heads = c.num_heads, hs = c.shared_heads, k = c.top_k, router = c.router;
+        snprintf(size, sizeof size, "ViT %.2fM, %dx%d patch %d, D %d, %d blocks", params / 1e6, c.img_size,
+                 c.img_size, c.patch_size, c.embed_dim, c.depth);
+    } else {
+        moh_lm_config c;
+        size_t n = 0;
+        char *t = fs_read_file(path, 1 << 20, &n, &err);
+        if (!t || moh_lm_config_parse_json(&c, t, n, path, &err)) {
+            free(t);
+            fprintf(f, "  %-16s (%s)\n", name, err.msg);
+            return;
+        }
+        free(t);
+        int nt = 0;
+        lm_tensor *ts = lm_tensors(&c, &nt);
+        for (int i = 0; ts && i < nt; i++) params += ts[i].numel;
+        free(ts);
+        heads = c.num_attention_heads, hs = c.shared_heads, k = c.top_k, router = c.router;
+        snprintf(size, sizeof size, "LM %.2fM, hidden %d, %d layers, vocab %d, context %d", params / 1e6,
+                 c.hidden_size, c.num_hidden_layers, c.vocab_size, c.max_position_embeddings);
+    }
+    const char *rname = router == MOH_ROUTER_LEARNED ? "learned" : router == MOH_ROUTER_QUERY_NORM ? "query_norm" : "none";
+    if (router == MOH_ROUTER_NONE)
+        fprintf(f, "  %-16s %-58s dense: %d/%d heads\n", name, size, heads, heads);
     else
-        snprintf(size, sizeof size, "LM hidden %d, %d layers, vocab %d, context %d", json_int(j, "hidden_size", 0),
-                 json_int(j, "num_hidden_layers", 0), json_int(j, "vocab_size", 0),
-                 json_int(j, "max_position_embeddings", 0));
-    if (dense)
-        fprintf(f, "  %-16s %-48s dense: %d/%d heads\n", name, size, heads, heads);
-    else
-        fprintf(f, "  %-16s %-48s %s: %d shared + top-%d of %d = %d/%d heads (%.1f%%)\n", name, size,
-                cJSON_IsString(rt) ? rt->valuestring : "?", hs, k, heads - hs, active, heads,
-                heads ? 100.0 * active / heads : 0.0);
-    cJSON_Delete(j);
+        fprintf(f, "  %-16s %-58s %s: %d shared + top-%d of %d = %d/%d heads (%.1f%%)\n", name, size, rname, hs, k,
+                heads - hs, hs + k, heads, heads ? 100.0 * (hs + k) / heads : 0.0);
 }
 
 int cli_list_configs(FILE *f) {

@@ -17,7 +17,7 @@ pc=$(find "$tmp/prefix" -name moh.pc | head -1); [ -n "$pc" ] || fail "missing m
 
 cd "$tmp"   # no ./configs here: the installed binary must find share/moh/configs
 out=$("$tmp/prefix/bin/moh" --list-configs) || fail "--list-configs exited $?"
-grep -q '^  moh-75 .*2 shared + top-4 of 6 = 6/8 heads (75.0%)' <<<"$out" || fail "--list-configs: $out"
+grep -q '^  moh-75 .*LM 4.89M, hidden 256.*2 shared + top-4 of 6 = 6/8 heads (75.0%)' <<<"$out" || fail "--list-configs: $out"
 grep -q '^  vit-mha .*dense: 8/8 heads' <<<"$out" || fail "--list-configs lacks vit-mha: $out"
 n=$(grep -c '^  ' <<<"$out"); want=$(ls "$OLDPWD/configs/"*.json 2>/dev/null | wc -l)
 [ "$want" -eq 0 ] || [ "$n" -eq "$want" ] || fail "--list-configs lists $n configs, configs/ has $want"

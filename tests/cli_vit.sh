@@ -155,4 +155,8 @@ done
 [ "$rc2" -eq 1 ] && grep -q "num_heads" "$tmp/err2" || fail "bad config: $(cat "$tmp/err2")"
 [ "$rc3" -eq 1 ] && grep -q "no such file" "$tmp/err3" || fail "eval missing data: $(cat "$tmp/err3")"
 echo "  truncated: $(cat "$tmp/err4")"; echo "  mislabelled: $(cat "$tmp/err5")"
+# --shards above the batch size is refused (shards set the load-balance statistics), nothing written
+if "$MOH" train "${common[@]}" --out "$tmp/sh" --steps 1 --batch-size 4 --shards 8 2>"$tmp/sh.err"; then fail "--shards 8 with batch 4 accepted"; fi
+grep -q -- "--shards is 8, more than --batch-size 4" "$tmp/sh.err" || fail "shards message: $(cat "$tmp/sh.err")"
+[ ! -e "$tmp/sh" ] || fail "a refused ViT train created its --out"
 echo "cli_vit: all checks passed"

@@ -4,6 +4,13 @@
 # validation bits per byte against the order-0 entropy of the validation text, and print a sample.
 #   tools/lm_main.sh [MINUTES] [OUT_DIR]      (defaults: 10, runs/kjv-moh-75)
 set -euo pipefail
+usage="usage: tools/lm_main.sh [MINUTES] [OUT_DIR]   (defaults: 10, runs/kjv-moh-75)"
+case "${1:-}" in -h | --help) echo "$usage"; exit 0 ;; esac
+[ $# -le 2 ] || { echo "tools/lm_main.sh: $# arguments, expected at most 2; $usage" >&2; exit 2; }
+if ! [[ "${1:-10}" =~ ^([0-9]+([.][0-9]*)?|[.][0-9]+)$ ]] || [[ "${1:-10}" =~ ^[0.]+$ ]]; then
+  echo "tools/lm_main.sh: MINUTES is '${1:-}', expected a number > 0; $usage" >&2
+  exit 2
+fi
 minutes=${1:-10}
 out=${2:-}
 case "$out" in "" | /*) ;; *) out="$PWD/$out" ;; esac   # a relative OUT_DIR is relative to where you are

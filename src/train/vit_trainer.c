@@ -318,7 +318,10 @@ static int setup(vtrainer *tr, moh_error *err) {
         st->crop_pad = o->crop_pad;
         st->hflip = o->hflip;
         st->batch_size = B;
-        st->shards = o->shards > 0 ? (o->shards < B ? o->shards : B) : vit_default_shards(B);
+        if (o->shards > B) /* shards set the load-balance statistics: never change them silently */
+            return moh_fail(err, MOH_E_ARG, "--shards is %d, more than --batch-size %d (each shard needs at least "
+                            "one image)", o->shards, B);
+        st->shards = o->shards > 0 ? o->shards : vit_default_shards(B);
         st->steps_per_epoch = tr->n_train / B;
         if (st->steps_per_epoch < 1)
             return moh_fail(err, MOH_E_ARG, "--batch-size %d is larger than the %d training images", B, tr->n_train);
