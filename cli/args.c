@@ -166,6 +166,11 @@ static bool check_choice(const char *cmd, const arg_spec *s, const char *v) {
 
 static void print_help(const char *cmd, const arg_spec *s, int n, const char *synopsis, const char *epilog) {
     printf("usage: moh %s %s\n\n", cmd, synopsis);
+    int width = 22; /* the option column fits the longest "--name META" */
+    for (int i = 0; i < n; i++) {
+        const int w = (int)strlen(s[i].name) + (s[i].meta ? 1 + (int)strlen(s[i].meta) : 0);
+        if (w > width && w < 40) width = w;
+    }
     for (int i = 0; i < n; i++) {
         char left[64], range[96] = "";
         snprintf(left, sizeof left, "%s%s%s", s[i].name, s[i].meta ? " " : "", s[i].meta ? s[i].meta : "");
@@ -174,7 +179,7 @@ static void print_help(const char *cmd, const arg_spec *s, int n, const char *sy
             describe_range(r, sizeof r, &s[i], false);
             snprintf(range, sizeof range, " [%s]", r);
         }
-        printf("  %-22s %s%s%s\n", left, s[i].help, range, s[i].required ? " (required)" : "");
+        printf("  %-*s %s%s%s\n", width, left, s[i].help, range, s[i].required ? " (required)" : "");
     }
     if (epilog) printf("\n%s", epilog);
 }
