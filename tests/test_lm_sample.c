@@ -12,9 +12,9 @@
 /* Reference kept set: softmax of logits / t over all V (double), ids sorted by probability (ties:
  * lower id), the first k, renormalised, then the shortest prefix with mass >= top_p. */
 static int ref_keep(const float *logits, int V, double t, int k, double top_p, int *ids, double *p) {
-    double *q = malloc(sizeof(double) * V), mx = -INFINITY, s = 0;
+    double *q = malloc(sizeof(double) * V), mx = -INFINITY;
     for (int i = 0; i < V; i++) mx = fmax(mx, logits[i]);
-    for (int i = 0; i < V; i++) s += q[i] = exp((logits[i] - mx) / t);
+    for (int i = 0; i < V; i++) q[i] = exp((logits[i] - mx) / t);
     for (int i = 0; i < V; i++) ids[i] = i;
     for (int i = 1; i < V; i++) /* insertion sort, stable: ties keep the lower id first */
         for (int j = i; j > 0 && q[ids[j]] > q[ids[j - 1]]; j--) {
