@@ -175,6 +175,14 @@ check "[ \"\$(field step < '$T/fitr/metrics.jsonl')\" = '$tot' ]" "resumed time-
 lr_end=$(field lr < "$T/fitr/metrics.jsonl")
 check "python3 -c 'assert $lr_end <= 1.05 * 2e-4, $lr_end'" "resumed time-fitted run ended at lr $lr_end"
 
+# 9a. resuming a finished run trains nothing and touches nothing (before: "final val nan"); --steps
+# below the checkpoint's step is refused
+sum_a=$(cat "$T/fitr/"*.safetensors "$T/fitr/metrics.jsonl" | md5sum)
+out=$("$MOH" train --resume --data "$T/corpus.txt" --out "$T/fitr" --batch-size 4 --seq-len 32 2>&1); rc=$?
+check "[ $rc -eq 0 ] && grep -q 'already at step $tot of its $tot-step run: nothing to train' <<<\"\$out\" && ! grep -q nan <<<\"\$out\"" "resume of a finished run: rc $rc: $out"
+check "[ \"\$(cat '$T/fitr/'*.safetensors '$T/fitr/metrics.jsonl' | md5sum)\" = '$sum_a' ]" "resume of a finished run changed its files"
+expect_err resume-steps-below "--steps is 5, but the checkpoint in .* is already at step $tot" "$MOH" train --resume --data "$T/corpus.txt" --out "$T/fitr" --steps 5 --quiet
+
 # 9b. a periodic validation that uses up the budget ends the run: the whole-split validation at
 # step 1 (about 1.5 s) is past the 0.3 s budget, so it is the final one (before: a second step and
 # a second whole-split validation followed)

@@ -281,6 +281,17 @@ int lm_train(const lm_train_options *o, moh_error *err) {
         rc = moh_fail(err, MOH_E_ARG, "give --steps or --max-minutes");
         goto out;
     }
+    if (o->resume && !auto_total && tr.st.step > total) {
+        rc = moh_fail(err, MOH_E_ARG, "--steps is %ld, but the checkpoint in %s is already at step %ld (expected "
+                      "--steps above it to train on)", total, o->out_dir, tr.st.step);
+        goto out;
+    }
+    if (o->resume && !auto_total && tr.st.step == total) { /* nothing to train: touch nothing */
+        if (!o->quiet)
+            printf("moh train: the checkpoint in %s is already at step %ld of its %ld-step run: nothing to train "
+                   "(give a larger --steps to continue)\n", o->out_dir, tr.st.step, total);
+        goto out;
+    }
     if (!o->resume && (rc = train_check_fresh_out(o->out_dir, err))) goto out;
     if ((rc = fs_mkdir_p(o->out_dir, err))) goto out;
     if ((rc = train_metrics_open(o->out_dir, o->resume, tr.st.step, &tr.metrics, err))) goto out;
