@@ -175,6 +175,15 @@ check "[ \"\$(field step < '$T/fitr/metrics.jsonl')\" = '$tot' ]" "resumed time-
 lr_end=$(field lr < "$T/fitr/metrics.jsonl")
 check "python3 -c 'assert $lr_end <= 1.05 * 2e-4, $lr_end'" "resumed time-fitted run ended at lr $lr_end"
 
+# 9. (cont.) temp files that a kill -9 during a save leaves are removed by the next run in that
+# folder when their writer is gone; a live writer's and other files stay
+sh -c 'exit 0' & dead=$!; wait $dead
+: > "$T/fitr/optimizer.safetensors.tmp.$dead"; : > "$T/fitr/model.safetensors.tmp.$$"; : > "$T/fitr/notes.tmp.$dead"
+"$MOH" train --resume --data "$T/corpus.txt" --out "$T/fitr" --quiet >/dev/null 2>&1
+check "[ ! -e '$T/fitr/optimizer.safetensors.tmp.$dead' ] && [ -e '$T/fitr/model.safetensors.tmp.$$' ] && [ -e '$T/fitr/notes.tmp.$dead' ]" \
+  "stale temp files: $(ls "$T/fitr")"
+rm -f "$T/fitr/model.safetensors.tmp.$$" "$T/fitr/notes.tmp.$dead"
+
 # 9a. resuming a finished run trains nothing and touches nothing (before: "final val nan"); --steps
 # below the checkpoint's step is refused
 sum_a=$(cat "$T/fitr/"*.safetensors "$T/fitr/metrics.jsonl" | md5sum)

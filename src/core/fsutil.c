@@ -1,7 +1,10 @@
 #include "core/fsutil.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,4 +124,29 @@ char *fs_read_file(const char *path, size_t max_bytes, size_t *len, moh_error *e
     buf[n] = 0;
     *len = n;
     return buf;
+}
+
+int fs_remove_stale_tmp(const char *dir) {
+    static const char *const names[] = {"config.json", "model.safetensors", "optimizer.safetensors", "metrics.jsonl"};
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int removed = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+            const size_t n = strlen(names[i]);
+            if (strncmp(e->d_name, names[i], n) || strncmp(e->d_name + n, ".tmp.", 5)) continue;
+            const char *digits = e->d_name + n + 5;
+            char *end = NULL;
+            errno = 0;
+            const long pid = strtol(digits, &end, 10);
+            if (end == digits || *end || errno || pid <= 0 || pid > INT_MAX) continue;
+            if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* its writer may still run */
+            char path[4200];
+            struct stat sb;
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            if (lstat(path, &sb) == 0 && S_ISREG(sb.st_mode) && unlink(path) == 0) removed++;
+        }
+    }
+    closedir(d);
+    return removed;
 }

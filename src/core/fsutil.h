@@ -11,9 +11,13 @@
 int fs_write_atomic(const char *path, const void *data, size_t len, moh_error *err);
 /* Creates dir and missing parents (mode 0755). MOH_OK or MOH_E_IO. */
 int fs_mkdir_p(const char *dir, moh_error *err);
-/* Reads a whole file (<= max_bytes) into a NUL-terminated malloc'd buffer. MOH_E_IO on error. */
+/* Removes dir/NAME.tmp.<pid> files of the checkpoint files moh writes there (config.json,
+ * model.safetensors, optimizer.safetensors, metrics.jsonl) whose writer process no longer exists:
+ * what a kill -9 during an atomic write leaves. Returns how many were removed (best effort). */
+int fs_remove_stale_tmp(const char *dir);
 /* fopen(path, "rb") that never blocks on a FIFO or device (O_NONBLOCK open; callers then fstat and
  * reject what is not a regular file). NULL with errno set on failure. */
 FILE *fs_fopen_read(const char *path);
+/* Reads a whole file (<= max_bytes) into a NUL-terminated malloc'd buffer. MOH_E_IO on error. */
 char *fs_read_file(const char *path, size_t max_bytes, size_t *len, moh_error *err);
 #endif

@@ -75,6 +75,7 @@ int train_metrics_open(const char *out_dir, bool resume, long step, FILE **out, 
     char path[4200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
     *out = NULL;
+    fs_remove_stale_tmp(out_dir); /* left by a kill -9 during a save */
     if (resume) {
         struct stat sb;
         if (stat(path, &sb) == 0) {

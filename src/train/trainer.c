@@ -286,7 +286,8 @@ int lm_train(const lm_train_options *o, moh_error *err) {
                       "--steps above it to train on)", total, o->out_dir, tr.st.step);
         goto out;
     }
-    if (o->resume && !auto_total && tr.st.step == total) { /* nothing to train: touch nothing */
+    if (o->resume) fs_remove_stale_tmp(o->out_dir); /* left by a kill -9 during a save */
+    if (o->resume && !auto_total && tr.st.step == total) { /* nothing to train: touch nothing else */
         if (!o->quiet)
             printf("moh train: the checkpoint in %s is already at step %ld of its %ld-step run: nothing to train "
                    "(give a larger --steps to continue)\n", o->out_dir, tr.st.step, total);
