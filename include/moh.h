@@ -93,6 +93,9 @@ typedef struct moh_st_entry {
 
 /* Value of __metadata__[key] of an opened file, or NULL (no such key, no __metadata__). */
 const char *moh_st_meta(const moh_safetensors *st, const char *key);
+/* s (a tensor name, say) made safe to quote in a one-line message, into buf (cap >= 8): control
+ * bytes, quote and backslash escaped, long names cut with "...". Returns buf. */
+const char *moh_st_quote(char *buf, size_t cap, const char *s);
 /* __metadata__[key] parsed as a finite number in [lo, hi] (an integer when `integer`) into *out.
  * MOH_E_FORMAT naming the file, the key and the expected range when it is missing, not a number,
  * not finite, fractional where an integer is expected, or out of range. */

@@ -184,6 +184,17 @@ check "[ ! -e '$T/fitr/optimizer.safetensors.tmp.$dead' ] && [ -e '$T/fitr/model
   "stale temp files: $(ls "$T/fitr")"
 rm -f "$T/fitr/model.safetensors.tmp.$$" "$T/fitr/notes.tmp.$dead"
 
+# 9. (cont.) a tensor name with a newline (a valid JSON escape) is quoted escaped: errors stay one line
+rm -rf "$T/nl"; cp -r "$T/a" "$T/nl"
+python3 - "$T/nl/model.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]; b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n]); d = b[8 + n:]
+h['extra\nname'] = {'dtype': 'F32', 'shape': [1], 'data_offsets': [len(d), len(d) + 4]}
+hb = json.dumps(h).encode(); hb += b' ' * (-len(hb) % 8)
+open(p, 'wb').write(struct.pack('<Q', len(hb)) + hb + d + struct.pack('<f', 0.5))
+PY
+expect_err newline-name "unexpected tensor 'extra.x0aname' for config.json" "$MOH" eval --checkpoint "$T/nl" --data "$T/short.txt"
+
 # 9a. resuming a finished run trains nothing and touches nothing (before: "final val nan"); --steps
 # below the checkpoint's step is refused
 sum_a=$(cat "$T/fitr/"*.safetensors "$T/fitr/metrics.jsonl" | md5sum)

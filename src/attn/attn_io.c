@@ -34,11 +34,12 @@ int attn_weights_load_f32(moh_attn_config *cfg, const char *path, float **buf_ou
     for (int i = 0; i < st.n_tensors && rc == MOH_OK; i++) {
         bool known = false;
         for (int j = 0; j < nt; j++) known |= !strcmp(st.tensors[i].name, ts[j].name);
+        char shown[200];
         if (!known)
             rc = moh_fail(err, MOH_E_SHAPE,
                           "%s: unexpected tensor '%s' for this config (router, shared_heads, top_k, "
                           "qkv_bias, proj_bias decide which tensors exist)",
-                          path, st.tensors[i].name);
+                          path, moh_st_quote(shown, sizeof shown, st.tensors[i].name));
     }
 out:
     moh_st_close(&st);

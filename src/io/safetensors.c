@@ -84,7 +84,7 @@ static const st_dtype_info *st_dtype_lookup(const char *name) {
 
 /* Copies s into buf (cap >= 8) for quoting in a one-line message: control bytes, quote and
  * backslash escaped, long names cut at ST_NAME_SHOWN bytes with "...". Returns buf. */
-static const char *st_show(char *buf, size_t cap, const char *s) {
+const char *moh_st_quote(char *buf, size_t cap, const char *s) {
     static const char hex[] = "0123456789abcdef";
     size_t o = 0, limit = cap - 5; /* room for "...\0" plus one escape byte */
     if (!s) s = "(null)";
@@ -272,7 +272,7 @@ static const char *st_json_show(char *buf, size_t cap, const cJSON *j) {
         snprintf(buf, cap, "%s", st_json_type(j));
         return buf;
     }
-    st_show(buf, cap, s);
+    moh_st_quote(buf, cap, s);
     cJSON_free(s);
     return buf;
 }
@@ -467,7 +467,7 @@ static int st_parse_metadata(moh_safetensors *st, const cJSON *meta, const char 
         if (!cJSON_IsString(m) || !m->valuestring)
             return moh_fail(err, MOH_E_FORMAT,
                             "%s: __metadata__: value of '%s' must be a string, got %s", label,
-                            st_show(k, sizeof k, m->string), st_json_show(v, sizeof v, m));
+                            moh_st_quote(k, sizeof k, m->string), st_json_show(v, sizeof v, m));
         if (count == INT_MAX / 2)
             return moh_fail(err, MOH_E_FORMAT, "%s: __metadata__: too many entries", label);
         count++;
@@ -524,7 +524,7 @@ const char *moh_st_meta(const moh_safetensors *st, const char *key) {
 static int st_parse_entry(moh_st_tensor *t, const cJSON *j, const st_scan *sc, const char *label,
                           moh_error *err) {
     char nm[200], v[200];
-    st_show(nm, sizeof nm, t->name);
+    moh_st_quote(nm, sizeof nm, t->name);
     const cJSON *jd, *js, *jo;
     if (cJSON_IsArray(j) && cJSON_GetArraySize(j) == 3) { /* serde reads a struct from a sequence */
         jd = j->child;
@@ -572,7 +572,7 @@ static int st_parse_entry(moh_st_tensor *t, const cJSON *j, const st_scan *sc, c
                                   ST_DTYPES[i].name);
         return moh_fail(err, MOH_E_FORMAT,
                         "%s: tensor '%s': field 'dtype': unknown dtype '%s', expected one of %s",
-                        label, nm, st_show(v, sizeof v, dn), names);
+                        label, nm, moh_st_quote(v, sizeof v, dn), names);
     }
     t->dtype = di->dt;
     snprintf(t->dtype_name, sizeof t->dtype_name, "%s", di->name);
@@ -630,7 +630,7 @@ static int st_validate(moh_safetensors *st, const char *label, moh_error *err) {
     size_t start = 0;
     for (int i = 0; i < n && rc == MOH_OK; i++) {
         moh_st_tensor *t = p[i];
-        st_show(nm, sizeof nm, t->name);
+        moh_st_quote(nm, sizeof nm, t->name);
         st_shape_str(sh, sizeof sh, t->ndim, t->shape);
         if (t->end < t->begin) {
             rc = moh_fail(err, MOH_E_FORMAT,
@@ -641,7 +641,7 @@ static int st_validate(moh_safetensors *st, const char *label, moh_error *err) {
             rc = moh_fail(err, MOH_E_FORMAT,
                           "%s: tensor '%s': invalid offsets: data_offsets [%zu, %zu) overlap "
                           "tensor '%s' [%zu, %zu) (tensors must tile the data buffer)",
-                          label, nm, t->begin, t->end, st_show(a, sizeof a, p[i - 1]->name),
+                          label, nm, t->begin, t->end, moh_st_quote(a, sizeof a, p[i - 1]->name),
                           p[i - 1]->begin, p[i - 1]->end);
         } else if (t->begin > start) {
             rc = moh_fail(err, MOH_E_FORMAT,
@@ -940,7 +940,7 @@ int moh_st_read_f32(const moh_safetensors *st, const char *name, int ndim, const
     char nm[200], a[200], b[200];
     if (!st || !name) return moh_fail(err, MOH_E_ARG, "moh_st_read_f32: st or name is NULL");
     const char *label = st->path ? st->path : "<memory>";
-    st_show(nm, sizeof nm, name);
+    moh_st_quote(nm, sizeof nm, name);
     if (ndim < 0 || ndim > MOH_ST_MAX_DIMS || (ndim > 0 && !shape))
         return moh_fail(err, MOH_E_ARG, "%s: tensor '%s': bad expected shape (ndim %d)", label, nm,
                         ndim);
@@ -1085,14 +1085,14 @@ static int st_build_meta(const char *path, const char *const *meta, int n_meta, 
         size_t len = strlen(meta[i]);
         if (st_check_text((const uint8_t *)meta[i], len, 1, &ctl) != len)
             return moh_fail(err, MOH_E_ARG, "%s: metadata entry %d ('%s'): %s is not valid UTF-8",
-                            path, i / 2, st_show(k, sizeof k, meta[i - i % 2]), what);
+                            path, i / 2, moh_st_quote(k, sizeof k, meta[i - i % 2]), what);
     }
     int oom;
     const char *dup = st_first_dup(meta, n_meta, 2, &oom);
     if (oom) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
     if (dup)
         return moh_fail(err, MOH_E_ARG, "%s: metadata key '%s' given twice", path,
-                        st_show(k, sizeof k, dup));
+                        moh_st_quote(k, sizeof k, dup));
     sb_str(hb, "\"__metadata__\":{");
     for (int i = 0; i < n_meta; i++) {
         if (i) sb_str(hb, ",");
@@ -1120,7 +1120,7 @@ static int st_build_header(const char *path, const moh_st_entry *entries, int n,
         const moh_st_entry *e = &entries[i];
         if (!e->name)
             return moh_fail(err, MOH_E_ARG, "%s: entry %d: name is NULL", path, i);
-        st_show(nm, sizeof nm, e->name);
+        moh_st_quote(nm, sizeof nm, e->name);
         int ctl;
         size_t nl = strlen(e->name);
         if (st_check_text((const uint8_t *)e->name, nl, 1, &ctl) != nl)
@@ -1178,7 +1178,7 @@ static int st_build_header(const char *path, const moh_st_entry *entries, int n,
         for (int i = 0; i < n; i++) names[i] = entries[i].name;
         int oom;
         const char *dup = st_first_dup(names, n, 1, &oom);
-        if (dup) st_show(nm, sizeof nm, dup);
+        if (dup) moh_st_quote(nm, sizeof nm, dup);
         free(names);
         if (oom) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
         if (dup) return moh_fail(err, MOH_E_ARG, "%s: tensor '%s' given twice", path, nm);

@@ -128,10 +128,11 @@ int lm_checkpoint_load(const char *dir, moh_lm_config *cfg, lm_params_f32 *p, mo
     for (int i = 0; !rc && i < st.n_tensors; i++) {
         bool known = cfg->tie_word_embeddings && !strcmp(st.tensors[i].name, "lm_head.weight");
         for (int j = 0; j < nt && !known; j++) known = !strcmp(st.tensors[i].name, ts[j].name);
+        char shown[200];
         if (!known)
             rc = moh_fail(err, MOH_E_SHAPE, "%s: unexpected tensor '%s' for config.json (router, "
                           "shared_heads, top_k, tie_word_embeddings decide which tensors exist)",
-                          path, st.tensors[i].name);
+                          path, moh_st_quote(shown, sizeof shown, st.tensors[i].name));
     }
     moh_st_close(&st);
     free(ts);

@@ -138,10 +138,11 @@ int vit_weights_load(const char *path, const moh_vit_config *cfg, vit_params_f32
     for (int i = 0; !rc && i < st.n_tensors; i++) {
         bool known = false;
         for (int j = 0; j < nt && !known; j++) known = !strcmp(st.tensors[i].name, ts[j].name);
+        char shown[200];
         if (!known)
             rc = moh_fail(err, MOH_E_SHAPE, "%s: unexpected tensor '%s' for config.json (router, "
                           "shared_heads, top_k, class_token and global_pool decide which tensors "
-                          "exist)", path, st.tensors[i].name);
+                          "exist)", path, moh_st_quote(shown, sizeof shown, st.tensors[i].name));
     }
     moh_st_close(&st);
     free(ts);
