@@ -1,5 +1,6 @@
 #include "args.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -126,6 +127,10 @@ static int nearest(const char *key, int kn, const char *const *names, int n) {
     return n_prefix == 1 ? prefix : n_acro == 1 ? acro : -1;
 }
 
+int args_nearest(const char *key, const char *const *names, int n) {
+    return nearest(key, (int)strlen(key), names, n);
+}
+
 static void unknown_option(const char *cmd, const char *k, const arg_spec *specs, int n) {
     const char *names[128];
     const int m = n < 128 ? n : 128;
@@ -203,7 +208,7 @@ static bool parse_value(const char *cmd, const arg_spec *s, const char *v) {
         unsigned long long u = 0;
         if (s->kind == ARG_U64) u = strtoull(v, &end, 10);
         else l = strtol(v, &end, 10);
-        if (end == v || *end) {
+        if (end == v || *end || isspace((unsigned char)v[0])) { /* strtol skips leading blanks: not here */
             fprintf(stderr, "moh %s: option %s expects an integer, got '%s'\n", cmd, s->name, v);
             return false;
         }
@@ -221,8 +226,8 @@ static bool parse_value(const char *cmd, const arg_spec *s, const char *v) {
     }
     case ARG_DOUBLE: {
         const double d = strtod(v, &end);
-        if (end == v || *end) {
-            fprintf(stderr, "moh %s: option %s expects a number, got '%s'\n", cmd, s->name, v);
+        if (end == v || *end || isspace((unsigned char)v[0]) || strpbrk(v, "xX")) { /* decimal only */
+            fprintf(stderr, "moh %s: option %s expects a decimal number, got '%s'\n", cmd, s->name, v);
             return false;
         }
         if (!isfinite(d) || (errno == ERANGE && fabs(d) > 1)) { /* nan, inf, 1e999; underflow rounds */

@@ -39,6 +39,10 @@ typedef struct arg_spec {
 int args_parse(const char *cmd, int argc, char **argv, const arg_spec *specs, int n,
                const char *synopsis, const char *epilog);
 
+/* The index of the name in names[0..n) nearest to key (leading dashes ignored on both sides; the
+ * rules of unknown-option suggestions: small edit distance, a unique prefix, initials), or -1. */
+int args_nearest(const char *key, const char *const *names, int n);
+
 /* The value after the first `name` in argv (before parsing), or NULL. */
 const char *args_value(int argc, char **argv, const char *name);
 

@@ -21,5 +21,9 @@ bool cli_resolve_config(const char *name, char *out, size_t cap);
 /* moh --list-configs: every named config, one line each (model, size, heads active), to f.
  * Returns 0, or 1 (message on stderr) when no config folder is found. */
 int cli_list_configs(FILE *f);
+/* The named config nearest to a mistyped name (moh75 -> moh-75) into out; false if none is close. */
+bool cli_suggest_config(const char *name, char *out, size_t cap);
+/* Prints "moh CMD: --config 'X': no such file ..." with the nearest named config, if any. */
+void cli_config_not_found(const char *cmd, const char *config);
 
 #endif

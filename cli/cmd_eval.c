@@ -197,7 +197,7 @@ int cmd_eval(int argc, char **argv) {
     }
     if (!(text = fs_read_file(path, (size_t)4 << 30, &n, &err))) goto fail;
     if (text_eval_num_chunks(n, T) < 1) {
-        moh_fail(&err, MOH_E_FORMAT, "%s: %zu bytes, fewer than the 2 needed for one prediction", path, n);
+        moh_fail(&err, MOH_E_FORMAT, "%s: %zu byte%s, fewer than the 2 needed for one prediction", path, n, n == 1 ? "" : "s");
         goto fail;
     }
     if (lm_acts_init_sparse_f32(&acts, &cfg, B, T, &err)) goto fail;

@@ -155,8 +155,8 @@ int cmd_sample(int argc, char **argv) {
     const double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     char re[64] = "";
     if (slides) snprintf(re, sizeof re, "; %d context re-encodes", slides);
-    fprintf(stderr, "[%d bytes in %.2f s, %.1f tok/s; attention heads computed: %.1f%% of %ld%s]\n",
-            gen, s, s > 0 ? gen / s : 0.0,
+    fprintf(stderr, "[%d byte%s in %.2f s, %.1f tok/s; attention heads computed: %.1f%% of %ld%s]\n",
+            gen, gen == 1 ? "" : "s", s, s > 0 ? gen / s : 0.0,
             kv.heads_total ? 100.0 * kv.heads_run / kv.heads_total : 0.0, kv.heads_total, re);
     status = 0;
     goto done;

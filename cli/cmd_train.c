@@ -18,7 +18,7 @@ int cmd_train(int argc, char **argv) {
         {"--data", ARG_STR, &o.data_path, "FILE|DIR", "UTF-8 text file (its last --val-fraction, cut at a line start, is validation) or a dir with train.txt + val.txt", true, ARG_ANY},
         {"--out", ARG_STR, &o.out_dir, "DIR", "checkpoint dir: config.json, model.safetensors, optimizer.safetensors, metrics.jsonl", true, ARG_ANY},
         {"--steps", ARG_LONG, &o.steps, "N", "optimizer steps (default: fit the schedule into --max-minutes)", false, ARG_GE(1)},
-        {"--max-minutes", ARG_DOUBLE, &o.max_minutes, "M", "end the run within M minutes, final validation included (checkpoint saved)", false, ARG_GT(0)},
+        {"--max-minutes", ARG_DOUBLE, &o.max_minutes, "M", "end the run within M minutes, final validation included (checkpoint saved)", false, ARG_IN_OC(0, 5256000)},
         {"--seed", ARG_U64, &o.seed, "S", "seed for init and data order (default 1)", false, ARG_ANY},
         {"--batch-size", ARG_INT, &o.batch_size, "B", "sequences per micro-batch (default 16)", false, ARG_IN(1, 65536)},
         {"--seq-len", ARG_INT, &o.seq_len, "T", "tokens per sequence, at most the config's max_position_embeddings (the default)", false, ARG_GE(1)},
@@ -55,7 +55,7 @@ int cmd_train(int argc, char **argv) {
             return 2;
         }
         if (!cli_resolve_config(config, path, sizeof path)) {
-            fprintf(stderr, "moh train: --config '%s': no such file, and no configs/%s.json\n", config, config);
+            cli_config_not_found("train", config);
             return 2;
         }
         o.config_path = path;

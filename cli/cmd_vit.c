@@ -60,7 +60,7 @@ int cmd_train_vit(int argc, char **argv) {
         {"--epochs", ARG_DOUBLE, &o.epochs, "E", "passes over the training images (default 25; fractions allowed)", false, ARG_IN_OC(0, 1e6)},
         {"--steps", ARG_LONG, &o.steps, "N", "optimizer steps (overrides --epochs)", false, ARG_GE(1)},
         {"--stop-at-step", ARG_LONG, &o.stop_at_step, "N", "save and stop after step N (continue later with --resume)", false, ARG_GE(1)},
-        {"--max-minutes", ARG_DOUBLE, &o.max_minutes, "M", "stop after M minutes of training, checkpoint saved (--resume continues)", false, ARG_GT(0)},
+        {"--max-minutes", ARG_DOUBLE, &o.max_minutes, "M", "stop after M minutes of training, checkpoint saved (--resume continues)", false, ARG_IN_OC(0, 5256000)},
         {"--seed", ARG_U64, &o.seed, "S", "seed for init, data order and augmentation (default 1)", false, ARG_ANY},
         {"--batch-size", ARG_INT, &o.batch_size, "B", "images per step (default 128)", false, ARG_IN(1, 65536)},
         {"--shards", ARG_INT, &o.shards, "S", "split each batch into S data-parallel shards, one thread each, with per-shard load-balance statistics like S GPUs (default: OpenMP threads; kept on --resume)", false, ARG_IN(1, 256)},
@@ -99,7 +99,7 @@ int cmd_train_vit(int argc, char **argv) {
             return 2;
         }
         if (!cli_resolve_config(config, path, sizeof path)) {
-            fprintf(stderr, "moh train: --config '%s': no such file, and no configs/%s.json\n", config, config);
+            cli_config_not_found("train", config);
             return 2;
         }
         o.config_path = path;

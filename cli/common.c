@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "cli.h"
 #include "core/fsutil.h"
 #include "models/lm.h"
@@ -112,19 +113,19 @@ static void describe_config(FILE *f, const char *name, const char *path) {
                 heads - hs, hs + k, heads, heads ? 100.0 * (hs + k) / heads : 0.0);
 }
 
-int cli_list_configs(FILE *f) {
+/* The named configs of every config folder (an earlier folder's name wins, as in --config), at
+ * most max, sorted by name; each name and path malloc'd (free with free_configs). */
+static int scan_configs(named_config *cfgs, int max) {
     char dirs[CONFIG_DIRS][PATH_MAX];
     config_dirs(dirs);
-    enum { MAX_NAMES = 256 };
-    named_config cfgs[MAX_NAMES];
     int n = 0;
     for (int i = 0; i < CONFIG_DIRS; i++) {
         DIR *d = dirs[i][0] ? opendir(dirs[i]) : NULL;
         if (!d) continue;
-        for (struct dirent *e; (e = readdir(d)) && n < MAX_NAMES;) {
+        for (struct dirent *e; (e = readdir(d)) && n < max;) {
             const size_t len = strlen(e->d_name);
             if (len < 6 || strcmp(e->d_name + len - 5, ".json")) continue;
-            bool seen = false; /* an earlier folder's config of the same name wins, as in --config */
+            bool seen = false;
             for (int k = 0; k < n && !seen; k++)
                 seen = strlen(cfgs[k].name) == len - 5 && !strncmp(cfgs[k].name, e->d_name, len - 5);
             if (seen) continue;
@@ -140,16 +141,49 @@ int cli_list_configs(FILE *f) {
         }
         closedir(d);
     }
+    qsort(cfgs, (size_t)n, sizeof cfgs[0], cmp_named);
+    return n;
+}
+
+static void free_configs(named_config *cfgs, int n) {
+    for (int i = 0; i < n; i++) {
+        free(cfgs[i].name);
+        free(cfgs[i].path);
+    }
+}
+
+enum { MAX_CONFIGS = 256 };
+
+bool cli_suggest_config(const char *name, char *out, size_t cap) {
+    named_config cfgs[MAX_CONFIGS];
+    const int n = scan_configs(cfgs, MAX_CONFIGS);
+    const char *names[MAX_CONFIGS];
+    for (int i = 0; i < n; i++) names[i] = cfgs[i].name;
+    const int k = args_nearest(name, names, n);
+    if (k >= 0) snprintf(out, cap, "%s", cfgs[k].name);
+    free_configs(cfgs, n);
+    return k >= 0;
+}
+
+void cli_config_not_found(const char *cmd, const char *config) {
+    char near[256];
+    if (cli_suggest_config(config, near, sizeof near))
+        fprintf(stderr, "moh %s: --config '%s': no such file, and no configs/%s.json; did you mean '%s'? "
+                "(moh --list-configs)\n", cmd, config, config, near);
+    else
+        fprintf(stderr, "moh %s: --config '%s': no such file, and no configs/%s.json (moh --list-configs)\n", cmd,
+                config, config);
+}
+
+int cli_list_configs(FILE *f) {
+    named_config cfgs[MAX_CONFIGS];
+    const int n = scan_configs(cfgs, MAX_CONFIGS);
     if (n == 0) {
         fprintf(stderr, "moh: no named configs found (looked in ./configs and beside the executable)\n");
         return 1;
     }
-    qsort(cfgs, (size_t)n, sizeof cfgs[0], cmp_named);
     fprintf(f, "named configs (moh train --config NAME; a JSON file path works too):\n");
-    for (int i = 0; i < n; i++) {
-        describe_config(f, cfgs[i].name, cfgs[i].path);
-        free(cfgs[i].name);
-        free(cfgs[i].path);
-    }
+    for (int i = 0; i < n; i++) describe_config(f, cfgs[i].name, cfgs[i].path);
+    free_configs(cfgs, n);
     return 0;
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <string.h>
 
+#include "args.h"
 #include "cli.h"
 #include "moh.h"
 #include "ops/gemm.h"
@@ -57,6 +58,12 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < sizeof SUBCOMMANDS / sizeof SUBCOMMANDS[0]; i++)
         if (!strcmp(argv[1], SUBCOMMANDS[i].name)) return SUBCOMMANDS[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "moh: unknown command '%s' (run 'moh --help' for the list)\n", argv[1]);
+    const char *names[sizeof SUBCOMMANDS / sizeof SUBCOMMANDS[0]];
+    for (size_t i = 0; i < sizeof SUBCOMMANDS / sizeof SUBCOMMANDS[0]; i++) names[i] = SUBCOMMANDS[i].name;
+    const int k = args_nearest(argv[1], names, (int)(sizeof names / sizeof names[0]));
+    if (k >= 0)
+        fprintf(stderr, "moh: unknown command '%s'; did you mean '%s'? (run 'moh --help' for the list)\n", argv[1], names[k]);
+    else
+        fprintf(stderr, "moh: unknown command '%s' (run 'moh --help' for the list)\n", argv[1]);
     return 2;
 }

@@ -29,6 +29,23 @@ expect() { # name, patterns (+has / !lacks) ..., --, command...
   ok
 }
 
+# 0. numbers are written as users write them: no leading blank (strtol would skip it), decimal
+# floats only (strtod would take hex), and --max-minutes at most 10 years
+expect int-leading-blank "+option --seq-len expects an integer, got ' 4'" \
+  -- "$MOH" eval --checkpoint "$T/none" --data "$T/none.txt" --seq-len " 4"
+expect float-hex "+option --temperature expects a decimal number, got '0x10'" \
+  -- "$MOH" sample --checkpoint "$T/none" --temperature 0x10
+expect max-minutes-cap "+--max-minutes 1e308 is out of range: expected 0 < M <= 5256000" \
+  -- "$MOH" train --config moh-75 --data "$T/none.txt" --out "$T/o" --max-minutes 1e308
+
+# 0b. mistyped command and config names get the nearest one suggested, far-off ones nothing
+expect cmd-typo "+unknown command 'sampel'; did you mean 'sample'?" -- "$MOH" sampel
+expect cmd-far "+unknown command 'frobnicate'" "!did you mean" -- "$MOH" frobnicate
+expect config-typo "+--config 'moh75': no such file" "+did you mean 'moh-75'?" \
+  -- "$MOH" train --config moh75 --data "$T/none.txt" --out "$T/o" --steps 1
+expect config-far "+--config 'zzzzzzzz': no such file" "!did you mean" \
+  -- "$MOH" train --config zzzzzzzz --data "$T/none.txt" --out "$T/o" --steps 1
+
 # 1. an out-of-range value names that option only, with its value and the expected range
 expect sample-top-p "+--top-p 1.5 is out of range: expected 0 < P <= 1" "!--temperature" "!--top-k" "!--max-tokens" \
   -- "$MOH" sample --checkpoint "$T/none" --top-p 1.5
