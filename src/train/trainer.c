@@ -409,7 +409,9 @@ int lm_train(const lm_train_options *o, moh_error *err) {
         const train_cost_model cm = cost_model(&tr, &clk, tr.st.step, t);
         bool time_up = max_s > 0 && (run_s >= max_s || (tr.st.step - start_step >= 3 &&
                                                         train_fit_steps(&cm, tr.st.step, max_s - run_s) == 0));
-        bool last = tr.st.step >= total || time_up || train_interrupted() || pause;
+        /* read once: a Ctrl-C after this point is handled at the next step, never without a save */
+        const bool intr = train_interrupted();
+        bool last = tr.st.step >= total || time_up || intr || pause;
         const bool do_eval = last || (o->eval_every > 0 && tr.st.step % o->eval_every == 0);
         lm_eval_result ev = {0};
         double val_s = 0.0;
@@ -488,7 +490,7 @@ int lm_train(const lm_train_options *o, moh_error *err) {
                 clk.evals++;
             }
         }
-        if (train_interrupted()) {
+        if (intr) {
             if (!o->quiet) printf("interrupted: checkpoint saved to %s at step %ld\n", o->out_dir, tr.st.step);
             status = 130;
             break;

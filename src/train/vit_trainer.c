@@ -488,7 +488,9 @@ int vit_train(const vit_train_options *o, moh_error *err) {
         routed_share(&tr.cfg, &tr.w, &smin, &smax);
         double t = train_now_s(), run_s = t - t0;
         const bool pause = o->stop_at_step > 0 && st->step >= o->stop_at_step;
-        const bool last = st->step >= total || (max_s > 0 && run_s >= max_s) || train_interrupted() || pause;
+        /* read once: a Ctrl-C after this point is handled at the next step, never without a save */
+        const bool intr = train_interrupted();
+        const bool last = st->step >= total || (max_s > 0 && run_s >= max_s) || intr || pause;
         const bool do_eval = last || st->step % eval_every == 0;
         vit_eval_result ev;
         memset(&ev, 0, sizeof ev);
@@ -529,7 +531,7 @@ int vit_train(const vit_train_options *o, moh_error *err) {
         if ((last || do_eval) &&
             (rc = vit_checkpoint_save(o->out_dir, &tr.cfg, &tr.p, tr.m, tr.v, st, err)))
             goto stop;
-        if (train_interrupted()) {
+        if (intr) {
             if (!o->quiet) printf("interrupted: checkpoint saved to %s at step %ld\n", o->out_dir, st->step);
             status = 130;
             break;
