@@ -145,6 +145,9 @@ static size_t clean_fortunes(uint8_t *t, size_t n, size_t cap) {
 
 static int add_text_category(dataset *d, const char *file, const char *label, size_t cap, moh_error *err) {
     if (d->C >= MAX_CATEGORIES) return moh_fail(err, MOH_E_ARG, "--data: more than %d categories", MAX_CATEGORIES);
+    for (int i = 0; i < d->C; i++)
+        if (!strcmp(d->names[i], label))
+            return moh_fail(err, MOH_E_ARG, "--data/--categories: category '%s' given twice", label);
     size_t n = 0;
     char *t = fs_read_file(file, (size_t)1 << 31, &n, err);
     if (!t) return err->code;
@@ -235,8 +238,18 @@ static int load_text_data(dataset *d, const char *data, const char *cats, long m
                 char name[256];
                 snprintf(name, sizeof name, "%.*s", (int)(k < 255 ? k : 255), p);
                 snprintf(path, sizeof path, "%s/%s.txt", data, name);
-                if (k == 0 || k > 255) rc = moh_fail(err, MOH_E_ARG, "--categories: empty or overlong name in '%s'", cats);
-                else rc = add_text_category(d, path, name, cap, err);
+                bool known = false;
+                for (int i = 0; i < n && !known; i++) known = !strcmp(names[i], name);
+                if (k == 0 || k > 255) {
+                    rc = moh_fail(err, MOH_E_ARG, "--categories: empty or overlong name in '%s'", cats);
+                } else if (!known) {
+                    const int near = args_nearest(name, (const char *const *)names, n);
+                    rc = moh_fail(err, MOH_E_ARG, "--categories: '%s' is not a topic of %s (%d topics%s%s%s)", name, data,
+                                  n, near >= 0 ? "; did you mean '" : "", near >= 0 ? names[near] : "",
+                                  near >= 0 ? "'?" : "");
+                } else {
+                    rc = add_text_category(d, path, name, cap, err);
+                }
                 p = e ? e + 1 : p + k;
             }
         } else {
@@ -533,6 +546,10 @@ int cmd_analyze(int argc, char **argv) {
             goto fail;
         }
         if (load_text_data(&d, data, cats, max_tokens, T, &err)) goto fail;
+        for (int c = 0; c < d.C; c++) /* a short category weighs less in every statistic: say so */
+            if (d.len[c] < (size_t)max_tokens)
+                fprintf(stderr, "moh analyze: note: category '%s' has %zu bytes of text, fewer than --max-tokens %ld\n",
+                        d.names[c], d.len[c], max_tokens);
     }
     if (fs_mkdir_p(out, &err)) goto fail;
     double t0 = now_s();

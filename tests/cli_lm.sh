@@ -184,6 +184,15 @@ check "[ ! -e '$T/fitr/optimizer.safetensors.tmp.$dead' ] && [ -e '$T/fitr/model
   "stale temp files: $(ls "$T/fitr")"
 rm -f "$T/fitr/model.safetensors.tmp.$$" "$T/fitr/notes.tmp.$dead"
 
+# 9. (cont.) analyze: an unknown topic gets the nearest suggested, a repeated category is refused,
+# a category shorter than --max-tokens gets a note
+mkdir -p "$T/topics"; head -c 3000 "$T/corpus.txt" > "$T/topics/law.txt"; tail -c 3000 "$T/corpus.txt" > "$T/topics/food.txt"
+expect_err analyze-topic-typo "'lawz' is not a topic of .*did you mean 'law'" "$MOH" analyze --checkpoint "$T/a" --data "$T/topics" --categories food,lawz --out "$T/an2"
+expect_err analyze-topic-twice "category 'law' given twice" "$MOH" analyze --checkpoint "$T/a" --data "$T/topics" --categories law,law --out "$T/an2"
+expect_err analyze-label-twice "category 'x' given twice" "$MOH" analyze --checkpoint "$T/a" --data "$T/corpus.txt:x,$T/short.txt:x" --out "$T/an2"
+"$MOH" analyze --checkpoint "$T/a" --data "$T/topics" --out "$T/an3" --max-tokens 4000 --no-plots >/dev/null 2>"$T/an3.err" || bad "analyze of topics exited $?"
+check "grep -q \"note: category 'law' has 3000 bytes of text, fewer than --max-tokens 4000\" '$T/an3.err'" "no short-category note: $(grep -v tokens/s "$T/an3.err")"
+
 # 9. (cont.) a tensor name with a newline (a valid JSON escape) is quoted escaped: errors stay one line
 rm -rf "$T/nl"; cp -r "$T/a" "$T/nl"
 python3 - "$T/nl/model.safetensors" <<'PY'
