@@ -38,10 +38,12 @@ void eval_progress_update(eval_progress *pg, long done, long total) {
     pg->last = t;
 }
 
+void eval_progress_report(void *pg, long done, long total) { eval_progress_update(pg, done, total); }
+
 void eval_progress_end(eval_progress *pg, long total) {
     if (!pg->shown) return;
-    if (pg->tty) {
-        fputs("\r\033[K", stderr);
+    if (pg->tty || total < 0) {
+        if (pg->tty) fputs("\r\033[K", stderr);
         return;
     }
     char el[32];
@@ -76,52 +78,6 @@ static bool is_idx_data(const char *path, bool dir) {
         if (stat(p, &st) == 0) return true;
     }
     return false;
-}
-
-/* lm_evaluate over consecutive slices of B chunks (one batch each; the last slice takes what is
- * left), with progress on stderr. The slices batch the chunks as one call over the whole text
- * does, so the result is the same up to the rounding of the sums: val_loss and head_share are
- * weighted by predictions, lb_loss (a mean over batches) by each slice's batches. */
-static int evaluate_lm(const moh_lm_config *cfg, const lm_params_f32 *p, lm_acts_f32 *acts, int B, int T,
-                       const uint8_t *bytes, size_t n, lm_eval_result *r, moh_error *err) {
-    const int L = cfg->num_hidden_layers, h = cfg->num_attention_heads;
-    const long nchunks = text_eval_num_chunks(n, T);
-    const size_t step = (size_t)B * ((size_t)T + 1);
-    if (nchunks < 1) return lm_evaluate(cfg, p, acts, B, T, bytes, n, 0, r, err); /* names the problem */
-    /* predictions in all: T per full chunk, len - 1 for a short last one */
-    const long total = (long)(n / ((size_t)T + 1)) * T + (n % ((size_t)T + 1) >= 2 ? (long)(n % ((size_t)T + 1)) - 1 : 0);
-    memset(r, 0, sizeof *r);
-    if (!(r->head_share = calloc((size_t)L * h, sizeof(double)))) return moh_fail(err, MOH_E_NOMEM, "eval: out of memory");
-    double ce = 0.0, lb = 0.0;
-    long batches = 0;
-    eval_progress pg;
-    eval_progress_start(&pg, "predictions");
-    for (size_t off = 0; off < n && (long)(off / ((size_t)T + 1)) < nchunks; off += step) {
-        const size_t len = n - off > step ? step : n - off;
-        lm_eval_result s;
-        const int rc = lm_evaluate(cfg, p, acts, B, T, bytes + off, len, 0, &s, err);
-        if (rc) {
-            eval_progress_end(&pg, total);
-            free(r->head_share);
-            r->head_share = NULL;
-            return rc;
-        }
-        const long nch = text_eval_num_chunks(len, T), part = len % ((size_t)T + 1) >= 2 ? 1 : 0;
-        const long nb = (nch - part + B - 1) / B + part; /* a short last chunk runs as its own batch */
-        ce += s.val_loss * (double)s.tokens;
-        lb += s.lb_loss * (double)nb;
-        batches += nb;
-        for (size_t i = 0; i < (size_t)L * h; i++) r->head_share[i] += s.head_share[i] * (double)s.tokens;
-        r->tokens += s.tokens;
-        free(s.head_share);
-        eval_progress_update(&pg, r->tokens, total);
-    }
-    eval_progress_end(&pg, total);
-    for (size_t i = 0; i < (size_t)L * h; i++) r->head_share[i] /= (double)r->tokens;
-    r->val_loss = ce / (double)r->tokens;
-    r->bits_per_byte = r->val_loss / log(2.0);
-    r->lb_loss = lb / (double)batches;
-    return MOH_OK;
 }
 
 static int dump_logits(const char *path, const moh_lm_config *cfg, const lm_params_f32 *p,
@@ -203,7 +159,12 @@ int cmd_eval(int argc, char **argv) {
     if (lm_acts_init_sparse_f32(&acts, &cfg, B, T, &err)) goto fail;
     have_acts = true;
     if (dump && dump_logits(dump, &cfg, &p, &acts, (const uint8_t *)text, n, T, &err)) goto fail;
-    if (evaluate_lm(&cfg, &p, &acts, B, T, (const uint8_t *)text, n, &r, &err)) goto fail;
+    eval_progress pg;
+    eval_progress_start(&pg, "predictions");
+    const train_progress report = {eval_progress_report, &pg};
+    rc = lm_evaluate(&cfg, &p, &acts, B, T, (const uint8_t *)text, n, 0, &report, &r, &err);
+    eval_progress_end(&pg, rc ? -1 : r.tokens);
+    if (rc) goto fail;
     if (!isfinite(r.val_loss)) { /* finite weights can still overflow: never print nan as a result */
         moh_fail(&err, MOH_E_FORMAT, "%s: val_loss is %g on %s: the model's outputs overflow", ckpt, r.val_loss, path);
         goto fail;

@@ -153,56 +153,6 @@ static int dump_logits(const char *path, const moh_vit_config *cfg, const vit_pa
     return rc;
 }
 
-/* vit_evaluate over consecutive slices of one batch each (the batches of one call over the whole
- * split), with progress on stderr; counts add up, loss and head_share are weighted by images and
- * lb_loss (a mean over batches) by batch. */
-static int evaluate_vit(const moh_vit_config *cfg, const vit_params_f32 *p, vit_shards *w, const idx_split *s,
-                        long limit, vit_eval_result *r, moh_error *err) {
-    const int K = cfg->num_classes, L = cfg->depth, h = cfg->num_heads, B = w->n * w->Bmax;
-    const long n = limit > 0 && limit < s->n ? limit : s->n;
-    if (n < 1) return vit_evaluate(cfg, p, w, s, limit, r, err);
-    memset(r, 0, sizeof *r);
-    r->confusion = calloc((size_t)K * K, sizeof(long));
-    r->head_share = calloc((size_t)L * h, sizeof(double));
-    if (!r->confusion || !r->head_share) {
-        vit_eval_result_free(r);
-        return moh_fail(err, MOH_E_NOMEM, "eval: out of memory");
-    }
-    const size_t hw = (size_t)s->rows * s->cols;
-    double loss = 0.0, lb = 0.0;
-    long batches = 0;
-    eval_progress pg;
-    eval_progress_start(&pg, "images");
-    for (long i0 = 0; i0 < n; i0 += B) {
-        idx_split part = *s; /* a view of images i0 .. i0 + cnt - 1 */
-        part.n = (int)(n - i0 < B ? n - i0 : B);
-        part.images = s->images + (size_t)i0 * hw;
-        part.labels = s->labels + i0;
-        vit_eval_result q;
-        const int rc = vit_evaluate(cfg, p, w, &part, 0, &q, err);
-        if (rc) {
-            eval_progress_end(&pg, n);
-            vit_eval_result_free(r);
-            return rc;
-        }
-        for (size_t i = 0; i < (size_t)K * K; i++) r->confusion[i] += q.confusion[i];
-        for (size_t i = 0; i < (size_t)L * h; i++) r->head_share[i] += q.head_share[i] * (double)q.n;
-        r->correct += q.correct;
-        r->n += q.n;
-        loss += q.loss * (double)q.n;
-        lb += q.lb_loss;
-        batches++;
-        vit_eval_result_free(&q);
-        eval_progress_update(&pg, r->n, n);
-    }
-    eval_progress_end(&pg, n);
-    for (size_t i = 0; i < (size_t)L * h; i++) r->head_share[i] /= (double)r->n;
-    r->accuracy = (double)r->correct / (double)r->n;
-    r->loss = loss / (double)r->n;
-    r->lb_loss = lb / (double)batches;
-    return MOH_OK;
-}
-
 /* true when dir holds a file named name */
 static bool has_file(const char *dir, const char *name) {
     char path[PATH_MAX + 32];
@@ -269,7 +219,12 @@ int cmd_eval_vit(int argc, char **argv) {
     if (B > s.n) B = s.n; /* no larger than the split: the batch size does not change the result */
     if (vit_shards_init(&w, &cfg, B, vit_default_shards(B), false, sparse, &err)) goto fail;
     if (dump && dump_logits(dump, &cfg, &p, &w, &s, &err)) goto fail;
-    if (evaluate_vit(&cfg, &p, &w, &s, limit, &r, &err)) goto fail;
+    eval_progress pg;
+    eval_progress_start(&pg, "images");
+    const train_progress report = {eval_progress_report, &pg};
+    rc = vit_evaluate(&cfg, &p, &w, &s, limit, &report, &r, &err);
+    eval_progress_end(&pg, rc ? -1 : r.n);
+    if (rc) goto fail;
     if (!isfinite(r.loss)) { /* finite weights can still overflow: never print nan as a result */
         moh_fail(&err, MOH_E_FORMAT, "%s: ce_loss is %g: the model's outputs overflow", ckpt, r.loss);
         goto fail;

@@ -303,6 +303,11 @@ long text_eval_num_chunks(size_t n, int T) {
     return (long)(n / len + (n % len >= 2 ? 1 : 0));
 }
 
+long text_eval_num_preds(size_t n, int T) {
+    if (T < 1) return 0;
+    return (long)n - text_eval_num_chunks(n, T) - (n % ((size_t)T + 1) == 1);
+}
+
 int text_eval_chunk(const uint8_t *bytes, size_t n, int T, long c, int *tokens, int *targets) {
     if (!bytes || !tokens || !targets || T < 1 || c < 0 || c >= text_eval_num_chunks(n, T))
         return 0;

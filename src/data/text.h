@@ -63,5 +63,7 @@ int text_batch(const uint8_t *bytes, size_t n, int B, int T, uint64_t *rng, int 
  * (each array holds at least T ints) and returns len-1 (1..T); returns 0 for c outside
  * [0, num_chunks), T < 1 or NULL pointers. */
 long text_eval_num_chunks(size_t n, int T);
+/* The number of predictions of that metric over bytes[0..n) (0 if T < 1). */
+long text_eval_num_preds(size_t n, int T);
 int text_eval_chunk(const uint8_t *bytes, size_t n, int T, long c, int *tokens, int *targets);
 #endif

@@ -33,6 +33,13 @@ int train_check_finite(const char *path, const char *name, const float *x, size_
  * a kill or failed save can leave behind, then opened for appending. MOH_E_IO naming the file. */
 int train_metrics_open(const char *out_dir, bool resume, long step, FILE **out, moh_error *err);
 
+/* Progress of a long loop (an evaluation): fn(ctx, done, total) after each batch, in the loop's
+ * units (predictions, images). A NULL train_progress or fn reports nothing. */
+typedef struct train_progress {
+    void (*fn)(void *ctx, long done, long total);
+    void *ctx;
+} train_progress;
+
 /* What the rest of a run costs, in wall seconds, as measured (or estimated) so far. */
 typedef struct train_cost_model {
     double step_s;               /* one optimizer step, validation and checkpoints excluded */

@@ -35,7 +35,8 @@ void lm_train_defaults(lm_train_options *o) {
 }
 
 int lm_evaluate(const moh_lm_config *cfg, const lm_params_f32 *p, lm_acts_f32 *acts, int B, int T,
-                const uint8_t *bytes, size_t n, long max_tokens, lm_eval_result *r, moh_error *err) {
+                const uint8_t *bytes, size_t n, long max_tokens, const train_progress *progress,
+                lm_eval_result *r, moh_error *err) {
     const int L = cfg->num_hidden_layers, h = cfg->num_attention_heads;
     memset(r, 0, sizeof *r);
     r->head_share = calloc((size_t)L * h, sizeof(double));
@@ -45,7 +46,8 @@ int lm_evaluate(const moh_lm_config *cfg, const lm_params_f32 *p, lm_acts_f32 *a
         free(tgt);
         return moh_fail(err, MOH_E_NOMEM, "eval: out of memory");
     }
-    const long nchunks = text_eval_num_chunks(n, T);
+    const long nchunks = text_eval_num_chunks(n, T), all = text_eval_num_preds(n, T);
+    const long total = max_tokens > 0 && max_tokens < all ? max_tokens : all;
     double ce_sum = 0.0, lb_sum = 0.0;
     long batches = 0;
     for (long c = 0; c < nchunks;) {
@@ -76,6 +78,7 @@ int lm_evaluate(const moh_lm_config *cfg, const lm_params_f32 *p, lm_acts_f32 *a
             for (long t = 0; t < preds; t++)
                 for (int i = 0; i < h; i++) r->head_share[(size_t)l * h + i] += g[t * h + i] != 0.0f;
         }
+        if (progress && progress->fn) progress->fn(progress->ctx, r->tokens < total ? r->tokens : total, total);
         if (max_tokens > 0 && r->tokens >= max_tokens) break;
     }
     free(tok);
@@ -219,7 +222,7 @@ static void teardown(trainer *tr) {
 
 static int validate(trainer *tr, long max_tokens, lm_eval_result *r, moh_error *err) {
     return lm_evaluate(&tr->cfg, &tr->p, &tr->acts, tr->B, tr->T, tr->data.val, tr->data.n_val,
-                       max_tokens, r, err);
+                       max_tokens, NULL, r, err);
 }
 
 /* Wall time of this session, split into training and the rest (validation, checkpoints), with
@@ -250,7 +253,7 @@ static train_cost_model cost_model(const trainer *tr, const run_clock *c, long s
     const double tokens_per_step = (double)tr->B * tr->T * o->grad_accum;
     const double pred_s = c->val_preds > 0 ? c->val_s / (double)c->val_preds : m.step_s / tokens_per_step / 3.0;
     const double save_s = c->saves > 0 ? c->save_s / (double)c->saves : 0.0;
-    const double full = (double)tr->data.n_val - (double)text_eval_num_chunks(tr->data.n_val, tr->T);
+    const double full = (double)text_eval_num_preds(tr->data.n_val, tr->T);
     double periodic = full; /* predictions of a periodic validation: whole batches up to eval_tokens */
     const double bt = (double)tr->B * tr->T;
     if (o->eval_tokens > 0 && ceil((double)o->eval_tokens / bt) * bt < full) periodic = ceil((double)o->eval_tokens / bt) * bt;
@@ -286,8 +289,8 @@ int lm_train(const lm_train_options *o, moh_error *err) {
                       "--steps above it to train on)", total, o->out_dir, tr.st.step);
         goto out;
     }
-    if (o->resume) fs_remove_stale_tmp(o->out_dir); /* left by a kill -9 during a save */
     if (o->resume && !auto_total && tr.st.step == total) { /* nothing to train: touch nothing else */
+        fs_remove_stale_tmp(o->out_dir); /* (train_metrics_open does it for a run that trains) */
         if (!o->quiet)
             printf("moh train: the checkpoint in %s is already at step %ld of its %ld-step run: nothing to train "
                    "(give a larger --steps to continue)\n", o->out_dir, tr.st.step, total);
@@ -338,8 +341,7 @@ int lm_train(const lm_train_options *o, moh_error *err) {
                auto_total ? "time-fitted" : "fixed", o->reference_attention ? "reference" : "head-sparse",
                tr.data.n_train, tr.data.n_val);
     /* predictions of a whole-split validation (the moh eval metric) */
-    const long whole_split_preds = (long)tr.data.n_val - (long)text_eval_num_chunks(tr.data.n_val, tr.T) -
-                                   (tr.data.n_val % ((size_t)tr.T + 1) == 1);
+    const long whole_split_preds = text_eval_num_preds(tr.data.n_val, tr.T);
     while (tr.st.step < total) {
         const long step = tr.st.step;
         const double t_top = train_now_s();

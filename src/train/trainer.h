@@ -2,6 +2,7 @@
 #ifndef MOH_TRAINER_H
 #define MOH_TRAINER_H
 #include "models/lm.h"
+#include "train/train_util.h"
 
 typedef struct lm_train_options {
     const char *config_path; /* model config JSON (ignored with resume: the checkpoint's is used) */
@@ -42,7 +43,10 @@ typedef struct lm_eval_result {
 
 /* `moh eval` metric: bytes cut into consecutive chunks of T + 1 bytes (a last chunk shorter than
  * 2 bytes dropped), each chunk predicting its bytes 1..len-1 from those before; mean CE in nats.
- * max_tokens > 0 stops after about that many predictions (whole chunks). acts must hold B x T. */
+ * max_tokens > 0 stops after about that many predictions (whole chunks). acts must hold B x T.
+ * progress (may be NULL) hears of each batch, in predictions. MOH_E_FORMAT when n gives no
+ * prediction, MOH_E_NOMEM. */
 int lm_evaluate(const moh_lm_config *cfg, const lm_params_f32 *p, lm_acts_f32 *acts, int B, int T,
-                const uint8_t *bytes, size_t n, long max_tokens, lm_eval_result *r, moh_error *err);
+                const uint8_t *bytes, size_t n, long max_tokens, const train_progress *progress,
+                lm_eval_result *r, moh_error *err);
 #endif

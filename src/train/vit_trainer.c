@@ -160,7 +160,8 @@ double vit_shards_step(const moh_vit_config *cfg, const vit_params_f32 *p, vit_s
 }
 
 int vit_evaluate(const moh_vit_config *cfg, const vit_params_f32 *p, vit_shards *w,
-                 const idx_split *s, long limit, vit_eval_result *r, moh_error *err) {
+                 const idx_split *s, long limit, const train_progress *progress, vit_eval_result *r,
+                 moh_error *err) {
     memset(r, 0, sizeof *r);
     int rc = vit_check_split(cfg, s, "eval data", err);
     if (rc) return rc;
@@ -205,6 +206,7 @@ int vit_evaluate(const moh_vit_config *cfg, const vit_params_f32 *p, vit_shards 
             }
             tokens += (double)T;
         }
+        if (progress && progress->fn) progress->fn(progress->ctx, i0 + cnt, n);
     }
     r->n = n;
     r->accuracy = n ? (double)r->correct / (double)n : 0.0;
@@ -495,7 +497,7 @@ int vit_train(const vit_train_options *o, moh_error *err) {
         vit_eval_result ev;
         memset(&ev, 0, sizeof ev);
         if (do_eval) {
-            if ((rc = vit_evaluate(&tr.cfg, &tr.p, &tr.w, &tr.test, last ? 0 : o->eval_limit, &ev, err))) goto stop;
+            if ((rc = vit_evaluate(&tr.cfg, &tr.p, &tr.w, &tr.test, last ? 0 : o->eval_limit, NULL, &ev, err))) goto stop;
             last_acc = ev.accuracy;
             t = train_now_s();
             run_s = t - t0;

@@ -4,6 +4,7 @@
 #define MOH_VIT_TRAINER_H
 #include "data/idx.h"
 #include "models/vit.h"
+#include "train/train_util.h"
 
 typedef struct vit_train_options {
     const char *config_path; /* ViT config JSON (ignored with resume: the checkpoint's is used) */
@@ -79,10 +80,12 @@ typedef struct vit_eval_result {
 
 /* Evaluates images 0..limit-1 (0 = all) of s, normalised with cfg's mean/std (no augmentation),
  * in batches of w->n * w->Bmax; r->loss is the plain cross-entropy (cfg's label smoothing is for
- * training only). The split's image size must match cfg (MOH_E_CONFIG otherwise).
+ * training only). progress (may be NULL) hears of each batch, in images. The split's image size
+ * must match cfg (MOH_E_CONFIG otherwise).
  * Free r with vit_eval_result_free. */
 int vit_evaluate(const moh_vit_config *cfg, const vit_params_f32 *p, vit_shards *w,
-                 const idx_split *s, long limit, vit_eval_result *r, moh_error *err);
+                 const idx_split *s, long limit, const train_progress *progress, vit_eval_result *r,
+                 moh_error *err);
 void vit_eval_result_free(vit_eval_result *r);
 /* Checks that the split's images fit the config: 1 channel (IDX files are grey-scale),
  * rows = cols = img_size, labels < num_classes. label names the data. MOH_OK or MOH_E_CONFIG. */
