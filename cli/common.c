@@ -69,7 +69,6 @@ static void describe_config(FILE *f, const char *name, const char *path) {
         return;
     }
     const bool vit = moh_config_is_vit(text, len);
-    free(text);
     char size[112];
     size_t params = 0;
     int heads = 0, hs = 0, k = 0;
@@ -78,6 +77,7 @@ static void describe_config(FILE *f, const char *name, const char *path) {
         moh_vit_config c;
         if (vit_config_load(path, &c, &err)) {
             fprintf(f, "  %-16s (%s)\n", name, err.msg);
+            free(text);
             return;
         }
         int nt = 0;
@@ -89,14 +89,11 @@ static void describe_config(FILE *f, const char *name, const char *path) {
                  c.img_size, c.patch_size, c.embed_dim, c.depth);
     } else {
         moh_lm_config c;
-        size_t n = 0;
-        char *t = fs_read_file(path, 1 << 20, &n, &err);
-        if (!t || moh_lm_config_parse_json(&c, t, n, path, &err)) {
-            free(t);
+        if (moh_lm_config_parse_json(&c, text, len, path, &err)) {
             fprintf(f, "  %-16s (%s)\n", name, err.msg);
+            free(text);
             return;
         }
-        free(t);
         int nt = 0;
         lm_tensor *ts = lm_tensors(&c, &nt);
         for (int i = 0; ts && i < nt; i++) params += ts[i].numel;
@@ -105,6 +102,7 @@ static void describe_config(FILE *f, const char *name, const char *path) {
         snprintf(size, sizeof size, "LM %.2fM, hidden %d, %d layers, vocab %d, context %d", params / 1e6,
                  c.hidden_size, c.num_hidden_layers, c.vocab_size, c.max_position_embeddings);
     }
+    free(text);
     const char *rname = router == MOH_ROUTER_LEARNED ? "learned" : router == MOH_ROUTER_QUERY_NORM ? "query_norm" : "none";
     if (router == MOH_ROUTER_NONE)
         fprintf(f, "  %-16s %-58s dense: %d/%d heads\n", name, size, heads, heads);
