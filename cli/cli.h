@@ -26,4 +26,17 @@ bool cli_suggest_config(const char *name, char *out, size_t cap);
 /* Prints "moh CMD: --config 'X': no such file ..." with the nearest named config, if any. */
 void cli_config_not_found(const char *cmd, const char *config);
 
+/* `moh eval` / `moh analyze` progress on stderr: on a terminal a line updated in place and erased
+ * at the end; otherwise a line only once the run has taken 2 s, then every 10 s, and a last line.
+ * stdout is never written. done/total count `unit`s (e.g. "predictions", "images"). */
+typedef struct eval_progress {
+    double t0, last;
+    bool tty, shown;
+    const char *unit;
+} eval_progress;
+void eval_progress_start(eval_progress *pg, const char *unit);
+void eval_progress_update(eval_progress *pg, long done, long total);
+/* eval_progress_update as a train_progress callback (pg: an eval_progress). */
+void eval_progress_report(void *pg, long done, long total);
+void eval_progress_end(eval_progress *pg, long total); /* total < 0: the run failed, no last line */
 #endif

@@ -23,15 +23,15 @@
 #include "models/lm.h"
 #include "models/vit.h"
 #include "train/checkpoint.h"
-#include "train/vit_checkpoint.h"
-#include "train/vit_trainer.h"
+#include "models/model.h"
 
 #define MAX_CATEGORIES 256
 
 
 
-/* A loaded checkpoint, LM or ViT, with activations for one batch. */
-typedef struct model {
+/* A loaded checkpoint (model.h) seen as an LM or a ViT, with activations for one batch. */
+typedef struct an_model {
+    model gm;                 /* owns config and parameters; lc/lp or vc/vp are copies of its views */
     bool vit;
     char dir[PATH_MAX];
     moh_lm_config lc;
@@ -43,49 +43,37 @@ typedef struct model {
     bool have_p, have_a;
     const moh_attn_config *attn;
     int L;
-} model;
+} an_model;
 
 static const char *router_name(moh_router r) {
     return r == MOH_ROUTER_LEARNED ? "learned" : r == MOH_ROUTER_QUERY_NORM ? "query_norm" : "none";
 }
 
-static int model_load(model *m, const char *dir, moh_error *err) {
+static int am_load(an_model *m, const char *dir, moh_error *err) {
     memset(m, 0, sizeof *m);
     snprintf(m->dir, sizeof m->dir, "%s", dir);
-    char path[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    size_t n = 0;
-    char *text = fs_read_file(path, (size_t)1 << 20, &n, err);
-    if (!text) return err->code;
-    m->vit = moh_config_is_vit(text, n);
-    free(text);
-    int rc;
+    int rc = model_load(&m->gm, dir, err);
+    if (rc) return rc;
+    m->vit = !strcmp(m->gm.fam->task, "image-classification");
     if (m->vit) {
-        rc = vit_checkpoint_load(dir, &m->vc, &m->vp, err);
-        if (!rc) {
-            m->attn = &m->vc.attn;
-            m->L = m->vc.depth;
-        }
+        m->vc = *(const moh_vit_config *)m->gm.cfg;
+        m->vp = *(const vit_params_f32 *)m->gm.params;
     } else {
-        rc = lm_checkpoint_load(dir, &m->lc, &m->lp, err);
-        if (!rc) {
-            m->attn = &m->lc.attn;
-            m->L = m->lc.num_hidden_layers;
-        }
+        m->lc = *(const moh_lm_config *)m->gm.cfg;
+        m->lp = *(const lm_params_f32 *)m->gm.params;
     }
-    m->have_p = rc == MOH_OK;
-    return rc;
+    m->attn = model_attn(&m->gm);
+    m->L = model_num_layers(&m->gm);
+    m->have_p = true;
+    return MOH_OK;
 }
 
-static void model_free(model *m) {
+static void am_free(an_model *m) {
     if (m->have_a) {
         if (m->vit) vit_acts_free_f32(&m->va);
         else lm_acts_free_f32(&m->la);
     }
-    if (m->have_p) {
-        if (m->vit) vit_params_free_f32(&m->vp);
-        else lm_params_free_f32(&m->lp);
-    }
+    if (m->have_p) model_free(&m->gm);
     m->have_a = m->have_p = false;
 }
 
@@ -388,7 +376,7 @@ static void progress_end(progress *p) {
     p->shown = false;
 }
 
-static void add_layers(analysis *an, const model *m, const int *layers, int nl, int B, int N,
+static void add_layers(analysis *an, const an_model *m, const int *layers, int nl, int B, int N,
                        const int *cat, moh_error *err, int *rc) {
     const int E = attn_routed_heads(m->attn);
     for (int s = 0; !*rc && s < nl; s++) {
@@ -398,7 +386,7 @@ static void add_layers(analysis *an, const model *m, const int *layers, int nl, 
     }
 }
 
-static int run_model(model *m, const dataset *d, int batch, const int *layers, int nl, analysis *an,
+static int run_model(an_model *m, const dataset *d, int batch, const int *layers, int nl, analysis *an,
                      moh_error *err) {
     const moh_attn_config *a = m->attn;
     const int E = attn_routed_heads(a), h = a->n_heads;
@@ -487,7 +475,7 @@ int cmd_analyze(int argc, char **argv) {
                         "Definitions of every statistic: analysis.json \"estimators\" and docs/analysis.md.\n");
     if (rc) return rc == 1 ? 0 : rc;
     moh_error err = {0};
-    model m, twin;
+    an_model m, twin;
     dataset d;
     analysis an, an2;
     an_result res, res2;
@@ -500,9 +488,9 @@ int cmd_analyze(int argc, char **argv) {
     memset(&res2, 0, sizeof res2);
     int status = 1, layers[1024], nl = 0;
     const bool last = !strcmp(which, "last");
-    if (model_load(&m, ckpt, &err)) goto fail;
+    if (am_load(&m, ckpt, &err)) goto fail;
     if (compare) {
-        if (model_load(&twin, compare, &err)) goto fail;
+        if (am_load(&twin, compare, &err)) goto fail;
         if (twin.vit != m.vit || twin.L != m.L) {
             moh_fail(&err, MOH_E_CONFIG, "--compare %s: a %s with %d layers, expected a %s with %d layers like %s",
                      compare, twin.vit ? "ViT" : "LM", twin.L, m.vit ? "ViT" : "LM", m.L, ckpt);
@@ -562,13 +550,13 @@ int cmd_analyze(int argc, char **argv) {
     }
     fprintf(stderr, "moh analyze: %s: %.0f tokens in %d categories, %d layer(s), %.1f s\n", ckpt, tok, d.C, nl,
             now_s() - t0);
-    model_free(&m);
+    am_free(&m);
     if (an_finish(&an, &res, &err)) goto fail;
     if (compare) {
         t0 = now_s();
         if (run_model(&twin, &d, batch, layers, nl, &an2, &err)) goto fail;
         fprintf(stderr, "moh analyze: %s: same tokens, %.1f s\n", compare, now_s() - t0);
-        model_free(&twin);
+        am_free(&twin);
         if (an_finish(&an2, &res2, &err)) goto fail;
     }
     an_meta meta = {m.vit ? "vit" : "lm", ckpt, router_name(m.attn->router), m.attn->top_k, data, d.note,
@@ -596,7 +584,7 @@ done:
     an_free(&an);
     an_free(&an2);
     dataset_free(&d);
-    model_free(&m);
-    model_free(&twin);
+    am_free(&m);
+    am_free(&twin);
     return status;
 }

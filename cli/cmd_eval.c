@@ -1,202 +1,94 @@
-/* moh eval: validation loss and bits per byte of a checkpoint on a text file (metric defined in
- * src/train/trainer.h, lm_evaluate), per-layer head-activation shares. */
+/* moh eval: the family's metric of a checkpoint on data (bits per byte of a text file for a
+ * language model, top-1 accuracy and the confusion matrix of an IDX split for a ViT, ...), with
+ * per-layer head-activation shares (model.h: model_evaluate, eval_report). */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "args.h"
 #include "cli.h"
-#include "cmd_vit.h"
-#include "core/fsutil.h"
-#include "data/text.h"
+#include "models/model.h"
 #include "train/checkpoint.h"
-#include "train/train_util.h"
-#include "train/trainer.h"
-
-void eval_progress_start(eval_progress *pg, const char *unit) {
-    memset(pg, 0, sizeof *pg);
-    pg->t0 = pg->last = train_now_s();
-    pg->tty = isatty(2);
-    pg->unit = unit;
-}
-
-void eval_progress_update(eval_progress *pg, long done, long total) {
-    const double t = train_now_s(), el = t - pg->t0;
-    if (pg->tty ? t - pg->last < 0.25 : el < 2.0 || (pg->shown && t - pg->last < 10.0)) return;
-    char eta[32];
-    const double rate = el > 0 ? (double)done / el : 0.0;
-    train_fmt_time(eta, sizeof eta, rate > 0 ? (double)(total - done) / rate : 0.0);
-    fprintf(stderr, "%smoh eval: %3.0f%% (%ld / %ld %s), %.0f %s/s, ETA %s%s", pg->tty ? "\r" : "",
-            total ? 100.0 * (double)done / (double)total : 100.0, done, total, pg->unit, rate, pg->unit, eta,
-            pg->tty ? "\033[K" : "\n");
-    fflush(stderr);
-    pg->shown = true;
-    pg->last = t;
-}
-
-void eval_progress_report(void *pg, long done, long total) { eval_progress_update(pg, done, total); }
-
-void eval_progress_end(eval_progress *pg, long total) {
-    if (!pg->shown) return;
-    if (pg->tty || total < 0) {
-        if (pg->tty) fputs("\r\033[K", stderr);
-        return;
-    }
-    char el[32];
-    train_fmt_time(el, sizeof el, train_now_s() - pg->t0);
-    fprintf(stderr, "moh eval: 100%% (%ld %s) in %s\n", total, pg->unit, el);
-}
-
-/* The first 4 bytes of a file (0 when shorter or unreadable). */
-static unsigned long file_magic(const char *path) {
-    unsigned char b[4] = {0};
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    const size_t got = fread(b, 1, 4, f);
-    fclose(f);
-    return got == 4 ? (unsigned long)b[0] << 24 | (unsigned long)b[1] << 16 | (unsigned long)b[2] << 8 | b[3] : 0;
-}
-
-/* true when path is (a directory of) MNIST-style IDX files rather than text: by name, or for a
- * file by content (gzip magic 1f 8b, or the IDX magic 00 00 08 0N of unsigned-byte IDX) */
-static bool is_idx_data(const char *path, bool dir) {
-    if (!dir) {
-        const unsigned long m = file_magic(path);
-        return (strstr(path, "-idx") && strstr(path, "-ubyte")) || m >> 16 == 0x1f8b ||
-               (m >> 8 == 0x000008 && (m & 0xff) >= 1 && (m & 0xff) <= 4);
-    }
-    static const char *const names[] = {"t10k-images-idx3-ubyte", "t10k-images-idx3-ubyte.gz",
-                                        "train-images-idx3-ubyte", "train-images-idx3-ubyte.gz"};
-    char p[PATH_MAX + 32];
-    struct stat st;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        snprintf(p, sizeof p, "%s/%s", path, names[i]);
-        if (stat(p, &st) == 0) return true;
-    }
-    return false;
-}
-
-static int dump_logits(const char *path, const moh_lm_config *cfg, const lm_params_f32 *p,
-                       lm_acts_f32 *acts, const uint8_t *bytes, size_t n, int T, moh_error *err) {
-    int *tok = malloc(sizeof(int) * T), *tgt = malloc(sizeof(int) * T);
-    float *ft = malloc(sizeof(float) * T);
-    int rc = MOH_OK;
-    if (!tok || !tgt || !ft) rc = moh_fail(err, MOH_E_NOMEM, "out of memory");
-    const long len = rc ? 0 : text_eval_chunk(bytes, n, T, 0, tok, tgt);
-    if (!rc && len < 1) rc = moh_fail(err, MOH_E_FORMAT, "%s: too short for one prediction", path);
-    if (!rc) {
-        lm_forward_f32(cfg, p, acts, tok, NULL, 1, (int)len);
-        for (long i = 0; i < len; i++) ft[i] = (float)tok[i];
-        moh_st_entry e[2] = {{"tokens", 2, {1, len}, ft}, {"logits", 3, {1, len, cfg->vocab_size}, acts->logits}};
-        rc = moh_st_write(path, e, 2, err);
-    }
-    free(tok);
-    free(tgt);
-    free(ft);
-    return rc;
-}
 
 int cmd_eval(int argc, char **argv) {
-    if (cmd_is_vit(argc, argv, true)) return cmd_eval_vit(argc, argv); /* "model_type": "vit" */
-    const char *ckpt = NULL, *data = NULL, *dump = NULL;
-    int T = 0, B = 8;
-    bool json = false;
+    const char *ckpt = NULL, *data = NULL, *dump = NULL, *split = "t10k";
+    int T = 0, B = 0;
+    long limit = 0;
+    bool json = false, sparse = false, reference = false;
     const arg_spec specs[] = {
-        {"--checkpoint", ARG_STR, &ckpt, "DIR", "checkpoint dir (config.json + model.safetensors)", true, ARG_ANY},
-        {"--data", ARG_STR, &data, "FILE|DIR", "text file evaluated whole (a prepared dir: its val.txt)", true, ARG_ANY},
-        {"--seq-len", ARG_INT, &T, "T", "context per chunk, at most the config's max_position_embeddings (the default)", false, ARG_GE(1)},
-        {"--batch-size", ARG_INT, &B, "B", "chunks per forward pass (default 8; does not change the result)", false, ARG_IN(1, 65536)},
-        {"--json", ARG_FLAG, &json, NULL, "print one JSON object: val_loss, bits_per_byte, tokens, head_share", false, ARG_ANY},
-        {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write tokens [1,T] and logits [1,T,V] of the first chunk", false, ARG_ANY},
+        {"--checkpoint", ARG_STR, &ckpt, "DIR", "checkpoint dir (config.json + model.safetensors); its model_type picks the family", true, ARG_ANY},
+        {"--data", ARG_STR, &data, "PATH", "llama: a text file evaluated whole (a prepared dir: its val.txt); vit: an IDX dir", true, ARG_ANY},
+        {"--seq-len", ARG_INT, &T, "T", "text: context per chunk, at most the config's max_position_embeddings (the default)", false, ARG_GE(1)},
+        {"--split", ARG_STR, &split, "NAME", "images: file prefix of the split: t10k (test, default) or train", false, ARG_ANY},
+        {"--limit", ARG_LONG, &limit, "N", "evaluate the first N items (predictions, images) only (default all)", false, ARG_GE(0)},
+        {"--batch-size", ARG_INT, &B, "B", "examples per forward pass (default: llama 8, vit 256; does not change the result)", false, ARG_IN(1, 65536)},
+        {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (the default for llama; same results to ~1e-5)", false, ARG_ANY},
+        {"--reference-attention", ARG_FLAG, &reference, NULL, "every head computed then gated (the default for vit)", false, ARG_ANY},
+        {"--json", ARG_FLAG, &json, NULL, "print one JSON object (llama: val_loss, bits_per_byte, tokens, head_share; vit: accuracy, per_class, confusion, ce_loss, head_share)", false, ARG_ANY},
+        {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write the inputs and logits of the first evaluation batch (safetensors)", false, ARG_ANY},
     };
     int rc = args_parse("eval", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                        "--checkpoint DIR --data FILE [--seq-len T] [--json]",
-                        "Metric: the file's bytes are cut into consecutive chunks of T + 1 bytes (a last\n"
+                        "--checkpoint DIR --data PATH [options] [--json]",
+                        "llama: the file's bytes are cut into consecutive chunks of T + 1 bytes (a last\n"
                         "chunk shorter than 2 bytes is dropped); each chunk predicts its bytes 1..len-1\n"
                         "from the bytes before them; val_loss is the mean cross-entropy in nats over all\n"
                         "predictions (no load-balance term); bits_per_byte = val_loss / ln 2.\n"
-                        "Long runs print progress (rate, ETA) to stderr; stdout holds only the result.\n"
-                        "These are the LM options. A ViT checkpoint (model_type \"vit\") takes an IDX\n"
-                        "folder and other options: moh eval --checkpoint VIT_DIR --help lists them.\n");
+                        "vit: top-1 accuracy over the split (no augmentation; inputs normalised with the\n"
+                        "mean/std in config.json), per-class accuracy (recall), the confusion matrix (rows:\n"
+                        "true class, columns: predicted), the plain mean cross-entropy in nats (ce_loss,\n"
+                        "without the training label smoothing).\n"
+                        "Both: each head's activation share per layer. Long runs print progress (rate, ETA)\n"
+                        "to stderr; stdout holds only the result.\n");
     if (rc) return rc == 1 ? 0 : rc;
+    if (sparse && reference) {
+        fprintf(stderr, "moh eval: --sparse-attn and --reference-attention exclude each other\n");
+        return 2;
+    }
     moh_error err = {0};
-    moh_lm_config cfg;
-    lm_params_f32 p;
-    lm_acts_f32 acts;
-    lm_eval_result r = {0};
-    char *text = NULL;
-    size_t n = 0;
-    bool have_p = false, have_acts = false;
+    model m = {0};
+    batch_source src = {0};
+    model_shards w = {0};
+    model_eval r = {0};
     int status = 1;
-    char path[PATH_MAX + 16];
-    struct stat st;
-    const bool dir = stat(data, &st) == 0 && S_ISDIR(st.st_mode);
-    if (dir) snprintf(path, sizeof path, "%s/val.txt", data);
-    else snprintf(path, sizeof path, "%s", data);
-    if (is_idx_data(data, dir) && (!dir || stat(path, &st) != 0)) {
-        moh_fail(&err, MOH_E_ARG, "--data %s holds IDX%s data, but %s is a language model checkpoint: it "
-                 "needs a plain text file (or a directory with val.txt)", data,
-                 !dir && file_magic(data) >> 16 == 0x1f8b ? " or gzip" : "", ckpt);
-        goto fail;
-    }
-    if (lm_checkpoint_load(ckpt, &cfg, &p, &err)) goto fail;
-    have_p = true;
-    if (T <= 0) T = cfg.max_position_embeddings;
-    if (T > cfg.max_position_embeddings) { /* positions past the trained context */
-        moh_fail(&err, MOH_E_ARG, "--seq-len is %d, more than the context of %s (max_position_embeddings %d)",
-                 T, ckpt, cfg.max_position_embeddings);
-        goto fail;
-    }
-    if (!(text = fs_read_file(path, (size_t)4 << 30, &n, &err))) goto fail;
-    if (text_eval_num_chunks(n, T) < 1) {
-        moh_fail(&err, MOH_E_FORMAT, "%s: %zu byte%s, fewer than the 2 needed for one prediction", path, n, n == 1 ? "" : "s");
-        goto fail;
-    }
-    if (lm_acts_init_sparse_f32(&acts, &cfg, B, T, &err)) goto fail;
-    have_acts = true;
-    if (dump && dump_logits(dump, &cfg, &p, &acts, (const uint8_t *)text, n, T, &err)) goto fail;
+    char label[PATH_MAX + 32];
+    if (model_load(&m, ckpt, &err)) goto fail;
+    train_hparams hp;
+    m.fam->train_defaults(&hp);
+    hp.seq_len = T;
+    if (B <= 0) B = m.fam->max_seq_len ? 8 : 256;
+    hp.batch_size = B;
+    snprintf(label, sizeof label, "the checkpoint %s", ckpt);
+    const data_request req = {.path = data, .hp = &hp, .eval_batch = B, .train = false, .split = split,
+                              .model_label = label};
+    if (m.fam->open_data(&m, &req, NULL, &src, &err)) goto fail;
+    const long items = src.eval_items(src.self, limit);
+    if (B > items && items > 0) B = (int)items; /* no larger than the data: the result does not change */
+    const bool sp = sparse || (!reference && m.fam->default_sparse);
+    if (model_shards_init(&w, &m, B, src.seq_len, model_default_shards(B), false, sp, &err)) goto fail;
+    if (dump && m.fam->dump_logits && m.fam->dump_logits(&m, &src, dump, &err)) goto fail;
     eval_progress pg;
-    eval_progress_start(&pg, "predictions");
+    eval_progress_start(&pg, src.eval_unit);
     const train_progress report = {eval_progress_report, &pg};
-    rc = lm_evaluate(&cfg, &p, &acts, B, T, (const uint8_t *)text, n, 0, &report, &r, &err);
-    eval_progress_end(&pg, rc ? -1 : r.tokens);
+    rc = model_evaluate(&m, &w, &src, limit, &report, &r, &err);
+    eval_progress_end(&pg, rc ? -1 : r.n);
     if (rc) goto fail;
-    if (!isfinite(r.val_loss)) { /* finite weights can still overflow: never print nan as a result */
-        moh_fail(&err, MOH_E_FORMAT, "%s: val_loss is %g on %s: the model's outputs overflow", ckpt, r.val_loss, path);
+    if (!isfinite(r.loss)) { /* finite weights can still overflow: never print nan as a result */
+        moh_fail(&err, MOH_E_FORMAT, "%s: val_loss is %g on %s: the model's outputs overflow", ckpt, r.loss, src.label);
         goto fail;
     }
-    const int L = cfg.num_hidden_layers, h = cfg.num_attention_heads;
-    if (json) {
-        printf("{\"val_loss\": %.8f, \"bits_per_byte\": %.8f, \"tokens\": %ld, \"seq_len\": %d, "
-               "\"lb_loss\": %.6f, \"head_share\": [", r.val_loss, r.bits_per_byte, r.tokens, T, r.lb_loss);
-        for (int l = 0; l < L; l++) {
-            printf("%s[", l ? ", " : "");
-            for (int i = 0; i < h; i++) printf("%s%.6f", i ? ", " : "", r.head_share[(size_t)l * h + i]);
-            printf("]");
-        }
-        printf("]}\n");
-    } else {
-        printf("checkpoint %s on %s (%zu bytes, T=%d)\n", ckpt, path, n, T);
-        printf("val_loss %.6f nats | %.4f bits/byte | %ld predictions\n", r.val_loss, r.bits_per_byte, r.tokens);
-        printf("head-activation share per layer (heads 0..%d; shared heads first):\n", h - 1);
-        for (int l = 0; l < L; l++) {
-            printf("  layer %2d:", l);
-            for (int i = 0; i < h; i++) printf(" %.2f", r.head_share[(size_t)l * h + i]);
-            printf("\n");
-        }
-    }
+    const eval_context ctx = {.json = json, .checkpoint = ckpt, .data_path = data, .src = &src, .seq_len = src.seq_len,
+                              .split = split};
+    m.fam->eval_report(&m, &r, &ctx);
     status = 0;
     goto done;
 fail:
     fprintf(stderr, "moh eval: %s\n", err.msg);
 done:
-    free(r.head_share);
-    free(text);
-    if (have_acts) lm_acts_free_f32(&acts);
-    if (have_p) lm_params_free_f32(&p);
+    model_eval_free(&r);
+    if (m.fam) model_shards_free(&w, &m);
+    batch_source_free(&src);
+    model_free(&m);
     return status;
 }

@@ -11,10 +11,10 @@
 
 #include "args.h"
 #include "cli.h"
-#include "cmd_vit.h"
 #include "models/lm_decode.h"
 #include "models/lm_sample.h"
 #include "train/checkpoint.h"
+#include "models/model.h"
 
 static uint64_t rng_next(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
@@ -62,23 +62,29 @@ int cmd_sample(int argc, char **argv) {
                         "bytes: slide encodes its last N bytes (with a note), stop refuses it.\n");
     if (rc) return rc == 1 ? 0 : rc;
     const bool slide = !strcmp(full, "slide");
-    if (cmd_is_vit(argc, argv, true)) {
-        fprintf(stderr, "moh sample: %s/config.json: model_type is \"vit\"; sample generates text and needs a "
-                        "language model checkpoint\n", ckpt);
-        return 1;
-    }
     moh_error err = {0};
-    moh_lm_config cfg;
-    lm_params_f32 p;
-    if (lm_checkpoint_load(ckpt, &cfg, &p, &err)) {
+    const model_family *fam = NULL;
+    if (model_family_of_dir(ckpt, &fam, &err)) {
         fprintf(stderr, "moh sample: %s\n", err.msg);
         return 1;
     }
+    if (strcmp(fam->task, "text-generation")) { /* checked before the rest of the config */
+        fprintf(stderr, "moh sample: %s is a %s (model_type \"%s\"); sample generates text and needs a language "
+                        "model checkpoint\n", ckpt, fam->summary, fam->model_type);
+        return 1;
+    }
+    model m;
+    if (model_load(&m, ckpt, &err)) {
+        fprintf(stderr, "moh sample: %s\n", err.msg);
+        return 1;
+    }
+    const moh_lm_config cfg = *(const moh_lm_config *)m.cfg;
+    const lm_params_f32 p = *(const lm_params_f32 *)m.params;
     const int N = cfg.max_position_embeddings, plen = (int)strlen(prompt);
     if (!slide && plen > N) {
         fprintf(stderr, "moh sample: --prompt is %d bytes, more than the context of %d tokens "
                         "(max_position_embeddings of %s); shorten it or use --context-full slide\n", plen, N, ckpt);
-        lm_params_free_f32(&p);
+        model_free(&m);
         return 1;
     }
     /* hist: the tokens in the cache, in order (hist[i] at position i) */
@@ -92,7 +98,7 @@ int cmd_sample(int argc, char **argv) {
         free(logits);
         free(c);
         free(hist);
-        lm_params_free_f32(&p);
+        model_free(&m);
         return 1;
     }
     fputs(prompt, stdout);
@@ -167,6 +173,6 @@ done:
     free(logits);
     free(c);
     free(hist);
-    lm_params_free_f32(&p);
+    model_free(&m);
     return status;
 }

@@ -7,10 +7,9 @@
 
 #include "args.h"
 #include "cli.h"
+#include "train/train_util.h"
 #include "core/fsutil.h"
-#include "models/lm.h"
-#include "models/vit.h"
-#include "train/vit_checkpoint.h"
+#include "models/model.h"
 
 static bool readable(const char *p) { return access(p, R_OK) == 0; }
 
@@ -62,53 +61,23 @@ static int cmp_named(const void *a, const void *b) {
  * registry), heads active per token; or the parser's error. */
 static void describe_config(FILE *f, const char *name, const char *path) {
     moh_error err = {0};
-    size_t len = 0;
-    char *text = fs_read_file(path, 1 << 20, &len, &err);
-    if (!text) {
+    model m;
+    if (model_from_config_file(&m, path, &err)) {
         fprintf(f, "  %-16s (%s)\n", name, err.msg);
         return;
     }
-    const bool vit = moh_config_is_vit(text, len);
     char size[112];
-    size_t params = 0;
-    int heads = 0, hs = 0, k = 0;
-    moh_router router = MOH_ROUTER_NONE;
-    if (vit) {
-        moh_vit_config c;
-        if (vit_config_load(path, &c, &err)) {
-            fprintf(f, "  %-16s (%s)\n", name, err.msg);
-            free(text);
-            return;
-        }
-        int nt = 0;
-        vit_tensor *ts = vit_tensors(&c, &nt);
-        for (int i = 0; ts && i < nt; i++) params += ts[i].numel;
-        free(ts);
-        heads = c.num_heads, hs = c.shared_heads, k = c.top_k, router = c.router;
-        snprintf(size, sizeof size, "ViT %.2fM, %dx%d patch %d, D %d, %d blocks", params / 1e6, c.img_size,
-                 c.img_size, c.patch_size, c.embed_dim, c.depth);
-    } else {
-        moh_lm_config c;
-        if (moh_lm_config_parse_json(&c, text, len, path, &err)) {
-            fprintf(f, "  %-16s (%s)\n", name, err.msg);
-            free(text);
-            return;
-        }
-        int nt = 0;
-        lm_tensor *ts = lm_tensors(&c, &nt);
-        for (int i = 0; ts && i < nt; i++) params += ts[i].numel;
-        free(ts);
-        heads = c.num_attention_heads, hs = c.shared_heads, k = c.top_k, router = c.router;
-        snprintf(size, sizeof size, "LM %.2fM, hidden %d, %d layers, vocab %d, context %d", params / 1e6,
-                 c.hidden_size, c.num_hidden_layers, c.vocab_size, c.max_position_embeddings);
-    }
-    free(text);
+    m.fam->describe(m.cfg, m.n, size, sizeof size);
+    const moh_attn_config *a = model_attn(&m);
+    const int heads = a->n_heads, hs = a->shared_heads, k = a->top_k;
+    const moh_router router = a->router;
     const char *rname = router == MOH_ROUTER_LEARNED ? "learned" : router == MOH_ROUTER_QUERY_NORM ? "query_norm" : "none";
     if (router == MOH_ROUTER_NONE)
         fprintf(f, "  %-16s %-58s dense: %d/%d heads\n", name, size, heads, heads);
     else
         fprintf(f, "  %-16s %-58s %s: %d shared + top-%d of %d = %d/%d heads (%.1f%%)\n", name, size, rname, hs, k,
                 heads - hs, hs + k, heads, heads ? 100.0 * (hs + k) / heads : 0.0);
+    model_free(&m);
 }
 
 /* The named configs of every config folder (an earlier folder's name wins, as in --config), at
@@ -184,4 +153,38 @@ int cli_list_configs(FILE *f) {
     for (int i = 0; i < n; i++) describe_config(f, cfgs[i].name, cfgs[i].path);
     free_configs(cfgs, n);
     return 0;
+}
+
+void eval_progress_start(eval_progress *pg, const char *unit) {
+    memset(pg, 0, sizeof *pg);
+    pg->t0 = pg->last = train_now_s();
+    pg->tty = isatty(2);
+    pg->unit = unit;
+}
+
+void eval_progress_update(eval_progress *pg, long done, long total) {
+    const double t = train_now_s(), el = t - pg->t0;
+    if (pg->tty ? t - pg->last < 0.25 : el < 2.0 || (pg->shown && t - pg->last < 10.0)) return;
+    char eta[32];
+    const double rate = el > 0 ? (double)done / el : 0.0;
+    train_fmt_time(eta, sizeof eta, rate > 0 ? (double)(total - done) / rate : 0.0);
+    fprintf(stderr, "%smoh eval: %3.0f%% (%ld / %ld %s), %.0f %s/s, ETA %s%s", pg->tty ? "\r" : "",
+            total ? 100.0 * (double)done / (double)total : 100.0, done, total, pg->unit, rate, pg->unit, eta,
+            pg->tty ? "\033[K" : "\n");
+    fflush(stderr);
+    pg->shown = true;
+    pg->last = t;
+}
+
+void eval_progress_report(void *pg, long done, long total) { eval_progress_update(pg, done, total); }
+
+void eval_progress_end(eval_progress *pg, long total) {
+    if (!pg->shown) return;
+    if (pg->tty || total < 0) {
+        if (pg->tty) fputs("\r\033[K", stderr);
+        return;
+    }
+    char el[32];
+    train_fmt_time(el, sizeof el, train_now_s() - pg->t0);
+    fprintf(stderr, "moh eval: 100%% (%ld %s) in %s\n", total, pg->unit, el);
 }

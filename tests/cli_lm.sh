@@ -284,7 +284,7 @@ e8=$("$MOH" eval --checkpoint "$T/c8" --data "$T/short.txt" --seq-len 8 --json);
 check "[ -n '$e8' ] && [ '$e8' = '$e0' ]" "eval --seq-len 8 differs from the default: $e8 vs $e0"
 # eval on image data names the mismatch
 mkdir -p "$T/idx"; head -c 64 /dev/urandom > "$T/idx/t10k-images-idx3-ubyte"
-expect_err eval-lm-on-idx "language model checkpoint: it needs a plain text file" "$MOH" eval --checkpoint "$T/c8" --data "$T/idx"
+expect_err eval-lm-on-idx "is a language model (model_type \"llama\"): it needs a plain text file" "$MOH" eval --checkpoint "$T/c8" --data "$T/idx"
 : > "$T/empty.txt"
 expect_err eval-empty "empty.txt: 0 bytes, fewer than the 2 needed" "$MOH" eval --checkpoint "$T/c8" --data "$T/empty.txt"
 printf 'x' | gzip > "$T/renamed.txt"

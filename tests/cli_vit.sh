@@ -146,7 +146,7 @@ set -e
   grep -q "12" "$tmp/err5" || fail "mislabelled IDX: $(cat "$tmp/err5")"
 [ ! -e "$tmp/e/model.safetensors" ] || fail "mislabelled data still wrote a checkpoint"
 for k in 7 8; do
-  [ "$(eval echo \$rc$k)" -eq 1 ] && [ "$(wc -l <"$tmp/err$k")" -eq 1 ] && grep -q "ViT (image) checkpoint: it needs a directory of IDX files" "$tmp/err$k" ||
+  [ "$(eval echo \$rc$k)" -eq 1 ] && [ "$(wc -l <"$tmp/err$k")" -eq 1 ] && grep -q "is a ViT (image) model: it needs a directory of IDX files" "$tmp/err$k" ||
     fail "text data for a ViT checkpoint: $(cat "$tmp/err$k")"
 done
 [ "$rc6" -eq 1 ] && [ "$(wc -l <"$tmp/err6")" -eq 1 ] && grep -q "field 'step' is nan" "$tmp/err6" ||

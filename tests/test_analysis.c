@@ -18,7 +18,6 @@
 #include "models/vit.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
-#include "train/vit_checkpoint.h"
 
 /* G = X^T X of an n x d matrix X. */
 static void gram(const double *X, int n, int d, double *G) {
@@ -407,27 +406,19 @@ static bool file_has(const char *path, const char *needle) {
     return ok;
 }
 
-static void save_lm(test_ctx *ctx, const char *dir, const char *json) {
-    moh_lm_config cfg;
-    lm_params_f32 p;
+/* Writes a checkpoint (weights only) of config json with random weights, through the model interface. */
+static void save_model(test_ctx *ctx, const char *dir, const char *json) {
+    model m;
     moh_error err;
-    CHECK(ctx, moh_lm_config_parse_json(&cfg, json, strlen(json), "test", &err) == MOH_OK, "%s", err.msg);
-    CHECK(ctx, lm_params_init_f32(&p, &cfg, &err) == MOH_OK, "%s", err.msg);
-    lm_params_init_random(&cfg, &p, 7, 0.3);
-    CHECK(ctx, lm_checkpoint_save(dir, &cfg, &p, NULL, NULL, NULL, &err) == MOH_OK, "%s", err.msg);
-    lm_params_free_f32(&p);
+    CHECK(ctx, model_from_config_text(&m, json, strlen(json), "test", &err) == MOH_OK, "%s", err.msg);
+    if (!m.fam) return;
+    if (!strcmp(m.fam->model_type, "llama")) lm_params_init_random(m.cfg, m.params, 7, 0.3);
+    else m.fam->init_random(m.cfg, m.params, 7);
+    CHECK(ctx, checkpoint_save(dir, &m, NULL, NULL, NULL, &err) == MOH_OK, "%s", err.msg);
+    model_free(&m);
 }
-
-static void save_vit(test_ctx *ctx, const char *dir, const char *json) {
-    moh_vit_config cfg;
-    vit_params_f32 p;
-    moh_error err;
-    CHECK(ctx, moh_vit_config_parse_json(&cfg, json, strlen(json), "test", &err) == MOH_OK, "%s", err.msg);
-    CHECK(ctx, vit_params_init_f32(&p, &cfg, &err) == MOH_OK, "%s", err.msg);
-    vit_params_init_random(&cfg, &p, 7);
-    CHECK(ctx, vit_checkpoint_save(dir, &cfg, &p, NULL, NULL, NULL, &err) == MOH_OK, "%s", err.msg);
-    vit_params_free_f32(&p);
-}
+static void save_lm(test_ctx *ctx, const char *dir, const char *json) { save_model(ctx, dir, json); }
+static void save_vit(test_ctx *ctx, const char *dir, const char *json) { save_model(ctx, dir, json); }
 
 static void test_cli(test_ctx *ctx) {
     const char *bin = getenv("MOH_BIN") ? getenv("MOH_BIN") : "build/moh";

@@ -2,7 +2,7 @@
  * by tools/ref/gen_lm_fixtures.py) is a checkpoint directory (config.json, model.safetensors) plus
  * a batch and the expected results of one training step, computed in float64 by an independent
  * PyTorch model (tools/ref/lm_ref.py; the dense fixtures' logits by transformers'
- * LlamaForCausalLM loaded from the same directory). Loads it with lm_checkpoint_load, runs the
+ * LlamaForCausalLM loaded from the same directory). Loads it with model_load, runs the
  * float32 forward and backward, and compares logits, ce, lb, the total loss and the gradient of
  * every parameter: relative error max|a-b| / max|b| <= 1e-4 per tensor. */
 #include <dirent.h>
@@ -74,7 +74,8 @@ static int *read_ids(test_ctx *ctx, const char *fix, const moh_safetensors *st, 
 static void check_fixture(test_ctx *ctx, const char *fix) {
     char dir[512], path[600];
     snprintf(dir, sizeof dir, FIXDIR "/%s", fix);
-    moh_lm_config cfg;
+    model m = {0};
+    moh_lm_config cfg = {0};
     lm_params_f32 p = {0}, g = {0};
     lm_acts_f32 a = {0};
     moh_safetensors batch = {0}, want = {0};
@@ -84,9 +85,11 @@ static void check_fixture(test_ctx *ctx, const char *fix) {
     float loss = 0;
     worst_t wf = {0}, wg = {0};
     moh_error err;
-    int rc = lm_checkpoint_load(dir, &cfg, &p, &err);
-    CHECK(ctx, rc == MOH_OK, "%s: lm_checkpoint_load: %s", fix, err.msg);
+    int rc = model_load(&m, dir, &err);
+    CHECK(ctx, rc == MOH_OK, "%s: model_load: %s", fix, err.msg);
     if (rc != MOH_OK) return;
+    cfg = *(const moh_lm_config *)m.cfg;
+    p = *(const lm_params_f32 *)m.params;
     snprintf(path, sizeof path, "%s/batch.safetensors", dir);
     rc = moh_st_open(&batch, path, &err);
     CHECK(ctx, rc == MOH_OK, "%s", err.msg);
@@ -137,7 +140,7 @@ done:
     moh_st_close(&want);
     lm_acts_free_f32(&a);
     lm_params_free_f32(&g);
-    lm_params_free_f32(&p);
+    model_free(&m);
 }
 
 static int cmp_str(const void *x, const void *y) { return strcmp(*(char *const *)x, *(char *const *)y); }

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/rng.h"
 #include "data/text.h"
 #include "test_util.h"
 
@@ -326,9 +327,9 @@ static void test_load_files(test_ctx *t) {
 static void test_splitmix(test_ctx *t) {
     /* splitmix64 reference values (Vigna), seed 0. */
     uint64_t s = 0;
-    CHECK(t, text_rng_next(&s) == 0xe220a8397b1dcdafULL, "splitmix64 #1");
-    CHECK(t, text_rng_next(&s) == 0x6e789e6aa1b965f4ULL, "splitmix64 #2");
-    CHECK(t, text_rng_next(&s) == 0x06c45d188009454fULL, "splitmix64 #3");
+    CHECK(t, moh_rng_next(&s) == 0xe220a8397b1dcdafULL, "splitmix64 #1");
+    CHECK(t, moh_rng_next(&s) == 0x6e789e6aa1b965f4ULL, "splitmix64 #2");
+    CHECK(t, moh_rng_next(&s) == 0x06c45d188009454fULL, "splitmix64 #3");
     CHECK(t, s == 3 * 0x9E3779B97F4A7C15ULL, "state advanced by the increment");
 }
 
@@ -355,11 +356,11 @@ static void test_batches(test_ctx *t) {
     CHECK(t, rc == MOH_OK && memcmp(tok1, tok2, sizeof tok1) != 0, "other state, other batch");
 
     /* Offsets in [0, N-T-1], windows consecutive, targets shifted by one, and drawn exactly as
-     * text_rng_next(rng) % (N - T) (no rejection happens for so small a range). */
+     * moh_rng_next(rng) % (N - T) (no rejection happens for so small a range). */
     uint64_t replay = saved;
     for (int b = 0; b < B; b++) {
         int off = tok1[b * T];
-        uint64_t want = text_rng_next(&replay) % (uint64_t)(N - T);
+        uint64_t want = moh_rng_next(&replay) % (uint64_t)(N - T);
         CHECK(t, off >= 0 && off <= N - T - 1, "offset %d out of range", off);
         CHECK(t, (uint64_t)off == want, "window %d: offset %d, replayed %llu", b, off,
               (unsigned long long)want);

@@ -5,7 +5,8 @@
  * reference attention path and on the head-sparse path. */
 #include <string.h>
 
-#include "train/vit_checkpoint.h"
+#include "models/vit.h"
+#include "train/checkpoint.h"
 #include "test_util.h"
 
 static const char *const CASES[] = {"dense_token", "dense_avg", "moh_token", "moh_avg"};
@@ -28,16 +29,18 @@ static void run_case(test_ctx *ctx, const char *name, bool sparse) {
     snprintf(dir, sizeof dir, "tests/fixtures/vit/%s", name);
     snprintf(path, sizeof path, "%s/io.safetensors", dir);
     moh_error err;
-    moh_vit_config cfg;
-    vit_params_f32 p, g;
-    int rc = vit_checkpoint_load(dir, &cfg, &p, &err);
+    model m;
+    vit_params_f32 g;
+    int rc = model_load(&m, dir, &err);
     CHECK(ctx, rc == MOH_OK, "%s: %s", name, err.msg);
     if (rc) return;
+    const moh_vit_config cfg = *(const moh_vit_config *)m.cfg;
+    const vit_params_f32 p = *(const vit_params_f32 *)m.params;
     moh_safetensors st;
     rc = moh_st_open(&st, path, &err);
     CHECK(ctx, rc == MOH_OK, "%s", err.msg);
     if (rc) {
-        vit_params_free_f32(&p);
+        model_free(&m);
         return;
     }
     const moh_st_tensor *ti = moh_st_find(&st, "images");
@@ -88,29 +91,29 @@ static void run_case(test_ctx *ctx, const char *name, bool sparse) {
     free(lb);
     vit_acts_free_f32(&a);
     vit_params_free_f32(&g);
-    vit_params_free_f32(&p);
+    model_free(&m);
     moh_st_close(&st);
 }
 
 /* A checkpoint with an extra or missing tensor is rejected with the tensor's name. */
 static void load_errors(test_ctx *ctx) {
     moh_error err;
-    moh_vit_config cfg;
-    vit_params_f32 p;
+    model m;
     /* the MoH weights under the dense config: the router tensors are unexpected */
-    int rc = vit_config_load("tests/fixtures/vit/dense_token/config.json", &cfg, &err);
+    int rc = model_from_config_file(&m, "tests/fixtures/vit/dense_token/config.json", &err);
     CHECK(ctx, rc == MOH_OK, "%s", err.msg);
-    vit_params_init_f32(&p, &cfg, &err);
-    rc = vit_weights_load("tests/fixtures/vit/moh_token/model.safetensors", &cfg, &p, &err);
+    if (rc) return;
+    rc = model_load_weights(&m, "tests/fixtures/vit/moh_token/model.safetensors", &err);
     CHECK(ctx, rc == MOH_E_SHAPE && strstr(err.msg, "unexpected tensor 'blocks.0.attn.wg.weight'"),
           "dense config, MoH weights: %s", err.msg);
-    vit_params_free_f32(&p);
+    model_free(&m);
     /* token-pool weights under an avg-pool config: fc_norm.weight is missing */
-    rc = vit_config_load("tests/fixtures/vit/dense_avg/config.json", &cfg, &err);
-    vit_params_init_f32(&p, &cfg, &err);
-    rc = vit_weights_load("tests/fixtures/vit/dense_token/model.safetensors", &cfg, &p, &err);
+    rc = model_from_config_file(&m, "tests/fixtures/vit/dense_avg/config.json", &err);
+    CHECK(ctx, rc == MOH_OK, "%s", err.msg);
+    if (rc) return;
+    rc = model_load_weights(&m, "tests/fixtures/vit/dense_token/model.safetensors", &err);
     CHECK(ctx, rc == MOH_E_SHAPE && strstr(err.msg, "pos_embed"), "avg config, token weights: %s", err.msg);
-    vit_params_free_f32(&p);
+    model_free(&m);
 }
 
 int main(void) {

@@ -23,6 +23,7 @@
 #include <zlib.h>
 
 #include "core/fsutil.h"
+#include "core/rng.h"
 
 static uint32_t be32(const uint8_t *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
@@ -348,18 +349,11 @@ const char *const *idx_fashion_names(const char *dir, int num_classes) {
     return NULL;
 }
 
-uint64_t idx_rng_next(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 /* Uniform integer in [0, n) without modulo bias. */
 static uint64_t below(uint64_t *st, uint64_t n) {
     const uint64_t lim = UINT64_MAX - UINT64_MAX % n;
     uint64_t r;
-    do r = idx_rng_next(st);
+    do r = moh_rng_next(st);
     while (r >= lim);
     return r % n;
 }
@@ -388,7 +382,7 @@ void idx_image_to_float(const idx_split *s, int i, double mean, double std, cons
             dy = (int)below(&st, span) - aug->pad;
             dx = (int)below(&st, span) - aug->pad;
         }
-        if (aug->hflip) flip = idx_rng_next(&st) >> 63;
+        if (aug->hflip) flip = moh_rng_next(&st) >> 63;
     }
     const float scale = (float)(1.0 / (255.0 * std)), shift = (float)(-mean / std);
     for (int y = 0; y < R; y++)

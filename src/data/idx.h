@@ -81,8 +81,6 @@ int idx_train_mean_std(const char *dir, int num_classes, double *mean, double *s
  * says "fashion" (any case), else NULL: names for tables and plots. */
 const char *const *idx_fashion_names(const char *dir, int num_classes);
 
-/* splitmix64 step (state advanced by the golden-ratio increment, mixed output). */
-uint64_t idx_rng_next(uint64_t *state);
 /* The order of epoch `epoch` (0-based): a Fisher-Yates permutation of 0..n-1 drawn from
  * splitmix64 seeded by (seed, epoch) with rejection sampling (no modulo bias). Depends only on
  * (n, seed, epoch), so a resumed run recomputes it. */

@@ -7,6 +7,7 @@
  */
 #include "data/text.h"
 #include "core/fsutil.h"
+#include "core/rng.h"
 
 #include <errno.h>
 #include <math.h>
@@ -263,13 +264,6 @@ double text_entropy_bits(const uint8_t *bytes, size_t n) {
     return h > 0.0 ? h : 0.0; /* a single symbol gives -0.0 */
 }
 
-uint64_t text_rng_next(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 int text_batch(const uint8_t *bytes, size_t n, int B, int T, uint64_t *rng, int *tokens,
                int *targets, moh_error *err) {
     if (!bytes || !rng || !tokens || !targets)
@@ -285,7 +279,7 @@ int text_batch(const uint8_t *bytes, size_t n, int B, int T, uint64_t *rng, int 
     size_t Ts = (size_t)T;
     for (size_t b = 0; b < (size_t)B; b++) {
         uint64_t r;
-        do r = text_rng_next(rng);
+        do r = moh_rng_next(rng);
         while (r < reject_below);
         const uint8_t *w = bytes + (size_t)(r % m);
         int *tok = tokens + b * Ts, *tgt = targets + b * Ts;

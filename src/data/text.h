@@ -41,14 +41,10 @@ void text_data_free(text_data *d);
 /* Order-0 entropy in bits per byte of bytes[0..n) (0 for n == 0). */
 double text_entropy_bits(const uint8_t *bytes, size_t n);
 
-/* splitmix64: advances *state by the golden-ratio increment and returns a mixed 64-bit value.
- * Every state (0 included) is valid; saving *state reproduces the stream from that point. */
-uint64_t text_rng_next(uint64_t *state);
-
 /* Random training batch: B windows of T+1 consecutive bytes at offsets drawn uniformly (rejection
  * sampling, no modulo bias) from [0, n-T-1] of bytes[0..n), one offset per window in order b =
  * 0..B-1; tokens[b*T+t] = w[t], targets[b*T+t] = w[t+1] (t < T), values 0..255. Uses only
- * text_rng_next(rng), so a saved *rng reproduces the same batches. tokens and targets hold B*T
+ * moh_rng_next(rng) (core/rng.h), so a saved *rng reproduces the same batches. tokens and targets hold B*T
  * ints. MOH_E_ARG (nothing written, *rng unchanged) on NULL pointers, B < 1, T < 1 or n < T+1. */
 int text_batch(const uint8_t *bytes, size_t n, int B, int T, uint64_t *rng, int *tokens,
                int *targets, moh_error *err);

@@ -6,6 +6,8 @@
 
 #include "models/lm.h"
 
+#include "core/rng.h"
+
 #include "attn/sparse.h"
 
 /* The attention call of each instantiation: float32 runs the head-sparse path when the
@@ -87,7 +89,9 @@ static void push(lm_tensor *t, int *n, size_t *off, bool decay, int64_t r, int64
     *off += e->numel;
 }
 
-lm_tensor *lm_tensors(const moh_lm_config *cfg, int *n) {
+lm_tensor *lm_tensors_named(const moh_lm_config *cfg, model_naming scheme, int *n) {
+    if (scheme != MODEL_NAMES_CHECKPOINT && scheme != MODEL_NAMES_GGUF) return NULL;
+    const bool g = scheme == MODEL_NAMES_GGUF;
     const moh_attn_config *a = &cfg->attn;
     const int L = cfg->num_hidden_layers;
     const int64_t C = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
@@ -96,39 +100,31 @@ lm_tensor *lm_tensors(const moh_lm_config *cfg, int *n) {
     if (!t) return NULL;
     size_t off = 0;
     *n = 0;
-    push(t, n, &off, true, V, C, "model.embed_tokens.weight", 0);
+    /* HF LlamaForCausalLM names, or llama.cpp's (LLM_TN; the MoH routers as blk.N.moh_wg*) */
+    push(t, n, &off, true, V, C, g ? "token_embd.weight" : "model.embed_tokens.weight", 0);
     for (int l = 0; l < L; l++) {
-        push(t, n, &off, false, C, 0, "model.layers.%d.input_layernorm.weight", l);
-        push(t, n, &off, true, hd, C, "model.layers.%d.self_attn.q_proj.weight", l);
-        push(t, n, &off, true, kvd, C, "model.layers.%d.self_attn.k_proj.weight", l);
-        push(t, n, &off, true, kvd, C, "model.layers.%d.self_attn.v_proj.weight", l);
-        push(t, n, &off, true, C, hd, "model.layers.%d.self_attn.o_proj.weight", l);
-        if (attn_has_wg(a)) push(t, n, &off, true, attn_routed_heads(a), C, "model.layers.%d.self_attn.wg.weight", l);
-        if (attn_has_wg0(a)) push(t, n, &off, true, 2, C, "model.layers.%d.self_attn.wg_0.weight", l);
-        if (attn_has_wg1(a)) push(t, n, &off, true, a->shared_heads, C, "model.layers.%d.self_attn.wg_1.weight", l);
-        push(t, n, &off, false, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
-        push(t, n, &off, true, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
-        push(t, n, &off, true, I, C, "model.layers.%d.mlp.up_proj.weight", l);
-        push(t, n, &off, true, C, I, "model.layers.%d.mlp.down_proj.weight", l);
+        push(t, n, &off, false, C, 0, g ? "blk.%d.attn_norm.weight" : "model.layers.%d.input_layernorm.weight", l);
+        push(t, n, &off, true, hd, C, g ? "blk.%d.attn_q.weight" : "model.layers.%d.self_attn.q_proj.weight", l);
+        push(t, n, &off, true, kvd, C, g ? "blk.%d.attn_k.weight" : "model.layers.%d.self_attn.k_proj.weight", l);
+        push(t, n, &off, true, kvd, C, g ? "blk.%d.attn_v.weight" : "model.layers.%d.self_attn.v_proj.weight", l);
+        push(t, n, &off, true, C, hd, g ? "blk.%d.attn_output.weight" : "model.layers.%d.self_attn.o_proj.weight", l);
+        if (attn_has_wg(a))
+            push(t, n, &off, true, attn_routed_heads(a), C, g ? "blk.%d.moh_wg.weight" : "model.layers.%d.self_attn.wg.weight", l);
+        if (attn_has_wg0(a))
+            push(t, n, &off, true, 2, C, g ? "blk.%d.moh_wg_0.weight" : "model.layers.%d.self_attn.wg_0.weight", l);
+        if (attn_has_wg1(a))
+            push(t, n, &off, true, a->shared_heads, C, g ? "blk.%d.moh_wg_1.weight" : "model.layers.%d.self_attn.wg_1.weight", l);
+        push(t, n, &off, false, C, 0, g ? "blk.%d.ffn_norm.weight" : "model.layers.%d.post_attention_layernorm.weight", l);
+        push(t, n, &off, true, I, C, g ? "blk.%d.ffn_gate.weight" : "model.layers.%d.mlp.gate_proj.weight", l);
+        push(t, n, &off, true, I, C, g ? "blk.%d.ffn_up.weight" : "model.layers.%d.mlp.up_proj.weight", l);
+        push(t, n, &off, true, C, I, g ? "blk.%d.ffn_down.weight" : "model.layers.%d.mlp.down_proj.weight", l);
     }
-    push(t, n, &off, false, C, 0, "model.norm.weight", 0);
-    if (!cfg->tie_word_embeddings) push(t, n, &off, true, V, C, "lm_head.weight", 0);
+    push(t, n, &off, false, C, 0, g ? "output_norm.weight" : "model.norm.weight", 0);
+    if (!cfg->tie_word_embeddings) push(t, n, &off, true, V, C, g ? "output.weight" : "lm_head.weight", 0);
     return t;
 }
 
-/* splitmix64: the init RNG (independent of the data sampler) */
-static uint64_t init_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-static double init_normal(uint64_t *s) {
-    const double u1 = ((double)(init_next(s) >> 11) + 1.0) / 9007199254740993.0;
-    const double u2 = (double)(init_next(s) >> 11) / 9007199254740992.0;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
+lm_tensor *lm_tensors(const moh_lm_config *cfg, int *n) { return lm_tensors_named(cfg, MODEL_NAMES_CHECKPOINT, n); }
 
 void lm_params_init_random(const moh_lm_config *cfg, lm_params_f32 *p, uint64_t seed, double std) {
     int nt = 0;
@@ -136,7 +132,7 @@ void lm_params_init_random(const moh_lm_config *cfg, lm_params_f32 *p, uint64_t 
     uint64_t s = seed ^ 0x6D6F68ULL;
     for (int i = 0; ts && i < nt; i++) {
         float *x = p->data + ts[i].offset;
-        for (size_t j = 0; j < ts[i].numel; j++) x[j] = ts[i].ndim == 2 ? (float)(std * init_normal(&s)) : 1.0f;
+        for (size_t j = 0; j < ts[i].numel; j++) x[j] = ts[i].ndim == 2 ? (float)(std * moh_rng_normal(&s)) : 1.0f;
     }
     free(ts);
 }

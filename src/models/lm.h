@@ -6,6 +6,7 @@
 #ifndef MOH_LM_H
 #define MOH_LM_H
 #include "attn/attn.h"
+#include "models/model.h"
 #include "moh.h"
 
 #define real float
@@ -25,19 +26,14 @@
  * as the reference path to ~1e-6. MOH_OK or MOH_E_NOMEM. */
 int lm_acts_init_sparse_f32(lm_acts_f32 *a, const moh_lm_config *cfg, int B, int T, moh_error *err);
 
-/* One named checkpoint tensor of the model (HF LlamaForCausalLM names), a view into a buffer
- * laid out like lm_params. */
-typedef struct lm_tensor {
-    char name[96];
-    int ndim;
-    int64_t shape[2];
-    size_t offset; /* in floats from the start of the parameter buffer */
-    size_t numel;
-    bool decay;    /* AdamW weight decay applies (matrices, not norms) */
-} lm_tensor;
+/* One named checkpoint tensor (HF LlamaForCausalLM names), a view into a buffer laid out like
+ * lm_params: the model interface's tensor type. */
+typedef model_tensor lm_tensor;
 
 /* The model's tensors in buffer order; *n gets the count. Caller frees the array. NULL on OOM. */
 lm_tensor *lm_tensors(const moh_lm_config *cfg, int *n);
+/* The same registry under another naming scheme (model.h: checkpoint or GGUF names). */
+lm_tensor *lm_tensors_named(const moh_lm_config *cfg, model_naming scheme, int *n);
 /* HF LLaMA initialisation: every matrix N(0, std^2) (std = initializer_range, 0.02), every
  * RMSNorm weight 1. Deterministic in seed. */
 void lm_params_init_random(const moh_lm_config *cfg, lm_params_f32 *p, uint64_t seed, double std);

@@ -7,6 +7,8 @@
 
 #include "models/vit.h"
 
+#include "core/rng.h"
+
 /* The head-sparse attention path exists in float32 only: the float instantiation dispatches to
  * it when the activations were allocated for it; the double one never does. */
 #define VIT_HAVE_SPARSE 1
@@ -116,22 +118,6 @@ static vit_tensor *build(const moh_vit_config *cfg, int *n, unsigned char **init
 
 vit_tensor *vit_tensors(const moh_vit_config *cfg, int *n) { return build(cfg, n, NULL); }
 
-/* splitmix64: the init RNG */
-static uint64_t init_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-static double init_uniform01(uint64_t *s) { return (double)(init_next(s) >> 11) / 9007199254740992.0; }
-
-static double init_normal(uint64_t *s) {
-    const double u1 = ((double)(init_next(s) >> 11) + 1.0) / 9007199254740993.0;
-    const double u2 = init_uniform01(s);
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
 void vit_params_init_random(const moh_vit_config *cfg, vit_params_f32 *p, uint64_t seed) {
     int nt = 0;
     unsigned char *kind = NULL;
@@ -145,10 +131,10 @@ void vit_params_init_random(const moh_vit_config *cfg, vit_params_f32 *p, uint64
             switch (kind[i]) {
             case INIT_ZERO: v = 0.0; break;
             case INIT_ONE: v = 1.0; break;
-            case INIT_CLS: v = 1e-6 * init_normal(&s); break;
-            case INIT_CONV: v = bound * (2.0 * init_uniform01(&s) - 1.0); break;
+            case INIT_CLS: v = 1e-6 * moh_rng_normal(&s); break;
+            case INIT_CONV: v = bound * (2.0 * moh_rng_uniform01(&s) - 1.0); break;
             case INIT_TRUNC02:
-                do v = 0.02 * init_normal(&s);
+                do v = 0.02 * moh_rng_normal(&s);
                 while (v < -2.0 || v > 2.0);
                 break;
             }

@@ -23,6 +23,8 @@
 #define MOH_VIT_H
 #include "attn/attn.h"
 #include "attn/sparse.h"
+#include "data/idx.h"
+#include "models/model.h"
 #include "moh.h"
 
 #define VIT_MAX_CHANS 16
@@ -71,8 +73,6 @@ int moh_vit_config_finalize(moh_vit_config *cfg, const char *label, moh_error *e
 /* config.json text (malloc'd; caller frees; NULL on OOM) that moh_vit_config_parse_json reads
  * back to the same config. */
 char *moh_vit_config_to_json(const moh_vit_config *cfg);
-/* true when text is a JSON object whose "model_type" is "vit" (dispatch of moh train/eval). */
-bool moh_config_is_vit(const char *text, size_t len);
 
 #define real float
 #define F(x) x##_f32
@@ -90,16 +90,8 @@ bool moh_config_is_vit(const char *text, size_t len);
  * from whichever attention path ran (reference or head-sparse). */
 const attn_cache_f32 *vit_router_cache_f32(const vit_acts_f32 *a, int l);
 
-/* One named checkpoint tensor (timm state_dict name and shape), a view into a buffer laid out
- * like vit_params. */
-typedef struct vit_tensor {
-    char name[96];
-    int ndim;
-    int64_t shape[4];
-    size_t offset; /* in floats from the start of the parameter buffer */
-    size_t numel;
-    bool decay;    /* AdamW weight decay applies (timm: not to biases, norms, pos_embed, cls_token) */
-} vit_tensor;
+/* One named checkpoint tensor (timm state_dict name and shape): the model interface's type. */
+typedef model_tensor vit_tensor;
 
 /* The model's tensors in buffer order (timm state_dict order); *n gets the count. Caller frees.
  * NULL on OOM. */
@@ -110,4 +102,11 @@ vit_tensor *vit_tensors(const moh_vit_config *cfg, int *n);
  * U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = in_chans * p * p; LayerNorm weight 1, bias 0.
  * Deterministic in seed. */
 void vit_params_init_random(const moh_vit_config *cfg, vit_params_f32 *p, uint64_t seed);
+/* Checks that the split's images fit the config: 1 channel (IDX files are grey-scale),
+ * rows = cols = img_size, labels < num_classes. label names the data. MOH_OK or MOH_E_CONFIG. */
+int vit_check_split(const moh_vit_config *cfg, const idx_split *s, const char *label, moh_error *err);
+/* Normalised float images [count, 1, H, W] of split items idx[0..count) (no augmentation when aug
+ * is NULL); key_base + j is the augmentation key of item j. Parallel over images (OpenMP). */
+void vit_make_batch(const moh_vit_config *cfg, const idx_split *s, const int *idx, int count,
+                    const idx_augment *aug, uint64_t seed, uint64_t key_base, float *out);
 #endif

@@ -337,15 +337,6 @@ int moh_vit_config_parse_json(moh_vit_config *cfg, const char *text, size_t len,
     return rc;
 }
 
-bool moh_config_is_vit(const char *text, size_t len) {
-    if (!text || len == 0) return false;
-    cJSON *root = parse_text(text, len, "", NULL);
-    const cJSON *mt = root ? cJSON_GetObjectItemCaseSensitive(root, "model_type") : NULL;
-    const bool yes = cJSON_IsString(mt) && !strcmp(mt->valuestring, "vit");
-    cJSON_Delete(root);
-    return yes;
-}
-
 char *moh_vit_config_to_json(const moh_vit_config *c) {
     cJSON *j = cJSON_CreateObject();
     if (!j) return NULL;

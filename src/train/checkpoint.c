@@ -1,7 +1,8 @@
-/* LM checkpoint directories (layout in checkpoint.h). */
+/* Checkpoint directories of every model family (layout in checkpoint.h). */
 #include "train/checkpoint.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,27 +10,99 @@
 #include "core/fsutil.h"
 #include "train/train_util.h"
 
-#define CKPT_FORMAT "moh-lm-train-v1"
+#define CKPT_FORMAT "moh-train-v2"
+#define CKPT_FORMAT_LM_V1 "moh-lm-train-v1"   /* moh 0.1 LM: no hyperparameters */
+#define CKPT_FORMAT_VIT_V1 "moh-vit-train-v1" /* moh 0.1 ViT */
 
-static void join(char *out, size_t cap, const char *dir, const char *file) {
-    snprintf(out, cap, "%s/%s", dir, file);
+#define ST(f) offsetof(train_state, f)
+#define HP(f) (offsetof(train_state, hp) + offsetof(train_hparams, f))
+/* The training state in optimizer.safetensors __metadata__ (all keys of moh-train-v2). */
+static const train_key TRAIN_KEYS[] = {
+    {"step", 'l', ST(step), 0, 1e15, NULL, 0},
+    {"total_steps", 'l', ST(total_steps), 0, 1e15, "--steps", 'a'},
+    {"warmup", 'l', ST(warmup), 0, 1e15, "--warmup", 'a'},
+    {"skipped", 'l', ST(skipped), 0, 1e15, NULL, 0},
+    {"steps_per_epoch", 'l', ST(steps_per_epoch), 0, 1e15, NULL, 0},
+    {"data_rng", 'u', ST(data_rng), 0, 0, NULL, 0},
+    {"examples_seen", 'd', ST(examples_seen), 0, 1e18, NULL, 0},
+    {"elapsed_s", 'd', ST(elapsed_s), 0, 1e12, NULL, 0},
+    {"lr", 'd', HP(lr), 1e-30, 1e3, "--lr", 'a'},
+    {"min_lr_ratio", 'd', HP(min_lr_ratio), 0, 1, "--min-lr-ratio", 'a'},
+    {"weight_decay", 'd', HP(weight_decay), 0, 1e3, "--weight-decay", 'a'},
+    {"beta1", 'd', HP(beta1), 0, 0.999999999, "--beta1", 'a'},
+    {"beta2", 'd', HP(beta2), 0, 0.999999999, "--beta2", 'a'},
+    {"grad_clip", 'd', HP(grad_clip), 0, 1e30, "--grad-clip", 'a'},
+    {"batch_size", 'i', HP(batch_size), 1, 1 << 30, "--batch-size", 'r'},
+    {"seq_len", 'i', HP(seq_len), 0, 1 << 30, "--seq-len", 'r'},
+    {"grad_accum", 'i', HP(grad_accum), 1, 1 << 20, "--grad-accum", 'r'},
+    {"shards", 'i', HP(shards), 1, 256, "--shards", 'r'},
+    {"seed", 'u', HP(seed), 0, 0, "--seed", 'r'},
+    {"val_fraction", 'd', HP(val_fraction), 0, 1, "--val-fraction", 'r'},
+    {"train_limit", 'l', HP(train_limit), 0, 1e15, "--train-limit", 'r'},
+    {"crop_pad", 'i', HP(crop_pad), 0, 64, "--crop-pad", 'r'},
+    {"hflip", 'i', HP(hflip), 0, 1, "--no-flip", 'r'},
+    {"eval_every", 'l', HP(eval_every), 0, 1e15, "--eval-every", 'a'},
+    {"eval_limit", 'l', HP(eval_limit), 0, 1e15, "--eval-limit", 'a'},
+};
+enum { NUM_KEYS = (int)(sizeof TRAIN_KEYS / sizeof TRAIN_KEYS[0]) };
+
+const train_key *train_state_keys(int *n) {
+    *n = NUM_KEYS;
+    return TRAIN_KEYS;
 }
 
-/* Entries for every tensor of the model under prefix, with data from buf. names: storage. */
-static int make_entries(moh_st_entry *e, char (*names)[112], const lm_tensor *ts, int nt,
-                        const char *prefix, const float *buf) {
+int train_state_key_index(const char *key) {
+    for (int i = 0; i < NUM_KEYS; i++)
+        if (!strcmp(TRAIN_KEYS[i].key, key)) return i;
+    return -1;
+}
+
+/* The 0.1 formats' names of v2 keys (the rest are the same or absent). */
+static const char *v1_name(const char *format, const char *key) {
+    if (!strcmp(format, CKPT_FORMAT_LM_V1)) {
+        static const char *const lm[] = {"step", "total_steps", "warmup", "elapsed_s"};
+        if (!strcmp(key, "data_rng")) return "rng_state";
+        if (!strcmp(key, "examples_seen")) return "tokens_seen";
+        for (size_t i = 0; i < sizeof lm / sizeof lm[0]; i++)
+            if (!strcmp(key, lm[i])) return key;
+        return NULL;
+    }
+    static const char *const vit[] = {"step", "total_steps", "warmup", "steps_per_epoch", "batch_size", "shards",
+                                      "seed", "elapsed_s", "lr", "min_lr_ratio", "weight_decay", "beta1", "beta2",
+                                      "grad_clip"};
+    if (!strcmp(key, "examples_seen")) return "images_seen";
+    for (size_t i = 0; i < sizeof vit / sizeof vit[0]; i++)
+        if (!strcmp(key, vit[i])) return key;
+    return NULL;
+}
+
+static void join(char *out, size_t cap, const char *dir, const char *file) { snprintf(out, cap, "%s/%s", dir, file); }
+
+/* Entries for every tensor of the registry under prefix, with data from buf. */
+static void make_entries(moh_st_entry *e, char (*names)[112], const model_tensor *ts, int nt, const char *prefix,
+                         const float *buf) {
     for (int i = 0; i < nt; i++) {
         snprintf(names[i], sizeof names[i], "%s%s", prefix, ts[i].name);
-        e[i] = (moh_st_entry){names[i], ts[i].ndim, {ts[i].shape[0], ts[i].shape[1]}, buf + ts[i].offset};
+        e[i] = (moh_st_entry){.name = names[i], .ndim = ts[i].ndim, .data = buf + ts[i].offset};
+        for (int d = 0; d < ts[i].ndim; d++) e[i].shape[d] = ts[i].shape[d];
     }
-    return nt;
 }
 
-int lm_checkpoint_save(const char *dir, const moh_lm_config *cfg, const lm_params_f32 *p,
-                       const float *m, const float *v, const lm_train_state *st, moh_error *err) {
-    if (fs_mkdir_p(dir, err)) return err->code;
+static void format_key(const train_key *k, const train_state *st, char *out, size_t cap) {
+    const char *p = (const char *)st + k->offset;
+    switch (k->type) {
+    case 'l': snprintf(out, cap, "%ld", *(const long *)p); break;
+    case 'i': snprintf(out, cap, "%d", *(const int *)p); break;
+    case 'u': snprintf(out, cap, "%" PRIu64, *(const uint64_t *)p); break;
+    default: snprintf(out, cap, "%.17g", *(const double *)p); break;
+    }
+}
+
+int checkpoint_save(const char *dir, const model *m, const float *m1, const float *m2, const train_state *st,
+                    moh_error *err) {
+    if (fs_mkdir_p(dir, err)) return err ? err->code : MOH_E_IO;
     int nt = 0;
-    lm_tensor *ts = lm_tensors(cfg, &nt);
+    model_tensor *ts = model_tensors(m, &nt);
     moh_st_entry *e = calloc((size_t)nt * 3 + 1, sizeof *e);
     char (*names)[112] = calloc((size_t)nt * 3 + 1, sizeof *names);
     int rc = MOH_OK;
@@ -38,33 +111,34 @@ int lm_checkpoint_save(const char *dir, const moh_lm_config *cfg, const lm_param
         rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory while saving", dir);
         goto out;
     }
-    if (m && v) {
-        /* One self-contained file for --resume: weights, moments and training state together,
-         * so a crash between two file renames can never pair weights with foreign moments. */
-        int n = make_entries(e, names, ts, nt, "param.", p->data);
-        n += make_entries(e + n, names + n, ts, nt, "m.", m);
-        n += make_entries(e + n, names + n, ts, nt, "v.", v);
-        char step[32], rng[32], tok[48], el[48], tot[32], wu[32];
-        snprintf(tot, sizeof tot, "%ld", st->total_steps);
-        snprintf(wu, sizeof wu, "%ld", st->warmup);
-        snprintf(step, sizeof step, "%ld", st->step);
-        snprintf(rng, sizeof rng, "%" PRIu64, st->rng_state);
-        snprintf(tok, sizeof tok, "%.17g", st->tokens_seen);
-        snprintf(el, sizeof el, "%.17g", st->elapsed_s);
-        const char *meta[] = {"format", CKPT_FORMAT, "step", step, "rng_state", rng,
-                              "tokens_seen", tok, "elapsed_s", el, "total_steps", tot,
-                              "warmup", wu};
+    if (m1 && m2 && st) {
+        /* one self-contained file for --resume: weights, moments and training state together, so a
+         * crash between two file renames can never pair weights with foreign moments */
+        make_entries(e, names, ts, nt, "param.", m->data);
+        make_entries(e + nt, names + nt, ts, nt, "m.", m1);
+        make_entries(e + 2 * nt, names + 2 * nt, ts, nt, "v.", m2);
+        char vals[NUM_KEYS][48];
+        const char *meta[2 * (NUM_KEYS + 2)];
+        meta[0] = "format";
+        meta[1] = CKPT_FORMAT;
+        meta[2] = "model_type";
+        meta[3] = m->fam->model_type;
+        for (int i = 0; i < NUM_KEYS; i++) {
+            format_key(&TRAIN_KEYS[i], st, vals[i], sizeof vals[i]);
+            meta[2 * i + 4] = TRAIN_KEYS[i].key;
+            meta[2 * i + 5] = vals[i];
+        }
         join(path, sizeof path, dir, "optimizer.safetensors");
-        if ((rc = moh_st_write_meta(path, e, n, meta, 7, err))) goto out;
+        if ((rc = moh_st_write_meta(path, e, 3 * nt, meta, NUM_KEYS + 2, err))) goto out;
     }
     {
         const char *meta[] = {"format", "pt"};
-        int n = make_entries(e, names, ts, nt, "", p->data);
+        make_entries(e, names, ts, nt, "", m->data);
         join(path, sizeof path, dir, "model.safetensors");
-        if ((rc = moh_st_write_meta(path, e, n, meta, 1, err))) goto out;
+        if ((rc = moh_st_write_meta(path, e, nt, meta, 1, err))) goto out;
     }
     {
-        char *json = moh_lm_config_to_json(cfg);
+        char *json = m->fam->config_to_json(m->cfg);
         if (!json) {
             rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory writing config.json", dir);
             goto out;
@@ -80,28 +154,9 @@ out:
     return rc;
 }
 
-int lm_check_byte_vocab(const moh_lm_config *cfg, const char *label, moh_error *err) {
-    if (cfg->vocab_size < 256)
-        return moh_fail(err, MOH_E_CONFIG, "%s: field 'vocab_size' is %d, expected >= 256 (moh's text data "
-                        "is bytes, token ids 0..255)", label, cfg->vocab_size);
-    return MOH_OK;
-}
-
-static int read_config(const char *dir, moh_lm_config *cfg, moh_error *err) {
-    char path[4200];
-    join(path, sizeof path, dir, "config.json");
-    size_t len = 0;
-    char *text = fs_read_file(path, 1 << 20, &len, err);
-    if (!text) return err->code;
-    int rc = moh_lm_config_parse_json(cfg, text, len, path, err);
-    free(text);
-    if (!rc) rc = lm_check_byte_vocab(cfg, path, err);
-    return rc;
-}
-
-/* Reads every model tensor, named prefix + name, from file into buf. */
-static int read_tensors(const moh_safetensors *st, const lm_tensor *ts, int nt, const char *prefix,
-                        float *buf, moh_error *err) {
+/* Reads every registry tensor, named prefix + name, from st into buf (finite values only). */
+static int read_tensors(const moh_safetensors *st, const model_tensor *ts, int nt, const char *prefix, float *buf,
+                        moh_error *err) {
     char name[160];
     for (int i = 0; i < nt; i++) {
         snprintf(name, sizeof name, "%s%s", prefix, ts[i].name);
@@ -112,75 +167,106 @@ static int read_tensors(const moh_safetensors *st, const lm_tensor *ts, int nt, 
     return MOH_OK;
 }
 
-int lm_checkpoint_load(const char *dir, moh_lm_config *cfg, lm_params_f32 *p, moh_error *err) {
-    memset(p, 0, sizeof *p);
-    if (read_config(dir, cfg, err)) return err->code;
-    char path[4200];
-    join(path, sizeof path, dir, "model.safetensors");
+int model_load_weights(model *m, const char *path, moh_error *err) {
     moh_safetensors st;
-    if (moh_st_open(&st, path, err)) return err->code;
+    if (moh_st_open(&st, path, err)) return err ? err->code : MOH_E_IO;
     int nt = 0, rc = MOH_OK;
-    lm_tensor *ts = lm_tensors(cfg, &nt);
+    model_tensor *ts = model_tensors(m, &nt);
     if (!ts) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
-    if (!rc) rc = lm_params_init_f32(p, cfg, err);
-    if (!rc) rc = read_tensors(&st, ts, nt, "", p->data, err);
-    /* a tied checkpoint may still carry lm_head.weight (HF writes it for tied models): ignore it */
+    if (!rc) rc = read_tensors(&st, ts, nt, "", m->data, err);
     for (int i = 0; !rc && i < st.n_tensors; i++) {
-        bool known = cfg->tie_word_embeddings && !strcmp(st.tensors[i].name, "lm_head.weight");
+        bool known = m->fam->extra_tensor_ok && m->fam->extra_tensor_ok(m->cfg, st.tensors[i].name);
         for (int j = 0; j < nt && !known; j++) known = !strcmp(st.tensors[i].name, ts[j].name);
         char shown[200];
         if (!known)
-            rc = moh_fail(err, MOH_E_SHAPE, "%s: unexpected tensor '%s' for config.json (router, "
-                          "shared_heads, top_k, tie_word_embeddings decide which tensors exist)",
-                          path, moh_st_quote(shown, sizeof shown, st.tensors[i].name));
+            rc = moh_fail(err, MOH_E_SHAPE, "%s: unexpected tensor '%s' for config.json (its router, shared_heads, "
+                          "top_k and layout fields decide which tensors exist)", path,
+                          moh_st_quote(shown, sizeof shown, st.tensors[i].name));
     }
     moh_st_close(&st);
     free(ts);
-    if (rc) lm_params_free_f32(p);
     return rc;
 }
 
-int lm_checkpoint_load_optimizer(const char *dir, const moh_lm_config *cfg, float *params,
-                                 float *m, float *v, size_t n, lm_train_state *state,
-                                 moh_error *err) {
+int model_load(model *m, const char *dir, moh_error *err) {
+    char path[4200];
+    join(path, sizeof path, dir, "config.json");
+    int rc = model_from_config_file(m, path, err);
+    if (rc) return rc;
+    join(path, sizeof path, dir, "model.safetensors");
+    if ((rc = model_load_weights(m, path, err))) model_free(m);
+    return rc;
+}
+
+int checkpoint_load_optimizer(const char *dir, const model *m, float *params, float *m1, float *m2, train_state *st,
+                              train_keys_present *present, moh_error *err) {
     char path[4200];
     join(path, sizeof path, dir, "optimizer.safetensors");
-    moh_safetensors st;
-    if (moh_st_open(&st, path, err)) return err->code;
+    moh_safetensors sf;
+    if (moh_st_open(&sf, path, err)) return err ? err->code : MOH_E_IO;
+    *present = 0;
     int nt = 0, rc = MOH_OK;
-    lm_tensor *ts = lm_tensors(cfg, &nt);
-    size_t total = 0;
-    for (int i = 0; ts && i < nt; i++) total += ts[i].numel;
-    const char *fmt = moh_st_meta(&st, "format");
+    model_tensor *ts = model_tensors(m, &nt);
+    const char *fmt = moh_st_meta(&sf, "format"), *type = moh_st_meta(&sf, "model_type");
+    const bool is_lm = !strcmp(m->fam->model_type, "llama");
+    const char *v1 = is_lm ? CKPT_FORMAT_LM_V1 : !strcmp(m->fam->model_type, "vit") ? CKPT_FORMAT_VIT_V1 : NULL;
+    const bool old = fmt && v1 && !strcmp(fmt, v1);
     if (!ts) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
-    else if (total != n) rc = moh_fail(err, MOH_E_ARG, "%s: model has %zu values, buffer %zu", path, total, n);
-    else if (!fmt || strcmp(fmt, CKPT_FORMAT))
-        rc = moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field 'format' is %s, expected \"%s\"",
-                      path, fmt ? fmt : "missing", CKPT_FORMAT);
-    if (!rc) rc = read_tensors(&st, ts, nt, "param.", params, err);
-    if (!rc) rc = read_tensors(&st, ts, nt, "m.", m, err);
-    if (!rc) rc = read_tensors(&st, ts, nt, "v.", v, err);
-    double step = 0, tok = 0, el = 0, tot = 0, wu = 0;
-    if (!rc) rc = moh_st_meta_number(&st, "step", 0, 1e15, true, &step, err);
-    if (!rc) rc = moh_st_meta_number(&st, "total_steps", 0, 1e15, true, &tot, err);
-    if (!rc) rc = moh_st_meta_number(&st, "warmup", 0, 1e15, true, &wu, err);
-    if (!rc) rc = moh_st_meta_number(&st, "tokens_seen", 0, 1e18, false, &tok, err);
-    if (!rc) rc = moh_st_meta_number(&st, "elapsed_s", 0, 1e12, false, &el, err);
-    if (!rc) {
-        const char *r = moh_st_meta(&st, "rng_state");
-        char *end = NULL;
-        unsigned long long u = r ? strtoull(r, &end, 10) : 0;
-        if (!r || end == r || *end)
-            rc = moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field 'rng_state' is %s, expected an integer",
-                          path, r ? r : "missing");
-        state->rng_state = u;
-        state->step = (long)step;
-        state->tokens_seen = tok;
-        state->elapsed_s = el;
-        state->total_steps = (long)tot;
-        state->warmup = (long)wu;
+    else if (!fmt || (!old && strcmp(fmt, CKPT_FORMAT)))
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field 'format' is %s, expected \"%s\"%s%s%s", path,
+                      fmt ? fmt : "missing", CKPT_FORMAT, v1 ? " (or moh 0.1's \"" : "", v1 ? v1 : "", v1 ? "\")" : "");
+    else if (!old && (!type || strcmp(type, m->fam->model_type)))
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field 'model_type' is %s, expected \"%s\" (as config.json)",
+                      path, type ? type : "missing", m->fam->model_type);
+    if (!rc) rc = read_tensors(&sf, ts, nt, "param.", params, err);
+    if (!rc) rc = read_tensors(&sf, ts, nt, "m.", m1, err);
+    if (!rc) rc = read_tensors(&sf, ts, nt, "v.", m2, err);
+    for (int i = 0; i < NUM_KEYS && !rc; i++) {
+        const train_key *k = &TRAIN_KEYS[i];
+        const char *name = old ? v1_name(fmt, k->key) : k->key;
+        if (!name) continue;
+        char *p = (char *)st + k->offset;
+        if (k->type == 'u') {
+            const char *s = moh_st_meta(&sf, name);
+            char *end = NULL;
+            const unsigned long long u = s ? strtoull(s, &end, 10) : 0;
+            if (!s || end == s || *end || *s == '-')
+                rc = moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field '%s' is %s, expected an unsigned integer", path,
+                              name, s ? s : "missing");
+            else *(uint64_t *)p = u;
+        } else {
+            double x = 0;
+            rc = moh_st_meta_number(&sf, name, k->lo, k->hi, k->type != 'd', &x, err);
+            if (!rc && k->type == 'l') *(long *)p = (long)x;
+            else if (!rc && k->type == 'i') *(int *)p = (int)x;
+            else if (!rc) *(double *)p = x;
+        }
+        if (!rc) *present |= (train_keys_present)1 << i;
     }
-    moh_st_close(&st);
+    if (!rc && old && !is_lm) { /* moh-vit-train-v1 keeps the augmentation as "PAD FLIP" */
+        const char *aug = moh_st_meta(&sf, "augment");
+        int pad = 0, flip = 0, used = 0;
+        if (!aug || sscanf(aug, "%d %d%n", &pad, &flip, &used) != 2 || aug[used] || pad < 0 || pad > 64 ||
+            (flip != 0 && flip != 1))
+            rc = moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field 'augment' is %s, expected \"PAD FLIP\" (PAD 0..64, "
+                          "FLIP 0 or 1)", path, aug ? aug : "missing");
+        st->hp.crop_pad = pad;
+        st->hp.hflip = flip;
+        st->hp.grad_accum = 1;
+        *present |= (train_keys_present)1 << train_state_key_index("crop_pad");
+        *present |= (train_keys_present)1 << train_state_key_index("hflip");
+        *present |= (train_keys_present)1 << train_state_key_index("grad_accum");
+    }
+    const train_hparams *hp = &st->hp;
+    const bool has_bs = *present >> train_state_key_index("batch_size") & 1;
+    const bool has_sh = *present >> train_state_key_index("shards") & 1;
+    if (!rc && (st->step > st->total_steps && st->total_steps > 0))
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ training state is inconsistent (step %ld, total_steps %ld), "
+                      "expected step <= total_steps", path, st->step, st->total_steps);
+    if (!rc && has_bs && has_sh && hp->shards > hp->batch_size)
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ training state is inconsistent (shards %d, batch_size %d), "
+                      "expected 1 <= shards <= batch_size", path, hp->shards, hp->batch_size);
+    moh_st_close(&sf);
     free(ts);
     return rc;
 }

@@ -1,36 +1,65 @@
-/* LM checkpoint directories: config.json (HF LlamaConfig + MoH fields), model.safetensors (F32
- * weights under HF LlamaForCausalLM names, lm_tensors order; loads into transformers unchanged),
- * optimizer.safetensors (for --resume, self-contained: param.<name>, AdamW moments m.<name>,
- * v.<name>, and the training state in __metadata__), and metrics.jsonl (appended by the
- * trainer). Every file is written atomically (temp, fsync, rename): a crash mid-save leaves the
- * previous file intact, and resume reads one file, so it never mixes two saves. */
+/* Checkpoint directories of every model family (one module; the family supplies the config JSON
+ * and the tensor registry through model.h):
+ *   config.json            the family's config ("model_type" names the family; HF LlamaConfig
+ *                          fields for the LM, timm argument names for the ViT, plus MoH fields)
+ *   model.safetensors      F32 weights under the official PyTorch names, registry order: loads
+ *                          into transformers / timm unchanged (dense configs)
+ *   optimizer.safetensors  for --resume, self-contained: param.<name>, AdamW moments m.<name>,
+ *                          v.<name>, and the training state in __metadata__ (TRAIN_KEYS in
+ *                          checkpoint.c; format "moh-train-v2"; the 0.1 formats "moh-lm-train-v1"
+ *                          and "moh-vit-train-v1" still load)
+ *   metrics.jsonl          appended by the trainer
+ * Every file is written atomically (temp, fsync, rename): a crash mid-save leaves the previous
+ * file intact, and resume reads one file, so it never mixes two saves. */
 #ifndef MOH_CHECKPOINT_H
 #define MOH_CHECKPOINT_H
-#include "models/lm.h"
+#include "models/model.h"
 
-/* Training state saved with the optimizer so --resume continues bit-for-bit. */
-typedef struct lm_train_state {
+/* Training state saved with the optimizer: where the run is, and every hyperparameter that shapes
+ * it (restored on resume). */
+typedef struct train_state {
     long step;            /* optimizer steps done */
-    uint64_t rng_state;   /* data sampler RNG after `step` steps */
-    double tokens_seen;
-    double elapsed_s;     /* wall time spent training before this session */
-    long total_steps;     /* schedule length chosen by the run (0 = not yet fixed) */
+    long total_steps;     /* schedule length (0 = not yet fixed: a time-fitted run before its fit) */
     long warmup;          /* warmup steps of the schedule */
-} lm_train_state;
+    long skipped;         /* steps skipped by the non-finite guard */
+    long steps_per_epoch; /* of the data the run started on (0 = no epochs) */
+    uint64_t data_rng;    /* data position of random-window sources after `step` steps */
+    double examples_seen; /* tokens or images */
+    double elapsed_s;     /* wall time spent training before this session */
+    train_hparams hp;     /* the run's hyperparameters */
+} train_state;
 
-/* Writes config.json and model.safetensors into dir (created if absent), and, when m and v are
- * given (each p->n floats), optimizer.safetensors with st. MOH_OK or MOH_E_IO naming the file. */
-int lm_checkpoint_save(const char *dir, const moh_lm_config *cfg, const lm_params_f32 *p,
-                       const float *m, const float *v, const lm_train_state *st, moh_error *err);
-/* Reads dir/config.json into cfg and dir/model.safetensors into freshly allocated params p
- * (caller frees with lm_params_free_f32). Errors name the file and tensor. */
-/* The byte-level data of moh (text files, prompts) has tokens 0..255: MOH_E_CONFIG naming label
- * and 'vocab_size' unless cfg->vocab_size >= 256. */
-int lm_check_byte_vocab(const moh_lm_config *cfg, const char *label, moh_error *err);
-int lm_checkpoint_load(const char *dir, moh_lm_config *cfg, lm_params_f32 *p, moh_error *err);
-/* Reads dir/optimizer.safetensors into params, m and v (n floats each, lm_params layout) and
- * state. MOH_E_IO / MOH_E_FORMAT / MOH_E_SHAPE naming the file and field. */
-int lm_checkpoint_load_optimizer(const char *dir, const moh_lm_config *cfg, float *params,
-                                 float *m, float *v, size_t n, lm_train_state *state,
-                                 moh_error *err);
+/* Bits of train_state_keys() present in a loaded checkpoint (older formats lack some). */
+typedef uint64_t train_keys_present;
+
+/* One key of the training state: its __metadata__ name and its field in train_state. */
+typedef struct train_key {
+    const char *key;
+    char type;            /* 'l' long, 'i' int, 'u' uint64 (decimal string), 'd' double */
+    size_t offset;        /* offsetof(train_state, ...) */
+    double lo, hi;        /* accepted range on load */
+    const char *flag;     /* the `moh train` option setting it, or NULL */
+    char on_resume;       /* a flag contradicting the saved value on resume: 'a' applied with a
+                           * note, 'r' refused; 0 for keys without a flag */
+} train_key;
+/* The table of training-state keys (*n gets the count). */
+const train_key *train_state_keys(int *n);
+/* Index of key in that table, or -1. */
+int train_state_key_index(const char *key);
+
+/* Writes config.json and model.safetensors into dir (created if absent), and, when m1/m2 (AdamW
+ * moments, m->n floats each) and st are given, optimizer.safetensors. MOH_OK or MOH_E_IO /
+ * MOH_E_NOMEM naming the file. */
+int checkpoint_save(const char *dir, const model *m, const float *m1, const float *m2, const train_state *st,
+                    moh_error *err);
+/* Reads dir/config.json (family from its model_type) and dir/model.safetensors into a new model.
+ * A missing, misshapen or non-finite tensor, or one the config does not have, is MOH_E_SHAPE /
+ * MOH_E_FORMAT naming the file and tensor. */
+int model_load(model *m, const char *dir, moh_error *err);
+/* Reads a model.safetensors file at path into m (same checks). */
+int model_load_weights(model *m, const char *path, moh_error *err);
+/* Reads dir/optimizer.safetensors into params, m1, m2 (m->n floats each) and st; *present gets the
+ * keys the file holds. MOH_E_IO / MOH_E_FORMAT / MOH_E_SHAPE naming the file and field. */
+int checkpoint_load_optimizer(const char *dir, const model *m, float *params, float *m1, float *m2, train_state *st,
+                              train_keys_present *present, moh_error *err);
 #endif

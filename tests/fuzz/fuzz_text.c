@@ -4,7 +4,8 @@
  * empty with a one-line message starting with the label; a split preserves the bytes, starts val
  * at a line start (the last one at or before len - ceil(len * val_fraction)) and honours
  * min_bytes; entropy is in [0, 8]; batches replay from a saved rng state, match the windows drawn
- * by text_rng_next, and refuse short splits; eval chunks cover every byte but each chunk's first. */
+ * by moh_rng_next, and refuse short splits; eval chunks cover every byte but each chunk's first. */
+#include "core/rng.h"
 #include "data/text.h"
 
 #include <math.h>
@@ -40,7 +41,7 @@ static void check_batch(const uint8_t *bytes, size_t n, int B, int T, uint64_t s
     uint64_t replay = seed, m = (uint64_t)(n - (size_t)T), below = (0 - m) % m;
     for (int b = 0; b < B; b++) {
         uint64_t r;
-        do r = text_rng_next(&replay);
+        do r = moh_rng_next(&replay);
         while (r < below);
         const uint8_t *w = bytes + (size_t)(r % m);
         for (int t = 0; t < T; t++)

@@ -1,6 +1,6 @@
 /* libFuzzer target: moh_vit_config_parse_json on arbitrary bytes (not NUL-terminated).
  * Invariants (trap on violation): a parsed config finalizes again unchanged, is recognised by
- * moh_config_is_vit, and round-trips through moh_vit_config_to_json; every error message is one
+ * model_family_of_json as the ViT family, and round-trips through moh_vit_config_to_json; every error message is one
  * NUL-terminated line that starts with the label, with the code returned. */
 #include "models/vit.h"
 
@@ -18,7 +18,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         c2 = c;
         if (moh_vit_config_finalize(&c2, "fuzz.json", &err) != MOH_OK) __builtin_trap();
         if (memcmp(&c, &c2, sizeof c) != 0) __builtin_trap();
-        if (!moh_config_is_vit((const char *)data, size)) __builtin_trap();
+        const model_family *fam = NULL;
+        if (model_family_of_json((const char *)data, size, "fuzz.json", &fam, &err) != MOH_OK ||
+            strcmp(fam->model_type, "vit"))
+            __builtin_trap();
         if (c.num_tokens != c.grid * c.grid + (c.class_token ? 1 : 0) || c.attn.head_dim * c.num_heads != c.embed_dim)
             __builtin_trap();
         char *json = moh_vit_config_to_json(&c);

@@ -1,0 +1,360 @@
+/* The decoder LM as a model family (model.h): config, tensor registry, forward/backward on text
+ * batches, and the byte-text batch source (data/text.h) with the `moh eval` metric (bits per
+ * byte over consecutive chunks of T + 1 bytes). */
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/fsutil.h"
+#include "data/text.h"
+#include "models/lm.h"
+#include "models/model.h"
+
+static int cfg_parse(void *cfg, const char *text, size_t len, const char *label, moh_error *err) {
+    return moh_lm_config_parse_json(cfg, text, len, label, err);
+}
+static char *cfg_json(const void *cfg) { return moh_lm_config_to_json(cfg); }
+static int num_layers(const void *cfg) { return ((const moh_lm_config *)cfg)->num_hidden_layers; }
+static const moh_attn_config *attn(const void *cfg) { return &((const moh_lm_config *)cfg)->attn; }
+static model_tensor *tensors(const void *cfg, model_naming scheme, int *n) { return lm_tensors_named(cfg, scheme, n); }
+
+static bool extra_tensor_ok(const void *cfg, const char *name) {
+    return ((const moh_lm_config *)cfg)->tie_word_embeddings && !strcmp(name, "lm_head.weight");
+}
+
+static int params_new(const void *cfg, void **params, float **data, size_t *n, moh_error *err) {
+    lm_params_f32 *p = calloc(1, sizeof *p);
+    if (!p) return moh_fail(err, MOH_E_NOMEM, "model: out of memory");
+    int rc = lm_params_init_f32(p, cfg, err);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    *params = p;
+    *data = p->data;
+    *n = p->n;
+    return MOH_OK;
+}
+static void params_free(void *p) {
+    if (!p) return;
+    lm_params_free_f32(p);
+    free(p);
+}
+static void init_random(const void *cfg, void *p, uint64_t seed) { lm_params_init_random(cfg, p, seed, 0.02); }
+
+static int acts_new(const void *cfg, int Bmax, int T, bool sparse, void **acts, moh_error *err) {
+    lm_acts_f32 *a = calloc(1, sizeof *a);
+    if (!a) return moh_fail(err, MOH_E_NOMEM, "model: out of memory");
+    int rc = sparse ? lm_acts_init_sparse_f32(a, cfg, Bmax, T, err) : lm_acts_init_f32(a, cfg, Bmax, T, err);
+    if (rc) {
+        free(a);
+        return rc;
+    }
+    *acts = a;
+    return MOH_OK;
+}
+static void acts_free(void *a) {
+    if (!a) return;
+    lm_acts_free_f32(a);
+    free(a);
+}
+
+static double forward(const void *cfg, const void *params, void *acts, const moh_batch *b, int first, int count,
+                      bool train, double *ce, double *lb) {
+    lm_acts_f32 *a = acts;
+    const size_t off = (size_t)first * b->T;
+    const double loss = lm_forward_f32(cfg, params, a, b->tokens + off, b->targets + off, count, b->T);
+    *ce = a->ce_loss;
+    *lb = a->lb_loss;
+    return loss;
+}
+static void backward(const void *cfg, const void *params, void *grads, void *acts, const moh_batch *b, int first,
+                     int count) {
+    const size_t off = (size_t)first * b->T;
+    lm_backward_f32(cfg, params, grads, acts, b->tokens + off, b->targets + off);
+}
+static const attn_cache_f32 *router(const void *acts, int l) { return lm_router_f32(acts, l); }
+static int tokens_per_example(const void *cfg, const moh_batch *b) { return b->T; }
+
+static void train_defaults(train_hparams *hp) {
+    memset(hp, 0, sizeof *hp);
+    *hp = (train_hparams){.lr = 2e-3, .min_lr_ratio = 0.1, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95,
+                          .grad_clip = 1.0, .warmup = -1, .batch_size = 16, .grad_accum = 1, .shards = 1,
+                          .seed = 1, .val_fraction = 0.1, .eval_every = 200, .eval_limit = 131072,
+                          .log_every = 10};
+}
+
+/* ---- byte-text batch source ---------------------------------------------------------------- */
+
+typedef struct text_source {
+    text_data data;        /* train / val bytes (evaluation only: val holds the whole file) */
+    uint8_t *whole;        /* evaluation only: the file's bytes */
+    int B, T;              /* training micro-batch (all ranks) */
+    int *tok, *tgt;        /* [B, T] training batch */
+    int *etok, *etgt;      /* [eval_B, T] evaluation batch */
+    int eval_B;
+    char path[PATH_MAX + 16]; /* the evaluated file */
+} text_source;
+
+static void text_source_free(void *self) {
+    text_source *s = self;
+    text_data_free(&s->data);
+    free(s->whole);
+    free(s->tok);
+    free(s->tgt);
+    free(s->etok);
+    free(s->etgt);
+    free(s);
+}
+
+static int text_next(void *self, long step, int micro, int rank, int nranks, uint64_t *data_rng, moh_batch *out,
+                     moh_error *err) {
+    text_source *s = self;
+    /* every rank draws the whole micro-batch (the same data position everywhere) and takes its part */
+    int rc = text_batch(s->data.train, s->data.n_train, s->B, s->T, data_rng, s->tok, s->tgt, err);
+    if (rc) return rc;
+    const int lo = (int)((long)s->B * rank / nranks), hi = (int)((long)s->B * (rank + 1) / nranks);
+    *out = (moh_batch){.B = hi - lo, .T = s->T, .tokens = s->tok + (size_t)lo * s->T,
+                       .targets = s->tgt + (size_t)lo * s->T};
+    return MOH_OK;
+}
+
+static long text_eval_items(void *self, long limit) {
+    const text_source *s = self;
+    const long all = text_eval_num_preds(s->data.n_val, s->T);
+    return limit > 0 && limit < all ? limit : all;
+}
+
+/* Consecutive chunks from *cursor (a chunk index): full-length chunks up to capacity at a time, a
+ * shorter last chunk alone; stops once limit predictions are done (whole batches). */
+static long text_eval_next(void *self, long *cursor, long limit, int capacity, moh_batch *out) {
+    text_source *s = self;
+    const int T = s->T;
+    const long nchunks = text_eval_num_chunks(s->data.n_val, T);
+    long c = *cursor;
+    if (c >= nchunks || (limit > 0 && c * T >= limit)) return 0;
+    if (capacity > s->eval_B) capacity = s->eval_B;
+    int rows = 0, len = 0;
+    while (rows < capacity && c < nchunks) {
+        int *tk = s->etok + (size_t)rows * T, *tg = s->etgt + (size_t)rows * T;
+        const int k = text_eval_chunk(s->data.val, s->data.n_val, T, c, tk, tg);
+        if (rows > 0 && k != len) break;
+        len = k;
+        rows++;
+        c++;
+        if (k != T) break;
+    }
+    if (len < T) /* repack the rows of a short chunk contiguously: [rows, len] */
+        for (int b = 1; b < rows; b++) {
+            memmove(s->etok + (size_t)b * len, s->etok + (size_t)b * T, sizeof(int) * len);
+            memmove(s->etgt + (size_t)b * len, s->etgt + (size_t)b * T, sizeof(int) * len);
+        }
+    *cursor = c;
+    *out = (moh_batch){.B = rows, .T = len, .tokens = s->etok, .targets = s->etgt};
+    return (long)rows * len;
+}
+
+/* The first 4 bytes of a file (0 when shorter or unreadable). */
+static unsigned long file_magic(const char *path) {
+    unsigned char b[4] = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    const size_t got = fread(b, 1, 4, f);
+    fclose(f);
+    return got == 4 ? (unsigned long)b[0] << 24 | (unsigned long)b[1] << 16 | (unsigned long)b[2] << 8 | b[3] : 0;
+}
+
+/* true when path is (a directory of) MNIST-style IDX files rather than text: by name, or for a
+ * file by content (gzip magic 1f 8b, or the IDX magic 00 00 08 0N of unsigned-byte IDX) */
+static bool is_idx_data(const char *path, bool dir) {
+    if (!dir) {
+        const unsigned long m = file_magic(path);
+        return (strstr(path, "-idx") && strstr(path, "-ubyte")) || m >> 16 == 0x1f8b ||
+               (m >> 8 == 0x000008 && (m & 0xff) >= 1 && (m & 0xff) <= 4);
+    }
+    static const char *const names[] = {"t10k-images-idx3-ubyte", "t10k-images-idx3-ubyte.gz",
+                                        "train-images-idx3-ubyte", "train-images-idx3-ubyte.gz"};
+    char p[PATH_MAX + 32];
+    struct stat st;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", path, names[i]);
+        if (stat(p, &st) == 0) return true;
+    }
+    return false;
+}
+
+static int open_data(model *m, const data_request *req, batch_source *train, batch_source *eval, moh_error *err) {
+    const moh_lm_config *cfg = m->cfg;
+    const train_hparams *hp = req->hp;
+    if (cfg->vocab_size < 256)
+        return moh_fail(err, MOH_E_CONFIG, "%s: field 'vocab_size' is %d, expected >= 256 (moh's text data is "
+                        "bytes, token ids 0..255)", req->model_label, cfg->vocab_size);
+    const int T = hp->seq_len > 0 ? hp->seq_len : cfg->max_position_embeddings;
+    if (T > cfg->max_position_embeddings) /* positions the model is not built for */
+        return moh_fail(err, MOH_E_ARG, "--seq-len is %d, more than the context of %s (max_position_embeddings %d; "
+                        "raise it in the config to train a longer context)", T, req->model_label,
+                        cfg->max_position_embeddings);
+    char path[PATH_MAX + 16];
+    struct stat st;
+    const bool dir = stat(req->path, &st) == 0 && S_ISDIR(st.st_mode);
+    if (dir) snprintf(path, sizeof path, "%s/val.txt", req->path);
+    else snprintf(path, sizeof path, "%s", req->path);
+    if (is_idx_data(req->path, dir) && (!dir || stat(path, &st) != 0))
+        return moh_fail(err, MOH_E_ARG, "--data %s holds IDX%s data, but %s is a language model (model_type "
+                        "\"llama\"): it needs a plain text file (or a directory with train.txt / val.txt)", req->path,
+                        !dir && file_magic(req->path) >> 16 == 0x1f8b ? " or gzip" : "", req->model_label);
+    text_source *s = calloc(1, sizeof *s);
+    if (!s) return moh_fail(err, MOH_E_NOMEM, "data: out of memory");
+    int rc = MOH_OK;
+    snprintf(s->path, sizeof s->path, "%s", req->train ? req->path : path);
+    s->T = T;
+    s->B = hp->batch_size;
+    s->eval_B = req->eval_batch > 0 ? req->eval_batch : hp->batch_size;
+    if (req->train) {
+        rc = text_data_load(&s->data, req->path, hp->val_fraction, (size_t)T + 2, err);
+    } else { /* evaluation of a whole file (a prepared dir: its val.txt) */
+        size_t n = 0;
+        s->whole = (uint8_t *)fs_read_file(path, (size_t)4 << 30, &n, err);
+        if (!s->whole) rc = err ? err->code : MOH_E_IO;
+        else if (text_eval_num_chunks(n, T) < 1)
+            rc = moh_fail(err, MOH_E_FORMAT, "%s: %zu byte%s, fewer than the 2 needed for one prediction", path, n,
+                          n == 1 ? "" : "s");
+        s->data.val = s->whole;
+        s->data.n_val = n;
+    }
+    const size_t bt = (size_t)s->B * T, ebt = (size_t)s->eval_B * T;
+    if (!rc) {
+        s->tok = malloc(sizeof(int) * bt);
+        s->tgt = malloc(sizeof(int) * bt);
+        s->etok = malloc(sizeof(int) * ebt);
+        s->etgt = malloc(sizeof(int) * ebt);
+        if (!s->tok || !s->tgt || !s->etok || !s->etgt) rc = moh_fail(err, MOH_E_NOMEM, "data: out of memory");
+    }
+    if (rc) {
+        text_source_free(s);
+        return rc;
+    }
+    *eval = (batch_source){.self = s, .unit = "tok", .seen_key = "tokens", .eval_unit = "predictions",
+                           .examples_per_step = (long)bt, .steps_per_epoch = 0, .warmup_cap = 100,
+                           .rng_start = hp->seed * 0x9E3779B97F4A7C15ULL + 0x5EEDULL, .next = text_next,
+                           .eval_items = text_eval_items, .eval_next = text_eval_next, .free = text_source_free,
+                           .n_train = s->data.n_train, .n_eval = s->data.n_val, .what = "bytes",
+                           .label = s->path, .seq_len = T};
+    if (train) { /* one source serves both: the trainer frees it once (train->free == NULL) */
+        *train = *eval;
+        train->free = NULL;
+    }
+    return MOH_OK;
+}
+
+static void eval_add(const void *cfg, const void *acts, const moh_batch *b, int first, int count, model_eval *r) {
+    const lm_acts_f32 *a = acts;
+    const long preds = (long)count * b->T;
+    r->ce_sum += (double)a->ce_loss * preds;
+    r->n += preds;
+}
+static void eval_finish(const void *cfg, model_eval *r) {
+    r->loss = r->ce_sum / (double)r->n;
+    r->metric = r->loss / log(2.0);
+}
+static void eval_json(const model_eval *r, char *buf, size_t cap) {
+    snprintf(buf, cap, ", \"val_loss\": %.6f, \"val_bpb\": %.6f, \"val_tokens\": %ld", r->loss, r->metric, r->n);
+}
+static void eval_brief(const model_eval *r, char *buf, size_t cap) { snprintf(buf, cap, " | val %.4f bpb", r->metric); }
+
+static void print_head_share(const model *m, const model_eval *r) {
+    const int L = model_num_layers(m), h = model_attn(m)->n_heads;
+    printf("head-activation share per layer (heads 0..%d; shared heads first):\n", h - 1);
+    for (int l = 0; l < L; l++) {
+        printf("  layer %2d:", l);
+        for (int i = 0; i < h; i++) printf(" %.2f", r->head_share[(size_t)l * h + i]);
+        printf("\n");
+    }
+}
+
+static void eval_report(const model *m, const model_eval *r, const eval_context *ctx) {
+    const int L = model_num_layers(m), h = model_attn(m)->n_heads;
+    if (ctx->json) {
+        printf("{\"val_loss\": %.8f, \"bits_per_byte\": %.8f, \"tokens\": %ld, \"seq_len\": %d, "
+               "\"lb_loss\": %.6f, \"head_share\": [", r->loss, r->metric, r->n, ctx->seq_len, r->lb_loss);
+        for (int l = 0; l < L; l++) {
+            printf("%s[", l ? ", " : "");
+            for (int i = 0; i < h; i++) printf("%s%.6f", i ? ", " : "", r->head_share[(size_t)l * h + i]);
+            printf("]");
+        }
+        printf("]}\n");
+        return;
+    }
+    printf("checkpoint %s on %s (%zu bytes, T=%d)\n", ctx->checkpoint, ctx->src->label, ctx->src->n_eval, ctx->seq_len);
+    printf("val_loss %.6f nats | %.4f bits/byte | %ld predictions\n", r->loss, r->metric, r->n);
+    print_head_share(m, r);
+}
+
+/* tokens [1, len] and logits [1, len, V] of the first evaluation chunk */
+static int dump_logits(const model *m, batch_source *src, const char *path, moh_error *err) {
+    const moh_lm_config *cfg = m->cfg;
+    long cursor = 0;
+    moh_batch b;
+    if (src->eval_next(src->self, &cursor, 0, 1, &b) <= 0)
+        return moh_fail(err, MOH_E_FORMAT, "%s: too short for one prediction", path);
+    void *acts = NULL;
+    int rc = acts_new(cfg, 1, b.T, true, &acts, err);
+    float *ft = rc ? NULL : malloc(sizeof(float) * (size_t)b.T);
+    if (!rc && !ft) rc = moh_fail(err, MOH_E_NOMEM, "out of memory");
+    if (!rc) {
+        lm_acts_f32 *a = acts;
+        lm_forward_f32(cfg, m->params, a, b.tokens, NULL, 1, b.T);
+        for (int i = 0; i < b.T; i++) ft[i] = (float)b.tokens[i];
+        moh_st_entry e[2] = {{"tokens", 2, {1, b.T}, ft}, {"logits", 3, {1, b.T, cfg->vocab_size}, a->logits}};
+        rc = moh_st_write(path, e, 2, err);
+    }
+    free(ft);
+    acts_free(acts);
+    return rc;
+}
+
+static void describe(const void *cfg, size_t n, char *buf, size_t cap) {
+    const moh_lm_config *c = cfg;
+    snprintf(buf, cap, "LM %.2fM, hidden %d, %d layers, vocab %d, context %d", n / 1e6, c->hidden_size,
+             c->num_hidden_layers, c->vocab_size, c->max_position_embeddings);
+}
+
+static int max_seq_len(const void *cfg) { return ((const moh_lm_config *)cfg)->max_position_embeddings; }
+
+const model_family lm_family = {
+    .model_type = "llama",
+    .task = "text-generation",
+    .summary = "decoder language model (HF LLaMA layout, byte tokens)",
+    .data_help = "a UTF-8 text file (its last --val-fraction is validation) or a dir with train.txt + val.txt",
+    .config_size = sizeof(moh_lm_config),
+    .describe = describe,
+    .config_parse = cfg_parse,
+    .config_to_json = cfg_json,
+    .num_layers = num_layers,
+    .attn = attn,
+    .tensors = tensors,
+    .extra_tensor_ok = extra_tensor_ok,
+    .params_new = params_new,
+    .params_free = params_free,
+    .init_random = init_random,
+    .acts_new = acts_new,
+    .acts_free = acts_free,
+    .forward = forward,
+    .backward = backward,
+    .router = router,
+    .tokens_per_example = tokens_per_example,
+    .max_seq_len = max_seq_len,
+    .train_defaults = train_defaults,
+    .open_data = open_data,
+    .eval_add = eval_add,
+    .eval_finish = eval_finish,
+    .eval_json = eval_json,
+    .eval_brief = eval_brief,
+    .metric_name = "val bits/byte",
+    .eval_report = eval_report,
+    .dump_logits = dump_logits,
+    .default_sparse = true,
+};

@@ -1,0 +1,277 @@
+/* The model registry, model objects, data-parallel shards and the generic evaluation loop
+ * (model.h). */
+#include "models/model.h"
+
+#include <cjson/cJSON.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/fsutil.h"
+
+extern const model_family lm_family;  /* lm_family.c */
+extern const model_family vit_family; /* vit_family.c */
+
+/* The registry: one entry per family. */
+static const model_family *const FAMILIES[] = {&lm_family, &vit_family};
+enum { NUM_FAMILIES = (int)(sizeof FAMILIES / sizeof FAMILIES[0]) };
+
+const model_family *const *model_families(int *n) {
+    *n = NUM_FAMILIES;
+    return FAMILIES;
+}
+
+const model_family *model_family_find(const char *model_type) {
+    for (int i = 0; model_type && i < NUM_FAMILIES; i++)
+        if (!strcmp(FAMILIES[i]->model_type, model_type)) return FAMILIES[i];
+    return NULL;
+}
+
+int model_family_of_json(const char *text, size_t len, const char *label, const model_family **fam,
+                         moh_error *err) {
+    *fam = NULL;
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    if (!j || !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return moh_fail(err, MOH_E_FORMAT, "%s: not a JSON object (expected a model config.json)", label);
+    }
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    int rc = MOH_OK;
+    if (!t) *fam = &lm_family; /* moh's LM configs name no type: HF LLaMA */
+    else if (cJSON_IsString(t)) *fam = model_family_find(t->valuestring);
+    if (!*fam) {
+        char known[256] = "";
+        for (int i = 0; i < NUM_FAMILIES; i++)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s\"%s\"", i ? ", " : "",
+                     FAMILIES[i]->model_type);
+        char shown[128];
+        if (cJSON_IsString(t))
+            rc = moh_fail(err, MOH_E_CONFIG, "%s: field 'model_type' is '%s', expected one of %s", label,
+                          moh_st_quote(shown, sizeof shown, t->valuestring), known);
+        else
+            rc = moh_fail(err, MOH_E_CONFIG, "%s: field 'model_type' is not a string, expected one of %s", label, known);
+    }
+    cJSON_Delete(j);
+    return rc;
+}
+
+int model_family_of_dir(const char *dir, const model_family **fam, moh_error *err) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len = 0;
+    *fam = NULL;
+    char *text = fs_read_file(path, 1 << 20, &len, err);
+    if (!text) return err ? err->code : MOH_E_IO;
+    int rc = model_family_of_json(text, len, path, fam, err);
+    free(text);
+    return rc;
+}
+
+void model_free(model *m) {
+    if (m->fam && m->params) m->fam->params_free(m->params);
+    free(m->cfg);
+    memset(m, 0, sizeof *m);
+}
+
+int model_from_config_text(model *m, const char *text, size_t len, const char *label, moh_error *err) {
+    memset(m, 0, sizeof *m);
+    const model_family *fam = NULL;
+    int rc = model_family_of_json(text, len, label, &fam, err);
+    if (rc) return rc;
+    m->fam = fam;
+    if (!(m->cfg = calloc(1, fam->config_size))) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", label);
+    if (!rc) rc = fam->config_parse(m->cfg, text, len, label, err);
+    if (!rc) rc = fam->params_new(m->cfg, &m->params, &m->data, &m->n, err);
+    if (rc) model_free(m);
+    return rc;
+}
+
+int model_from_config_file(model *m, const char *path, moh_error *err) {
+    memset(m, 0, sizeof *m);
+    size_t len = 0;
+    char *text = fs_read_file(path, 1 << 20, &len, err);
+    if (!text) return err ? err->code : MOH_E_IO;
+    int rc = model_from_config_text(m, text, len, path, err);
+    free(text);
+    return rc;
+}
+
+model_tensor *model_tensors(const model *m, int *n) {
+    return m->fam->tensors(m->cfg, MODEL_NAMES_CHECKPOINT, n);
+}
+
+int model_num_layers(const model *m) { return m->fam->num_layers(m->cfg); }
+const moh_attn_config *model_attn(const model *m) { return m->fam->attn(m->cfg); }
+
+int model_active_heads(const model *m) {
+    const moh_attn_config *a = model_attn(m);
+    return a->router == MOH_ROUTER_NONE ? a->n_heads : a->shared_heads + a->top_k;
+}
+
+void model_eval_free(model_eval *r) {
+    free(r->confusion);
+    free(r->head_share);
+    memset(r, 0, sizeof *r);
+}
+
+void batch_source_free(batch_source *s) {
+    if (s->free && s->self) s->free(s->self);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- shards ------------------------------------------------------------------------------ */
+
+int model_default_shards(int batch) {
+    int n = omp_get_max_threads();
+    if (n > batch) n = batch;
+    if (n > MODEL_MAX_SHARDS) n = MODEL_MAX_SHARDS;
+    return n < 1 ? 1 : n;
+}
+
+void model_shards_free(model_shards *w, const model *m) {
+    for (int s = 0; w->acts && s < w->n; s++)
+        if (w->acts[s]) m->fam->acts_free(w->acts[s]);
+    for (int s = 0; w->grads && s < w->n; s++)
+        if (w->grads[s]) m->fam->params_free(w->grads[s]);
+    free(w->acts);
+    free(w->grads);
+    free(w->gdata);
+    memset(w, 0, sizeof *w);
+}
+
+int model_shards_init(model_shards *w, const model *m, int batch, int T, int n, bool with_grads,
+                      bool sparse, moh_error *err) {
+    memset(w, 0, sizeof *w);
+    if (n < 1 || n > MODEL_MAX_SHARDS || batch < n)
+        return moh_fail(err, MOH_E_ARG, "shards %d for batch %d, expected 1..min(256, batch)", n, batch);
+    w->Bmax = (batch + n - 1) / n;
+    w->n = n;
+    w->acts = calloc((size_t)n, sizeof *w->acts);
+    const bool g = with_grads && n > 1; /* one shard backpropagates into the caller's gradient */
+    w->grads = g ? calloc((size_t)n, sizeof *w->grads) : NULL;
+    w->gdata = g ? calloc((size_t)n, sizeof *w->gdata) : NULL;
+    if (!w->acts || (g && (!w->grads || !w->gdata))) {
+        model_shards_free(w, m);
+        return moh_fail(err, MOH_E_NOMEM, "shards: out of memory");
+    }
+    for (int s = 0; s < n; s++) {
+        int rc = m->fam->acts_new(m->cfg, w->Bmax, T, sparse, &w->acts[s], err);
+        size_t np = 0;
+        if (!rc && g) rc = m->fam->params_new(m->cfg, &w->grads[s], &w->gdata[s], &np, err);
+        if (rc) {
+            model_shards_free(w, m);
+            return rc;
+        }
+    }
+    return MOH_OK;
+}
+
+double model_shards_step(const model *m, model_shards *w, const moh_batch *b, bool train, void *g,
+                         float *gdata, double *ce, double *lb) {
+    const int n = w->n, B = b->B;
+    const model_family *f = m->fam;
+    double loss_s[MODEL_MAX_SHARDS], ce_s[MODEL_MAX_SHARDS], lb_s[MODEL_MAX_SHARDS];
+    for (int s = 0; s <= n; s++) w->first[s] = (int)((long)B * s / n);
+    for (int s = 0; s < n; s++) w->count[s] = w->first[s + 1] - w->first[s];
+    const bool back = train && g;
+#pragma omp parallel for schedule(static, 1) num_threads(n) if (n > 1)
+    for (int s = 0; s < n; s++) {
+        loss_s[s] = ce_s[s] = lb_s[s] = 0.0;
+        if (w->count[s] == 0) continue;
+        loss_s[s] = f->forward(m->cfg, m->params, w->acts[s], b, w->first[s], w->count[s], train, &ce_s[s], &lb_s[s]);
+        if (back) {
+            void *gs = n > 1 ? w->grads[s] : g;
+            if (n > 1) memset(w->gdata[s], 0, sizeof(float) * m->n);
+            f->backward(m->cfg, m->params, gs, w->acts[s], b, w->first[s], w->count[s]);
+        }
+    }
+    double loss = 0.0, c = 0.0, l = 0.0;
+    for (int s = 0; s < n; s++) {
+        const double wt = (double)w->count[s] / B;
+        loss += wt * loss_s[s];
+        c += wt * ce_s[s];
+        l += wt * lb_s[s];
+    }
+    if (back && n > 1) {
+        float wt[MODEL_MAX_SHARDS];
+        for (int s = 0; s < n; s++) wt[s] = (float)((double)w->count[s] / B);
+        const size_t np = m->n;
+        float *const *gd = w->gdata;
+#pragma omp parallel for schedule(static) if (np >= 65536)
+        for (size_t i = 0; i < np; i++) {
+            float acc = 0.0f;
+            for (int s = 0; s < n; s++) acc += wt[s] * gd[s][i];
+            gdata[i] += acc;
+        }
+    }
+    if (ce) *ce = c;
+    if (lb) *lb = l;
+    return loss;
+}
+
+void model_shards_routed_share(const model *m, const model_shards *w, const moh_batch *b, double *mn,
+                               double *mx) {
+    const moh_attn_config *a = model_attn(m);
+    const int E = attn_routed_heads(a), L = model_num_layers(m);
+    const int per = m->fam->tokens_per_example(m->cfg, b);
+    *mn = *mx = 1.0;
+    if (E == 0 || a->top_k == 0) return;
+    *mx = 0.0;
+    for (int l = 0; l < L; l++)
+        for (int i = 0; i < E; i++) {
+            double f = 0.0, T = 0.0;
+            for (int s = 0; s < w->n; s++) {
+                const long Ts = (long)w->count[s] * per;
+                const float *mask = m->fam->router(w->acts[s], l)->mask;
+                for (long t = 0; t < Ts; t++) f += mask[(size_t)t * E + i];
+                T += (double)Ts;
+            }
+            f /= T > 0 ? T : 1.0;
+            *mn = f < *mn ? f : *mn;
+            *mx = f > *mx ? f : *mx;
+        }
+}
+
+/* ---- evaluation -------------------------------------------------------------------------- */
+
+int model_evaluate(const model *m, model_shards *w, batch_source *src, long limit,
+                   const train_progress *progress, model_eval *r, moh_error *err) {
+    const model_family *f = m->fam;
+    const int L = model_num_layers(m), h = model_attn(m)->n_heads;
+    memset(r, 0, sizeof *r);
+    if (!(r->head_share = calloc((size_t)L * h, sizeof(double))))
+        return moh_fail(err, MOH_E_NOMEM, "eval: out of memory");
+    const long total = src->eval_items(src->self, limit);
+    long cursor = 0, done = 0;
+    moh_batch b;
+    for (;;) {
+        const long items = src->eval_next(src->self, &cursor, limit, w->n * w->Bmax, &b);
+        if (items <= 0) break;
+        double lb = 0.0;
+        model_shards_step(m, w, &b, false, NULL, NULL, NULL, &lb);
+        const int per = f->tokens_per_example(m->cfg, &b);
+        for (int s = 0; s < w->n; s++) {
+            if (w->count[s] == 0) continue;
+            f->eval_add(m->cfg, w->acts[s], &b, w->first[s], w->count[s], r);
+            const long Ts = (long)w->count[s] * per;
+            for (int l = 0; l < L; l++) {
+                const float *g = f->router(w->acts[s], l)->gates;
+                for (long t = 0; t < Ts; t++)
+                    for (int i = 0; i < h; i++) r->head_share[(size_t)l * h + i] += g[t * h + i] != 0.0f;
+            }
+            r->tokens += (double)Ts;
+        }
+        r->lb_loss += lb;
+        r->batches++;
+        done += items;
+        if (progress && progress->fn) progress->fn(progress->ctx, done < total ? done : total, total);
+    }
+    if (r->n == 0) {
+        model_eval_free(r);
+        return moh_fail(err, MOH_E_FORMAT, "eval: the data gives no %s to evaluate", src->eval_unit);
+    }
+    for (size_t i = 0; i < (size_t)L * h; i++) r->head_share[i] /= r->tokens > 0 ? r->tokens : 1.0;
+    r->lb_loss /= (double)r->batches;
+    f->eval_finish(m->cfg, r);
+    return MOH_OK;
+}

@@ -1,0 +1,281 @@
+/* The model interface: what every model family (decoder LM, ViT, ...) provides to the one trainer
+ * (train/trainer.h), the one checkpoint module (train/checkpoint.h), evaluation and the CLI.
+ * A family is a const model_family table in src/models/<family>_family.c plus one line in the
+ * registry (model.c: FAMILIES). docs/architecture.md has the recipe for adding one.
+ *
+ * Objects:
+ *   model         one instance: family, parsed config, parameters (one float32 buffer [n] in
+ *                 tensor-registry order, with the family's typed views over it)
+ *   model_tensor  one checkpoint tensor: name, shape, offset into the buffer, weight decay or not
+ *   moh_batch     one batch of any family (the family reads the fields it uses)
+ *   model_shards  a batch split into data-parallel shards, each with its own activations (and
+ *                 gradient), forward/backward in parallel with per-shard load-balance statistics
+ *   batch_source  training batches (knowing the shard/rank) and evaluation batches of a data set
+ */
+#ifndef MOH_MODEL_H
+#define MOH_MODEL_H
+#include <stdio.h>
+
+#include "attn/attn.h"
+#include "moh.h"
+#include "train/train_util.h"
+
+#define MODEL_MAX_DIMS 4
+#define MODEL_MAX_SHARDS 256
+
+/* One named checkpoint tensor, a view into a buffer laid out like the model's parameters. */
+typedef struct model_tensor {
+    char name[96];   /* checkpoint name (HF LLaMA / timm / official DiT) */
+    int ndim;
+    int64_t shape[MODEL_MAX_DIMS];
+    size_t offset;   /* in floats from the start of the parameter buffer */
+    size_t numel;
+    bool decay;      /* AdamW weight decay applies */
+} model_tensor;
+
+/* Naming schemes of the tensor registry. */
+typedef enum model_naming {
+    MODEL_NAMES_CHECKPOINT = 0, /* the family's PyTorch state_dict names (model.safetensors) */
+    MODEL_NAMES_GGUF = 1,       /* llama.cpp's GGUF names (blk.N.attn_q.weight); LM only */
+} model_naming;
+
+/* One batch. Text: tokens/targets [B, T] (row-major, targets -1 = ignored). Images: images
+ * [B, C, H, W] (NCHW, normalised), labels [B]. Pointers are borrowed from the batch source. */
+typedef struct moh_batch {
+    int B;           /* examples (sequences or images) */
+    int T;           /* tokens per sequence (text); 0 for images */
+    const int *tokens, *targets;
+    const float *images;
+    int C, H, W;     /* image shape */
+    const int *labels;
+} moh_batch;
+
+/* Evaluation result of any family (model_evaluate). */
+typedef struct model_eval {
+    long n;             /* evaluated items: predictions (LM) or images (ViT) */
+    double loss;        /* mean plain cross-entropy over the items (nats) */
+    double metric;      /* the family's headline: bits per byte (LM), top-1 accuracy (ViT) */
+    long correct;       /* classifiers: top-1 hits */
+    long *confusion;    /* classifiers: [K, K] row = true class, column = predicted (malloc'd) */
+    double *head_share; /* [L, h]: share of tokens whose gate for head i is non-zero (malloc'd) */
+    double lb_loss;     /* mean over batches of the load-balance loss (monitoring, not added) */
+    double ce_sum;      /* sum of per-item cross-entropies (nats) */
+    double tokens;      /* attention tokens seen (head_share denominator) */
+    long batches;
+} model_eval;
+void model_eval_free(model_eval *r);
+
+/* The hyperparameters that shape a run: filled with the family's defaults (train_defaults), then
+ * the command line's, saved in optimizer.safetensors (checkpoint.c TRAIN_KEYS) and restored on
+ * resume. Data fields a family does not use are ignored by it. */
+typedef struct train_hparams {
+    double lr, min_lr_ratio, weight_decay, beta1, beta2, grad_clip;
+    long warmup;        /* -1 = auto */
+    int batch_size;     /* examples per micro-batch (all shards together) */
+    int seq_len;        /* text: tokens per sequence (0 = the config's context) */
+    int grad_accum;     /* micro-batches per optimizer step */
+    int shards;         /* data-parallel shards per micro-batch (0 = the family's default) */
+    uint64_t seed;      /* init, data order, augmentation */
+    double val_fraction;/* text: held-out tail of a single file */
+    long train_limit;   /* images: use the first N training images (0 = all) */
+    int crop_pad;       /* images: random-crop padding */
+    int hflip;          /* images: random horizontal flip (0/1) */
+    double epochs;      /* schedule length in passes over the training data (0 = not given) */
+    long eval_every;    /* steps between validations (0 = per epoch when the source has epochs,
+                         * else only at the end) */
+    long eval_limit;    /* items per periodic validation (0 = the whole split) */
+    long log_every;
+} train_hparams;
+
+typedef struct model_family model_family;
+
+/* One model: family, config, parameters. */
+typedef struct model {
+    const model_family *fam;
+    void *cfg;       /* the family's config struct (moh_lm_config, moh_vit_config), owned */
+    void *params;    /* the family's parameter views (lm_params_f32, ...), owned */
+    float *data;     /* parameter buffer [n] in tensor-registry order (== params' data) */
+    size_t n;
+} model;
+
+/* Training batches and evaluation batches of one data set, opened by a family (open_data). */
+typedef struct batch_source {
+    void *self;
+    const char *unit;      /* what a training example is counted in for rates: "tok", "img" */
+    const char *seen_key;  /* metrics.jsonl key of the running count: "tokens", "images" */
+    const char *eval_unit; /* progress unit of evaluation items: "predictions", "images" */
+    const char *what;      /* what n_train / n_eval count: "bytes", "images" */
+    const char *label;     /* the evaluation data in messages (a path; owned by self) */
+    long examples_per_step;/* training items per micro-batch (B T tokens, B images) */
+    long steps_per_epoch;  /* optimizer steps per pass over the training split (0 = no epochs) */
+    long warmup_cap;       /* automatic warmup: min(warmup_cap, total steps / 10) */
+    uint64_t rng_start;    /* data position of a fresh run (sources drawing at random) */
+    size_t n_train, n_eval;/* size of the splits, in `what` */
+    int seq_len;           /* text: tokens per sequence T (activations are sized for it); 0 images */
+    /* Micro-batch `micro` of optimizer step `step`, rank `rank` of `nranks` (each rank gets
+     * examples [rank B / nranks, (rank + 1) B / nranks) of the global micro-batch); *data_rng is
+     * the data position of sources that draw batches at random (advanced by every rank alike). */
+    int (*next)(void *self, long step, int micro, int rank, int nranks, uint64_t *data_rng,
+                moh_batch *out, moh_error *err);
+    /* Items of an evaluation over the first `limit` items (0 = all), as model_evaluate counts. */
+    long (*eval_items)(void *self, long limit);
+    /* The evaluation batch at *cursor (0 at start; advanced); capacity: examples. Returns the
+     * batch's items (0 at the end). */
+    long (*eval_next)(void *self, long *cursor, long limit, int capacity, moh_batch *out);
+    void (*free)(void *self);
+} batch_source;
+void batch_source_free(batch_source *s);
+
+/* Where the family's data comes from: a path plus the data hyperparameters. */
+typedef struct data_request {
+    const char *path;
+    const train_hparams *hp;
+    int eval_batch;        /* capacity of evaluation batches (examples) */
+    bool train;            /* open the training split too (else evaluation only) */
+    const char *split;     /* evaluation only, images: file prefix of the split ("t10k", "train") */
+    const char *model_label; /* the model in messages: "the checkpoint DIR", "the config FILE" */
+    bool quiet;
+} data_request;
+
+/* What `moh eval` reports besides the result (eval_report). */
+typedef struct eval_context {
+    bool json;
+    const char *checkpoint;
+    const char *data_path;   /* --data as given */
+    const batch_source *src; /* the evaluation source (label, n_eval, what) */
+    int seq_len;             /* text: T */
+    const char *split;       /* images: split prefix */
+} eval_context;
+
+struct model_family {
+    const char *model_type;  /* config.json "model_type" */
+    const char *task;        /* what the commands may do with it: "text-generation" (train, eval,
+                              * sample, analyze), "image-classification" (train, eval, analyze) */
+    const char *summary;     /* one line: "decoder language model (LLaMA layout)" */
+    const char *data_help;   /* what --data takes */
+    size_t config_size;
+    /* One line describing a config with n parameters ("LM 3.41M, hidden 256, 6 layers, ..."). */
+    void (*describe)(const void *cfg, size_t n, char *buf, size_t cap);
+    /* Parses and validates config.json text (label names the file in errors). */
+    int (*config_parse)(void *cfg, const char *text, size_t len, const char *label, moh_error *err);
+    char *(*config_to_json)(const void *cfg); /* malloc'd; NULL on OOM */
+    int (*num_layers)(const void *cfg);
+    const moh_attn_config *(*attn)(const void *cfg);
+    /* The tensor registry in buffer order under a naming scheme (NULL: OOM or scheme not
+     * supported by the family); *n gets the count. Caller frees. */
+    model_tensor *(*tensors)(const void *cfg, model_naming scheme, int *n);
+    /* Optional: true for a tensor a checkpoint may hold beyond the registry (ignored on load; the
+     * LM's lm_head.weight when tied, as HF writes it). */
+    bool (*extra_tensor_ok)(const void *cfg, const char *name);
+    /* Typed parameter views over a new zeroed buffer: *params (family struct), *data [*n]. */
+    int (*params_new)(const void *cfg, void **params, float **data, size_t *n, moh_error *err);
+    void (*params_free)(void *params);
+    void (*init_random)(const void *cfg, void *params, uint64_t seed);
+    /* Activations for up to Bmax examples of T tokens (text; ignored by images); sparse = the
+     * head-sparse attention path (attn/sparse.h) instead of the reference one. */
+    int (*acts_new)(const void *cfg, int Bmax, int T, bool sparse, void **acts, moh_error *err);
+    void (*acts_free)(void *acts);
+    /* Forward of examples [first, first + count) of b: returns the training loss (ce + beta lb);
+     * *ce, *lb get its parts. train = false: the plain loss of evaluation (no label smoothing). */
+    double (*forward)(const void *cfg, const void *params, void *acts, const moh_batch *b, int first,
+                      int count, bool train, double *ce, double *lb);
+    /* Backward after forward(train = true): ACCUMULATES into grads (a params_new struct). */
+    void (*backward)(const void *cfg, const void *params, void *grads, void *acts, const moh_batch *b,
+                     int first, int count);
+    /* Router activations of layer l after a forward (gates [tokens, h], mask, lb_loss). */
+    const attn_cache_f32 *(*router)(const void *acts, int l);
+    /* Attention tokens per example of b (T for text, num_tokens for images). */
+    int (*tokens_per_example)(const void *cfg, const moh_batch *b);
+    /* Family defaults of the run's hyperparameters. */
+    void (*train_defaults)(train_hparams *hp);
+    /* Opens the data: training source (req->train) and evaluation source. May fill data-derived
+     * config fields (ViT: input mean/std) before training starts. */
+    int (*open_data)(model *m, const data_request *req, batch_source *train, batch_source *eval,
+                     moh_error *err);
+    /* Evaluation: adds the items of a shard's last forward(train = false) of b's examples
+     * [first, first + count) to r (n, ce_sum, correct, confusion). */
+    void (*eval_add)(const void *cfg, const void *acts, const moh_batch *b, int first, int count,
+                     model_eval *r);
+    void (*eval_finish)(const void *cfg, model_eval *r); /* sets r->loss, r->metric */
+    /* metrics.jsonl fields of an evaluation (", \"val_loss\": ..."), and a short progress text. */
+    void (*eval_json)(const model_eval *r, char *buf, size_t cap);
+    void (*eval_brief)(const model_eval *r, char *buf, size_t cap);
+    const char *metric_name; /* "val bits/byte", "test accuracy" */
+    /* Optional: extra metrics.jsonl fields of a training batch (ViT: batch accuracy); NULL = none. */
+    void (*train_json)(const void *cfg, void *const *acts, const int *count, int nshards,
+                       const moh_batch *b, char *buf, size_t cap);
+    /* The `moh eval` report (text or JSON) on stdout. */
+    void (*eval_report)(const model *m, const model_eval *r, const eval_context *ctx);
+    /* Optional debug (`moh eval --dump-logits FILE`): inputs and logits of the first evaluation
+     * batch as safetensors. */
+    int (*dump_logits)(const model *m, batch_source *src, const char *path, moh_error *err);
+    /* Longest sequence the config supports (text; NULL for images). */
+    int (*max_seq_len)(const void *cfg);
+    bool default_sparse;     /* attention on the head-sparse path unless asked otherwise */
+};
+
+/* ---- registry ---------------------------------------------------------------------------- */
+/* The family called model_type, or NULL. */
+const model_family *model_family_find(const char *model_type);
+/* Families in registry order (*n gets the count). */
+const model_family *const *model_families(int *n);
+/* "model_type" of config.json text: the string value, "llama" when absent (moh's LM configs and
+ * HF LLaMA configs); MOH_E_FORMAT (not JSON) / MOH_E_CONFIG (unknown type, naming the known ones)
+ * with label. */
+int model_family_of_json(const char *text, size_t len, const char *label, const model_family **fam,
+                         moh_error *err);
+
+/* The family of checkpoint dir's config.json (only its model_type is read). */
+int model_family_of_dir(const char *dir, const model_family **fam, moh_error *err);
+
+/* ---- one model --------------------------------------------------------------------------- */
+/* Parses config.json text (family from its model_type) into a new model with zeroed params. */
+int model_from_config_text(model *m, const char *text, size_t len, const char *label, moh_error *err);
+/* Reads and parses a config.json file into a new model with zeroed params. */
+int model_from_config_file(model *m, const char *path, moh_error *err);
+void model_free(model *m);
+/* The registry of m's tensors (MODEL_NAMES_CHECKPOINT); NULL on OOM. Caller frees. */
+model_tensor *model_tensors(const model *m, int *n);
+int model_num_layers(const model *m);
+const moh_attn_config *model_attn(const model *m);
+/* Heads active per token (h for the "none" router). */
+int model_active_heads(const model *m);
+
+/* ---- data-parallel shards ---------------------------------------------------------------- */
+/* A micro-batch split into n shards that run forward and backward in parallel, one OpenMP thread
+ * per shard (single-threaded ops inside) when n > 1. Shard s holds examples
+ * [s B / n, (s + 1) B / n). Like n data-parallel GPUs (DDP), each shard computes its own
+ * load-balance statistics over its tokens (spec §2: per GPU, not all-reduced); the loss and
+ * gradient are the shard-size-weighted means, so the cross-entropy part equals the whole-batch
+ * mean exactly. Results depend on n, not on the thread count. */
+typedef struct model_shards {
+    int n;                  /* number of shards */
+    int Bmax;               /* capacity of each shard (examples) */
+    void **acts;            /* [n] family activations */
+    void **grads;           /* [n] per-shard gradients (NULL: evaluation only, or n == 1) */
+    float **gdata;          /* [n] their buffers */
+    int first[MODEL_MAX_SHARDS + 1], count[MODEL_MAX_SHARDS]; /* split of the last batch */
+} model_shards;
+
+/* n shards (1..256, <= batch) for micro-batches of up to `batch` examples of T tokens (text);
+ * with_grads for training. MOH_OK, MOH_E_ARG or MOH_E_NOMEM. */
+int model_shards_init(model_shards *w, const model *m, int batch, int T, int n, bool with_grads,
+                      bool sparse, moh_error *err);
+void model_shards_free(model_shards *w, const model *m);
+/* Forward of b (b->B <= n Bmax); with g (a params_new struct of m, data gdata), also backward:
+ * ACCUMULATES sum_s (B_s / B) grad_s into g (n == 1: the backward accumulates into g directly).
+ * Returns the weighted training loss; *ce, *lb its parts. */
+double model_shards_step(const model *m, model_shards *w, const moh_batch *b, bool train, void *g,
+                         float *gdata, double *ce, double *lb);
+/* Min and max over layers and routed heads of the share of the last batch's tokens selecting the
+ * head (1, 1 without routed heads). */
+void model_shards_routed_share(const model *m, const model_shards *w, const moh_batch *b, double *mn,
+                               double *mx);
+/* Default shard count: omp_get_max_threads(), at most batch and 256. */
+int model_default_shards(int batch);
+
+/* Evaluates the first `limit` items (0 = all) of src's evaluation split with w (forward only, plain
+ * loss): the family's metric, head shares, load-balance loss. progress may be NULL. */
+int model_evaluate(const model *m, model_shards *w, batch_source *src, long limit,
+                   const train_progress *progress, model_eval *r, moh_error *err);
+#endif
