@@ -348,6 +348,7 @@ const model_family lm_family = {
     .tokens_per_example = tokens_per_example,
     .max_seq_len = max_seq_len,
     .train_defaults = train_defaults,
+    .unused_keys = "train_limit crop_pad hflip",
     .open_data = open_data,
     .eval_add = eval_add,
     .eval_finish = eval_finish,

@@ -188,6 +188,9 @@ struct model_family {
     int (*tokens_per_example)(const void *cfg, const moh_batch *b);
     /* Family defaults of the run's hyperparameters. */
     void (*train_defaults)(train_hparams *hp);
+    /* Training-state keys (train/checkpoint.c TRAIN_KEYS) of data the family does not have,
+     * space-separated: their flags are refused ("crop_pad hflip train_limit" for text). */
+    const char *unused_keys;
     /* Opens the data: training source (req->train) and evaluation source. May fill data-derived
      * config fields (ViT: input mean/std) before training starts. */
     int (*open_data)(model *m, const data_request *req, batch_source *train, batch_source *eval,

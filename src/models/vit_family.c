@@ -448,6 +448,7 @@ const model_family vit_family = {
     .router = router,
     .tokens_per_example = tokens_per_example,
     .train_defaults = train_defaults,
+    .unused_keys = "seq_len val_fraction",
     .open_data = open_data,
     .eval_add = eval_add,
     .eval_finish = eval_finish,

@@ -59,6 +59,14 @@ static size_t key_size(const train_key *k) {
     return k->type == 'd' ? sizeof(double) : k->type == 'i' ? sizeof(int) : k->type == 'l' ? sizeof(long) : sizeof(uint64_t);
 }
 
+/* true when the family's data has no use for train-state key `key` */
+static bool key_unused(const model_family *fam, const char *key) {
+    const size_t n = strlen(key);
+    for (const char *p = fam->unused_keys; p && (p = strstr(p, key)); p += n)
+        if ((p == fam->unused_keys || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\0')) return true;
+    return false;
+}
+
 /* The run's hyperparameters: family defaults, then (resume) the checkpoint's, then the command
  * line's. On resume a flag contradicting a saved value is applied with a note ('a' keys) or
  * refused ('r' keys); keys an older checkpoint does not record take the flag or the default, with
@@ -76,6 +84,9 @@ static int merge_hparams(const train_options *o, const model_family *fam, train_
         char *dst = hp_field(&hp, k);
         const char *saved = hp_field(&st->hp, k), *flag = hp_field((train_hparams *)&o->flags, k);
         const bool given = flag_given(o, k), have = o->resume && (present >> i & 1);
+        if (given && key_unused(fam, k->key))
+            return moh_fail(err, MOH_E_ARG, "%s does not apply to a %s (model_type \"%s\"): its data has no %s", k->flag,
+                            fam->summary, fam->model_type, k->key);
         if (have) memcpy(dst, saved, key_size(k));
         if (given && have && memcmp(saved, flag, key_size(k))) {
             char a[48], b[48];
@@ -271,6 +282,12 @@ static train_cost_model cost_model(const trainer *tr, const run_clock *c, long s
     m.eval_every = hp->eval_every;
     m.save_every = tr->o->save_every;
     return m;
+}
+
+/* x with fmt, or null when not finite (JSON has no nan / inf). */
+static void json_num(char *buf, size_t cap, const char *fmt, double x) {
+    if (isfinite(x)) snprintf(buf, cap, fmt, x);
+    else snprintf(buf, cap, "null");
 }
 
 static const char *router_label(const moh_attn_config *a) {
@@ -504,13 +521,17 @@ int train_run(const train_options *o, moh_error *err) {
             }
             last_metric = ev.metric;
         }
+        char loss_s[32], ce_s[32], gn_s[32]; /* JSON has no nan / inf: null */
+        json_num(loss_s, sizeof loss_s, "%.6f", loss);
+        json_num(ce_s, sizeof ce_s, "%.6f", ce);
+        json_num(gn_s, sizeof gn_s, "%.4f", gnorm);
         fprintf(tr.metrics, "{\"step\": %ld", st->step);
         if (spe > 0) fprintf(tr.metrics, ", \"epoch\": %.4f", (double)st->step / spe);
         fprintf(tr.metrics,
-                ", \"loss\": %.6f, \"ce\": %.6f, \"lb_loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.4f%s, \"%s\": %.0f, "
+                ", \"loss\": %s, \"ce\": %s, \"lb_loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %s%s, \"%s\": %.0f, "
                 "\"elapsed_s\": %.2f, \"cpu_s\": %.2f, \"step_s\": %.4f, \"train_%s_s\": %.1f, \"routed_share_min\": "
                 "%.4f, \"routed_share_max\": %.4f",
-                loss, ce, lb, lr, gnorm, fam_json, tr.train.seen_key, st->examples_seen, st->elapsed_s,
+                loss_s, ce_s, lb, lr, gn_s, fam_json, tr.train.seen_key, st->examples_seen, st->elapsed_s,
                 train_cpu_s() - c0, step_s, tr.train.unit, (double)(st->step - start_step) * per_step / train_s, smin,
                 smax);
         if (st->skipped > 0) fprintf(tr.metrics, ", \"skipped\": %ld", st->skipped);

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# The one trainer, for every model family (LM and ViT alike):
+#  1. gradient accumulation 2 x batch 8 gives the gradient of batch 16 in 2 shards (each shard, like
+#     each micro-batch, has its own load-balance statistics) to <= 1e-6 relative, and with
+#     load_balance_coef 0 the gradient of batch 16 in one shard;
+#  2. a resume that repeats no flag reproduces the uninterrupted run bitwise (weights and losses);
+#  3. a resume with a changed --lr prints a note and trains at the new lr from the next step; a
+#     changed --batch-size is refused and leaves the checkpoint untouched;
+#  4. an injected NaN gradient is skipped (weights unchanged, counted in metrics.jsonl) and never
+#     reaches a checkpoint; 3 in a row stop the run with the last good checkpoint intact;
+#  5. checkpoints of moh 0.1 (tests/fixtures/ckpt_v1) still resume, to the same losses.
+#   tests/cli_train.sh path/to/moh
+set -uo pipefail
+MOH=${1:-build/moh}
+MOH=$(cd "$(dirname "$MOH")" && pwd)/$(basename "$MOH")
+FIX=$(cd "$(dirname "$0")" && pwd)/fixtures/ckpt_v1
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+check() { if eval "$1"; then ok; else bad "$2"; fi; }
+export OMP_NUM_THREADS=2
+
+# data: the corpus of the v1 fixture, and the v1 fixture's tiny IDX set (4 classes of 8x8 images)
+awk 'BEGIN { for (i = 1; i <= 400; i++) printf "verse %d: and the %s went unto the %s of %d.\n", i, (i % 7 ? "people" : "king"), (i % 5 ? "city" : "river"), (i * 7919) % 1000 }' > "$T/corpus.txt"
+IDX=$FIX/vit_data
+cat > "$T/lm.json" <<'J'
+{"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 32,
+ "vocab_size": 256, "max_position_embeddings": 16, "rms_norm_eps": 1e-5, "rope_theta": 10000,
+ "router": "learned", "shared_heads": 1, "top_k": 2, "load_balance_coef": 0.01}
+J
+sed 's/"load_balance_coef": 0.01/"load_balance_coef": 0/' "$T/lm.json" > "$T/lm0.json"
+cat > "$T/vit.json" <<'J'
+{"model_type": "vit", "img_size": 8, "patch_size": 4, "num_classes": 4, "embed_dim": 16, "depth": 2,
+ "num_heads": 4, "mlp_ratio": 2, "router": "learned", "shared_heads": 1, "top_k": 2}
+J
+sed 's/"top_k": 2}/"top_k": 2, "load_balance_coef": 0}/' "$T/vit.json" > "$T/vit0.json"
+lm=(--data "$T/corpus.txt" --seq-len 16 --eval-every 4 --eval-tokens 300 --seed 3 --quiet)
+vit=(--data "$IDX" --eval-every 4 --eval-limit 16 --seed 3 --quiet)
+
+# relative difference of two gradient dumps (grad.* tensors): max |a - b| / max |b| over all values
+graddiff() {
+  python3 - "$1" "$2" <<'EOF'
+import array, json, struct, sys
+def read(p):
+    f = open(p, 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n)); d = f.read()
+    out = {}
+    for k, v in h.items():
+        if k.startswith('grad.'):
+            a = array.array('f'); a.frombytes(d[v['data_offsets'][0]:v['data_offsets'][1]]); out[k] = a
+    return out
+a, b = read(sys.argv[1]), read(sys.argv[2])
+assert a.keys() == b.keys() and a, 'tensor names differ'
+num = max(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
+den = max(abs(y) for k in b for y in b[k])
+print('%.3g' % (num / den))
+EOF
+}
+
+# 1. accumulation == shards (and == one batch without the load-balance term)
+for fam in lm vit; do
+  if [ $fam = lm ]; then base=("${lm[@]}"); cfg=$T/lm.json; cfg0=$T/lm0.json; else base=("${vit[@]}"); cfg=$T/vit.json; cfg0=$T/vit0.json; fi
+  extra=(); [ $fam = vit ] && extra=(--no-augment)
+  "$MOH" train --config "$cfg" "${base[@]}" "${extra[@]}" --out "$T/$fam-acc" --steps 1 --batch-size 8 --grad-accum 2 --shards 1 --dump-grads "$T/$fam-acc.st" || bad "$fam accum run"
+  "$MOH" train --config "$cfg" "${base[@]}" "${extra[@]}" --out "$T/$fam-sh" --steps 1 --batch-size 16 --shards 2 --dump-grads "$T/$fam-sh.st" || bad "$fam shards run"
+  d=$(graddiff "$T/$fam-acc.st" "$T/$fam-sh.st"); echo "  $fam accum vs shards: $d"
+  check "python3 -c 'assert $d <= 1e-6'" "$fam: accum 2 x 8 vs batch 16 in 2 shards: relative gradient difference $d"
+  "$MOH" train --config "$cfg0" "${base[@]}" "${extra[@]}" --out "$T/$fam-acc0" --steps 1 --batch-size 8 --grad-accum 2 --shards 1 --dump-grads "$T/$fam-acc0.st" || bad "$fam accum run, beta 0"
+  "$MOH" train --config "$cfg0" "${base[@]}" "${extra[@]}" --out "$T/$fam-one0" --steps 1 --batch-size 16 --shards 1 --dump-grads "$T/$fam-one0.st" || bad "$fam one-batch run, beta 0"
+  d=$(graddiff "$T/$fam-acc0.st" "$T/$fam-one0.st"); echo "  $fam beta 0 accum vs one batch: $d"
+  check "python3 -c 'assert $d <= 1e-6'" "$fam: beta 0: accum 2 x 8 vs batch 16: relative gradient difference $d"
+  # the premise: with the load-balance term the two differ (per-shard statistics are not global)
+  "$MOH" train --config "$cfg" "${base[@]}" "${extra[@]}" --out "$T/$fam-one" --steps 1 --batch-size 16 --shards 1 --dump-grads "$T/$fam-one.st" || bad "$fam one-batch run"
+  d=$(graddiff "$T/$fam-acc.st" "$T/$fam-one.st"); echo "  $fam accum vs one batch (premise, differ): $d"
+  check "python3 -c 'assert $d > 1e-5'" "$fam: premise: accum with the load-balance term should differ from one batch ($d)"
+done
+
+losses() { grep -o '"loss": [0-9.e+-]*' "$1" | tr '\n' ' '; }
+field_at() { sed -n "${2}p" "$1" | grep -o "\"$3\": [0-9.e+-]*" | cut -d' ' -f2; }
+
+# 2. resume repeating no flag == uninterrupted, bitwise; 3. a changed --lr / --batch-size
+for fam in lm vit; do
+  if [ $fam = lm ]; then run=(--config "$T/lm.json" "${lm[@]}" --batch-size 4 --grad-accum 2 --lr 3e-3 --warmup 2);
+  else run=(--config "$T/vit.json" "${vit[@]}" --batch-size 16 --grad-accum 2 --shards 2 --lr 3e-3 --warmup 2 --crop-pad 2); fi
+  data=$([ $fam = lm ] && echo "$T/corpus.txt" || echo "$IDX")
+  "$MOH" train "${run[@]}" --out "$T/$fam-full" --steps 12 || bad "$fam full run"
+  "$MOH" train "${run[@]}" --out "$T/$fam-half" --steps 12 --stop-at-step 5 || bad "$fam first half"
+  "$MOH" train --resume --data "$data" --out "$T/$fam-half" --quiet || bad "$fam resume"
+  check "cmp -s '$T/$fam-full/model.safetensors' '$T/$fam-half/model.safetensors'" "$fam: resumed weights differ from the uninterrupted run"
+  check "[ \"\$(losses '$T/$fam-full/metrics.jsonl')\" = \"\$(losses '$T/$fam-half/metrics.jsonl')\" ]" "$fam: resumed losses differ"
+  # a changed --lr: a note, then the schedule's peak is the new lr from step 6 on
+  "$MOH" train "${run[@]}" --out "$T/$fam-lr" --steps 12 --stop-at-step 5 || bad "$fam lr first half"
+  out=$("$MOH" train --resume --data "$data" --out "$T/$fam-lr" --lr 1e-3 --stop-at-step 6 2>&1) || bad "$fam lr resume exited"
+  check "grep -q 'note: --lr 0.001 replaces the checkpoint.s lr 0.003 from step 6 on' <<<\"\$out\"" "$fam: no --lr note: $out"
+  want=$(python3 -c 'import math; s, w, T = 5, 2, 12; p = (s - w) / (T - w); print("%.6g" % (1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))))' 2>/dev/null)
+  got=$(field_at "$T/$fam-lr/metrics.jsonl" 6 lr)
+  full=$(field_at "$T/$fam-full/metrics.jsonl" 6 lr)
+  check "python3 -c 'assert abs($got / $full - 1 / 3) < 1e-4, ($got, $full)'" "$fam: lr at step 6 after --lr 1e-3 is $got, expected a third of the original $full"
+  # the new lr is saved: a further resume without --lr keeps it
+  "$MOH" train --resume --data "$data" --out "$T/$fam-lr" --stop-at-step 7 --quiet || bad "$fam resume after lr change"
+  got7=$(field_at "$T/$fam-lr/metrics.jsonl" 7 lr); full7=$(field_at "$T/$fam-full/metrics.jsonl" 7 lr)
+  check "python3 -c 'assert abs($got7 / $full7 - 1 / 3) < 1e-4, ($got7, $full7)'" "$fam: the changed lr was not kept on the next resume ($got7 vs $full7)"
+  # a changed --batch-size is refused, and nothing changes
+  before=$(md5sum < "$T/$fam-lr/optimizer.safetensors")
+  out=$("$MOH" train --resume --data "$data" --out "$T/$fam-lr" --batch-size 3 2>&1); rc=$?
+  check "[ $rc -eq 1 ] && grep -q -- '--batch-size 3 contradicts the checkpoint in .* (batch_size' <<<\"\$out\"" "$fam: changed --batch-size on resume: rc $rc: $out"
+  check "[ \"$before\" = \"\$(md5sum < '$T/$fam-lr/optimizer.safetensors')\" ]" "$fam: a refused resume changed the checkpoint"
+done
+
+# 4. non-finite guard
+for fam in lm vit; do
+  if [ $fam = lm ]; then run=(--config "$T/lm.json" "${lm[@]}" --batch-size 4); else run=(--config "$T/vit.json" "${vit[@]}" --batch-size 16 --shards 2); fi
+  data=$([ $fam = lm ] && echo "$T/corpus.txt" || echo "$IDX")
+  "$MOH" train "${run[@]}" --out "$T/$fam-n2" --steps 8 --stop-at-step 2 || bad "$fam 2 steps"
+  err=$("$MOH" train "${run[@]}" --out "$T/$fam-n3" --steps 8 --stop-at-step 3 --debug-nan-grad 3 2>&1 >/dev/null) || bad "$fam run with one NaN step exited $?"
+  check "grep -q 'warning: step 3: .* not finite, step skipped (1 in a row, 1 in the run)' <<<\"\$err\"" "$fam: no skip warning: $err"
+  check "cmp -s '$T/$fam-n2/model.safetensors' '$T/$fam-n3/model.safetensors'" "$fam: the NaN step changed the weights"
+  check "sed -n 3p '$T/$fam-n3/metrics.jsonl' | grep -q '\"skipped\": 1, \"step_skipped\": true'" "$fam: metrics.jsonl does not count the skipped step: $(sed -n 3p "$T/$fam-n3/metrics.jsonl")"
+  # the run goes on after it: a resume trains normally (no NaN anywhere in the checkpoint: load checks)
+  "$MOH" train --resume --data "$data" --out "$T/$fam-n3" --quiet || bad "$fam resume after a skipped step"
+  check "[ \"\$(field_at '$T/$fam-n3/metrics.jsonl' 8 skipped)\" = 1 ]" "$fam: the skip count was not kept"
+  "$MOH" eval --checkpoint "$T/$fam-n3" --data "$data" --json > /dev/null || bad "$fam: eval of the checkpoint after a skipped step"
+  # 3 in a row: the run stops with an error; the checkpoint of step 2 stays as it was
+  "$MOH" train "${run[@]}" --out "$T/$fam-nn" --steps 8 --eval-every 2 --debug-nan-grad 3 --debug-nan-count 3 > /dev/null 2> "$T/nn.err"; rc=$?
+  check "[ $rc -eq 1 ] && grep -q 'steps 3-5: loss or gradient not finite 3 times in a row; stopped (the last checkpoint in .* is intact)' '$T/nn.err'" "$fam: 3 NaN steps: rc $rc: $(cat "$T/nn.err")"
+  check "cmp -s '$T/$fam-n2/model.safetensors' '$T/$fam-nn/model.safetensors'" "$fam: the checkpoint after 3 NaN steps is not the step-2 one"
+done
+
+# 5. moh 0.1 checkpoints (formats moh-lm-train-v1 / moh-vit-train-v1) resume to the same losses
+cp -r "$FIX/lm" "$T/v1lm" && cp -r "$FIX/vit" "$T/v1vit"
+out=$("$MOH" train --resume --data "$T/corpus.txt" --out "$T/v1lm" --batch-size 4 --seq-len 16 --lr 1e-3 --eval-every 3 --eval-tokens 500 2>&1) || bad "v1 LM resume: $out"
+check "grep -q 'does not record every hyperparameter' <<<\"\$out\"" "v1 LM resume: no note on the missing hyperparameters: $out"
+check "[ \"\$(losses '$T/v1lm/metrics.jsonl' | tr ' ' '\n' | grep -v loss | grep . | tr '\n' ' ')\" = \"\$(tr '\n' ' ' < '$FIX/lm_full_losses.txt')\" ]" "v1 LM resume losses $(losses "$T/v1lm/metrics.jsonl") differ from $(tr '\n' ' ' < "$FIX/lm_full_losses.txt")"
+"$MOH" train --resume --data "$IDX" --out "$T/v1vit" --quiet || bad "v1 ViT resume"
+check "[ \"\$(losses '$T/v1vit/metrics.jsonl' | tr ' ' '\n' | grep -v loss | grep . | tr '\n' ' ')\" = \"\$(tr '\n' ' ' < '$FIX/vit_full_losses.txt')\" ]" "v1 ViT resume losses $(losses "$T/v1vit/metrics.jsonl") differ from $(tr '\n' ' ' < "$FIX/vit_full_losses.txt")"
+"$MOH" eval --checkpoint "$FIX/lm" --data "$T/corpus.txt" --json > /dev/null || bad "v1 LM checkpoint does not load in eval"
+
+echo "cli_train: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
