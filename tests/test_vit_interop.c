@@ -1,6 +1,6 @@
 /* ViT against PyTorch: the checkpoints in tests/fixtures/vit/<case>/ (written from timm's
  * VisionTransformer, and for MoH from tools/ref/vit_ref.py; see tools/ref/gen_vit_fixtures.py) load
- * through vit_checkpoint_load, and the float32 engine reproduces the float64 logits, loss and the
+ * through model_load, and the float32 engine reproduces the float64 logits, loss and the
  * gradient of every weight to <= 1e-4 relative (per tensor: max |a - b| / max |b|), on the
  * reference attention path and on the head-sparse path. */
 #include <string.h>
