@@ -105,7 +105,7 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "moh train: --sparse-attn and --reference-attention exclude each other\n");
         return 2;
     }
-    o.attention = sparse ? TRAIN_ATTN_SPARSE : reference ? TRAIN_ATTN_REFERENCE : TRAIN_ATTN_DEFAULT;
+    if (sparse || reference) f->attention = sparse ? 1 : 2; /* else the family's default, or the checkpoint's */
     o.seed_given = args_value(argc, argv, "--seed") != NULL;
     if (no_flip || no_augment) f->hflip = 0;
     if (no_augment) f->crop_pad = 0;

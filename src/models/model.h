@@ -85,6 +85,7 @@ typedef struct train_hparams {
                          * else only at the end) */
     long eval_limit;    /* items per periodic validation (0 = the whole split) */
     long log_every;
+    int attention;      /* attention path: 1 head-sparse, 2 reference (0 = the family's default) */
 } train_hparams;
 
 typedef struct model_family model_family;

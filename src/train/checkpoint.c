@@ -43,6 +43,7 @@ static const train_key TRAIN_KEYS[] = {
     {"hflip", 'i', HP(hflip), 0, 1, "--no-flip", 'r'},
     {"eval_every", 'l', HP(eval_every), 0, 1e15, "--eval-every", 'a'},
     {"eval_limit", 'l', HP(eval_limit), 0, 1e15, "--eval-limit", 'a'},
+    {"attention", 'i', HP(attention), 1, 2, "--sparse-attn|--reference-attention", 'a'}, /* 1 sparse, 2 ref */
 };
 enum { NUM_KEYS = (int)(sizeof TRAIN_KEYS / sizeof TRAIN_KEYS[0]) };
 

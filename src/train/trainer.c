@@ -19,7 +19,8 @@ void train_hparams_unset(train_hparams *h) {
                          .grad_clip = NAN, .warmup = LONG_MIN, .batch_size = INT_MIN, .seq_len = INT_MIN,
                          .grad_accum = INT_MIN, .shards = INT_MIN, .seed = 0, .val_fraction = NAN,
                          .train_limit = LONG_MIN, .crop_pad = INT_MIN, .hflip = INT_MIN, .epochs = NAN,
-                         .eval_every = LONG_MIN, .eval_limit = LONG_MIN, .log_every = LONG_MIN};
+                         .eval_every = LONG_MIN, .eval_limit = LONG_MIN, .log_every = LONG_MIN,
+                         .attention = INT_MIN};
 }
 
 void train_options_defaults(train_options *o) {
@@ -47,6 +48,10 @@ static bool flag_given(const train_options *o, const train_key *k) {
 }
 
 static void fmt_value(const train_key *k, const char *p, char *out, size_t cap) {
+    if (!strcmp(k->key, "attention")) {
+        snprintf(out, cap, "%s", *(const int *)p == 1 ? "head-sparse" : "reference");
+        return;
+    }
     switch (k->type) {
     case 'd': snprintf(out, cap, "%g", *(const double *)p); break;
     case 'i': snprintf(out, cap, "%d", *(const int *)p); break;
@@ -125,6 +130,7 @@ static int merge_hparams(const train_options *o, const model_family *fam, train_
         return moh_fail(err, MOH_E_ARG, "--shards is %d, more than --batch-size %d (each shard needs at least one "
                         "example)", hp.shards, hp.batch_size);
     if (hp.shards <= 0) hp.shards = model_default_shards(hp.batch_size);
+    if (hp.attention != 1 && hp.attention != 2) hp.attention = fam->default_sparse ? 1 : 2;
     st->hp = hp;
     return MOH_OK;
 }
@@ -221,7 +227,7 @@ static int setup(trainer *tr, moh_error *err) {
         return moh_fail(err, MOH_E_ARG, "%s: the checkpoint has %ld steps per epoch, this data gives %ld (expected the "
                         "same training split and --train-limit as the original run)", o->out_dir,
                         tr->st.steps_per_epoch, tr->train.steps_per_epoch);
-    const bool sparse = o->attention == TRAIN_ATTN_SPARSE || (o->attention == TRAIN_ATTN_DEFAULT && fam->default_sparse);
+    const bool sparse = hp->attention == 1;
     if ((rc = model_shards_init(&tr->w, m, hp->batch_size, tr->train.seq_len, n, true, sparse, err))) return rc;
     if ((rc = fam->params_new(m->cfg, &tr->g, &tr->gdata, &tr->gn, err))) return rc;
     if (!o->resume) {
@@ -386,8 +392,7 @@ int train_run(const train_options *o, moh_error *err) {
         printf("moh train: %s a %s (model_type \"%s\"), %zu parameters (%.2fM), router %s, %d/%d heads active per "
                "token, %s attention\n", o->resume ? "resuming" : "starting", fam->summary, fam->model_type, m->n,
                m->n / 1e6, router_label(a), model_active_heads(m), a->n_heads,
-               o->attention == TRAIN_ATTN_REFERENCE || (o->attention == TRAIN_ATTN_DEFAULT && !fam->default_sparse)
-                   ? "reference" : "head-sparse");
+               hp->attention == 1 ? "head-sparse" : "reference");
         char tshape[32] = "";
         if (tr.train.seq_len > 0) snprintf(tshape, sizeof tshape, " T=%d", tr.train.seq_len);
         printf("data %s: %zu train / %zu eval %s; B=%d%s x accum %d in %d shard%s, %s steps",

@@ -7,9 +7,6 @@
 #include "models/model.h"
 #include "train/checkpoint.h"
 
-/* Attention path of a run. */
-typedef enum train_attention { TRAIN_ATTN_DEFAULT = 0, TRAIN_ATTN_SPARSE = 1, TRAIN_ATTN_REFERENCE = 2 } train_attention;
-
 typedef struct train_options {
     const char *config_path;  /* model config JSON (fresh runs; a resume uses out_dir's) */
     const char *data_path;
@@ -24,7 +21,6 @@ typedef struct train_options {
     long save_every;          /* extra checkpoints every N steps (0 = at validations and the end) */
     long stop_at_step;        /* save and stop after this step, as if interrupted (0 = off) */
     int max_bad_steps;        /* consecutive non-finite steps skipped before the run stops */
-    train_attention attention;
     bool resume, quiet;
     const char *dump_grads;   /* debug: the first step's batch, initial weights and gradient */
     long nan_step;            /* test hook: a NaN in one gradient element at steps nan_step .. */
