@@ -1,0 +1,449 @@
+/* Head-sparse attention kernels, float32 (see sparse_kernels.h): the register-tile product, the
+ * softmax tiles of the flash forward / backward, and the one-query decode. No threading, no
+ * timers, no cache bookkeeping: every function works on the slice its caller hands it. */
+#include "attn/sparse_kernels.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define SP_X86 1
+#define SP_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
+#define SP_INLINE static inline __attribute__((always_inline))
+#else
+#define SP_X86 0
+#endif
+
+#define SP_LAZY 8.0f /* log2 units the running max may lag behind the true max */
+
+/* exp2 on [-0.5, 0.5]: degree-6 least-max-relative-error fit, 1.1e-7 relative in float. */
+#define SP_E0 1.0f
+#define SP_E1 0.6931471824645996f
+#define SP_E2 0.24022646248340607f
+#define SP_E3 0.05550328642129898f
+#define SP_E4 0.009618489071726799f
+#define SP_E5 0.0013399930903688073f
+#define SP_E6 0.0001534581242594868f
+
+static inline int imin(int a, int b) { return a < b ? a : b; }
+
+/* ------------------------------------------------------------------------------------------------
+ * Register-tile kernel: C(r, j) = (acc ? C(r, j) : 0) + sum_{k < K} A(r, k) B(k, j), r < R <= 6,
+ * j < n <= 64. A(r, k) = a[r][aoff + k] (amode 0: one pointer per row) or a[k][aoff + r] (amode 1:
+ * one pointer per k, A stored transposed); B(k, j) = b[k][boff + j]; C(r, j) = c[r][coff + j].
+ * Each C element is a chain of fused multiply-adds over k in increasing order (both versions).
+ * ---------------------------------------------------------------------------------------------- */
+
+static void mk_ref(int R, int n, int amode, int K, const float *const *a, long aoff,
+                   const float *const *b, long boff, float *const *c, long coff, bool acc) {
+    float row[SP_NR];
+    for (int r = 0; r < R; r++) {
+        float *cr = c[r] + coff;
+        for (int j = 0; j < n; j++) row[j] = acc ? cr[j] : 0.0f;
+        for (int k = 0; k < K; k++) {
+            const float av = amode ? a[k][aoff + r] : a[r][aoff + k];
+            const float *bk = b[k] + boff;
+            for (int j = 0; j < n; j++) row[j] = fmaf(av, bk[j], row[j]);
+        }
+        for (int j = 0; j < n; j++) cr[j] = row[j];
+    }
+}
+
+#if SP_X86
+SP_INLINE SP_AVX512 void mk_avx(const int R, const int NV, const int amode, const __mmask16 lm,
+                                const int K, const float *const *a, const long aoff,
+                                const float *const *b, const long boff, float *const *c,
+                                const long coff, const bool acc) {
+    __m512 t[SP_MR][4];
+    const float *ar[SP_MR];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        ar[r] = amode ? NULL : a[r] + aoff;
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            const float *cp = c[r] + coff + 16 * v;
+            t[r][v] = !acc ? _mm512_setzero_ps()
+                           : (v == NV - 1 ? _mm512_maskz_loadu_ps(lm, cp) : _mm512_loadu_ps(cp));
+        }
+    }
+    for (int k = 0; k < K; k++) {
+        const float *bk = b[k] + boff;
+        __m512 bv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+            bv[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(lm, bk + 16 * v) : _mm512_loadu_ps(bk + 16 * v);
+        const float *ak = amode ? a[k] + aoff : NULL;
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            const __m512 av = _mm512_set1_ps(amode ? ak[r] : ar[r][k]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) t[r][v] = _mm512_fmadd_ps(av, bv[v], t[r][v]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            float *cp = c[r] + coff + 16 * v;
+            if (v == NV - 1) _mm512_mask_storeu_ps(cp, lm, t[r][v]);
+            else _mm512_storeu_ps(cp, t[r][v]);
+        }
+}
+
+/* One case per (amode, R, NV): each a fully unrolled register tile. */
+#define SP_CASE(M, R_, V)                                                                  \
+    case ((M) * 8 + (R_)) * 4 + (V) - 1:                                                   \
+        mk_avx(R_, V, M, lm, K, a, aoff, b, boff, c, coff, acc);                            \
+        break;
+#define SP_CASES_R(M, R_) SP_CASE(M, R_, 1) SP_CASE(M, R_, 2) SP_CASE(M, R_, 3) SP_CASE(M, R_, 4)
+#define SP_CASES_M(M)                                                                      \
+    SP_CASES_R(M, 1) SP_CASES_R(M, 2) SP_CASES_R(M, 3) SP_CASES_R(M, 4) SP_CASES_R(M, 5)   \
+    SP_CASES_R(M, 6)
+
+SP_AVX512 static void mk_avx_any(int R, int n, int amode, int K, const float *const *a, long aoff,
+                                 const float *const *b, long boff, float *const *c, long coff,
+                                 bool acc) {
+    const int NV = (n + 15) >> 4;
+    const __mmask16 lm = (n & 15) ? (__mmask16)((1u << (n & 15)) - 1u) : (__mmask16)0xFFFF;
+    switch (((amode ? 1 : 0) * 8 + R) * 4 + NV - 1) {
+        SP_CASES_M(0)
+        SP_CASES_M(1)
+    default: break;
+    }
+}
+#undef SP_CASE
+#undef SP_CASES_R
+#undef SP_CASES_M
+#endif
+
+void sp_mm(bool avx, int amode, int M, int n, int K, const float *const *a, long aoff,
+           const float *const *b, long boff, float *const *c, long coff, bool acc) {
+    if (M <= 0 || n <= 0) return;
+    for (int j0 = 0; j0 < n; j0 += SP_NR) {
+        const int nn = imin(SP_NR, n - j0);
+        for (int r0 = 0; r0 < M; r0 += SP_MR) {
+            const int R = imin(SP_MR, M - r0);
+            const float *const *ap = amode ? a : a + r0;
+            const long ao = amode ? aoff + r0 : aoff;
+            if (K <= 0) { /* empty product */
+                if (!acc)
+                    for (int r = 0; r < R; r++) memset(c[r0 + r] + coff + j0, 0, sizeof(float) * (size_t)nn);
+                continue;
+            }
+#if SP_X86
+            if (avx) {
+                mk_avx_any(R, nn, amode, K, ap, ao, b, boff + j0, c + r0, coff + j0, acc);
+                continue;
+            }
+#endif
+            mk_ref(R, nn, amode, K, ap, ao, b, boff + j0, c + r0, coff + j0, acc);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Softmax tiles. Scores s = q.k stay raw (unscaled) and so does the running max m; the exponent is
+ * (s - m) * cl2, cl2 = log2(e) / sqrt(d), so p = 2^((s - m) cl2) equals the reference's
+ * e^(q.k / sqrt(d) - max). Subtracting BEFORE scaling keeps s - m exact near the max whatever the
+ * magnitude of s (s * cl2 - m would round s * cl2 to float first: 1e-2 absolute at |s'| ~ 3e5).
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Online-softmax update of R rows of raw scores s[r][0..nk) of which the first nv[r] are valid
+ * (causal prefix; <= 0: none): running max m[r] (raw units), running sum l[16 r .. 16 r + 16)
+ * (16 partial sums, added up at the end), accumulator row o[r][0..d); s[r] is overwritten with
+ * the unnormalised probabilities 2^((s - m) cl2) (0 past nv[r]). The max is lazy: it moves (and
+ * l, o are rescaled) only when a score exceeds it by more than SP_LAZY log2 units, so
+ * p <= 2^SP_LAZY; the final o = acc / l and (m, log2(l)) are exact either way. */
+static void fwd_softmax_ref(int R, int nk, float *const *s, const int *nv, float cl2, float *m,
+                            float *l, float *const *o, int d) {
+    for (int r = 0; r < R; r++) {
+        float *sr = s[r];
+        const int v = imin(nv[r], nk);
+        if (v <= 0) {
+            for (int j = 0; j < nk; j++) sr[j] = 0.0f;
+            continue;
+        }
+        float mx = sr[0];
+        for (int j = 1; j < v; j++) mx = sr[j] > mx ? sr[j] : mx;
+        if ((mx - m[r]) * cl2 > SP_LAZY) {
+            const float alpha = exp2f((m[r] - mx) * cl2);
+            m[r] = mx;
+            for (int q = 0; q < 16; q++) l[16 * r + q] *= alpha;
+            for (int e = 0; e < d; e++) o[r][e] *= alpha;
+        }
+        float sum = 0.0f;
+        for (int j = 0; j < nk; j++) {
+            const float p = j < v ? exp2f((sr[j] - m[r]) * cl2) : 0.0f;
+            sr[j] = p;
+            sum += p;
+        }
+        l[16 * r] += sum;
+    }
+}
+
+/* Backward tile: s[r][j] raw scores -> P = 2^((s - smax[r]) cl2 - lse[r]) (the forward's max in
+ * raw units and log2 of its sum); dp[r][j] = dO.v -> dS = P (dp - D[r]) / sqrt(d) (both 0 past
+ * nv[r]). */
+static void bwd_ds_ref(int R, int nk, float *const *s, float *const *dp, const int *nv, float cl2,
+                       float scale, const float *smax, const float *lse, const float *D) {
+    for (int r = 0; r < R; r++) {
+        const int v = imin(nv[r], nk);
+        for (int j = 0; j < nk; j++) {
+            const float p = j < v ? exp2f(fmaf(s[r][j] - smax[r], cl2, -lse[r])) : 0.0f;
+            s[r][j] = p;
+            dp[r][j] = j < v ? p * (dp[r][j] - D[r]) * scale : 0.0f;
+        }
+    }
+}
+
+#if SP_X86
+/* 2^x for x <= ~SP_LAZY, -inf included (scalef flushes large negative n to 0 or a denormal). */
+SP_INLINE SP_AVX512 __m512 exp2_avx(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-FLT_MAX)); /* -inf (s - m overflowed) -> 0, not NaN */
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(SP_E6);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(SP_E5));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(SP_E4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(SP_E3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(SP_E2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(SP_E1));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(SP_E0));
+    return _mm512_scalef_ps(p, n);
+}
+
+SP_INLINE __mmask16 lanes_mask(int lanes) {
+    return lanes >= 16 ? (__mmask16)0xFFFF : lanes <= 0 ? (__mmask16)0 : (__mmask16)((1u << lanes) - 1u);
+}
+
+/* Rescale of row r when its max moves to mx (raw units; see fwd_softmax_ref). */
+SP_INLINE SP_AVX512 __m512 fwd_rescale(float mx, float cl2, float *m, __m512 lv, float *orow, int d) {
+    const __m512 va = _mm512_set1_ps(exp2f((*m - mx) * cl2));
+    *m = mx;
+    for (int e = 0; e < d; e += 16) {
+        const __mmask16 mm = lanes_mask(d - e);
+        _mm512_mask_storeu_ps(orow + e, mm, _mm512_mul_ps(va, _mm512_maskz_loadu_ps(mm, orow + e)));
+    }
+    return _mm512_mul_ps(lv, va);
+}
+
+SP_AVX512 static void fwd_softmax_avx(int R, int nk, float *const *s, const int *nv, float cl2,
+                                      float *m, float *l, float *const *o, int d) {
+    const int nvec = (nk + 15) >> 4;
+    const __m512 vc = _mm512_set1_ps(cl2);
+    bool full = nk == SPARSE_BK;
+    for (int r = 0; r < R; r++) full = full && nv[r] >= nk;
+    if (full) { /* whole tile valid: fixed trip counts, no masks, the rows interleave */
+        float mx[SP_MR];
+        for (int r = 0; r < R; r++) {
+            __m512 vmax = _mm512_loadu_ps(s[r]);
+#pragma GCC unroll 16
+            for (int q = 1; q < SPARSE_BK / 16; q++) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s[r] + 16 * q));
+            mx[r] = _mm512_reduce_max_ps(vmax);
+        }
+        for (int r = 0; r < R; r++) {
+            float *sr = s[r];
+            __m512 lv = _mm512_loadu_ps(l + 16 * r);
+            if ((mx[r] - m[r]) * cl2 > SP_LAZY) lv = fwd_rescale(mx[r], cl2, m + r, lv, o[r], d);
+            const __m512 vm = _mm512_set1_ps(m[r]);
+#pragma GCC unroll 16
+            for (int q = 0; q < SPARSE_BK / 16; q++) {
+                const __m512 p = exp2_avx(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + 16 * q), vm), vc));
+                _mm512_storeu_ps(sr + 16 * q, p);
+                lv = _mm512_add_ps(lv, p);
+            }
+            _mm512_storeu_ps(l + 16 * r, lv);
+        }
+        return;
+    }
+    for (int r = 0; r < R; r++) {
+        float *sr = s[r];
+        const int v = imin(nv[r], nk);
+        if (v <= 0) {
+            for (int q = 0; q < nvec; q++) _mm512_mask_storeu_ps(sr + 16 * q, lanes_mask(nk - 16 * q), _mm512_setzero_ps());
+            continue;
+        }
+        __m512 vmax = _mm512_set1_ps(-INFINITY);
+        for (int q = 0; q < nvec; q++)
+            vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, lanes_mask(v - 16 * q), sr + 16 * q));
+        const float mx = _mm512_reduce_max_ps(vmax);
+        __m512 lv = _mm512_loadu_ps(l + 16 * r);
+        if ((mx - m[r]) * cl2 > SP_LAZY) lv = fwd_rescale(mx, cl2, m + r, lv, o[r], d); /* the max moves */
+        const __m512 vm = _mm512_set1_ps(m[r]);
+        for (int q = 0; q < nvec; q++) {
+            const __mmask16 ok = lanes_mask(v - 16 * q);
+            const __m512 sv = _mm512_maskz_loadu_ps(ok, sr + 16 * q);
+            /* s - m first (exact near the max: 0 at the max, p = 1), then scaled */
+            const __m512 p = _mm512_maskz_mov_ps(ok, exp2_avx(_mm512_mul_ps(_mm512_sub_ps(sv, vm), vc)));
+            _mm512_mask_storeu_ps(sr + 16 * q, lanes_mask(nk - 16 * q), p);
+            lv = _mm512_add_ps(lv, p);
+        }
+        _mm512_storeu_ps(l + 16 * r, lv);
+    }
+}
+
+SP_AVX512 static void bwd_ds_avx(int R, int nk, float *const *s, float *const *dp, const int *nv,
+                                 float cl2, float scale, const float *smax, const float *lse,
+                                 const float *D) {
+    const __m512 vc = _mm512_set1_ps(cl2), vs = _mm512_set1_ps(scale);
+    for (int r = 0; r < R; r++) {
+        const int v = imin(nv[r], nk);
+        const __m512 vm = _mm512_set1_ps(smax[r]), vl = _mm512_set1_ps(lse[r]), vd = _mm512_set1_ps(D[r]);
+        for (int q = 0; q < nk; q += 16) {
+            const __mmask16 st = lanes_mask(nk - q), ok = lanes_mask(v - q);
+            const __m512 sv = _mm512_maskz_loadu_ps(ok, s[r] + q);
+            const __m512 p = _mm512_maskz_mov_ps(ok, exp2_avx(_mm512_fmsub_ps(_mm512_sub_ps(sv, vm), vc, vl)));
+            const __m512 dv = _mm512_maskz_loadu_ps(ok, dp[r] + q);
+            const __m512 ds = _mm512_maskz_mul_ps(ok, _mm512_mul_ps(p, _mm512_sub_ps(dv, vd)), vs);
+            _mm512_mask_storeu_ps(s[r] + q, st, p);
+            _mm512_mask_storeu_ps(dp[r] + q, st, ds);
+        }
+    }
+}
+#endif
+
+void sp_fwd_softmax(bool avx, int R, int nk, float *const *s, const int *nv, float cl2, float *m,
+                    float *l, float *const *o, int d) {
+#if SP_X86
+    if (avx) {
+        fwd_softmax_avx(R, nk, s, nv, cl2, m, l, o, d);
+        return;
+    }
+#endif
+    fwd_softmax_ref(R, nk, s, nv, cl2, m, l, o, d);
+}
+
+void sp_bwd_ds(bool avx, int R, int nk, float *const *s, float *const *dp, const int *nv,
+               float cl2, float scale, const float *smax, const float *lse, const float *D) {
+#if SP_X86
+    if (avx) {
+        bwd_ds_avx(R, nk, s, dp, nv, cl2, scale, smax, lse, D);
+        return;
+    }
+#endif
+    bwd_ds_ref(R, nk, s, dp, nv, cl2, scale, smax, lse, D);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Decode: one query against the cached keys of one head
+ * ---------------------------------------------------------------------------------------------- */
+
+static void decode_ref(const float *q, const float *K, const float *V, long ld, int n, int d,
+                       float gate, float *scores, float *out) {
+    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const float *kj = K + (size_t)j * ld;
+        float s = 0.0f;
+        for (int e = 0; e < d; e++) s += q[e] * kj[e];
+        scores[j] = s; /* raw: the max is subtracted before scaling (see the softmax tiles) */
+        mx = s > mx ? s : mx;
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < n; j++) {
+        scores[j] = exp2f((scores[j] - mx) * cl2);
+        sum += scores[j];
+    }
+    for (int e = 0; e < d; e++) out[e] = 0.0f;
+    for (int j = 0; j < n; j++) {
+        const float *vj = V + (size_t)j * ld;
+        for (int e = 0; e < d; e++) out[e] += scores[j] * vj[e];
+    }
+    const float f = gate / sum;
+    for (int e = 0; e < d; e++) out[e] *= f;
+}
+
+#if SP_X86
+/* Lane j of the result = horizontal sum of v[j], j < 16. */
+SP_INLINE SP_AVX512 __m512 hsum16(const __m512 *v) {
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    const __m512 y0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 y1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* d <= 64: scores 16 keys at a time (one reduction tree per block), exp2 over vectors, and the
+ * weighted sum of V rows into 4 interleaved accumulators (keys j mod 4), added in a fixed order. */
+SP_AVX512 static void decode_avx(const float *q, const float *K, const float *V, long ld, int n,
+                                 int d, float gate, float *scores, float *out) {
+    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
+    const int nv = (d + 15) >> 4;
+    const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
+    __m512 qv[4];
+    for (int v = 0; v < nv; v++) qv[v] = _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, q + 16 * v);
+    const __m512 vc = _mm512_set1_ps(cl2);
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        const int jn = imin(16, n - j0);
+        __m512 acc[16];
+        for (int jj = 0; jj < 16; jj++) {
+            acc[jj] = _mm512_setzero_ps();
+            if (jj >= jn) continue;
+            const float *kj = K + (size_t)(j0 + jj) * ld;
+            for (int v = 0; v < nv; v++)
+                acc[jj] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, kj + 16 * v), qv[v], acc[jj]);
+        }
+        const __mmask16 jm = lanes_mask(jn);
+        const __m512 sv = hsum16(acc); /* raw scores: scaled after the max is subtracted */
+        _mm512_mask_storeu_ps(scores + j0, jm, sv);
+        vmax = _mm512_mask_max_ps(vmax, jm, vmax, sv);
+    }
+    const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+    __m512 vsum = _mm512_setzero_ps();
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        const __mmask16 jm = lanes_mask(n - j0);
+        const __m512 sv = _mm512_maskz_loadu_ps(jm, scores + j0);
+        const __m512 p = _mm512_maskz_mov_ps(jm, exp2_avx(_mm512_mul_ps(_mm512_sub_ps(sv, vm), vc)));
+        _mm512_mask_storeu_ps(scores + j0, jm, p);
+        vsum = _mm512_add_ps(vsum, p);
+    }
+    __m512 o[4][4];
+    for (int a = 0; a < 4; a++)
+        for (int v = 0; v < 4; v++) o[a][v] = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int a = 0; a < 4; a++) {
+            const __m512 pj = _mm512_set1_ps(scores[j + a]);
+            const float *vj = V + (size_t)(j + a) * ld;
+            for (int v = 0; v < nv; v++)
+                o[a][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, vj + 16 * v), o[a][v]);
+        }
+    for (; j < n; j++) {
+        const __m512 pj = _mm512_set1_ps(scores[j]);
+        const float *vj = V + (size_t)j * ld;
+        for (int v = 0; v < nv; v++)
+            o[0][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, vj + 16 * v), o[0][v]);
+    }
+    const __m512 f = _mm512_set1_ps(gate / _mm512_reduce_add_ps(vsum));
+    for (int v = 0; v < nv; v++) {
+        const __m512 r = _mm512_add_ps(_mm512_add_ps(o[0][v], o[1][v]), _mm512_add_ps(o[2][v], o[3][v]));
+        _mm512_mask_storeu_ps(out + 16 * v, v == nv - 1 ? lm : (__mmask16)0xFFFF, _mm512_mul_ps(r, f));
+    }
+}
+#endif
+
+void sparse_decode_attend_f32(const float *q, const float *K, const float *V, long ld, int n, int d,
+                              float gate, float *scores, float *out) {
+    if (n <= 0) {
+        for (int e = 0; e < d; e++) out[e] = 0.0f;
+        return;
+    }
+#if SP_X86
+    if (d <= 64 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) {
+        decode_avx(q, K, V, ld, n, d, gate, scores, out);
+        return;
+    }
+#endif
+    decode_ref(q, K, V, ld, n, d, gate, scores, out);
+}

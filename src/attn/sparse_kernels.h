@@ -1,0 +1,34 @@
+/* Kernels of the head-sparse attention (sparse.c): plain functions over the slice a caller hands
+ * them; no threads, no timers. Each picks its AVX-512 version when avx is set (the caller checks
+ * the CPU), else portable C with the same results up to rounding. */
+#ifndef MOH_ATTN_SPARSE_KERNELS_H
+#define MOH_ATTN_SPARSE_KERNELS_H
+#include <stdbool.h>
+
+#include "attn/sparse.h"
+
+#define SP_MR 6  /* rows of a register tile */
+#define SP_NR 64 /* columns of a register tile (4 vectors of 16) */
+
+/* C[M x n] (+)= A[M x K] B[K x n] (acc: add to C, else overwrite), through register tiles of
+ * SP_MR rows x SP_NR columns (column block outer: a B block is reused by every row group).
+ * Rows by pointer arrays, so gathers and scatters cost nothing: A(r, k) = a[r][aoff + k]
+ * (amode 0) or a[k][aoff + r] (amode 1: A stored transposed); B(k, j) = b[k][boff + j];
+ * C(r, j) = c[r][coff + j]. Each C element is one chain of fused multiply-adds over k in
+ * increasing order. */
+void sp_mm(bool avx, int amode, int M, int n, int K, const float *const *a, long aoff,
+           const float *const *b, long boff, float *const *c, long coff, bool acc);
+
+/* Online-softmax update of R <= SP_MR rows of raw scores s[r][0..nk), nk <= SPARSE_BK, of which
+ * the first nv[r] are valid (causal prefix): running max m[r] (raw units), 16 partial sums
+ * l[16 r ..], accumulator rows o[r][0..d) rescaled when the max moves; s[r] becomes the
+ * unnormalised probabilities 2^((s - m) cl2), cl2 = log2(e) / sqrt(d) (0 past nv[r]). */
+void sp_fwd_softmax(bool avx, int R, int nk, float *const *s, const int *nv, float cl2, float *m,
+                    float *l, float *const *o, int d);
+
+/* Backward tile of R rows: s[r][j] raw scores -> P = 2^((s - smax[r]) cl2 - lse[r]);
+ * dp[r][j] = dO.v -> dS = P (dp - D[r]) scale (both 0 past nv[r]). */
+void sp_bwd_ds(bool avx, int R, int nk, float *const *s, float *const *dp, const int *nv,
+               float cl2, float scale, const float *smax, const float *lse, const float *D);
+
+#endif
