@@ -12,8 +12,10 @@
 #include <string.h>
 
 #include "../cli/args.h"
+#include "../cli/cli.h"
 #include "bench.h"
 #include "models/lm_decode.h"
+#include "models/model.h"
 
 #define BD_MAX_CTX 8
 
@@ -81,6 +83,33 @@ static int bd_init(bd_run *r, const bd_model *m, int hs, int k, int ctx, moh_err
     return MOH_OK;
 }
 
+/* The geometry of config `name` (--config) as a bd_model: MoH variants with the config's shared
+ * heads (h / 4 when it has none) plus routed heads up to 75 % and 50 % of h. Refuses a family whose
+ * task is not text generation (decoding is generating text), in one line. */
+static int bd_from_config(bd_model *out, const char *name, moh_error *err) {
+    char path[4096];
+    if (!cli_resolve_config(name, path, sizeof path))
+        return moh_fail(err, MOH_E_IO, "config '%s' not found (a file, or configs/%s.json)", name, name);
+    model m;
+    int rc = model_from_config_file(&m, path, err);
+    if (rc) return rc;
+    if (strcmp(m.fam->task, "text-generation")) {
+        rc = moh_fail(err, MOH_E_ARG, "%s is a %s model (model_type \"%s\", task %s): decode benchmarks text generation "
+                      "only", name, m.fam->short_name, m.fam->model_type, m.fam->task);
+        model_free(&m);
+        return rc;
+    }
+    const moh_lm_config *c = m.cfg; /* the text-generation family: the decoder LM */
+    const int h = c->num_attention_heads;
+    const int hs = c->attn.router != MOH_ROUTER_NONE && c->shared_heads > 0 ? c->shared_heads : (h / 4 > 0 ? h / 4 : 1);
+    *out = (bd_model){name, c->hidden_size, c->num_hidden_layers, h, c->head_dim, c->intermediate_size, c->vocab_size,
+                      hs, 3 * h / 4 - hs, h / 2 - hs};
+    model_free(&m);
+    if (out->k50 < 1)
+        return moh_fail(err, MOH_E_CONFIG, "%s: %d heads with %d shared leave no routed head at 50 %% active", name, h, hs);
+    return MOH_OK;
+}
+
 static void bd_free(bd_run *r) {
     if (r->have_kv) lm_kv_free(&r->kv);
     if (r->have_p) lm_params_free_f32(&r->p);
@@ -102,18 +131,19 @@ static int bd_steps(bd_run *r, int ctx, int tokens, moh_error *err) {
 int bench_decode(int argc, char **argv) {
     struct {
         bool json;
-        const char *model, *context;
+        const char *model, *context, *config;
         int tokens, repeats;
-    } a = {false, "all", "512,2048,8192", 32, 3};
+    } a = {false, "all", "512,2048,8192", NULL, 32, 3};
     const arg_spec specs[] = {
         {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false, ARG_ANY},
         {"--model", ARG_CHOICE, &a.model, "small|llm|all", "small: configs/moh-75 geometry (256 wide, 6 layers, 8 heads); llm: 1024 wide, 4 layers, 16 heads (default all)", false, ARG_ANY},
         {"--context", ARG_STR, &a.context, "N,N,...", "context lengths (default 512,2048,8192)", false, ARG_ANY},
+        {"--config", ARG_STR, &a.config, "NAME|FILE", "an LM config (configs/ name or path): decode its geometry instead of --model", false, ARG_ANY},
         {"--tokens", ARG_INT, &a.tokens, "T", "timed decode steps per repeat (default 32)", false, ARG_GE(1)},
         {"--repeats", ARG_INT, &a.repeats, "R", "repeats, interleaved over the configurations (default 3, max 64)", false, ARG_IN(1, 64)},
     };
     int prc = args_parse("bench decode", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                         "[--json] [--model small|llm|all] [--context 512,2048,8192] [--tokens T] [--repeats R]",
+                         "[--json] [--model small|llm|all | --config NAME] [--context 512,2048,8192] [--tokens T] [--repeats R]",
                          "KV-cache decoding tokens/s: dense MHA (router none) vs MoH with 75% and 50% of the heads\nactive (learned router; skipped heads run no attention and no W_O term).\n");
     if (prc) return prc == 1 ? 0 : prc;
     int ctxs[BD_MAX_CTX];
@@ -122,9 +152,19 @@ int bench_decode(int argc, char **argv) {
         fprintf(stderr, "moh bench decode: --context '%s': expected up to %d comma-separated integers 1..16777216\n", a.context, BD_MAX_CTX);
         return 2;
     }
-    const int nm = (int)(sizeof BD_MODELS / sizeof BD_MODELS[0]);
+    bd_model models[2] = {BD_MODELS[0], BD_MODELS[1]};
+    int nm = (int)(sizeof BD_MODELS / sizeof BD_MODELS[0]);
     bool use[2];
     for (int i = 0; i < nm; i++) use[i] = !strcmp(a.model, "all") || !strcmp(a.model, BD_MODELS[i].name);
+    moh_error err = {0};
+    if (a.config) {
+        if (bd_from_config(&models[0], a.config, &err)) {
+            fprintf(stderr, "moh bench decode: %s\n", err.msg);
+            return 1;
+        }
+        nm = 1;
+        use[0] = true;
+    }
     char cpu[256];
     bench_cpu_model(cpu, sizeof cpu);
     const int threads = omp_get_max_threads();
@@ -136,10 +176,9 @@ int bench_decode(int argc, char **argv) {
         printf("%-6s %7s %-14s %8s %24s %9s %8s\n", "model", "context", "router", "active", "tokens/s median (min-max)", "ms/token", "speedup");
     }
     bool first = true;
-    moh_error err = {0};
     for (int mi = 0; mi < nm; mi++) {
         if (!use[mi]) continue;
-        const bd_model *m = &BD_MODELS[mi];
+        const bd_model *m = &models[mi];
         for (int ci = 0; ci < nc; ci++) {
             const int ctx = ctxs[ci] > a.tokens ? ctxs[ci] : a.tokens + 1;
             bd_run runs[3];

@@ -1,12 +1,13 @@
-/* `moh bench train`: decoder-LM training tokens/s (forward + backward + gradient clipping + AdamW,
- * random byte tokens) for the LM configs (default mha, moh-90, moh-75, moh-50), through two
- * attention paths:
- *  - reference: the LM with the reference attention (every head computed, then gated; `moh train
- *    --reference-attention`);
- *  - sparse: the same step with activations from lm_acts_init_sparse_f32, so each layer's
- *    attention runs the head-sparse path (what `moh train` uses by default); before timing, its
- *    loss and gradients are checked against the reference path on the same batch (relative
- *    1e-4), and the run stops if they disagree. */
+/* `moh bench train`: training tokens/s of any model family with a synthetic_batch hook (model.h)
+ * (forward + backward + gradient clipping + AdamW on a random batch) for configs of one family
+ * (default the LM's mha, moh-90, moh-75, moh-50), through two attention paths:
+ *  - reference: activations from acts_new(sparse = false), every head computed, then gated (`moh
+ *    train --reference-attention`);
+ *  - sparse: the same step with acts_new(sparse = true), so each layer's attention runs the
+ *    head-sparse path (`moh train --sparse-attn`); before timing, its loss and gradients are checked
+ *    against the reference path on the same batch (relative 1e-4), and the run stops if they
+ *    disagree.
+ * Tokens are attention tokens: B T for text, B num_tokens (tokens_per_example) for images. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -15,65 +16,75 @@
 
 #include "../cli/args.h"
 #include "../cli/cli.h"
-#include "attn/sparse.h"
 #include "bench.h"
-#include "core/fsutil.h"
-#include "models/lm.h"
+#include "models/model.h"
 #include "train/adamw.h"
 
 #define BT_MAX_CFG 8
 
 typedef struct bt_run {
     char name[64];
-    moh_lm_config cfg;
-    lm_params_f32 p, g;
-    lm_acts_f32 acts[2]; /* [path]: reference, sparse */
-    float *m, *v;
+    model m;           /* config and parameters (m.data [m.n]) */
+    void *g;           /* gradient views (fam->params_new) over gdata [m.n] */
+    float *gdata;
+    void *acts[2];     /* [path]: reference, sparse */
+    moh_batch batch;   /* the synthetic batch (arrays in batch_buf) */
+    void *batch_buf;
+    float *mom, *vel;
     bool *decay;
-    bool have_p, have_g, have_acts[2];
-    double t[2][64]; /* [path][repeat] seconds per step */
+    double t[2][64];   /* [path][repeat] seconds per step */
     double loss[2];
 } bt_run;
 
 static void bt_free(bt_run *r) {
-    for (int k = 0; k < 2; k++)
-        if (r->have_acts[k]) lm_acts_free_f32(&r->acts[k]);
-    if (r->have_p) lm_params_free_f32(&r->p);
-    if (r->have_g) lm_params_free_f32(&r->g);
-    free(r->m);
-    free(r->v);
+    const model_family *fam = r->m.fam;
+    for (int k = 0; fam && k < 2; k++)
+        if (r->acts[k]) fam->acts_free(r->acts[k]);
+    if (fam && r->g) fam->params_free(r->g);
+    model_free(&r->m);
+    free(r->batch_buf);
+    free(r->mom);
+    free(r->vel);
     free(r->decay);
     memset(r, 0, sizeof *r);
 }
 
-static int bt_init(bt_run *r, const char *name, int B, int *T, moh_error *err) {
+/* Loads config `name`, random weights (seed 7), gradients, both activations and the batch of B
+ * examples of *T tokens (*T <= 0: the config's longest sequence; images ignore it). Family and
+ * tokens per example must be those of first when given (the first config's run). */
+static int bt_init(bt_run *r, const char *name, int B, int *T, const bt_run *first, moh_error *err) {
     memset(r, 0, sizeof *r);
     snprintf(r->name, sizeof r->name, "%.63s", name);
     char path[4096];
     if (!cli_resolve_config(name, path, sizeof path))
         return moh_fail(err, MOH_E_IO, "config '%s' not found (a file, or configs/%s.json)", name, name);
-    size_t len = 0;
-    char *text = fs_read_file(path, 1 << 20, &len, err);
-    if (!text) return err->code;
-    int rc = moh_lm_config_parse_json(&r->cfg, text, len, path, err);
-    free(text);
+    int rc = model_from_config_file(&r->m, path, err);
     if (rc) return rc;
-    if (*T <= 0) *T = r->cfg.max_position_embeddings;
-    if ((rc = lm_params_init_f32(&r->p, &r->cfg, err))) return rc;
-    r->have_p = true;
-    if ((rc = lm_params_init_f32(&r->g, &r->cfg, err))) return rc;
-    r->have_g = true;
-    lm_params_init_random(&r->cfg, &r->p, 7, 0.02);
-    if ((rc = lm_acts_init_f32(&r->acts[0], &r->cfg, B, *T, err))) return rc;
-    r->have_acts[0] = true;
-    if ((rc = lm_acts_init_sparse_f32(&r->acts[1], &r->cfg, B, *T, err))) return rc;
-    r->have_acts[1] = true;
-    r->m = calloc(r->p.n, sizeof(float));
-    r->v = calloc(r->p.n, sizeof(float));
-    r->decay = calloc(r->p.n, sizeof(bool));
-    if (!r->m || !r->v || !r->decay) return moh_fail(err, MOH_E_NOMEM, "bench train: out of memory");
+    const model_family *fam = r->m.fam, *fam0 = first ? first->m.fam : NULL;
+    if (fam0 && fam != fam0)
+        return moh_fail(err, MOH_E_ARG, "--configs: %s is a %s (model_type \"%s\"), the first config a %s (\"%s\"); "
+                        "expected configs of one family", name, fam->short_name, fam->model_type, fam0->short_name,
+                        fam0->model_type);
+    if (!fam->synthetic_batch)
+        return moh_fail(err, MOH_E_ARG, "%s is a %s model (model_type \"%s\"), which does not support bench train",
+                        name, fam->short_name, fam->model_type);
+    if (*T <= 0) *T = fam->max_seq_len ? fam->max_seq_len(r->m.cfg) : 0;
+    size_t gn = 0;
+    if ((rc = fam->params_new(r->m.cfg, &r->g, &r->gdata, &gn, err))) return rc;
+    fam->init_random(r->m.cfg, r->m.params, 7);
+    for (int k = 0; k < 2; k++)
+        if ((rc = fam->acts_new(r->m.cfg, B, *T, k == 1, &r->acts[k], err))) return rc;
+    if ((rc = fam->synthetic_batch(r->m.cfg, B, *T, 99, &r->batch, &r->batch_buf, err))) return rc;
+    if (first && fam->tokens_per_example(r->m.cfg, &r->batch) != fam->tokens_per_example(first->m.cfg, &first->batch))
+        return moh_fail(err, MOH_E_ARG, "--configs: %s has %d tokens per example, the first config %d; expected the "
+                        "same (tokens/s compared)", name, fam->tokens_per_example(r->m.cfg, &r->batch),
+                        fam->tokens_per_example(first->m.cfg, &first->batch));
+    r->mom = calloc(r->m.n, sizeof(float));
+    r->vel = calloc(r->m.n, sizeof(float));
+    r->decay = calloc(r->m.n, sizeof(bool));
+    if (!r->mom || !r->vel || !r->decay) return moh_fail(err, MOH_E_NOMEM, "bench train: out of memory");
     int nt = 0;
-    lm_tensor *ts = lm_tensors(&r->cfg, &nt);
+    model_tensor *ts = model_tensors(&r->m, &nt);
     if (!ts) return moh_fail(err, MOH_E_NOMEM, "bench train: out of memory");
     for (int i = 0; i < nt; i++)
         for (size_t j = 0; j < ts[i].numel; j++) r->decay[ts[i].offset + j] = ts[i].decay;
@@ -81,37 +92,42 @@ static int bt_init(bt_run *r, const char *name, int B, int *T, moh_error *err) {
     return MOH_OK;
 }
 
-/* One optimizer step on (tok, tgt) through path 0 (reference) or 1 (sparse); returns the loss. */
-static float bt_step(bt_run *r, int path, const int *tok, const int *tgt, int B, int T, long step) {
-    static const adamw_config ac = {0.9, 0.95, 1e-8, 0.1};
-    memset(r->g.data, 0, sizeof(float) * r->g.n);
-    const float loss = lm_forward_f32(&r->cfg, &r->p, &r->acts[path], tok, tgt, B, T);
-    lm_backward_f32(&r->cfg, &r->p, &r->g, &r->acts[path], tok, tgt);
-    clip_grad_norm(r->g.data, r->g.n, 1.0);
-    adamw_step(&ac, r->p.data, r->g.data, r->m, r->v, r->decay, r->p.n, step, 1e-4);
+/* Forward + backward of the batch through path 0 (reference) or 1 (sparse) into zeroed gradients;
+ * returns the loss. */
+static double bt_grad(bt_run *r, int path) {
+    const model_family *fam = r->m.fam;
+    double ce, lb;
+    memset(r->gdata, 0, sizeof(float) * r->m.n);
+    const double loss = fam->forward(r->m.cfg, r->m.params, r->acts[path], &r->batch, 0, r->batch.B, true, &ce, &lb);
+    fam->backward(r->m.cfg, r->m.params, r->g, r->acts[path], &r->batch, 0, r->batch.B);
     return loss;
 }
 
-/* The sparse-path LM step against the reference path on one batch: loss and every gradient. */
-static double bt_check(bt_run *r, const int *tok, const int *tgt, int B, int T, double *loss_err) {
-    const size_t n = r->g.n;
+/* One optimizer step on the batch through path 0 (reference) or 1 (sparse); returns the loss. */
+static double bt_step(bt_run *r, int path, long step) {
+    static const adamw_config ac = {0.9, 0.95, 1e-8, 0.1};
+    const double loss = bt_grad(r, path);
+    clip_grad_norm(r->gdata, r->m.n, 1.0);
+    adamw_step(&ac, r->m.data, r->gdata, r->mom, r->vel, r->decay, r->m.n, step, 1e-4);
+    return loss;
+}
+
+/* The sparse-path step against the reference path on one batch: loss and every gradient. */
+static double bt_check(bt_run *r, double *loss_err) {
+    const size_t n = r->m.n;
     float *g0 = malloc(sizeof(float) * n);
     *loss_err = INFINITY;
     if (!g0) return INFINITY;
-    memset(r->g.data, 0, sizeof(float) * n);
-    const float l0 = lm_forward_f32(&r->cfg, &r->p, &r->acts[0], tok, tgt, B, T);
-    lm_backward_f32(&r->cfg, &r->p, &r->g, &r->acts[0], tok, tgt);
-    memcpy(g0, r->g.data, sizeof(float) * n);
-    memset(r->g.data, 0, sizeof(float) * n);
-    const float l1 = lm_forward_f32(&r->cfg, &r->p, &r->acts[1], tok, tgt, B, T);
-    lm_backward_f32(&r->cfg, &r->p, &r->g, &r->acts[1], tok, tgt);
+    const double l0 = bt_grad(r, 0);
+    memcpy(g0, r->gdata, sizeof(float) * n);
+    const double l1 = bt_grad(r, 1);
     double num = 0.0, den = 0.0;
     for (size_t i = 0; i < n; i++) {
-        num = fmax(num, fabs((double)r->g.data[i] - g0[i]));
+        num = fmax(num, fabs((double)r->gdata[i] - g0[i]));
         den = fmax(den, fabs((double)g0[i]));
     }
     free(g0);
-    *loss_err = fabs((double)l1 - l0) / fmax(fabs((double)l0), 1e-30);
+    *loss_err = fabs(l1 - l0) / fmax(fabs(l0), 1e-30);
     return num / fmax(den, 1e-30);
 }
 
@@ -123,16 +139,16 @@ int bench_train(int argc, char **argv) {
     } a = {false, "mha,moh-90,moh-75,moh-50", "both", 16, 0, 2, 3};
     const arg_spec specs[] = {
         {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false, ARG_ANY},
-        {"--configs", ARG_STR, &a.configs, "A,B,...", "LM configs, names in configs/ or paths; the first is the baseline (default mha,moh-90,moh-75,moh-50)", false, ARG_ANY},
+        {"--configs", ARG_STR, &a.configs, "A,B,...", "configs of one model family, names in configs/ or paths; the first is the baseline (default mha,moh-90,moh-75,moh-50)", false, ARG_ANY},
         {"--path", ARG_CHOICE, &a.path, "sparse|reference|both", "attention path of the step (default both)", false, ARG_ANY},
-        {"--batch", ARG_INT, &a.batch, "B", "sequences per step (default 16, as moh train)", false, ARG_GE(1)},
-        {"--seq", ARG_INT, &a.seq, "T", "sequence length (default: the first config's max_position_embeddings)", false, ARG_GE(1)},
+        {"--batch", ARG_INT, &a.batch, "B", "examples (sequences, images) per step (default 16)", false, ARG_GE(1)},
+        {"--seq", ARG_INT, &a.seq, "T", "text: sequence length (default: the first config's max_position_embeddings)", false, ARG_GE(1)},
         {"--steps", ARG_INT, &a.steps, "S", "timed optimizer steps per repeat (default 2)", false, ARG_GE(1)},
         {"--repeats", ARG_INT, &a.repeats, "R", "repeats, interleaved over configs and paths (default 3, max 64)", false, ARG_IN(1, 64)},
     };
     int prc = args_parse("bench train", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                          "[--json] [--configs mha,moh-75] [--path sparse|reference|both] [--batch B] [--seq T] [--steps S] [--repeats R]",
-                         "LM training tokens/s: forward + backward + clipping + AdamW on random bytes, dense MHA vs MoH\nconfigs, with the LM's reference attention and with the head-sparse attention path.\n");
+                         "Training tokens/s of any model family: forward + backward + clipping + AdamW on a random batch\n(random bytes for the LM, random pixels for the ViT), dense MHA vs MoH configs, with the reference\nattention and with the head-sparse attention path. Image tokens: patches (+ class token).\n");
     if (prc) return prc == 1 ? 0 : prc;
     const bool p_ref = !strcmp(a.path, "reference") || !strcmp(a.path, "both");
     const bool p_sp = !strcmp(a.path, "sparse") || !strcmp(a.path, "both");
@@ -154,31 +170,23 @@ int bench_train(int argc, char **argv) {
     int T = a.seq, status = 0;
     for (int i = 0; i < nn && !status; i++) {
         fprintf(stderr, "[bench train] loading %s\n", names[i]);
-        status = bt_init(&runs[i], names[i], a.batch, &T, &err);
+        status = bt_init(&runs[i], names[i], a.batch, &T, i ? &runs[0] : NULL, &err);
     }
     const int B = a.batch;
-    int *tok = malloc(sizeof(int) * (size_t)B * T), *tgt = malloc(sizeof(int) * (size_t)B * T);
-    if (!status && (!tok || !tgt)) status = moh_fail(&err, MOH_E_NOMEM, "bench train: out of memory");
-    uint64_t s = 99;
-    for (int i = 0; !status && i < B * T; i++) {
-        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        tok[i] = (int)((s >> 33) % (uint64_t)runs[0].cfg.vocab_size);
-    }
-    for (int i = 0; !status && i < B * T; i++) tgt[i] = (i + 1) % T ? tok[i + 1] : -1;
     /* both paths must compute the same model */
     for (int i = 0; i < nn && !status && p_sp; i++) {
         double lerr = INFINITY;
-        const double gerr = bt_check(&runs[i], tok, tgt, B, T, &lerr);
+        const double gerr = bt_check(&runs[i], &lerr);
         fprintf(stderr, "[bench train] %s: sparse vs reference attention step: loss rel err %.2e, gradient rel err %.2e\n",
                 runs[i].name, lerr, gerr);
         if (!(lerr < 1e-4 && gerr < 1e-4))
-            status = moh_fail(&err, MOH_E_ARG, "%s: the sparse-path LM step disagrees with the reference path (loss %.3g, gradients %.3g)", runs[i].name, lerr, gerr);
+            status = moh_fail(&err, MOH_E_ARG, "%s: the sparse-path step disagrees with the reference path (loss %.3g, gradients %.3g)", runs[i].name, lerr, gerr);
     }
     long step = 1;
     const int paths[2] = {p_ref ? 0 : -1, p_sp ? 1 : -1};
     for (int g = 0; g < nn && !status; g++) /* warm-up */
         for (int pi = 0; pi < 2; pi++)
-            if (paths[pi] >= 0) bt_step(&runs[g], pi, tok, tgt, B, T, step++);
+            if (paths[pi] >= 0) bt_step(&runs[g], pi, step++);
     for (int rep = 0; rep < a.repeats && !status; rep++) {
         fprintf(stderr, "[bench train] repeat %d/%d\n", rep + 1, a.repeats);
         for (int k = 0; k < nn; k++) {
@@ -187,7 +195,7 @@ int bench_train(int argc, char **argv) {
                 const int path = (pi + rep) % 2;
                 if (paths[path] < 0) continue;
                 const double t0 = omp_get_wtime();
-                for (int st = 0; st < a.steps; st++) r->loss[path] = bt_step(r, path, tok, tgt, B, T, step++);
+                for (int st = 0; st < a.steps; st++) r->loss[path] = bt_step(r, path, step++);
                 r->t[path][rep] = (omp_get_wtime() - t0) / a.steps;
             }
         }
@@ -198,13 +206,15 @@ int bench_train(int argc, char **argv) {
         char cpu[256];
         bench_cpu_model(cpu, sizeof cpu);
         const int threads = omp_get_max_threads();
-        const double tokens = (double)B * T;
+        /* attention tokens per step: B T (text), B num_tokens (images) */
+        const int N = runs[0].m.fam->tokens_per_example(runs[0].m.cfg, &runs[0].batch);
+        const double tokens = (double)B * N;
         if (a.json) printf("[\n");
         else {
             char cond[256];
             bench_conditions(cond, sizeof cond);
             printf("moh bench train: %s; %s; B=%d T=%d (%.0f tokens/step), %d steps x %d repeats\n",
-                   cpu, cond, B, T, tokens, a.steps, a.repeats);
+                   cpu, cond, B, N, tokens, a.steps, a.repeats);
             printf("%-10s %-10s %8s %28s %10s %9s\n", "config", "path", "active", "tokens/s median (min-max)", "ms/step", "speedup");
         }
         bool first = true;
@@ -216,7 +226,7 @@ int bench_train(int argc, char **argv) {
                 const bench_stats st = bench_summarise(r->t[path], a.repeats);
                 const double tps = tokens / st.median;
                 if (i == 0) base = tps;
-                const moh_attn_config *ac = &r->cfg.attn;
+                const moh_attn_config *ac = model_attn(&r->m);
                 const int act = ac->router == MOH_ROUTER_NONE || ac->top_k == 0 ? ac->n_heads : ac->shared_heads + ac->top_k;
                 const double share = (double)act / ac->n_heads;
                 const char *pname = path ? "sparse" : "reference";
@@ -227,7 +237,7 @@ int bench_train(int argc, char **argv) {
                     printf(", \"path\": \"%s\", \"active\": %.4f, \"tokens_per_s\": %.2f, \"tokens_per_s_min\": %.2f, "
                            "\"tokens_per_s_max\": %.2f, \"ms_per_step\": %.2f, \"speedup\": %.4f, \"batch\": %d, "
                            "\"seq\": %d, \"steps\": %d, \"repeats\": %d, \"threads\": %d, \"loss\": %.4f}",
-                           pname, share, tps, tokens / st.max, tokens / st.min, st.median * 1e3, tps / base, B, T,
+                           pname, share, tps, tokens / st.max, tokens / st.min, st.median * 1e3, tps / base, B, N,
                            a.steps, a.repeats, threads, r->loss[path]);
                 } else {
                     char tp[64];
@@ -240,7 +250,5 @@ int bench_train(int argc, char **argv) {
     }
     for (int i = 0; i < nn; i++) bt_free(&runs[i]);
     free(runs);
-    free(tok);
-    free(tgt);
     return status ? 1 : 0;
 }

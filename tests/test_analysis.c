@@ -2,7 +2,8 @@
  * orthonormal columns, a given spectrum under a rotation), the Jacobi eigen solver, attention
  * similarity (identical rows 1, disjoint one-hot rows 0, a half overlap 0.5), cosine, CV, and the
  * accumulator on a hand-made batch (density, score means, CV, pair similarity, rank token counts,
- * quantiles), then the JSON/CSV outputs and, when built with cairo, the plots; last, `moh analyze`
+ * quantiles), then the JSON/CSV outputs and, when built with cairo, the plots; the families'
+ * analysis hooks (open_analysis: batches, categories, tokens, pixels); last, `moh analyze`
  * end to end (MOH_BIN) on tiny random LM and ViT checkpoints with dense twins, and its errors. */
 #include <math.h>
 #include <stdio.h>
@@ -420,6 +421,138 @@ static void save_model(test_ctx *ctx, const char *dir, const char *json) {
 static void save_lm(test_ctx *ctx, const char *dir, const char *json) { save_model(ctx, dir, json); }
 static void save_vit(test_ctx *ctx, const char *dir, const char *json) { save_model(ctx, dir, json); }
 
+/* The analysis hooks of the families (model.h open_analysis): the LM's chunks and batches of
+ * labelled text (order, lengths, categories, bytes), its errors, the reference-path caches the
+ * statistics read; the ViT's images per class. */
+static long drain(analysis_data *d, const model *m, int *shape, int max_batches, int *cats, int *ncat) {
+    long cursor = 0, items = 0, got;
+    moh_batch b;
+    int nb = 0, *cat = malloc(sizeof(int) * (size_t)d->batch);
+    *ncat = 0;
+    while (cat && (got = d->next(d->self, m, &cursor, &b, cat)) > 0 && nb < max_batches) {
+        shape[2 * nb] = b.B;
+        shape[2 * nb + 1] = b.T;
+        nb++;
+        for (int j = 0; j < b.B; j++) cats[(*ncat)++] = cat[j];
+        items += got;
+    }
+    free(cat);
+    return nb * 1000000L + items;
+}
+
+static void test_hooks(test_ctx *ctx) {
+    char dir[] = "/tmp/moh-test-hooks-XXXXXX", path[700], spec[1500];
+    CHECK(ctx, mkdtemp(dir) != NULL, "mkdtemp");
+    test_rng rng = {0x1234567ULL};
+    uint8_t ta[30], tb[20]; /* random letters, no line breaks: nothing removed */
+    for (size_t i = 0; i < sizeof ta; i++) ta[i] = (uint8_t)('a' + (int)(13 + 12.9 * test_rng_uniform(&rng)));
+    for (size_t i = 0; i < sizeof tb; i++) tb[i] = (uint8_t)('A' + (int)(13 + 12.9 * test_rng_uniform(&rng)));
+    snprintf(path, sizeof path, "%s/a.txt", dir);
+    CHECK(ctx, write_file(path, ta, sizeof ta), "%s", path);
+    snprintf(path, sizeof path, "%s/b.txt", dir);
+    CHECK(ctx, write_file(path, tb, sizeof tb), "%s", path);
+    const char *lm = "{\"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"intermediate_size\": "
+                     "24, \"vocab_size\": 256, \"max_position_embeddings\": 12, \"router\": \"learned\", "
+                     "\"shared_heads\": 1, \"top_k\": 2}";
+    model m;
+    moh_error err = {0};
+    CHECK(ctx, model_from_config_text(&m, lm, strlen(lm), "test", &err) == MOH_OK, "%s", err.msg);
+    if (!m.fam) return;
+    CHECK(ctx, m.fam->open_analysis != NULL, "the LM supports analyze");
+    m.fam->init_random(m.cfg, m.params, 3);
+    snprintf(spec, sizeof spec, "%s/a.txt:x,%s/b.txt:y", dir, dir);
+    analysis_request req = {.data = spec, .max_tokens = 25, .seq_len = 8, .batch = 2, .m = &m,
+                            .model_label = "lm"};
+    analysis_data d = {0};
+    CHECK(ctx, m.fam->open_analysis(&req, &d, &err) == MOH_OK, "LM open_analysis: %s", err.msg);
+    if (d.self) {
+        CHECK(ctx, d.C == 2 && !strcmp(d.names[0], "x") && !strcmp(d.names[1], "y") && !strcmp(d.type, "lm"),
+              "LM categories x, y");
+        CHECK(ctx, d.items == 45 && d.T == 8 && d.batch == 2, "LM items %.0f (25 + 20), T %d, batch %d", d.items, d.T,
+              d.batch);
+        /* 25 bytes: chunks 8, 8, 8, 1; 20 bytes: 8, 8, 4; full chunks in batches of 2, a short one alone */
+        int shape[32], cats[32], nc = 0;
+        const int expect[10] = {2, 8, 1, 8, 1, 1, 2, 8, 1, 4}, ecat[7] = {0, 0, 0, 0, 1, 1, 1};
+        const long r = drain(&d, &m, shape, 16, cats, &nc);
+        CHECK(ctx, r == 5 * 1000000L + 45, "LM: 5 batches, 45 tokens (got %ld)", r);
+        CHECK(ctx, r / 1000000L != 5 || !memcmp(shape, expect, sizeof expect), "LM batch shapes [B, T]");
+        CHECK(ctx, nc == 7 && !memcmp(cats, ecat, sizeof ecat), "LM categories of the chunks");
+        /* the tokens are the bytes in order; the reference path keeps every head's attention rows */
+        long cursor = 0;
+        moh_batch b;
+        int cat[2];
+        bool same = true;
+        for (int k = 0; k < 2 && d.next(d.self, &m, &cursor, &b, cat) > 0; k++)
+            for (int i = 0; i < b.B * b.T; i++) same &= b.tokens[i] == ta[k * 16 + i];
+        CHECK(ctx, same, "LM chunk tokens are the bytes of a.txt in order");
+        void *acts = NULL;
+        CHECK(ctx, m.fam->acts_new(m.cfg, d.batch, d.T, false, &acts, &err) == MOH_OK, "%s", err.msg);
+        if (acts) {
+            double ce, lb;
+            m.fam->forward(m.cfg, m.params, acts, &b, 0, b.B, false, &ce, &lb);
+            const attn_cache_f32 *c = m.fam->router(acts, 1);
+            CHECK(ctx, c && c->att && c->o && c->gates && c->p, "reference-path cache holds att, o, gates, p");
+            CHECK(ctx, c && c->att && fabsf(c->att[0] - 1.0f) < 1e-6f, "causal first row attends to itself only");
+            m.fam->acts_free(acts);
+        }
+        d.free(d.self);
+    }
+    req.seq_len = 13;
+    CHECK(ctx, m.fam->open_analysis(&req, &d, &err) == MOH_E_ARG && strstr(err.msg, "max_position_embeddings"),
+          "--seq-len beyond the context refused: %s", err.msg);
+    req.seq_len = 8;
+    req.categories = "x";
+    CHECK(ctx, m.fam->open_analysis(&req, &d, &err) == MOH_E_ARG && strstr(err.msg, "FILE:LABEL"),
+          "--categories with FILE:LABEL refused: %s", err.msg);
+    model_free(&m);
+
+    /* ViT: 8x8 images, 5 tokens, 3 classes of 4 images; 15 tokens = 3 images per class */
+    enum { NI = 12 };
+    uint8_t img[16 + NI * 64], lab[8 + NI];
+    const uint8_t ih[16] = {0, 0, 8, 3, 0, 0, 0, NI, 0, 0, 0, 8, 0, 0, 0, 8}, lh[8] = {0, 0, 8, 1, 0, 0, 0, NI};
+    memcpy(img, ih, 16);
+    memcpy(lab, lh, 8);
+    for (int i = 0; i < NI; i++) {
+        lab[8 + i] = (uint8_t)((i * 7) % 3);
+        for (int k = 0; k < 64; k++) img[16 + i * 64 + k] = (uint8_t)(128 + 127 * test_rng_uniform(&rng));
+    }
+    snprintf(path, sizeof path, "%s/t10k-images-idx3-ubyte", dir);
+    CHECK(ctx, write_file(path, img, sizeof img), "%s", path);
+    snprintf(path, sizeof path, "%s/t10k-labels-idx1-ubyte", dir);
+    CHECK(ctx, write_file(path, lab, sizeof lab), "%s", path);
+    const char *vit = "{\"model_type\": \"vit\", \"img_size\": 8, \"patch_size\": 4, \"num_classes\": 3, \"embed_dim\": "
+                      "16, \"depth\": 2, \"num_heads\": 4, \"mlp_ratio\": 2, \"mean\": [0.5], \"std\": [0.25], "
+                      "\"router\": \"learned\", \"shared_heads\": 1, \"top_k\": 2}";
+    CHECK(ctx, model_from_config_text(&m, vit, strlen(vit), "test", &err) == MOH_OK, "%s", err.msg);
+    if (!m.fam) return;
+    req = (analysis_request){.data = dir, .max_tokens = 15, .seq_len = -1, .batch = 4, .m = &m, .model_label = "vit"};
+    CHECK(ctx, m.fam->open_analysis(&req, &d, &err) == MOH_OK, "ViT open_analysis: %s", err.msg);
+    if (d.self) {
+        CHECK(ctx, d.C == 3 && !strcmp(d.names[2], "2") && !strcmp(d.type, "vit") && d.items == 9,
+              "ViT: 3 classes, 9 images (got %d, %.0f)", d.C, d.items);
+        int shape[32], cats[32], nc = 0;
+        const long r = drain(&d, &m, shape, 16, cats, &nc);
+        const int ecat[9] = {0, 0, 0, 1, 1, 1, 2, 2, 2};
+        CHECK(ctx, r == 3 * 1000000L + 9 && shape[0] == 4 && shape[2] == 4 && shape[4] == 1, "ViT batches 4, 4, 1");
+        CHECK(ctx, nc == 9 && !memcmp(cats, ecat, sizeof ecat), "ViT: images grouped by class in file order");
+        long cursor = 0;
+        moh_batch b;
+        int cat[4];
+        d.next(d.self, &m, &cursor, &b, cat);
+        const float want = (float)((img[16] / 255.0 - 0.5) / 0.25); /* image 0 (class 0), pixel 0 */
+        CHECK(ctx, b.images && fabsf(b.images[0] - want) < 1e-5f && b.H == 8 && b.W == 8,
+              "ViT pixel normalised with the config's mean/std: %g, expected %g", b.images ? b.images[0] : 0.0f, want);
+        d.free(d.self);
+    }
+    req.categories = "a";
+    CHECK(ctx, m.fam->open_analysis(&req, &d, &err) == MOH_E_ARG && strstr(err.msg, "--categories"),
+          "ViT refuses --categories: %s", err.msg);
+    model_free(&m);
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (ctx->failures == 0) run_cmd(cmd);
+}
+
 static void test_cli(test_ctx *ctx) {
     const char *bin = getenv("MOH_BIN") ? getenv("MOH_BIN") : "build/moh";
     if (access(bin, X_OK) != 0) {
@@ -569,6 +702,7 @@ int main(void) {
     test_primitives(&ctx);
     test_accumulator(&ctx);
     test_presentation(&ctx);
+    test_hooks(&ctx);
     test_cli(&ctx);
     return test_finish("test_analysis", &ctx);
 }

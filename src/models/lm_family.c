@@ -11,6 +11,7 @@
 #include "core/fsutil.h"
 #include "data/text.h"
 #include "models/lm.h"
+#include "models/lm_analysis.h"
 #include "models/model.h"
 
 static int cfg_parse(void *cfg, const char *text, size_t len, const char *label, moh_error *err) {
@@ -66,7 +67,8 @@ static double forward(const void *cfg, const void *params, void *acts, const moh
                       bool train, double *ce, double *lb) {
     lm_acts_f32 *a = acts;
     const size_t off = (size_t)first * b->T;
-    const double loss = lm_forward_f32(cfg, params, a, b->tokens + off, b->targets + off, count, b->T);
+    const double loss = lm_forward_f32(cfg, params, a, b->tokens + off, b->targets ? b->targets + off : NULL, count,
+                                       b->T); /* no targets: logits only (moh analyze) */
     *ce = a->ce_loss;
     *lb = a->lb_loss;
     return loss;
@@ -324,6 +326,25 @@ static void describe(const void *cfg, size_t n, char *buf, size_t cap) {
 
 static int max_seq_len(const void *cfg) { return ((const moh_lm_config *)cfg)->max_position_embeddings; }
 
+/* Random tokens [B, T] in 0..vocab_size-1 (a 64-bit LCG from seed, top bits) and next-token targets,
+ * -1 at the end of each row. */
+static int synthetic_batch(const void *cfg, int B, int T, uint64_t seed, moh_batch *out, void **buf, moh_error *err) {
+    const int V = ((const moh_lm_config *)cfg)->vocab_size;
+    const size_t n = (size_t)B * T;
+    int *tok = malloc(sizeof(int) * 2 * n);
+    if (!tok) return moh_fail(err, MOH_E_NOMEM, "synthetic batch: out of memory");
+    int *tgt = tok + n;
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        tok[i] = (int)((s >> 33) % (uint64_t)V);
+    }
+    for (size_t i = 0; i < n; i++) tgt[i] = (i + 1) % (size_t)T ? tok[i + 1] : -1;
+    *buf = tok;
+    *out = (moh_batch){.B = B, .T = T, .tokens = tok, .targets = tgt};
+    return MOH_OK;
+}
+
 const model_family lm_family = {
     .model_type = "llama",
     .task = "text-generation",
@@ -358,4 +379,7 @@ const model_family lm_family = {
     .eval_report = eval_report,
     .dump_logits = dump_logits,
     .default_sparse = true,
+    .short_name = "LM",
+    .open_analysis = lm_open_analysis,
+    .synthetic_batch = synthetic_batch,
 };

@@ -148,6 +148,42 @@ typedef struct eval_context {
     const char *split;       /* images: split prefix */
 } eval_context;
 
+/* What `moh analyze` asks of a family (open_analysis): labelled data for one model and an
+ * optional dense twin of the same family and layer count. */
+typedef struct analysis_request {
+    const char *data;        /* --data as given */
+    const char *categories;  /* --categories, or NULL (the family's default: every category) */
+    long max_tokens;         /* --max-tokens: tokens per category */
+    int seq_len;             /* --seq-len, or -1 when not given */
+    int batch;               /* --batch-size, or -1 (the family's default) */
+    model *m, *twin;         /* the model, and its twin (--compare) or NULL */
+    const char *model_label, *twin_label; /* their checkpoint dirs, for messages */
+    /* The index of the name in names[0..n) nearest to key, or -1 (the CLI's matcher, for "did you
+     * mean" hints); may be NULL. */
+    int (*nearest)(const char *key, const char *const *names, int n);
+} analysis_request;
+
+/* Labelled analysis data (open_analysis): C categories whose examples come in batches. Run on
+ * activations from acts_new(cfg, batch, T, sparse = false): on that reference path router(acts, l)
+ * is the layer's whole attention cache (gates, router probabilities, every head's attention rows
+ * [B, h, N, N] and outputs [B N, h d]), which the statistics of src/analysis need. */
+typedef struct analysis_data {
+    void *self;
+    const char *type;        /* analysis.json "type": "lm", "vit" */
+    int C;                   /* categories (1..256) */
+    char **names;            /* [C] category names (owned by self) */
+    const char *note;        /* how the tokens were drawn, for analysis.json (owned by self) */
+    const char *unit;        /* progress unit of the items next returns: "tokens", "images" */
+    double items;            /* items of one pass over the data (progress total) */
+    int batch;               /* examples per batch, at most */
+    int T;                   /* text: longest sequence (acts_new's T); 0 for images */
+    /* The batch at *cursor (0 at the start; advanced) as model m (req->m or req->twin) takes
+     * it: *out, and cat[0..out->B) the category of each example. Returns the batch's items (tokens
+     * or images); 0 at the end. */
+    long (*next)(void *self, const model *m, long *cursor, moh_batch *out, int *cat);
+    void (*free)(void *self);
+} analysis_data;
+
 struct model_family {
     const char *model_type;  /* config.json "model_type" */
     const char *task;        /* what the commands may do with it: "text-generation" (train, eval,
@@ -216,6 +252,16 @@ struct model_family {
     /* Longest sequence the config supports (text; NULL for images). */
     int (*max_seq_len)(const void *cfg);
     bool default_sparse;     /* attention on the head-sparse path unless asked otherwise */
+    const char *short_name;  /* the family in messages: "LM", "ViT" */
+    /* Optional (`moh analyze`; NULL: the command says the family does not support it): opens the
+     * labelled data of req for req->m and its twin (analysis_data below). May fill
+     * data-derived config fields of both (ViT: input mean/std) and print notes on stderr. */
+    int (*open_analysis)(const analysis_request *req, analysis_data *out, moh_error *err);
+    /* Optional (`moh bench train`; NULL: not supported): a batch of B examples (text: T tokens
+     * each) with random content from seed (tokens and targets, or images and labels), as
+     * forward/backward take it; its arrays live in *buf (malloc'd; the caller frees it). */
+    int (*synthetic_batch)(const void *cfg, int B, int T, uint64_t seed, moh_batch *out, void **buf,
+                           moh_error *err);
 };
 
 /* ---- registry ---------------------------------------------------------------------------- */

@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include "core/fsutil.h"
+#include "core/rng.h"
 #include "data/idx.h"
 #include "models/model.h"
 #include "models/vit.h"
+#include "models/vit_analysis.h"
 
 int vit_check_split(const moh_vit_config *cfg, const idx_split *s, const char *label, moh_error *err) {
     if (cfg->in_chans != 1)
@@ -426,6 +428,22 @@ static void describe(const void *cfg, size_t n, char *buf, size_t cap) {
              c->patch_size, c->embed_dim, c->depth);
 }
 
+/* Random images [B, C, H, W] uniform in [-2, 2) (about the range of normalised pixels) and labels
+ * [B] in 0..num_classes-1, from splitmix64 at seed; T is ignored. */
+static int synthetic_batch(const void *cfg, int B, int T, uint64_t seed, moh_batch *out, void **buf, moh_error *err) {
+    const moh_vit_config *c = cfg;
+    const size_t n = (size_t)B * c->in_chans * c->img_size * c->img_size;
+    float *img = malloc(sizeof(float) * n + sizeof(int) * (size_t)B);
+    if (!img) return moh_fail(err, MOH_E_NOMEM, "synthetic batch: out of memory");
+    int *lab = (int *)(img + n);
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) img[i] = (float)(4.0 * moh_rng_uniform01(&s) - 2.0);
+    for (int j = 0; j < B; j++) lab[j] = (int)(moh_rng_next(&s) % (uint64_t)c->num_classes);
+    *buf = img;
+    *out = (moh_batch){.B = B, .images = img, .C = c->in_chans, .H = c->img_size, .W = c->img_size, .labels = lab};
+    return MOH_OK;
+}
+
 const model_family vit_family = {
     .model_type = "vit",
     .task = "image-classification",
@@ -459,4 +477,7 @@ const model_family vit_family = {
     .eval_report = eval_report,
     .dump_logits = dump_logits,
     .default_sparse = false,
+    .short_name = "ViT",
+    .open_analysis = vit_open_analysis,
+    .synthetic_batch = synthetic_batch,
 };
