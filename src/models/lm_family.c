@@ -267,32 +267,17 @@ static void eval_json(const model_eval *r, char *buf, size_t cap) {
 }
 static void eval_brief(const model_eval *r, char *buf, size_t cap) { snprintf(buf, cap, " | val %.4f bpb", r->metric); }
 
-static void print_head_share(const model *m, const model_eval *r) {
-    const int L = model_num_layers(m), h = model_attn(m)->n_heads;
-    printf("head-activation share per layer (heads 0..%d; shared heads first):\n", h - 1);
-    for (int l = 0; l < L; l++) {
-        printf("  layer %2d:", l);
-        for (int i = 0; i < h; i++) printf(" %.2f", r->head_share[(size_t)l * h + i]);
-        printf("\n");
-    }
-}
-
 static void eval_report(const model *m, const model_eval *r, const eval_context *ctx) {
-    const int L = model_num_layers(m), h = model_attn(m)->n_heads;
     if (ctx->json) {
         printf("{\"val_loss\": %.8f, \"bits_per_byte\": %.8f, \"tokens\": %ld, \"seq_len\": %d, "
-               "\"lb_loss\": %.6f, \"head_share\": [", r->loss, r->metric, r->n, ctx->seq_len, r->lb_loss);
-        for (int l = 0; l < L; l++) {
-            printf("%s[", l ? ", " : "");
-            for (int i = 0; i < h; i++) printf("%s%.6f", i ? ", " : "", r->head_share[(size_t)l * h + i]);
-            printf("]");
-        }
-        printf("]}\n");
+               "\"lb_loss\": %.6f, ", r->loss, r->metric, r->n, ctx->seq_len, r->lb_loss);
+        model_print_head_share(m, r, true);
+        printf("}\n");
         return;
     }
     printf("checkpoint %s on %s (%zu bytes, T=%d)\n", ctx->checkpoint, ctx->src->label, ctx->src->n_eval, ctx->seq_len);
     printf("val_loss %.6f nats | %.4f bits/byte | %ld predictions\n", r->loss, r->metric, r->n);
-    print_head_share(m, r);
+    model_print_head_share(m, r, false);
 }
 
 /* tokens [1, len] and logits [1, len, V] of the first evaluation chunk */

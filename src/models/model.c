@@ -108,6 +108,20 @@ int model_active_heads(const model *m) {
     return a->router == MOH_ROUTER_NONE ? a->n_heads : a->shared_heads + a->top_k;
 }
 
+void model_print_head_share(const model *m, const model_eval *r, bool json) {
+    const int L = model_num_layers(m), h = model_attn(m)->n_heads;
+    if (json) printf("\"head_share\": [");
+    else printf("head-activation share per layer (heads 0..%d; shared heads first):\n", h - 1);
+    for (int l = 0; l < L; l++) {
+        if (json) printf("%s[", l ? ", " : "");
+        else printf("  layer %2d:", l);
+        for (int i = 0; i < h; i++)
+            printf(json ? "%s%.6f" : "%s%.2f", json ? (i ? ", " : "") : " ", r->head_share[(size_t)l * h + i]);
+        printf(json ? "]" : "\n");
+    }
+    if (json) printf("]");
+}
+
 void model_eval_free(model_eval *r) {
     free(r->confusion);
     free(r->head_share);

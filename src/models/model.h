@@ -290,6 +290,8 @@ int model_num_layers(const model *m);
 const moh_attn_config *model_attn(const model *m);
 /* Heads active per token (h for the "none" router). */
 int model_active_heads(const model *m);
+/* Prints r->head_share [L, h] on stdout: a table, or (json) the field `"head_share": [[...], ...]`. */
+void model_print_head_share(const model *m, const model_eval *r, bool json);
 
 /* ---- data-parallel shards ---------------------------------------------------------------- */
 /* A micro-batch split into n shards that run forward and backward in parallel, one OpenMP thread

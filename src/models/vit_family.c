@@ -334,7 +334,7 @@ static void json_string(const char *s) {
 
 static void eval_report(const model *m, const model_eval *r, const eval_context *ctx) {
     const moh_vit_config *cfg = m->cfg;
-    const int K = cfg->num_classes, L = cfg->depth, h = cfg->num_heads;
+    const int K = cfg->num_classes;
     const char *const *names = idx_fashion_names(ctx->data_path, K);
     char cname[32];
     if (ctx->json) {
@@ -359,13 +359,9 @@ static void eval_report(const model *m, const model_eval *r, const eval_context 
             for (int j = 0; j < K; j++) printf("%s%ld", j ? ", " : "", r->confusion[(size_t)k * K + j]);
             printf("]");
         }
-        printf("], \"head_share\": [");
-        for (int l = 0; l < L; l++) {
-            printf("%s[", l ? ", " : "");
-            for (int i = 0; i < h; i++) printf("%s%.6f", i ? ", " : "", r->head_share[(size_t)l * h + i]);
-            printf("]");
-        }
-        printf("]}\n");
+        printf("], ");
+        model_print_head_share(m, r, true);
+        printf("}\n");
         return;
     }
     printf("checkpoint %s on %s (%ld images)\n", ctx->checkpoint, ctx->src->label, r->n);
@@ -387,12 +383,7 @@ static void eval_report(const model *m, const model_eval *r, const eval_context 
         for (int j = 0; j < K; j++) printf(" %5ld", r->confusion[(size_t)k * K + j]);
         printf("\n");
     }
-    printf("head-activation share per layer (heads 0..%d; shared heads first):\n", h - 1);
-    for (int l = 0; l < L; l++) {
-        printf("  layer %2d:", l);
-        for (int i = 0; i < h; i++) printf(" %.2f", r->head_share[(size_t)l * h + i]);
-        printf("\n");
-    }
+    model_print_head_share(m, r, false);
 }
 
 /* images [n, 1, H, W] (normalised, the model input), labels [n] and logits [n, K] of the first
