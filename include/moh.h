@@ -25,6 +25,7 @@ typedef enum moh_status {
     MOH_E_SHAPE = -4,  /* tensor missing or of the wrong shape/dtype */
     MOH_E_NOMEM = -5,  /* allocation failed */
     MOH_E_ARG = -6,    /* bad argument from the caller */
+    MOH_E_NONFINITE = -7, /* a loss or gradient norm is NaN or infinite (a training step not applied) */
 } moh_status;
 
 typedef struct moh_error {
@@ -192,5 +193,151 @@ int moh_lm_config_finalize(moh_lm_config *cfg, const char *label, moh_error *err
 /* config.json text (malloc'd, caller frees) that transformers' LlamaForCausalLM loads: the HF
  * fields plus architectures, model_type "llama", hidden_act "silu", and the MoH fields. */
 char *moh_lm_config_to_json(const moh_lm_config *cfg);
+
+/* ------------------------------------------------------------------------------------------------
+ * Models of every family: "llama" (decoder LM over bytes, HF LlamaForCausalLM layout) and "vit"
+ * (image classifier, timm VisionTransformer layout), behind one opaque handle (src/api.c over the
+ * model interface src/models/model.h). Load a checkpoint directory (config.json +
+ * model.safetensors, as `moh train` writes) or build from a config.json, run forward passes and
+ * AdamW training steps, save. A handle is used by one thread at a time (the ops inside run in
+ * parallel with OpenMP). Pointers a getter returns stay valid until the handle is freed; gates
+ * (moh_model_router_gates) only until the next forward or training step.
+ * ---------------------------------------------------------------------------------------------- */
+typedef struct moh_model moh_model;
+
+#define MOH_MODEL_MAX_DIMS 4
+
+/* Loads checkpoint_dir/config.json (family from its "model_type"; absent = "llama") and
+ * checkpoint_dir/model.safetensors into a new handle *out (NULL on error). Every tensor must be
+ * present, of the config's shape and finite; optimizer.safetensors is not read (AdamW moments
+ * start at zero). Returns MOH_OK, or MOH_E_ARG (NULL argument), MOH_E_IO (missing file),
+ * MOH_E_FORMAT / MOH_E_CONFIG (bad JSON or config), MOH_E_SHAPE (tensor missing, extra or
+ * misshapen), MOH_E_NOMEM; the message names the file and tensor or field.
+ * Source: train/checkpoint.h model_load. */
+int moh_model_load(moh_model **out, const char *checkpoint_dir, moh_error *err);
+/* A new handle from a config.json file, parameters drawn by the family's initialisation (LM: HF
+ * LLaMA, N(0, 0.02^2) matrices, RMSNorm weights 1; ViT: timm's init_weights), deterministic in
+ * seed. Errors as moh_model_load. Source: models/model.h model_from_config_file, init_random. */
+int moh_model_new(moh_model **out, const char *config_json_path, uint64_t seed, moh_error *err);
+/* Frees the handle and everything it owns; NULL is a no-op. */
+void moh_model_free(moh_model *m);
+
+/* config.json "model_type" of the family: "llama" or "vit". */
+const char *moh_model_type(const moh_model *m);
+/* Number of float32 parameters n (the length of moh_model_params). */
+size_t moh_model_num_params(const moh_model *m);
+/* Transformer layers L (LM num_hidden_layers, ViT depth). */
+int moh_model_num_layers(const moh_model *m);
+/* Query heads h per layer (shared + routed). */
+int moh_model_num_heads(const moh_model *m);
+/* The attention configuration every layer shares (heads, shared_heads, top_k, router, ...). */
+const moh_attn_config *moh_model_attn(const moh_model *m);
+/* Outputs per prediction: vocabulary size V (LM) or classes K (ViT). */
+int moh_model_num_outputs(const moh_model *m);
+/* Text models: the longest sequence T a forward accepts (max_position_embeddings); 0 for images. */
+int moh_model_max_seq_len(const moh_model *m);
+/* Image models: the input shape [C, H, W] a forward expects (in_chans, img_size, img_size); all 0
+ * for text models. Any pointer may be NULL. */
+void moh_model_image_shape(const moh_model *m, int *C, int *H, int *W);
+/* Image models: the normalisation of channel c the model was trained with: pixels given to
+ * moh_model_forward are (value / 255 - mean) / std. mean 0, std 1 when the config has none.
+ * MOH_E_ARG for a text model or c outside [0, C). */
+int moh_model_image_norm(const moh_model *m, int c, double *mean, double *std, moh_error *err);
+/* The parameter buffer [n] (n = moh_model_num_params), float32, in the order of the tensor
+ * registry below (the checkpoint's tensor order). Writable: changes take effect in the next forward. */
+float *moh_model_params(moh_model *m);
+/* config.json text of the model (malloc'd, the caller frees; NULL on out of memory). */
+char *moh_model_config_json(const moh_model *m);
+
+/* One checkpoint tensor: a view of moh_model_params(m) + offset, numel floats, row-major shape. */
+typedef struct moh_tensor_info {
+    const char *name;              /* PyTorch state_dict name (HF LLaMA / timm); owned by the handle */
+    int ndim;
+    int64_t shape[MOH_MODEL_MAX_DIMS];
+    size_t offset;                 /* in floats from the start of the parameter buffer */
+    size_t numel;
+    bool decay;                    /* AdamW weight decay applies (matrices) */
+} moh_tensor_info;
+/* Number of checkpoint tensors. */
+int moh_model_num_tensors(const moh_model *m);
+/* Tensor i (0 <= i < moh_model_num_tensors) into *out. MOH_OK or MOH_E_ARG (i out of range). */
+int moh_model_tensor(const moh_model *m, int i, moh_tensor_info *out, moh_error *err);
+/* Index of the tensor called name, or -1. */
+int moh_model_find_tensor(const moh_model *m, const char *name);
+
+/* One batch of inputs. A text model reads B, T, tokens, targets; an image model reads B, C, H, W,
+ * images, labels. Arrays are row-major and borrowed for the call. */
+typedef struct moh_input {
+    int B;                 /* examples (sequences or images), >= 1 */
+    int T;                 /* text: tokens per sequence, 1..moh_model_max_seq_len */
+    const int *tokens;     /* text: [B, T] token ids in [0, V) */
+    const int *targets;    /* text: [B, T] next-token targets in [0, V), -1 = no prediction; NULL:
+                            * no loss */
+    int C, H, W;           /* images: must equal moh_model_image_shape */
+    const float *images;   /* images: [B, C, H, W] (NCHW), normalised (moh_model_image_norm) */
+    const int *labels;     /* images: [B] classes in [0, K), -1 = not counted; NULL: no loss */
+} moh_input;
+
+/* Losses of one forward (all in nats). */
+typedef struct moh_losses {
+    double loss;      /* the training objective: cross-entropy (ViT: with the config's label
+                       * smoothing) + load_balance_coef * lb, what moh_model_train_step minimises;
+                       * NaN without targets/labels */
+    double ce;        /* plain mean cross-entropy over the counted predictions, no label smoothing,
+                       * from the logits in float64 (what `moh eval` reports); NaN without any */
+    double lb;        /* mean over the routing layers of the load-balance loss (spec §2); 0 without
+                       * a learned router */
+    long n;           /* counted predictions (targets / labels other than -1) */
+    double grad_norm; /* moh_model_train_step: global L2 norm of the gradient before clipping;
+                       * NaN after moh_model_forward */
+} moh_losses;
+
+/* Floats of the logits of a forward of in: B T V (text) or B K (images); 0 when in is NULL. */
+size_t moh_model_logits_count(const moh_model *m, const moh_input *in);
+/* Forward of in. logits (may be NULL): [B, T, V] (text: logits of the token after each position)
+ * or [B, K] (images), moh_model_logits_count floats. losses (may be NULL) as moh_losses.
+ * Returns MOH_OK, MOH_E_ARG (B < 1, T out of range, a NULL array the family needs, an image shape
+ * other than the model's, a token / target / label out of range: the message names the field,
+ * the index and the accepted range) or MOH_E_NOMEM. The activations are kept for
+ * moh_model_router_gates / moh_model_head_share. Source: model.h model_shards_step (one shard,
+ * the family's default attention path). */
+int moh_model_forward(moh_model *m, const moh_input *in, float *logits, moh_losses *losses, moh_error *err);
+/* Router gates of layer l of the last forward (or training step): *gates [tokens, h] (row-major;
+ * gate of head i for each attention token, 0 when the head is off; every gate 1 for a dense model),
+ * *tokens = B T (text) or B (num_patches + class token) (images). Valid until the next forward.
+ * MOH_E_ARG: no forward yet, or l outside [0, L). */
+int moh_model_router_gates(const moh_model *m, int l, const float **gates, long *tokens, moh_error *err);
+/* share[h]: for each head of layer l, the fraction of the last forward's attention tokens whose
+ * gate is non-zero (1 for shared heads). MOH_E_ARG as moh_model_router_gates. */
+int moh_model_head_share(const moh_model *m, int l, double *share, moh_error *err);
+
+/* AdamW hyperparameters of a training step (moh_optim_defaults gives the family's). */
+typedef struct moh_optim {
+    double lr;            /* learning rate, > 0 (no schedule: the caller varies it per step) */
+    double beta1, beta2;  /* moment decay rates, in [0, 1) */
+    double eps;           /* > 0, added to sqrt(v_hat) */
+    double weight_decay;  /* >= 0, decoupled, on the tensors with decay (matrices) */
+    double grad_clip;     /* global L2 norm clipping threshold; 0 = none */
+} moh_optim;
+/* The family's `moh train` defaults (LM: lr 2e-3, betas 0.9/0.95, wd 0.1; ViT: lr 2e-3, betas
+ * 0.9/0.999, wd 0.05; both eps 1e-8, clip 1.0). */
+void moh_optim_defaults(const moh_model *m, moh_optim *opt);
+/* One training step on in: forward (training objective), backward, global-norm clipping, AdamW
+ * (t = moh_model_steps + 1, no learning-rate schedule), as `moh train` does for one micro-batch.
+ * The AdamW moments (2 n floats) are owned by the handle, allocated on the first step.
+ * losses (may be NULL) gets the losses of the forward before the update and the gradient norm.
+ * Non-finite guard: a NaN / infinite loss or gradient norm is not applied (weights, moments and
+ * step count unchanged) and returns MOH_E_NONFINITE. Other returns: MOH_OK, MOH_E_ARG (inputs as
+ * moh_model_forward, targets / labels NULL or all -1, bad opt field named), MOH_E_NOMEM.
+ * Source: train/trainer.c (the step), train/adamw.h. */
+int moh_model_train_step(moh_model *m, const moh_input *in, const moh_optim *opt, moh_losses *losses,
+                         moh_error *err);
+/* Training steps applied so far (0 after load / new). */
+long moh_model_steps(const moh_model *m);
+/* Writes dir/config.json and dir/model.safetensors (F32, the checkpoint names), creating dir;
+ * no optimizer state. Each file is written atomically. MOH_E_ARG when dir holds an
+ * optimizer.safetensors (a `moh train` run whose --resume would restore those weights instead);
+ * MOH_E_IO / MOH_E_NOMEM naming the file. Source: train/checkpoint.h checkpoint_save. */
+int moh_model_save(const moh_model *m, const char *dir, moh_error *err);
 
 #endif /* MOH_H */

@@ -2,7 +2,9 @@
 # make install's layout, from the build tree of the moh binary given as $1: installs into a temp
 # PREFIX, then (1) the installed moh finds its named configs from another folder (--list-configs,
 # train --config NAME --help), (2) a C program builds against the installed moh.h + libmoh.a with
-# the flags of the installed moh.pc and round-trips a safetensors file through the public API.
+# the flags of the installed moh.pc, round-trips a safetensors file through the public API, and,
+# on a checkpoint the installed moh trains here, loads it (moh_model_load), runs a forward, one
+# training step, saves and reloads it bit for bit.
 set -euo pipefail
 moh=$(readlink -f "$1")
 build=$(dirname "$moh")
@@ -23,10 +25,66 @@ n=$(grep -c '^  ' <<<"$out"); want=$(ls "$OLDPWD/configs/"*.json 2>/dev/null | w
 [ "$want" -eq 0 ] || [ "$n" -eq "$want" ] || fail "--list-configs lists $n configs, configs/ has $want"
 if "$moh" --list-configs-typo >/dev/null 2>&1; then fail "unknown top-level flag accepted"; fi
 
+# a tiny LM checkpoint trained by the installed binary
+awk 'BEGIN { for (i = 1; i <= 300; i++) printf "line %d: the %s sat by the %s.\n", i, (i % 3 ? "cat" : "dog"), (i % 5 ? "door" : "fire") }' >"$tmp/corpus.txt"
+cat >"$tmp/tiny.json" <<J
+{"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 32,
+ "vocab_size": 256, "max_position_embeddings": 16, "router": "learned", "shared_heads": 1, "top_k": 2}
+J
+"$tmp/prefix/bin/moh" train --config "$tmp/tiny.json" --data "$tmp/corpus.txt" --out "$tmp/ckpt" --batch-size 2 \
+    --seq-len 16 --steps 3 --eval-tokens 256 --quiet >/dev/null || fail "installed moh train exited $?"
+
 cat >"$tmp/embed.c" <<'C'
+#include <math.h>
 #include <moh.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+/* load argv[2], forward, one training step, save to argv[3], reload: same weights and logits */
+static int model_round_trip(const char *ckpt, const char *out) {
+    moh_error err = {0};
+    moh_model *m = NULL, *r = NULL;
+    const char *text = "the cat sat by the door.";
+    int tok[15], tgt[15];
+    for (int i = 0; i < 15; i++) {
+        tok[i] = (unsigned char)text[i];
+        tgt[i] = (unsigned char)text[i + 1];
+    }
+    moh_input in = {.B = 1, .T = 15, .tokens = tok, .targets = tgt};
+    moh_losses before, step, after;
+    moh_optim opt;
+    float *la = NULL, *lb = NULL;
+    int rc = moh_model_load(&m, ckpt, &err);
+    if (!rc) rc = moh_model_forward(m, &in, NULL, &before, &err);
+    if (!rc) {
+        moh_optim_defaults(m, &opt);
+        rc = moh_model_train_step(m, &in, &opt, &step, &err);
+    }
+    if (!rc) rc = moh_model_save(m, out, &err);
+    if (!rc) rc = moh_model_load(&r, out, &err);
+    if (rc) {
+        fprintf(stderr, "embed: %s\n", err.msg);
+        goto done;
+    }
+    const size_t n = moh_model_num_params(m), nl = moh_model_logits_count(m, &in);
+    la = malloc(nl * sizeof(float));
+    lb = malloc(nl * sizeof(float));
+    rc = !la || !lb || moh_model_forward(m, &in, la, &after, &err) || moh_model_forward(r, &in, lb, NULL, &err);
+    if (!rc && (strcmp(moh_model_type(m), "llama") || moh_model_num_params(r) != n ||
+                memcmp(moh_model_params(m), moh_model_params(r), n * sizeof(float)) || memcmp(la, lb, nl * sizeof(float)) ||
+                !isfinite(before.loss) || step.loss != before.loss || !(after.loss < before.loss) || moh_model_steps(m) != 1)) {
+        fprintf(stderr, "embed: model round trip: loss %g -> %g, %zu params\n", before.loss, after.loss, n);
+        rc = 1;
+    }
+    if (!rc) printf("model %s: %zu params, loss %.4f -> %.4f after one step, saved and reloaded\n", moh_model_type(m), n,
+                    before.loss, after.loss);
+done:
+    free(la);
+    free(lb);
+    moh_model_free(m);
+    moh_model_free(r);
+    return rc != 0;
+}
 int main(int argc, char **argv) {
     float w[6] = {0.25f, -1.5f, 3.0f, 0.125f, -7.0f, 2.5f}, back[6];
     int64_t shape[2] = {2, 3};
@@ -41,13 +99,20 @@ int main(int argc, char **argv) {
     moh_st_close(&st);
     if (rc || memcmp(w, back, sizeof w)) return 1;
     printf("moh %s round trip ok\n", MOH_VERSION);
-    return argc == 2 ? 0 : 1;
+    return argc == 4 ? model_round_trip(argv[2], argv[3]) : 1;
 }
 C
 PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --exists moh || fail "pkg-config cannot read moh.pc"
 san=  # a sanitizer build's library needs the sanitizer runtimes at link time
 grep -q '^MOH_SANITIZE:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null && san="-fsanitize=address,undefined"
-cc -std=c11 -Wall -Werror $san "$tmp/embed.c" -o "$tmp/embed" \
+cc -std=c11 -Wall -Wextra -Werror $san "$tmp/embed.c" -o "$tmp/embed" \
    $(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --static --cflags --libs moh) || fail "embedding program does not build"
-"$tmp/embed" "$tmp/w.safetensors" | grep -q 'round trip ok' || fail "embedding program failed"
-echo "cli_install: installed layout, configs and the embedding API work"
+out=$("$tmp/embed" "$tmp/w.safetensors" "$tmp/ckpt" "$tmp/saved") || fail "embedding program failed: $out"
+grep -q 'round trip ok' <<<"$out" || fail "embedding program: $out"
+grep -q '^model llama: .* saved and reloaded' <<<"$out" || fail "embedding program (model API): $out"
+[ -f "$tmp/saved/model.safetensors" ] && [ -f "$tmp/saved/config.json" ] && [ ! -e "$tmp/saved/optimizer.safetensors" ] \
+    || fail "moh_model_save wrote: $(ls "$tmp/saved")"
+"$tmp/prefix/bin/moh" eval --checkpoint "$tmp/saved" --data "$tmp/corpus.txt" --seq-len 16 >/dev/null || fail "moh eval of the saved model"
+! grep -rq 'include "' "$tmp/prefix/include" || fail "installed headers include private headers"
+[ "$(ls "$tmp/prefix/include")" = moh.h ] || fail "installed include/ holds more than moh.h: $(ls "$tmp/prefix/include")"
+echo "cli_install: installed layout, configs and the embedding API (safetensors, model load/forward/train/save) work"

@@ -215,7 +215,7 @@ def readme(rows):
         "",
         "Written by `tools/ref/gen_layer_fixtures.py` (regenerate: "
         "`python3 tools/ref/gen_layer_fixtures.py`; check: `... --verify`) from the independent "
-        "PyTorch reference `tools/ref/moh_layer_ref.py` (semantics: shared/spec/MOH.md §1-3, §10).",
+        "PyTorch reference `tools/ref/moh_layer_ref.py` (semantics: docs/spec.md §1-3, §10).",
         "",
         "Each folder: `config.json` (LAYER.json), `weights.safetensors` (F32, official names), "
         "`input.safetensors` (`x` [B,N,C]), `grad_output.safetensors` (`dy` [B,N,C]), "

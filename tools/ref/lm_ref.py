@@ -4,7 +4,7 @@ Plain torch ops, any floating dtype (float64 for fixtures), autograd for every g
 names are those of transformers' LlamaForCausalLM (and of moh checkpoints, src/models/lm.c), so
 `state_dict()` of this module is exactly a moh `model.safetensors`.
 
-Model (shared/spec/MOH.md sections 1, 2, 10):
+Model (docs/spec.md sections 1, 2, 10):
   embed [V, C] -> L x [ RMSNorm(input_layernorm) -> MoH attention (causal, RoPE rotate-half,
   q_proj/k_proj/v_proj/o_proj without biases, GQA: query head i uses kv head i // (h / h_kv),
   router "learned" or "none") -> residual -> RMSNorm(post_attention_layernorm) -> SwiGLU MLP

@@ -1,4 +1,4 @@
-"""Independent PyTorch reference of one MoH attention layer (shared/spec/MOH.md sections 1-3, 10).
+"""Independent PyTorch reference of one MoH attention layer (docs/spec.md sections 1-3, 10).
 
 Written with plain torch ops so that autograd gives every gradient. It is the oracle for the C
 engine's `moh layer` command: `tools/ref/gen_layer_fixtures.py` stores fixtures computed with it and
