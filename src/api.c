@@ -8,9 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "models/lm.h"
 #include "models/model.h"
-#include "models/vit.h"
 #include "moh.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
@@ -35,13 +33,7 @@ struct moh_model {
 };
 
 static bool is_text(const moh_model *h) { return h->m.fam->max_seq_len != NULL; }
-/* The family's config, or NULL when m is of another family. */
-static const moh_lm_config *lm_cfg(const moh_model *h) {
-    return !strcmp(h->m.fam->model_type, "llama") ? h->m.cfg : NULL;
-}
-static const moh_vit_config *vit_cfg(const moh_model *h) {
-    return !strcmp(h->m.fam->model_type, "vit") ? h->m.cfg : NULL;
-}
+static bool is_image(const moh_model *h) { return h->m.fam->image_shape != NULL; }
 
 /* Takes ownership of a loaded or new model: the tensor registry, the handle. */
 static int wrap(moh_model **out, model *m, moh_error *err) {
@@ -103,25 +95,28 @@ int moh_model_num_tensors(const moh_model *h) { return h->nt; }
 long moh_model_steps(const moh_model *h) { return h->steps; }
 
 int moh_model_num_outputs(const moh_model *h) {
-    return lm_cfg(h) ? lm_cfg(h)->vocab_size : vit_cfg(h) ? vit_cfg(h)->num_classes : 0;
+    return h->m.fam->num_outputs ? h->m.fam->num_outputs(h->m.cfg) : 0;
 }
 
 int moh_model_max_seq_len(const moh_model *h) { return is_text(h) ? h->m.fam->max_seq_len(h->m.cfg) : 0; }
 
 void moh_model_image_shape(const moh_model *h, int *C, int *H, int *W) {
-    const moh_vit_config *c = vit_cfg(h);
-    if (C) *C = c ? c->in_chans : 0;
-    if (H) *H = c ? c->img_size : 0;
-    if (W) *W = c ? c->img_size : 0;
+    int c = 0, y = 0, x = 0;
+    if (is_image(h)) h->m.fam->image_shape(h->m.cfg, &c, &y, &x);
+    if (C) *C = c;
+    if (H) *H = y;
+    if (W) *W = x;
 }
 
 int moh_model_image_norm(const moh_model *h, int c, double *mean, double *std, moh_error *err) {
-    const moh_vit_config *v = vit_cfg(h);
-    if (!v) return moh_fail(err, MOH_E_ARG, "moh_model_image_norm: a %s model takes no images", moh_model_type(h));
-    if (c < 0 || c >= v->in_chans)
-        return moh_fail(err, MOH_E_ARG, "moh_model_image_norm: channel %d, expected 0..%d", c, v->in_chans - 1);
-    if (mean) *mean = v->n_norm ? v->mean[c] : 0.0;
-    if (std) *std = v->n_norm ? v->std[c] : 1.0;
+    if (!is_image(h)) return moh_fail(err, MOH_E_ARG, "moh_model_image_norm: a %s model takes no images", moh_model_type(h));
+    int C = 0;
+    moh_model_image_shape(h, &C, NULL, NULL);
+    if (c < 0 || c >= C) return moh_fail(err, MOH_E_ARG, "moh_model_image_norm: channel %d, expected 0..%d", c, C - 1);
+    double mu = 0.0, sd = 1.0;
+    h->m.fam->image_norm(h->m.cfg, c, &mu, &sd);
+    if (mean) *mean = mu;
+    if (std) *std = sd;
     return MOH_OK;
 }
 
@@ -163,7 +158,7 @@ static long first_outside(const int *x, size_t n, int lo, int hi) {
 static int make_batch(moh_model *h, const moh_input *in, bool need_loss, moh_batch *b, moh_error *err) {
     memset(b, 0, sizeof *b);
     if (!in) return moh_fail(err, MOH_E_ARG, "moh_input: NULL");
-    if (!lm_cfg(h) && !vit_cfg(h))
+    if (!h->m.fam->logits || !h->m.fam->num_outputs || (!is_text(h) && !is_image(h)))
         return moh_fail(err, MOH_E_ARG, "moh_model: family '%s' has no public forward yet", moh_model_type(h));
     if (in->B < 1) return moh_fail(err, MOH_E_ARG, "moh_input: B is %d, expected >= 1", in->B);
     const int V = moh_model_num_outputs(h);
@@ -232,7 +227,7 @@ static int ensure_acts(moh_model *h, const moh_batch *b, moh_error *err) {
 
 /* The engine's logits of the last forward: [B T, V] (text) or [B, K] (images). */
 static const float *acts_logits(const moh_model *h) {
-    return lm_cfg(h) ? ((const lm_acts_f32 *)h->w.acts[0])->logits : ((const vit_acts_f32 *)h->w.acts[0])->logits;
+    return h->m.fam->logits(h->w.acts[0]);
 }
 
 /* Plain mean cross-entropy (float64 log-softmax of the logits) over the counted targets of b. */

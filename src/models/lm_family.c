@@ -330,6 +330,9 @@ static int synthetic_batch(const void *cfg, int B, int T, uint64_t seed, moh_bat
     return MOH_OK;
 }
 
+static int num_outputs(const void *cfg) { return ((const moh_lm_config *)cfg)->vocab_size; }
+static const float *logits(const void *acts) { return ((const lm_acts_f32 *)acts)->logits; }
+
 const model_family lm_family = {
     .model_type = "llama",
     .task = "text-generation",
@@ -353,6 +356,8 @@ const model_family lm_family = {
     .router = router,
     .tokens_per_example = tokens_per_example,
     .max_seq_len = max_seq_len,
+    .num_outputs = num_outputs,
+    .logits = logits,
     .train_defaults = train_defaults,
     .unused_keys = "train_limit crop_pad hflip",
     .open_data = open_data,

@@ -251,6 +251,14 @@ struct model_family {
     int (*dump_logits)(const model *m, batch_source *src, const char *path, moh_error *err);
     /* Longest sequence the config supports (text; NULL for images). */
     int (*max_seq_len)(const void *cfg);
+    /* Image input shape (images; NULL for text) and the input normalisation of channel c (0 / 1
+     * when the config has none). */
+    void (*image_shape)(const void *cfg, int *C, int *H, int *W);
+    void (*image_norm)(const void *cfg, int c, double *mean, double *std);
+    /* Outputs per prediction (vocab size, classes), and the logits of the last forward in acts:
+     * [count T, V] (text) or [count, K] (images). */
+    int (*num_outputs)(const void *cfg);
+    const float *(*logits)(const void *acts);
     bool default_sparse;     /* attention on the head-sparse path unless asked otherwise */
     const char *short_name;  /* the family in messages: "LM", "ViT" */
     /* Optional (`moh analyze`; NULL: the command says the family does not support it): opens the

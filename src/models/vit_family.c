@@ -435,6 +435,19 @@ static int synthetic_batch(const void *cfg, int B, int T, uint64_t seed, moh_bat
     return MOH_OK;
 }
 
+static int num_outputs(const void *cfg) { return ((const moh_vit_config *)cfg)->num_classes; }
+static const float *logits(const void *acts) { return ((const vit_acts_f32 *)acts)->logits; }
+static void image_shape(const void *cfg, int *C, int *H, int *W) {
+    const moh_vit_config *c = cfg;
+    *C = c->in_chans;
+    *H = *W = c->img_size;
+}
+static void image_norm(const void *cfg, int ch, double *mean, double *std) {
+    const moh_vit_config *c = cfg;
+    *mean = c->n_norm > ch ? c->mean[ch] : 0.0;
+    *std = c->n_norm > ch ? c->std[ch] : 1.0;
+}
+
 const model_family vit_family = {
     .model_type = "vit",
     .task = "image-classification",
@@ -468,6 +481,10 @@ const model_family vit_family = {
     .eval_report = eval_report,
     .dump_logits = dump_logits,
     .default_sparse = false,
+    .num_outputs = num_outputs,
+    .logits = logits,
+    .image_shape = image_shape,
+    .image_norm = image_norm,
     .short_name = "ViT",
     .open_analysis = vit_open_analysis,
     .synthetic_batch = synthetic_batch,
