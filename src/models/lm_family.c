@@ -368,6 +368,7 @@ const model_family lm_family = {
     .metric_name = "val bits/byte",
     .eval_report = eval_report,
     .dump_logits = dump_logits,
+    .legacy_optimizer_format = "moh-lm-train-v1",
     .default_sparse = true,
     .short_name = "LM",
     .open_analysis = lm_open_analysis,

@@ -260,6 +260,8 @@ struct model_family {
     int (*num_outputs)(const void *cfg);
     const float *(*logits)(const void *acts);
     bool default_sparse;     /* attention on the head-sparse path unless asked otherwise */
+    /* optimizer.safetensors "format" of moh 0.1 for this family (still loaded), or NULL */
+    const char *legacy_optimizer_format;
     const char *short_name;  /* the family in messages: "LM", "ViT" */
     /* Optional (`moh analyze`; NULL: the command says the family does not support it): opens the
      * labelled data of req for req->m and its twin (analysis_data below). May fill

@@ -480,6 +480,7 @@ const model_family vit_family = {
     .train_json = train_json,
     .eval_report = eval_report,
     .dump_logits = dump_logits,
+    .legacy_optimizer_format = "moh-vit-train-v1",
     .default_sparse = false,
     .num_outputs = num_outputs,
     .logits = logits,

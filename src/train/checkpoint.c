@@ -209,8 +209,8 @@ int checkpoint_load_optimizer(const char *dir, const model *m, float *params, fl
     int nt = 0, rc = MOH_OK;
     model_tensor *ts = model_tensors(m, &nt);
     const char *fmt = moh_st_meta(&sf, "format"), *type = moh_st_meta(&sf, "model_type");
-    const bool is_lm = !strcmp(m->fam->model_type, "llama");
-    const char *v1 = is_lm ? CKPT_FORMAT_LM_V1 : !strcmp(m->fam->model_type, "vit") ? CKPT_FORMAT_VIT_V1 : NULL;
+    const char *v1 = m->fam->legacy_optimizer_format;
+    const bool is_lm = v1 && !strcmp(v1, CKPT_FORMAT_LM_V1);
     const bool old = fmt && v1 && !strcmp(fmt, v1);
     if (!ts) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
     else if (!fmt || (!old && strcmp(fmt, CKPT_FORMAT)))
