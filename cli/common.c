@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "train/train_util.h"
 #include "core/fsutil.h"
+#include "attn/attn.h"
 #include "models/model.h"
 
 static bool readable(const char *p) { return access(p, R_OK) == 0; }
@@ -71,7 +72,7 @@ static void describe_config(FILE *f, const char *name, const char *path) {
     const moh_attn_config *a = model_attn(&m);
     const int heads = a->n_heads, hs = a->shared_heads, k = a->top_k;
     const moh_router router = a->router;
-    const char *rname = router == MOH_ROUTER_LEARNED ? "learned" : router == MOH_ROUTER_QUERY_NORM ? "query_norm" : "none";
+    const char *rname = attn_router_name(router);
     if (router == MOH_ROUTER_NONE)
         fprintf(f, "  %-16s %-58s dense: %d/%d heads\n", name, size, heads, heads);
     else

@@ -15,6 +15,8 @@ bool attn_has_wg1(const moh_attn_config *c);
 int attn_router_width(const moh_attn_config *c);
 /* Row width of the fused projection output, (h + 2 h_kv) d. */
 int attn_qkv_dim(const moh_attn_config *c);
+/* The router's config-file name: "none", "learned" or "query_norm" ("none" for any other value). */
+const char *attn_router_name(moh_router r);
 
 /* A named float32 tensor of a layer, as it appears in a checkpoint (spec §10 names). */
 #define ATTN_MAX_TENSORS 16

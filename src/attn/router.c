@@ -7,6 +7,10 @@
 
 #include "attn/attn.h"
 
+const char *attn_router_name(moh_router r) {
+    return r == MOH_ROUTER_LEARNED ? "learned" : r == MOH_ROUTER_QUERY_NORM ? "query_norm" : "none";
+}
+
 #define real float
 #define F(x) x##_f32
 #include "router_impl.h"

@@ -9,11 +9,11 @@
  */
 #include "moh.h"
 
+#include "io/json_util.h"
+
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 void moh_attn_config_default(moh_attn_config *c) {
@@ -110,111 +110,17 @@ int moh_attn_config_validate(const moh_attn_config *c, const char *label, moh_er
 }
 
 /* ---------------------------------------------------------------------------------------------
- * JSON
+ * JSON (readers in io/json_util.c)
  * ------------------------------------------------------------------------------------------- */
 
-/* Shortest %g rendering of v that reads back as v (0.1, not 0.10000000000000001). */
-static void cfg_num(char *buf, size_t cap, double v) {
-    for (int p = 1; p <= 17; p++) {
-        snprintf(buf, cap, "%.*g", p, v);
-        if (strtod(buf, NULL) == v) return;
-    }
-}
-
-/* Short rendering of a JSON value for messages. */
-static const char *cfg_show(char *buf, size_t cap, const cJSON *j) {
-    if (cJSON_IsNumber(j)) {
-        cfg_num(buf, cap, j->valuedouble);
-        return buf;
-    }
-    char *s = cJSON_PrintUnformatted(j);
-    if (!s) {
-        snprintf(buf, cap, "(a value)");
-        return buf;
-    }
-    size_t n = strlen(s);
-    if (n + 1 > cap && cap > 4) {
-        /* cut, without splitting a UTF-8 sequence */
-        size_t k = cap - 4;
-        while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80) k--;
-        memcpy(buf, s, k);
-        memcpy(buf + k, "...", 4);
-    } else {
-        snprintf(buf, cap, "%s", s);
-    }
-    cJSON_free(s);
-    return buf;
-}
-
-/* Key name made safe for a one-line message (control characters escaped, long names cut). */
-static const char *cfg_key(char *buf, size_t cap, const char *s) {
-    static const char hex[] = "0123456789abcdef";
-    size_t o = 0;
-    for (size_t i = 0; s[i]; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (o + 8 > cap || i >= 80) {
-            while (o > 0 && ((unsigned char)buf[o - 1] & 0xC0) == 0x80) o--;
-            if (o > 0 && ((unsigned char)buf[o - 1] & 0xC0) == 0xC0) o--;
-            memcpy(buf + o, "...", 3);
-            o += 3;
-            break;
-        }
-        if (ch < 0x20 || ch == 0x7f || ch == '\\' || ch == '\'') {
-            buf[o++] = '\\';
-            buf[o++] = 'x';
-            buf[o++] = hex[ch >> 4];
-            buf[o++] = hex[ch & 15];
-        } else {
-            buf[o++] = (char)ch;
-        }
-    }
-    buf[o] = '\0';
-    return buf;
-}
-
-static int cfg_int(const cJSON *j, const char *key, int *out, const char *label, moh_error *err) {
-    char v[160];
-    if (!cJSON_IsNumber(j))
-        return moh_fail(err, MOH_E_CONFIG, "%s: field '%s': expected an integer, got %s", label, key,
-                        cfg_show(v, sizeof v, j));
-    double d = j->valuedouble;
-    if (d != floor(d) || isinf(d))
-        return moh_fail(err, MOH_E_CONFIG, "%s: field '%s': expected an integer, got %s", label, key,
-                        cfg_show(v, sizeof v, j));
-    if (!(d >= (double)INT_MIN && d <= (double)INT_MAX))
-        return moh_fail(err, MOH_E_CONFIG,
-                        "%s: field '%s': expected an integer in %d..%d, got %s", label, key,
-                        INT_MIN, INT_MAX, cfg_show(v, sizeof v, j));
-    *out = (int)d;
-    return MOH_OK;
-}
-
-static int cfg_pos_int(const cJSON *j, const char *key, int *out, const char *label,
-                       moh_error *err) {
-    int rc = cfg_int(j, key, out, label, err);
+/* Optional field key: a finite number >= 0. */
+static int get_nonneg_number(const json_reader *rd, const cJSON *j, const char *key, double *out) {
+    char v[JSON_SHOW_BUF];
+    int rc = json_get_number(rd, j, key, out);
     if (rc != MOH_OK) return rc;
-    if (*out <= 0)
-        return moh_fail(err, MOH_E_CONFIG, "%s: field '%s': expected an integer > 0, got %d", label,
-                        key, *out);
-    return MOH_OK;
-}
-
-static int cfg_bool(const cJSON *j, const char *key, bool *out, const char *label, moh_error *err) {
-    char v[160];
-    if (!cJSON_IsBool(j))
-        return moh_fail(err, MOH_E_CONFIG, "%s: field '%s': expected true or false, got %s", label,
-                        key, cfg_show(v, sizeof v, j));
-    *out = cJSON_IsTrue(j);
-    return MOH_OK;
-}
-
-static int cfg_number(const cJSON *j, const char *key, double *out, const char *label,
-                      moh_error *err) {
-    char v[160];
-    if (!cJSON_IsNumber(j) || isnan(j->valuedouble) || isinf(j->valuedouble))
-        return moh_fail(err, MOH_E_CONFIG, "%s: field '%s': expected a finite number, got %s",
-                        label, key, cfg_show(v, sizeof v, j));
-    *out = j->valuedouble;
+    if (*out < 0)
+        return moh_fail(rd->err, MOH_E_CONFIG, "%s: field '%s': expected a number >= 0, got %s",
+                        rd->label, key, json_show_value(rd, v, j));
     return MOH_OK;
 }
 
@@ -239,59 +145,33 @@ static const char *const CFG_KEYS[K_COUNT] = {
     "load_balance_coef",
 };
 
-/* Line and column (1-based) of byte offset at in text. */
-static void cfg_line_col(const char *text, size_t at, int *line, int *col) {
-    *line = 1;
-    *col = 1;
-    for (size_t i = 0; i < at; i++) {
-        if (text[i] == '\n') {
-            ++*line;
-            *col = 1;
-        } else {
-            ++*col;
-        }
-    }
-}
+static int cfg_from_json(void *out, const cJSON *root, const json_reader *rd) {
+    moh_attn_config *c = out;
+    const char *label = rd->label;
+    moh_error *err = rd->err;
+    char v[JSON_SHOW_BUF];
+    const cJSON *f[K_COUNT];
+    int rc = json_object_fields(
+        rd, root, CFG_KEYS, K_COUNT, f, "{\"hidden_size\": ...}",
+        "expected one of hidden_size, num_attention_heads, num_key_value_heads, head_dim, "
+        "shared_heads, top_k, router, causal, qkv_bias, proj_bias, rope_theta, load_balance_coef; "
+        "prefix annotations with '_'");
+    if (rc != MOH_OK) return rc;
 
-static int cfg_from_json(moh_attn_config *c, const cJSON *root, const char *label,
-                         moh_error *err) {
-    char v[160], k[120];
-    const cJSON *f[K_COUNT] = {0};
-    if (!cJSON_IsObject(root))
-        return moh_fail(err, MOH_E_CONFIG, "%s: expected a JSON object {\"hidden_size\": ...}, got %s",
-                        label, cfg_show(v, sizeof v, root));
-    for (const cJSON *e = root->child; e; e = e->next) {
-        const char *key = e->string ? e->string : "";
-        if (key[0] == '_' || strncmp(key, "comment", 7) == 0) continue;
-        int id = -1;
-        for (int i = 0; i < K_COUNT; i++)
-            if (strcmp(key, CFG_KEYS[i]) == 0) id = i;
-        if (id < 0)
-            return moh_fail(err, MOH_E_CONFIG,
-                            "%s: unknown field '%s' (expected one of hidden_size, "
-                            "num_attention_heads, num_key_value_heads, head_dim, shared_heads, "
-                            "top_k, router, causal, qkv_bias, proj_bias, rope_theta, "
-                            "load_balance_coef; prefix annotations with '_')",
-                            label, cfg_key(k, sizeof k, key));
-        if (f[id])
-            return moh_fail(err, MOH_E_CONFIG, "%s: field '%s' appears twice", label, key);
-        f[id] = e;
-    }
-
-    int rc;
     moh_attn_config_default(c);
     if (!f[K_HIDDEN])
         return moh_fail(err, MOH_E_CONFIG, "%s: missing field 'hidden_size' (an integer > 0)",
                         label);
-    if ((rc = cfg_pos_int(f[K_HIDDEN], "hidden_size", &c->hidden_size, label, err))) return rc;
+    if ((rc = json_get_int(rd, f[K_HIDDEN], "hidden_size", 1, INT_MAX, &c->hidden_size))) return rc;
     if (!f[K_HEADS])
         return moh_fail(err, MOH_E_CONFIG,
                         "%s: missing field 'num_attention_heads' (an integer > 0)", label);
-    if ((rc = cfg_pos_int(f[K_HEADS], "num_attention_heads", &c->n_heads, label, err))) return rc;
+    if ((rc = json_get_int(rd, f[K_HEADS], "num_attention_heads", 1, INT_MAX, &c->n_heads)))
+        return rc;
 
     c->n_kv_heads = c->n_heads;
     if (f[K_KV]) {
-        if ((rc = cfg_pos_int(f[K_KV], "num_key_value_heads", &c->n_kv_heads, label, err)))
+        if ((rc = json_get_int(rd, f[K_KV], "num_key_value_heads", 1, INT_MAX, &c->n_kv_heads)))
             return rc;
         if (c->n_heads % c->n_kv_heads != 0)
             return moh_fail(err, MOH_E_CONFIG,
@@ -301,7 +181,7 @@ static int cfg_from_json(moh_attn_config *c, const cJSON *root, const char *labe
     }
 
     if (f[K_HEAD_DIM]) {
-        if ((rc = cfg_pos_int(f[K_HEAD_DIM], "head_dim", &c->head_dim, label, err))) return rc;
+        if ((rc = json_get_int(rd, f[K_HEAD_DIM], "head_dim", 1, INT_MAX, &c->head_dim))) return rc;
     } else {
         if (c->hidden_size % c->n_heads != 0)
             return moh_fail(err, MOH_E_CONFIG,
@@ -312,27 +192,21 @@ static int cfg_from_json(moh_attn_config *c, const cJSON *root, const char *labe
         c->head_dim = c->hidden_size / c->n_heads;
     }
 
-    if (f[K_SHARED] && (rc = cfg_int(f[K_SHARED], "shared_heads", &c->shared_heads, label, err)))
+    /* Any int here: validate reports the range with the head counts. */
+    if (f[K_SHARED] &&
+        (rc = json_get_int(rd, f[K_SHARED], "shared_heads", INT_MIN, INT_MAX, &c->shared_heads)))
         return rc;
-    if (f[K_TOPK] && (rc = cfg_int(f[K_TOPK], "top_k", &c->top_k, label, err))) return rc;
-
-    if (f[K_ROUTER]) {
-        const cJSON *r = f[K_ROUTER];
-        const char *s = cJSON_IsString(r) ? r->valuestring : NULL;
-        if (s && strcmp(s, "learned") == 0) c->router = MOH_ROUTER_LEARNED;
-        else if (s && strcmp(s, "query_norm") == 0) c->router = MOH_ROUTER_QUERY_NORM;
-        else if (s && strcmp(s, "none") == 0) c->router = MOH_ROUTER_NONE;
-        else
-            return moh_fail(err, MOH_E_CONFIG,
-                            "%s: field 'router': expected \"learned\", \"query_norm\" or \"none\", "
-                            "got %s",
-                            label, cfg_show(v, sizeof v, r));
-    }
-
-    if (f[K_CAUSAL] && (rc = cfg_bool(f[K_CAUSAL], "causal", &c->causal, label, err))) return rc;
-    if (f[K_QKV_BIAS] && (rc = cfg_bool(f[K_QKV_BIAS], "qkv_bias", &c->qkv_bias, label, err)))
+    if (f[K_TOPK] && (rc = json_get_int(rd, f[K_TOPK], "top_k", INT_MIN, INT_MAX, &c->top_k)))
         return rc;
-    if (f[K_PROJ_BIAS] && (rc = cfg_bool(f[K_PROJ_BIAS], "proj_bias", &c->proj_bias, label, err)))
+    if (f[K_ROUTER] &&
+        (rc = json_get_router(rd, f[K_ROUTER], "router", true,
+                              "\"learned\", \"query_norm\" or \"none\"", &c->router)))
+        return rc;
+
+    if (f[K_CAUSAL] && (rc = json_get_bool(rd, f[K_CAUSAL], "causal", &c->causal))) return rc;
+    if (f[K_QKV_BIAS] && (rc = json_get_bool(rd, f[K_QKV_BIAS], "qkv_bias", &c->qkv_bias)))
+        return rc;
+    if (f[K_PROJ_BIAS] && (rc = json_get_bool(rd, f[K_PROJ_BIAS], "proj_bias", &c->proj_bias)))
         return rc;
 
     if (f[K_ROPE] && !cJSON_IsNull(f[K_ROPE])) {
@@ -341,55 +215,13 @@ static int cfg_from_json(moh_attn_config *c, const cJSON *root, const char *labe
             return moh_fail(err, MOH_E_CONFIG,
                             "%s: field 'rope_theta': expected a finite number > 0 (or null for no "
                             "RoPE), got %s",
-                            label, cfg_show(v, sizeof v, f[K_ROPE]));
+                            label, json_show_value(rd, v, f[K_ROPE]));
         c->rope_theta = f[K_ROPE]->valuedouble;
     }
-    if (f[K_BETA]) {
-        if ((rc = cfg_number(f[K_BETA], "load_balance_coef", &c->load_balance_coef, label, err)))
-            return rc;
-        if (c->load_balance_coef < 0)
-            return moh_fail(err, MOH_E_CONFIG,
-                            "%s: field 'load_balance_coef': expected a number >= 0, got %s", label,
-                            cfg_show(v, sizeof v, f[K_BETA]));
-    }
-    return moh_attn_config_validate(c, label, err);
-}
-
-/* Parses text (len bytes, not necessarily NUL-terminated) into *root; syntax errors are
- * MOH_E_FORMAT with line and column. */
-static int cfg_parse_root(const char *text, size_t len, const char *label, cJSON **root,
-                          moh_error *err) {
-    *root = NULL;
-    if (len == 0) return moh_fail(err, MOH_E_CONFIG, "%s: empty, expected a JSON object", label);
-    /* cJSON reads a NUL-terminated private copy: nothing past text + len is ever touched. */
-    char *copy = malloc(len + 1);
-    if (!copy) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory (%zu bytes)", label, len);
-    memcpy(copy, text, len);
-    copy[len] = '\0';
-    const char *end = NULL;
-    cJSON *r = cJSON_ParseWithLengthOpts(copy, len, &end, 0);
-    size_t bad = len; /* offset of the first byte after a syntax error, len when none */
-    if (!r) {
-        bad = end && end >= copy && end <= copy + len ? (size_t)(end - copy) : 0;
-    } else {
-        for (const char *q = end; q && q < copy + len; q++)
-            if (*q != ' ' && *q != '\t' && *q != '\n' && *q != '\r') {
-                bad = (size_t)(q - copy);
-                break;
-            }
-    }
-    if (bad < len || !r) {
-        int line, col;
-        cfg_line_col(copy, bad, &line, &col);
-        int rc = moh_fail(err, MOH_E_FORMAT, "%s: not valid JSON (%s at line %d, column %d)", label,
-                          r ? "unexpected text after the object" : "syntax error", line, col);
-        cJSON_Delete(r);
-        free(copy);
+    if (f[K_BETA] &&
+        (rc = get_nonneg_number(rd, f[K_BETA], "load_balance_coef", &c->load_balance_coef)))
         return rc;
-    }
-    free(copy);
-    *root = r;
-    return MOH_OK;
+    return moh_attn_config_validate(c, label, err);
 }
 
 int moh_attn_config_parse_json(moh_attn_config *c, const char *text, size_t len, const char *label,
@@ -398,12 +230,9 @@ int moh_attn_config_parse_json(moh_attn_config *c, const char *text, size_t len,
     if (!c || (!text && len > 0))
         return moh_fail(err, MOH_E_ARG, "%s: config or text is NULL", label);
     moh_attn_config_default(c);
-    cJSON *root;
-    int rc = cfg_parse_root(text, len, label, &root, err);
-    if (rc != MOH_OK) return rc;
+    const json_reader rd = {label, JSON_STYLE_LAYER, err};
     moh_attn_config tmp;
-    rc = cfg_from_json(&tmp, root, label, err);
-    cJSON_Delete(root);
+    int rc = json_parse_with(&rd, text, len, cfg_from_json, &tmp);
     if (rc == MOH_OK) *c = tmp;
     return rc;
 }
@@ -456,49 +285,26 @@ static const char *const LM_KEYS[L_COUNT] = {
     "pad_token_id", "pretraining_tp", "use_cache", "transformers_version",
 };
 
-/* Optional non-negative integer. */
-static int cfg_nonneg_int(const cJSON *j, const char *key, int *out, const char *label,
-                          moh_error *err) {
-    int rc = cfg_int(j, key, out, label, err);
+static int lm_from_json(void *out, const cJSON *root, const json_reader *rd) {
+    moh_lm_config *c = out;
+    const char *label = rd->label;
+    moh_error *err = rd->err;
+    char v[JSON_SHOW_BUF];
+    const cJSON *f[L_COUNT];
+    int rc = json_object_fields(
+        rd, root, LM_KEYS, L_COUNT, f, "{\"hidden_size\": ...}",
+        "expected hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, "
+        "head_dim, intermediate_size, rms_norm_eps, rope_theta, vocab_size, "
+        "max_position_embeddings, tie_word_embeddings, router, shared_heads, top_k, "
+        "load_balance_coef, or a standard HF LlamaConfig key; prefix annotations with '_'");
     if (rc != MOH_OK) return rc;
-    if (*out < 0)
-        return moh_fail(err, MOH_E_CONFIG, "%s: field '%s': expected an integer >= 0, got %d",
-                        label, key, *out);
-    return MOH_OK;
-}
-
-static int lm_from_json(moh_lm_config *c, const cJSON *root, const char *label, moh_error *err) {
-    char v[160], k[120];
-    const cJSON *f[L_COUNT] = {0};
-    if (!cJSON_IsObject(root))
-        return moh_fail(err, MOH_E_CONFIG,
-                        "%s: expected a JSON object {\"hidden_size\": ...}, got %s", label,
-                        cfg_show(v, sizeof v, root));
-    for (const cJSON *e = root->child; e; e = e->next) {
-        const char *key = e->string ? e->string : "";
-        if (key[0] == '_' || strncmp(key, "comment", 7) == 0) continue;
-        int id = -1;
-        for (int i = 0; i < L_COUNT && id < 0; i++)
-            if (strcmp(key, LM_KEYS[i]) == 0) id = i;
-        if (id < 0)
-            return moh_fail(err, MOH_E_CONFIG,
-                            "%s: unknown field '%s' (expected hidden_size, num_hidden_layers, "
-                            "num_attention_heads, num_key_value_heads, head_dim, intermediate_size, "
-                            "rms_norm_eps, rope_theta, vocab_size, max_position_embeddings, "
-                            "tie_word_embeddings, router, shared_heads, top_k, load_balance_coef, "
-                            "or a standard HF LlamaConfig key; prefix annotations with '_')",
-                            label, cfg_key(k, sizeof k, key));
-        if (f[id])
-            return moh_fail(err, MOH_E_CONFIG, "%s: field '%s' appears twice", label, key);
-        f[id] = e;
-    }
 
     /* HF keys: accepted when they describe what moh computes, refused when they would change it. */
     if (f[L_HIDDEN_ACT] &&
         !(cJSON_IsString(f[L_HIDDEN_ACT]) && strcmp(f[L_HIDDEN_ACT]->valuestring, "silu") == 0))
         return moh_fail(err, MOH_E_CONFIG,
                         "%s: field 'hidden_act': expected \"silu\" (moh's MLP is SwiGLU), got %s",
-                        label, cfg_show(v, sizeof v, f[L_HIDDEN_ACT]));
+                        label, json_show_value(rd, v, f[L_HIDDEN_ACT]));
     static const int no_bias[2] = {L_ATTN_BIAS, L_MLP_BIAS};
     for (int i = 0; i < 2; i++) {
         const cJSON *b = f[no_bias[i]];
@@ -506,14 +312,13 @@ static int lm_from_json(moh_lm_config *c, const cJSON *root, const char *label, 
             return moh_fail(err, MOH_E_CONFIG,
                             "%s: field '%s': expected false (moh has no %s biases), got %s", label,
                             LM_KEYS[no_bias[i]], i == 0 ? "attention" : "MLP",
-                            cfg_show(v, sizeof v, b));
+                            json_show_value(rd, v, b));
     }
     if (f[L_ROPE_SCALING] && !cJSON_IsNull(f[L_ROPE_SCALING]))
         return moh_fail(err, MOH_E_CONFIG,
                         "%s: field 'rope_scaling': expected null (moh implements plain RoPE), got %s",
-                        label, cfg_show(v, sizeof v, f[L_ROPE_SCALING]));
+                        label, json_show_value(rd, v, f[L_ROPE_SCALING]));
 
-    int rc;
     memset(c, 0, sizeof *c);
     c->rms_norm_eps = 1e-6;
     c->rope_theta = 10000.0;
@@ -529,46 +334,35 @@ static int lm_from_json(moh_lm_config *c, const cJSON *root, const char *label, 
         if (!f[req[i]])
             return moh_fail(err, MOH_E_CONFIG, "%s: missing field '%s' (an integer > 0)", label,
                             LM_KEYS[req[i]]);
-        if ((rc = cfg_pos_int(f[req[i]], LM_KEYS[req[i]], req_out[i], label, err))) return rc;
+        if ((rc = json_get_int(rd, f[req[i]], LM_KEYS[req[i]], 1, INT_MAX, req_out[i]))) return rc;
     }
     /* Optional sizes: absent or null means the default (HF's None). */
     if (f[L_KV] && !cJSON_IsNull(f[L_KV]) &&
-        (rc = cfg_pos_int(f[L_KV], "num_key_value_heads", &c->num_key_value_heads, label, err)))
+        (rc = json_get_int(rd, f[L_KV], "num_key_value_heads", 1, INT_MAX,
+                           &c->num_key_value_heads)))
         return rc;
     if (f[L_HEAD_DIM] && !cJSON_IsNull(f[L_HEAD_DIM]) &&
-        (rc = cfg_pos_int(f[L_HEAD_DIM], "head_dim", &c->head_dim, label, err)))
+        (rc = json_get_int(rd, f[L_HEAD_DIM], "head_dim", 1, INT_MAX, &c->head_dim)))
         return rc;
-    if (f[L_EPS] && (rc = cfg_number(f[L_EPS], "rms_norm_eps", &c->rms_norm_eps, label, err)))
+    if (f[L_EPS] && (rc = json_get_number(rd, f[L_EPS], "rms_norm_eps", &c->rms_norm_eps)))
         return rc;
-    if (f[L_ROPE] && (rc = cfg_number(f[L_ROPE], "rope_theta", &c->rope_theta, label, err)))
+    if (f[L_ROPE] && (rc = json_get_number(rd, f[L_ROPE], "rope_theta", &c->rope_theta)))
         return rc;
     if (f[L_TIE] &&
-        (rc = cfg_bool(f[L_TIE], "tie_word_embeddings", &c->tie_word_embeddings, label, err)))
+        (rc = json_get_bool(rd, f[L_TIE], "tie_word_embeddings", &c->tie_word_embeddings)))
         return rc;
-    if (f[L_ROUTER]) {
-        const cJSON *r = f[L_ROUTER];
-        const char *s = cJSON_IsString(r) ? r->valuestring : NULL;
-        if (s && strcmp(s, "learned") == 0) c->router = MOH_ROUTER_LEARNED;
-        else if (s && strcmp(s, "query_norm") == 0) c->router = MOH_ROUTER_QUERY_NORM;
-        else if (s && strcmp(s, "none") == 0) c->router = MOH_ROUTER_NONE;
-        else
-            return moh_fail(err, MOH_E_CONFIG,
-                            "%s: field 'router': expected \"learned\", \"none\" or "
-                            "\"query_norm\", got %s",
-                            label, cfg_show(v, sizeof v, r));
-    }
+    if (f[L_ROUTER] &&
+        (rc = json_get_router(rd, f[L_ROUTER], "router", true,
+                              "\"learned\", \"none\" or \"query_norm\"", &c->router)))
+        return rc;
     if (f[L_SHARED] &&
-        (rc = cfg_nonneg_int(f[L_SHARED], "shared_heads", &c->shared_heads, label, err)))
+        (rc = json_get_int(rd, f[L_SHARED], "shared_heads", 0, INT_MAX, &c->shared_heads)))
         return rc;
-    if (f[L_TOPK] && (rc = cfg_nonneg_int(f[L_TOPK], "top_k", &c->top_k, label, err))) return rc;
-    if (f[L_BETA]) {
-        if ((rc = cfg_number(f[L_BETA], "load_balance_coef", &c->load_balance_coef, label, err)))
-            return rc;
-        if (c->load_balance_coef < 0)
-            return moh_fail(err, MOH_E_CONFIG,
-                            "%s: field 'load_balance_coef': expected a number >= 0, got %s", label,
-                            cfg_show(v, sizeof v, f[L_BETA]));
-    }
+    if (f[L_TOPK] && (rc = json_get_int(rd, f[L_TOPK], "top_k", 0, INT_MAX, &c->top_k)))
+        return rc;
+    if (f[L_BETA] &&
+        (rc = get_nonneg_number(rd, f[L_BETA], "load_balance_coef", &c->load_balance_coef)))
+        return rc;
 
     /* Head counts, checked here so that the message names the field at fault (finalize would
      * otherwise report a derived quantity first). */
@@ -599,12 +393,9 @@ int moh_lm_config_parse_json(moh_lm_config *cfg, const char *text, size_t len, c
     if (!cfg || (!text && len > 0))
         return moh_fail(err, MOH_E_ARG, "%s: config or text is NULL", label);
     memset(cfg, 0, sizeof *cfg);
-    cJSON *root;
-    int rc = cfg_parse_root(text, len, label, &root, err);
-    if (rc != MOH_OK) return rc;
+    const json_reader rd = {label, JSON_STYLE_LAYER, err};
     moh_lm_config tmp;
-    rc = lm_from_json(&tmp, root, label, err);
-    cJSON_Delete(root);
+    int rc = json_parse_with(&rd, text, len, lm_from_json, &tmp);
     if (rc == MOH_OK) *cfg = tmp;
     return rc;
 }

@@ -36,6 +36,8 @@
  */
 #include "moh.h"
 
+#include "io/json_util.h"
+
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
@@ -85,30 +87,7 @@ static const st_dtype_info *st_dtype_lookup(const char *name) {
 /* Copies s into buf (cap >= 8) for quoting in a one-line message: control bytes, quote and
  * backslash escaped, long names cut at ST_NAME_SHOWN bytes with "...". Returns buf. */
 const char *moh_st_quote(char *buf, size_t cap, const char *s) {
-    static const char hex[] = "0123456789abcdef";
-    size_t o = 0, limit = cap - 5; /* room for "...\0" plus one escape byte */
-    if (!s) s = "(null)";
-    for (size_t i = 0; s[i]; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (i >= ST_NAME_SHOWN || o + 4 > limit) {
-            /* do not cut a UTF-8 sequence in the middle */
-            while (o > 0 && ((unsigned char)buf[o - 1] & 0xC0) == 0x80) o--;
-            if (o > 0 && ((unsigned char)buf[o - 1] & 0xC0) == 0xC0) o--;
-            memcpy(buf + o, "...", 3);
-            o += 3;
-            break;
-        }
-        if (ch < 0x20 || ch == 0x7f || ch == '\\' || ch == '\'') {
-            buf[o++] = '\\';
-            buf[o++] = 'x';
-            buf[o++] = hex[ch >> 4];
-            buf[o++] = hex[ch & 15];
-        } else {
-            buf[o++] = (char)ch;
-        }
-    }
-    buf[o] = '\0';
-    return buf;
+    return json_quote(buf, cap, s ? s : "(null)", ST_NAME_SHOWN, 9); /* "...\0" + one escape */
 }
 
 /* "[4, 8]" ("[]" for a scalar); cut with "...]" when the buffer is short. */
@@ -249,14 +228,6 @@ static size_t st_check_strings(const uint8_t *s, size_t len, const char **what) 
     return len;
 }
 
-/* Shortest %g rendering of v that reads back as v (0.1, not 0.10000000000000001). */
-static void st_num(char *buf, size_t cap, double v) {
-    for (int p = 1; p <= 17; p++) {
-        snprintf(buf, cap, "%.*g", p, v);
-        if (strtod(buf, NULL) == v) return;
-    }
-}
-
 /* Short rendering of a JSON value for messages ("-3", "\"x\"", "[1, 2]"...). */
 static const char *st_json_show(char *buf, size_t cap, const cJSON *j) {
     if (!j) {
@@ -264,7 +235,7 @@ static const char *st_json_show(char *buf, size_t cap, const cJSON *j) {
         return buf;
     }
     if (cJSON_IsNumber(j)) {
-        st_num(buf, cap, j->valuedouble);
+        json_shortest_number(buf, cap, j->valuedouble);
         return buf;
     }
     char *s = cJSON_PrintUnformatted(j);

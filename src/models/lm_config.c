@@ -7,10 +7,6 @@
 
 #include "models/lm.h"
 
-static const char *router_name(moh_router r) {
-    return r == MOH_ROUTER_LEARNED ? "learned" : r == MOH_ROUTER_QUERY_NORM ? "query_norm" : "none";
-}
-
 int moh_lm_config_finalize(moh_lm_config *c, const char *label, moh_error *err) {
     const struct { const char *name; int v; } pos[] = {
         {"hidden_size", c->hidden_size}, {"num_hidden_layers", c->num_hidden_layers},
@@ -82,7 +78,7 @@ char *moh_lm_config_to_json(const moh_lm_config *c) {
     cJSON_AddBoolToObject(j, "attention_bias", false);
     cJSON_AddBoolToObject(j, "mlp_bias", false);
     cJSON_AddStringToObject(j, "torch_dtype", "float32");
-    cJSON_AddStringToObject(j, "router", router_name(c->router));
+    cJSON_AddStringToObject(j, "router", attn_router_name(c->router));
     cJSON_AddNumberToObject(j, "shared_heads", c->shared_heads);
     cJSON_AddNumberToObject(j, "top_k", c->top_k);
     cJSON_AddItemToObject(j, "load_balance_coef", json_exact_number(c->load_balance_coef));

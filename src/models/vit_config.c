@@ -11,8 +11,6 @@
 
 #include "io/json_util.h"
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "models/vit.h"
@@ -26,93 +24,25 @@ static const char *const KEYS[K_COUNT] = {
     "num_heads", "mlp_ratio", "class_token", "global_pool", "shared_heads", "top_k", "router",
     "load_balance_coef", "label_smoothing", "mean", "std"};
 
-/* Short one-line rendering of a JSON value for messages (control characters escaped). */
-static const char *show(char *buf, size_t cap, const cJSON *j) {
-    char *s = cJSON_PrintUnformatted(j);
-    if (!s) {
-        snprintf(buf, cap, "(a value)");
-        return buf;
-    }
-    size_t o = 0;
-    for (size_t i = 0; s[i] && o + 8 < cap; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch < 0x20 || ch == 0x7f) o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", ch);
-        else buf[o++] = (char)ch;
-    }
-    if (s[0] && o + 8 >= cap) {
-        while (o > 0 && ((unsigned char)buf[o - 1] & 0xC0) == 0x80) o--; /* no split UTF-8 */
-        if (o > 0 && ((unsigned char)buf[o - 1] & 0xC0) == 0xC0) o--;
-        memcpy(buf + o, "...", 3);
-        o += 3;
-    }
-    buf[o] = '\0';
-    cJSON_free(s);
-    return buf;
-}
-
-/* A key made safe for a one-line message. */
-static const char *safe_key(char *buf, size_t cap, const char *s) {
-    size_t o = 0;
-    for (size_t i = 0; s[i] && o + 8 < cap; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch < 0x20 || ch == 0x7f || ch == '\'') o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", ch);
-        else buf[o++] = (char)ch;
-    }
-    while (o > 0 && ((unsigned char)buf[o - 1] & 0xC0) == 0xC0) o--;
-    buf[o] = '\0';
-    return buf;
-}
-
-static int get_int(const cJSON *j, const char *key, int lo, int hi, int *out, const char *label,
-                   moh_error *err) {
-    char v[96];
-    if (!cJSON_IsNumber(j) || j->valuedouble != floor(j->valuedouble) || !(j->valuedouble >= lo) ||
-        !(j->valuedouble <= hi))
-        return moh_fail(err, MOH_E_CONFIG, "%s: field '%s': expected an integer in %d..%d, got %s",
-                        label, key, lo, hi, show(v, sizeof v, j));
-    *out = (int)j->valuedouble;
-    return MOH_OK;
-}
-
-static int get_num(const cJSON *j, const char *key, double *out, const char *label, moh_error *err) {
-    char v[96];
-    if (!cJSON_IsNumber(j) || !isfinite(j->valuedouble))
-        return moh_fail(err, MOH_E_CONFIG, "%s: field '%s': expected a finite number, got %s",
-                        label, key, show(v, sizeof v, j));
-    *out = j->valuedouble;
-    return MOH_OK;
-}
-
-static int get_bool(const cJSON *j, const char *key, bool *out, const char *label, moh_error *err) {
-    char v[96];
-    if (!cJSON_IsBool(j))
-        return moh_fail(err, MOH_E_CONFIG, "%s: field '%s': expected true or false, got %s", label,
-                        key, show(v, sizeof v, j));
-    *out = cJSON_IsTrue(j);
-    return MOH_OK;
-}
-
 /* Reads a per-channel array of finite numbers into out (count in *n). */
-static int get_chan_array(const cJSON *j, const char *key, double *out, int *n, const char *label,
-                          moh_error *err) {
-    char v[96];
+static int get_chan_array(const json_reader *rd, const cJSON *j, const char *key, double *out,
+                          int *n) {
+    const char *label = rd->label;
+    moh_error *err = rd->err;
+    char v[JSON_SHOW_BUF];
     const int cnt = cJSON_IsArray(j) ? cJSON_GetArraySize(j) : -1;
     if (cnt < 1 || cnt > VIT_MAX_CHANS)
         return moh_fail(err, MOH_E_CONFIG, "%s: field '%s': expected an array of 1..%d numbers (one "
-                        "per input channel), got %s", label, key, VIT_MAX_CHANS, show(v, sizeof v, j));
+                        "per input channel), got %s", label, key, VIT_MAX_CHANS, json_show_value(rd, v, j));
     int i = 0;
     for (const cJSON *e = j->child; e; e = e->next, i++) {
         if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble))
             return moh_fail(err, MOH_E_CONFIG, "%s: field '%s': element %d is %s, expected a finite number",
-                            label, key, i, show(v, sizeof v, e));
+                            label, key, i, json_show_value(rd, v, e));
         out[i] = e->valuedouble;
     }
     *n = cnt;
     return MOH_OK;
-}
-
-static const char *router_name(moh_router r) {
-    return r == MOH_ROUTER_LEARNED ? "learned" : r == MOH_ROUTER_QUERY_NORM ? "query_norm" : "none";
 }
 
 int moh_vit_config_finalize(moh_vit_config *c, const char *label, moh_error *err) {
@@ -152,7 +82,7 @@ int moh_vit_config_finalize(moh_vit_config *c, const char *label, moh_error *err
     if (c->router != MOH_ROUTER_LEARNED && c->router != MOH_ROUTER_NONE)
         return moh_fail(err, MOH_E_CONFIG, "%s: field 'router' is \"%s\", expected \"learned\" or "
                         "\"none\" (the ViT trains the learned router; none = dense MHA)",
-                        label, router_name(c->router));
+                        label, attn_router_name(c->router));
     if (c->n_norm != 0 && c->n_norm != c->in_chans)
         return moh_fail(err, MOH_E_CONFIG, "%s: fields 'mean'/'std' have %d values, expected "
                         "in_chans = %d", label, c->n_norm, c->in_chans);
@@ -210,74 +140,59 @@ static void set_defaults(moh_vit_config *c) {
     c->label_smoothing = 0.1;
 }
 
-static int from_json(moh_vit_config *c, const cJSON *root, const char *label, moh_error *err) {
-    char v[96], k[96];
-    const cJSON *f[K_COUNT] = {0};
-    if (!cJSON_IsObject(root))
-        return moh_fail(err, MOH_E_CONFIG, "%s: expected a JSON object {\"model_type\": \"vit\", ...}, got %s",
-                        label, show(v, sizeof v, root));
-    for (const cJSON *e = root->child; e; e = e->next) {
-        const char *key = e->string ? e->string : "";
-        if (key[0] == '_' || strncmp(key, "comment", 7) == 0) continue;
-        int id = -1;
-        for (int i = 0; i < K_COUNT; i++)
-            if (!strcmp(key, KEYS[i])) id = i;
-        if (id < 0)
-            return moh_fail(err, MOH_E_CONFIG, "%s: unknown field '%s' (expected one of model_type, "
-                            "img_size, patch_size, in_chans, num_classes, embed_dim, depth, "
-                            "num_heads, mlp_ratio, class_token, global_pool, router, shared_heads, "
-                            "top_k, load_balance_coef, label_smoothing, mean, std; prefix "
-                            "annotations with '_')", label, safe_key(k, sizeof k, key));
-        if (f[id]) return moh_fail(err, MOH_E_CONFIG, "%s: field '%s' appears twice", label, KEYS[id]);
-        f[id] = e;
-    }
+static int from_json(void *out, const cJSON *root, const json_reader *rd) {
+    moh_vit_config *c = out;
+    const char *label = rd->label;
+    moh_error *err = rd->err;
+    char v[JSON_SHOW_BUF];
+    const cJSON *f[K_COUNT];
+    int rc = json_object_fields(rd, root, KEYS, K_COUNT, f, "{\"model_type\": \"vit\", ...}",
+                                "expected one of model_type, img_size, patch_size, in_chans, "
+                                "num_classes, embed_dim, depth, num_heads, mlp_ratio, class_token, "
+                                "global_pool, router, shared_heads, top_k, load_balance_coef, "
+                                "label_smoothing, mean, std; prefix annotations with '_'");
+    if (rc != MOH_OK) return rc;
     set_defaults(c);
     if (!f[K_MODEL_TYPE] || !cJSON_IsString(f[K_MODEL_TYPE]) || strcmp(f[K_MODEL_TYPE]->valuestring, "vit"))
         return moh_fail(err, MOH_E_CONFIG, "%s: field 'model_type' is %s, expected \"vit\"", label,
-                        f[K_MODEL_TYPE] ? show(v, sizeof v, f[K_MODEL_TYPE]) : "missing");
+                        f[K_MODEL_TYPE] ? json_show_value(rd, v, f[K_MODEL_TYPE]) : "missing");
     const struct { int id; int *dst; int lo, hi; bool required; } ints[] = {
         {K_IMG, &c->img_size, 1, 4096, false},        {K_PATCH, &c->patch_size, 1, 4096, false},
         {K_CHANS, &c->in_chans, 1, VIT_MAX_CHANS, false}, {K_CLASSES, &c->num_classes, 2, 1 << 20, false},
         {K_DIM, &c->embed_dim, 1, 65536, true},       {K_DEPTH, &c->depth, 1, 1024, true},
         {K_HEADS, &c->num_heads, 1, 4096, true},      {K_SHARED, &c->shared_heads, 0, 4096, false},
         {K_TOPK, &c->top_k, 0, 4096, false}};
-    int rc;
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         const cJSON *j = f[ints[i].id];
         if (!j && ints[i].required)
             return moh_fail(err, MOH_E_CONFIG, "%s: missing field '%s' (an integer in %d..%d)", label,
                             KEYS[ints[i].id], ints[i].lo, ints[i].hi);
-        if (j && (rc = get_int(j, KEYS[ints[i].id], ints[i].lo, ints[i].hi, ints[i].dst, label, err)))
+        if (j && (rc = json_get_int(rd, j, KEYS[ints[i].id], ints[i].lo, ints[i].hi, ints[i].dst)))
             return rc;
     }
-    if (f[K_MLP] && (rc = get_num(f[K_MLP], "mlp_ratio", &c->mlp_ratio, label, err))) return rc;
-    if (f[K_BETA] && (rc = get_num(f[K_BETA], "load_balance_coef", &c->load_balance_coef, label, err))) return rc;
-    if (f[K_SMOOTH] && (rc = get_num(f[K_SMOOTH], "label_smoothing", &c->label_smoothing, label, err))) return rc;
-    if (f[K_CLS] && (rc = get_bool(f[K_CLS], "class_token", &c->class_token, label, err))) return rc;
+    if (f[K_MLP] && (rc = json_get_number(rd, f[K_MLP], "mlp_ratio", &c->mlp_ratio))) return rc;
+    if (f[K_BETA] && (rc = json_get_number(rd, f[K_BETA], "load_balance_coef", &c->load_balance_coef))) return rc;
+    if (f[K_SMOOTH] && (rc = json_get_number(rd, f[K_SMOOTH], "label_smoothing", &c->label_smoothing))) return rc;
+    if (f[K_CLS] && (rc = json_get_bool(rd, f[K_CLS], "class_token", &c->class_token))) return rc;
     c->global_pool = c->class_token ? VIT_POOL_TOKEN : VIT_POOL_AVG;
     if (f[K_POOL]) {
-        const char *s = cJSON_IsString(f[K_POOL]) ? f[K_POOL]->valuestring : NULL;
-        if (s && !strcmp(s, "token")) c->global_pool = VIT_POOL_TOKEN;
-        else if (s && !strcmp(s, "avg")) c->global_pool = VIT_POOL_AVG;
-        else
-            return moh_fail(err, MOH_E_CONFIG, "%s: field 'global_pool': expected \"token\" or \"avg\", got %s",
-                            label, show(v, sizeof v, f[K_POOL]));
+        static const char *const pools[2] = {"token", "avg"};
+        int pool = 0;
+        if ((rc = json_get_choice(rd, f[K_POOL], "global_pool", pools, 2, "\"token\" or \"avg\"",
+                                  &pool)))
+            return rc;
+        c->global_pool = pool == 0 ? VIT_POOL_TOKEN : VIT_POOL_AVG;
     }
-    if (f[K_ROUTER]) {
-        const char *s = cJSON_IsString(f[K_ROUTER]) ? f[K_ROUTER]->valuestring : NULL;
-        if (s && !strcmp(s, "learned")) c->router = MOH_ROUTER_LEARNED;
-        else if (s && !strcmp(s, "none")) c->router = MOH_ROUTER_NONE;
-        else
-            return moh_fail(err, MOH_E_CONFIG, "%s: field 'router': expected \"learned\" or \"none\", got %s",
-                            label, show(v, sizeof v, f[K_ROUTER]));
-    }
+    if (f[K_ROUTER] && (rc = json_get_router(rd, f[K_ROUTER], "router", false,
+                                             "\"learned\" or \"none\"", &c->router)))
+        return rc;
     if (!f[K_MEAN] != !f[K_STD])
         return moh_fail(err, MOH_E_CONFIG, "%s: field '%s' is missing, expected both 'mean' and 'std' "
                         "or neither", label, f[K_MEAN] ? "std" : "mean");
     if (f[K_MEAN]) {
         int nm = 0, ns = 0;
-        if ((rc = get_chan_array(f[K_MEAN], "mean", c->mean, &nm, label, err))) return rc;
-        if ((rc = get_chan_array(f[K_STD], "std", c->std, &ns, label, err))) return rc;
+        if ((rc = get_chan_array(rd, f[K_MEAN], "mean", c->mean, &nm))) return rc;
+        if ((rc = get_chan_array(rd, f[K_STD], "std", c->std, &ns))) return rc;
         if (nm != ns)
             return moh_fail(err, MOH_E_CONFIG, "%s: fields 'mean' and 'std' have %d and %d values, "
                             "expected the same count (in_chans)", label, nm, ns);
@@ -286,53 +201,13 @@ static int from_json(moh_vit_config *c, const cJSON *root, const char *label, mo
     return moh_vit_config_finalize(c, label, err);
 }
 
-/* Parses text[0..len) (not NUL-terminated) into a cJSON tree; syntax errors give line/column. */
-static cJSON *parse_text(const char *text, size_t len, const char *label, moh_error *err) {
-    if (len == 0) {
-        moh_fail(err, MOH_E_FORMAT, "%s: empty, expected a JSON object", label);
-        return NULL;
-    }
-    char *copy = malloc(len + 1);
-    if (!copy) {
-        moh_fail(err, MOH_E_NOMEM, "%s: out of memory (%zu bytes)", label, len);
-        return NULL;
-    }
-    memcpy(copy, text, len);
-    copy[len] = '\0';
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(copy, len, &end, 0);
-    size_t bad = len;
-    if (!root) bad = end && end >= copy && end <= copy + len ? (size_t)(end - copy) : 0;
-    else
-        for (const char *q = end; q && q < copy + len; q++)
-            if (*q != ' ' && *q != '\t' && *q != '\n' && *q != '\r') {
-                bad = (size_t)(q - copy);
-                break;
-            }
-    if (!root || bad < len) {
-        int line = 1, col = 1;
-        for (size_t i = 0; i < bad && i < len; i++) {
-            if (copy[i] == '\n') line++, col = 1;
-            else col++;
-        }
-        moh_fail(err, MOH_E_FORMAT, "%s: not valid JSON (%s at line %d, column %d)", label,
-                 root ? "unexpected text after the object" : "syntax error", line, col);
-        cJSON_Delete(root);
-        root = NULL;
-    }
-    free(copy);
-    return root;
-}
-
 int moh_vit_config_parse_json(moh_vit_config *cfg, const char *text, size_t len, const char *label,
                               moh_error *err) {
     if (!label) label = "<config>";
     if (!cfg || (!text && len > 0)) return moh_fail(err, MOH_E_ARG, "%s: config or text is NULL", label);
-    cJSON *root = parse_text(text, len, label, err);
-    if (!root) return err ? err->code : MOH_E_FORMAT;
+    const json_reader rd = {label, JSON_STYLE_VIT, err};
     moh_vit_config tmp;
-    int rc = from_json(&tmp, root, label, err);
-    cJSON_Delete(root);
+    int rc = json_parse_with(&rd, text, len, from_json, &tmp);
     if (rc == MOH_OK) *cfg = tmp;
     return rc;
 }
@@ -351,7 +226,7 @@ char *moh_vit_config_to_json(const moh_vit_config *c) {
     cJSON_AddItemToObject(j, "mlp_ratio", json_exact_number(c->mlp_ratio));
     cJSON_AddBoolToObject(j, "class_token", c->class_token);
     cJSON_AddStringToObject(j, "global_pool", c->global_pool == VIT_POOL_TOKEN ? "token" : "avg");
-    cJSON_AddStringToObject(j, "router", router_name(c->router));
+    cJSON_AddStringToObject(j, "router", attn_router_name(c->router));
     cJSON_AddNumberToObject(j, "shared_heads", c->shared_heads);
     cJSON_AddNumberToObject(j, "top_k", c->top_k);
     cJSON_AddItemToObject(j, "load_balance_coef", json_exact_number(c->load_balance_coef));
