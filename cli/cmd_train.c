@@ -68,6 +68,7 @@ int cmd_train(int argc, char **argv) {
         {"--no-flip", ARG_FLAG, &no_flip, NULL, "images: no random horizontal flip", false, ARG_ANY},
         {"--no-augment", ARG_FLAG, &no_augment, NULL, "images: no crop and no flip", false, ARG_ANY},
         {"--stop-at-step", ARG_LONG, &o.stop_at_step, "N", "save and stop after step N (continue later with --resume)", false, ARG_GE(1)},
+        {"--comm-timeout", ARG_DOUBLE, &o.comm_timeout, "S", "under mpirun: end the whole job when no step finishes for S seconds on a rank (a rank died or hangs; default 300)", false, ARG_IN_OC(0, 1e6)},
         {"--max-bad-steps", ARG_INT, &o.max_bad_steps, "N", "stop after N steps in a row with a non-finite loss or gradient (each is skipped; default 3)", false, ARG_IN(1, 1000000)},
         {"--resume", ARG_FLAG, &o.resume, NULL, "continue the run in --out with its saved hyperparameters, schedule, data position and seed (same batches and losses as an uninterrupted run)", false, ARG_ANY},
         {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (only the selected heads; the default for llama)", false, ARG_ANY},
@@ -87,7 +88,18 @@ int cmd_train(int argc, char **argv) {
                         "an optimisation value (--lr, --min-lr-ratio, --weight-decay, --beta1/2, --grad-clip,\n"
                         "--warmup, --steps, --eval-*) is applied from the next step with a printed note; one\n"
                         "that changes the batches (--batch-size, --seq-len, --grad-accum, --shards, --seed,\n"
-                        "--val-fraction, --train-limit, --crop-pad, --no-flip) is refused.\n");
+                        "--val-fraction, --train-limit, --crop-pad, --no-flip) is refused.\n"
+                        "Several processes (MPI, when moh is built with libopenmpi-dev):\n"
+                        "  mpirun -np R [--hostfile H] moh train ... --shards S --batch-size B\n"
+                        "runs R ranks of one model, each taking S/R shards (B/R examples) of every\n"
+                        "micro-batch; gradients and losses are summed with MPI_Allreduce, so -np R equals\n"
+                        "one process with --shards S (S a multiple of R, B of S). Rank 0 alone writes the\n"
+                        "checkpoint, metrics.jsonl and the progress line; validation is split across the\n"
+                        "ranks. Resume works with any R that divides S. Each rank needs the data and --out\n"
+                        "at the same path (a shared folder across hosts). Ctrl-C on mpirun kills the job\n"
+                        "(the last checkpoint stays); `kill -USR1 <mpirun pid>` saves and stops (exit 130),\n"
+                        "as Ctrl-C does for one process. A rank that dies ends the job; one that hangs\n"
+                        "ends it after --comm-timeout seconds.\n");
     family_defaults(epilog + used, sizeof epilog - (size_t)used);
     int rc = args_parse("train", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--config NAME|FILE --data PATH --out DIR [options]", epilog);
@@ -127,7 +139,7 @@ int cmd_train(int argc, char **argv) {
     moh_error err = {0};
     rc = train_run(&o, &err);
     if (rc < 0) {
-        fprintf(stderr, "moh train: %s\n", err.msg);
+        if (err.msg[0]) fprintf(stderr, "moh train: %s\n", err.msg); /* (another MPI rank may report it) */
         return 1;
     }
     return rc;

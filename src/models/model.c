@@ -250,17 +250,49 @@ void model_shards_routed_share(const model *m, const model_shards *w, const moh_
 
 int model_evaluate(const model *m, model_shards *w, batch_source *src, long limit,
                    const train_progress *progress, model_eval *r, moh_error *err) {
+    return model_evaluate_split(m, w, src, limit, progress, NULL, r, err);
+}
+
+/* Sums r's counts over the ranks of split (integers as doubles: exact below 2^53). */
+static int eval_reduce(const model *m, const eval_split *split, model_eval *r, moh_error *err) {
+    const int L = model_num_layers(m), h = model_attn(m)->n_heads;
+    double has = r->confusion != NULL;
+    split->sum(split->ctx, &has, 1);
+    const size_t K = has > 0 && m->fam->num_outputs ? (size_t)m->fam->num_outputs(m->cfg) : 0;
+    if (K && !r->confusion && !(r->confusion = calloc(K * K, sizeof(long))))
+        return moh_fail(err, MOH_E_NOMEM, "eval: out of memory");
+    const size_t nh = (size_t)L * h, nv = 6 + nh + K * K;
+    double *v = malloc(sizeof(double) * nv);
+    if (!v) return moh_fail(err, MOH_E_NOMEM, "eval: out of memory");
+    v[0] = (double)r->n, v[1] = r->ce_sum, v[2] = (double)r->correct, v[3] = r->lb_loss, v[4] = (double)r->batches;
+    v[5] = r->tokens;
+    for (size_t i = 0; i < nh; i++) v[6 + i] = r->head_share[i];
+    for (size_t i = 0; i < K * K; i++) v[6 + nh + i] = (double)r->confusion[i];
+    split->sum(split->ctx, v, nv);
+    r->n = (long)v[0], r->ce_sum = v[1], r->correct = (long)v[2], r->lb_loss = v[3], r->batches = (long)v[4];
+    r->tokens = v[5];
+    for (size_t i = 0; i < nh; i++) r->head_share[i] = v[6 + i];
+    for (size_t i = 0; i < K * K; i++) r->confusion[i] = (long)v[6 + nh + i];
+    free(v);
+    return MOH_OK;
+}
+
+int model_evaluate_split(const model *m, model_shards *w, batch_source *src, long limit,
+                         const train_progress *progress, const eval_split *split, model_eval *r, moh_error *err) {
     const model_family *f = m->fam;
     const int L = model_num_layers(m), h = model_attn(m)->n_heads;
+    const int rank = split ? split->rank : 0, nranks = split ? split->nranks : 1;
     memset(r, 0, sizeof *r);
     if (!(r->head_share = calloc((size_t)L * h, sizeof(double))))
         return moh_fail(err, MOH_E_NOMEM, "eval: out of memory");
     const long total = src->eval_items(src->self, limit);
     long cursor = 0, done = 0;
     moh_batch b;
-    for (;;) {
+    for (long k = 0;; k++) {
         const long items = src->eval_next(src->self, &cursor, limit, w->n * w->Bmax, &b);
         if (items <= 0) break;
+        done += items;
+        if (k % nranks != rank) continue; /* another rank's batch */
         double lb = 0.0;
         model_shards_step(m, w, &b, false, NULL, NULL, NULL, &lb);
         const int per = f->tokens_per_example(m->cfg, &b);
@@ -277,8 +309,14 @@ int model_evaluate(const model *m, model_shards *w, batch_source *src, long limi
         }
         r->lb_loss += lb;
         r->batches++;
-        done += items;
         if (progress && progress->fn) progress->fn(progress->ctx, done < total ? done : total, total);
+    }
+    if (nranks > 1) {
+        const int rc = eval_reduce(m, split, r, err);
+        if (rc) {
+            model_eval_free(r);
+            return rc;
+        }
     }
     if (r->n == 0) {
         model_eval_free(r);

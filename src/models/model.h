@@ -340,4 +340,15 @@ int model_default_shards(int batch);
  * loss): the family's metric, head shares, load-balance loss. progress may be NULL. */
 int model_evaluate(const model *m, model_shards *w, batch_source *src, long limit,
                    const train_progress *progress, model_eval *r, moh_error *err);
+/* Evaluation split across processes: rank `rank` of `nranks` runs batches k with k % nranks ==
+ * rank, and sum(ctx, x, n) adds x [n] over the ranks in place (an all-reduce). */
+typedef struct eval_split {
+    int rank, nranks;
+    void (*sum)(void *ctx, double *x, size_t n);
+    void *ctx;
+} eval_split;
+/* model_evaluate over this rank's batches, its counts summed over the ranks (split may be NULL:
+ * one process); every rank gets the whole result. */
+int model_evaluate_split(const model *m, model_shards *w, batch_source *src, long limit,
+                         const train_progress *progress, const eval_split *split, model_eval *r, moh_error *err);
 #endif

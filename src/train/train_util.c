@@ -19,16 +19,21 @@ static void on_sigint(int sig) {
     interrupted = 1;
 }
 
-void train_sigint_install(struct sigaction *old) {
+void train_sigint_install(struct sigaction old[2]) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     interrupted = 0;
-    sigaction(SIGINT, &sa, old);
+    sigaction(SIGINT, &sa, &old[0]);
+    /* mpirun forwards SIGUSR1 to every rank (its own Ctrl-C kills the job instead) */
+    sigaction(SIGUSR1, &sa, &old[1]);
 }
 
-void train_sigint_restore(const struct sigaction *old) { sigaction(SIGINT, old, NULL); }
+void train_sigint_restore(const struct sigaction old[2]) {
+    sigaction(SIGINT, &old[0], NULL);
+    sigaction(SIGUSR1, &old[1], NULL);
+}
 
 bool train_interrupted(void) { return interrupted != 0; }
 

@@ -8,11 +8,12 @@
 
 #include "moh.h"
 
-/* Installs the SIGINT handler (saving the previous one in *old) and clears the flag. */
-void train_sigint_install(struct sigaction *old);
-/* Restores the handler saved by train_sigint_install. */
-void train_sigint_restore(const struct sigaction *old);
-/* True once SIGINT arrived since the last install. */
+/* Installs the handler of SIGINT and SIGUSR1 (the previous ones saved in old[0], old[1]) and
+ * clears the flag. */
+void train_sigint_install(struct sigaction old[2]);
+/* Restores the handlers saved by train_sigint_install. */
+void train_sigint_restore(const struct sigaction old[2]);
+/* True once SIGINT or SIGUSR1 arrived since the last install. */
 bool train_interrupted(void);
 
 /* Monotonic wall clock and this process's CPU time (all threads), in seconds. */

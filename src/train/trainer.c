@@ -12,6 +12,7 @@
 
 #include "core/fsutil.h"
 #include "train/adamw.h"
+#include "train/dist.h"
 #include "train/train_util.h"
 
 void train_hparams_unset(train_hparams *h) {
@@ -27,6 +28,7 @@ void train_options_defaults(train_options *o) {
     memset(o, 0, sizeof *o);
     train_hparams_unset(&o->flags);
     o->max_bad_steps = 3;
+    o->comm_timeout = 300;
 }
 
 /* ---- hyperparameters: family defaults, checkpoint, command line ---------------------------- */
@@ -139,6 +141,7 @@ static int merge_hparams(const train_options *o, const model_family *fam, train_
 
 typedef struct trainer {
     const train_options *o;
+    dist_ctx *d;             /* the ranks of a multi-process run (size 1: one process) */
     model m;
     batch_source train, eval;
     model_shards w;
@@ -218,7 +221,13 @@ static int setup(trainer *tr, moh_error *err) {
         return rc;
     if ((rc = merge_hparams(o, fam, &tr->st, present, err))) return rc;
     const train_hparams *hp = &tr->st.hp;
-    const int n = hp->shards, Bmax = (hp->batch_size + n - 1) / n;
+    const int R = tr->d->size;
+    if (R > 1 && (hp->shards % R || hp->batch_size % hp->shards))
+        return moh_fail(err, MOH_E_ARG, "%d ranks: --shards %d must be a multiple of the ranks and --batch-size %d a "
+                        "multiple of --shards (each rank takes whole shards; expected e.g. --shards %d --batch-size %d)",
+                        R, hp->shards, hp->batch_size, R, (hp->batch_size + R - 1) / R * R);
+    /* this rank's part: shards / R shards of the micro-batch's batch / R examples */
+    const int n = hp->shards / R, Blocal = hp->batch_size / R, Bmax = (Blocal + n - 1) / n;
     snprintf(label, sizeof label, "%s %s", o->resume ? "the checkpoint" : "the config", o->resume ? o->out_dir : path);
     const data_request req = {.path = o->data_path, .hp = hp, .eval_batch = n * Bmax, .train = true,
                               .model_label = label, .quiet = o->quiet};
@@ -228,7 +237,7 @@ static int setup(trainer *tr, moh_error *err) {
                         "same training split and --train-limit as the original run)", o->out_dir,
                         tr->st.steps_per_epoch, tr->train.steps_per_epoch);
     const bool sparse = hp->attention == 1;
-    if ((rc = model_shards_init(&tr->w, m, hp->batch_size, tr->train.seq_len, n, true, sparse, err))) return rc;
+    if ((rc = model_shards_init(&tr->w, m, Blocal, tr->train.seq_len, n, true, sparse, err))) return rc;
     if ((rc = fam->params_new(m->cfg, &tr->g, &tr->gdata, &tr->gn, err))) return rc;
     if (!o->resume) {
         fam->init_random(m->cfg, m->params, hp->seed);
@@ -300,13 +309,78 @@ static const char *router_label(const moh_attn_config *a) {
     return a->router == MOH_ROUTER_NONE ? "none (dense MHA)" : a->router == MOH_ROUTER_LEARNED ? "learned" : "query_norm";
 }
 
-int train_run(const train_options *o, moh_error *err) {
+/* Agreement of the ranks on a failure before the next collective: every rank returns non-zero
+ * when one failed. Rank 0 reports its own failure; a failure of another rank alone is reported by
+ * that rank ("rank R: ..."); the others stay silent (empty message). */
+static int agree(dist_ctx *d, int rc, moh_error *err) {
+    if (d->size <= 1) return rc;
+    if (!dist_max_int(d, rc != 0)) return MOH_OK;
+    int rc0 = rc;
+    dist_bcast(d, &rc0, sizeof rc0);
+    if (rc == 0 || (d->rank != 0 && rc0 != 0)) {
+        if (err) err->msg[0] = '\0';
+        return rc ? rc : MOH_E_ARG;
+    }
+    if (d->rank != 0 && err) { /* "rank R: " before the message (cut at the buffer's end) */
+        char pre[24];
+        const int np = snprintf(pre, sizeof pre, "rank %d: ", d->rank);
+        const size_t len = strlen(err->msg), keep = len + (size_t)np < sizeof err->msg ? len : sizeof err->msg - 1 - (size_t)np;
+        memmove(err->msg + np, err->msg, keep);
+        memcpy(err->msg, pre, (size_t)np);
+        err->msg[np + keep] = '\0';
+    }
+    return rc;
+}
+
+/* Hash of what must be the same on every rank: the binary, the config, the run's hyperparameters
+ * and state, the size of the data. */
+static uint64_t run_hash(const trainer *tr) {
+    uint64_t h = DIST_HASH_START;
+    FILE *f = fopen("/proc/self/exe", "rb");
+    if (f) {
+        char buf[65536];
+        for (size_t k; (k = fread(buf, 1, sizeof buf, f)) > 0;) h = dist_hash(h, buf, k);
+        fclose(f);
+    }
+    char *json = tr->m.fam->config_to_json(tr->m.cfg);
+    if (json) h = dist_hash(h, json, strlen(json));
+    free(json);
+    int nk = 0;
+    const train_key *keys = train_state_keys(&nk);
+    char v[64];
+    for (int i = 0; i < nk; i++) {
+        fmt_value(&keys[i], (const char *)&tr->st + keys[i].offset, v, sizeof v);
+        h = dist_hash(h, v, strlen(v));
+    }
+    const size_t sizes[2] = {tr->train.n_train, tr->eval.n_eval};
+    return dist_hash(h, sizes, sizeof sizes);
+}
+
+/* dist_sum_f64 as an eval_split sum */
+static void eval_sum(void *ctx, double *x, size_t n) { dist_sum_f64(ctx, x, n); }
+static void pet(void *ctx, long done, long total) { dist_watchdog_pet(ctx); }
+
+static int run(const train_options *o, dist_ctx *d, moh_error *err) {
     trainer tr;
     memset(&tr, 0, sizeof tr);
     tr.o = o;
+    tr.d = d;
     float *init = NULL;
+    const int R = d->size;
     int rc = setup(&tr, err);
-    if (rc) goto out;
+    if (!rc && R > 1 && o->dump_grads) rc = moh_fail(err, MOH_E_ARG, "--dump-grads runs in one process, not under mpirun");
+    if ((rc = agree(d, rc, err))) goto out;
+    if (R > 1) {
+        rc = dist_check_same(d, run_hash(&tr), "binary, config, data size or flags", err);
+        if (rc) {
+            if (d->rank != 0) err->msg[0] = '\0'; /* every rank found it: rank 0 says it */
+            goto out;
+        }
+        /* one start everywhere: rank 0's weights and moments */
+        dist_bcast(d, tr.m.data, sizeof(float) * tr.m.n);
+        dist_bcast(d, tr.m1, sizeof(float) * tr.m.n);
+        dist_bcast(d, tr.m2, sizeof(float) * tr.m.n);
+    }
     model *m = &tr.m;
     const model_family *fam = m->fam;
     train_state *st = &tr.st;
@@ -349,15 +423,19 @@ int train_run(const train_options *o, moh_error *err) {
         goto out;
     }
     if (o->resume && !auto_total && st->step == total) { /* nothing to train: touch nothing else */
-        fs_remove_stale_tmp(o->out_dir); /* (train_metrics_open does it for a run that trains) */
+        if (d->rank == 0) fs_remove_stale_tmp(o->out_dir); /* (train_metrics_open does it for a run that trains) */
         if (!o->quiet)
             printf("moh train: the checkpoint in %s is already at step %ld of its %ld-step run: nothing to train "
                    "(give a larger --steps to continue)\n", o->out_dir, st->step, total);
         goto out;
     }
-    if (!o->resume && (rc = train_check_fresh_out(o->out_dir, err))) goto out;
-    if ((rc = fs_mkdir_p(o->out_dir, err))) goto out;
-    if ((rc = train_metrics_open(o->out_dir, o->resume, st->step, &tr.metrics, err))) goto out;
+    if (d->rank == 0) { /* rank 0 alone writes the checkpoint folder */
+        if (!o->resume) rc = train_check_fresh_out(o->out_dir, err);
+        if (!rc) rc = fs_mkdir_p(o->out_dir, err);
+        if (!rc) rc = train_metrics_open(o->out_dir, o->resume, st->step, &tr.metrics, err);
+    }
+    if ((rc = agree(d, rc, err))) goto out;
+    if (R > 1 && (rc = dist_watchdog_start(d, o->comm_timeout, err))) goto out;
     if (o->dump_grads) {
         if (!(init = malloc(sizeof(float) * m->n))) {
             rc = moh_fail(err, MOH_E_NOMEM, "out of memory");
@@ -377,8 +455,8 @@ int train_run(const train_options *o, moh_error *err) {
     bool fitted = !auto_total;
     const long eval_every = hp->eval_every > 0 ? hp->eval_every : spe;
 
-    struct sigaction old_sa;
-    train_sigint_install(&old_sa);
+    struct sigaction old_sa[2];
+    train_sigint_install(old_sa);
 
     const double elapsed0 = st->elapsed_s, max_s = o->max_minutes * 60.0, c0 = train_cpu_s();
     run_clock clk = {.t0 = train_now_s(), .start_step = st->step, .base_step = st->step};
@@ -401,10 +479,14 @@ int train_run(const train_options *o, moh_error *err) {
         if (!auto_total) printf(" (%ld", total);
         if (!auto_total && spe > 0) printf(", %.2f epochs of %ld", (double)total / spe, spe);
         if (!auto_total) printf(")");
-        printf(", warmup %ld, lr %g, seed %llu\n", warmup, hp->lr, (unsigned long long)hp->seed);
+        printf(", warmup %ld, lr %g, seed %llu", warmup, hp->lr, (unsigned long long)hp->seed);
+        if (R > 1) printf("; %d ranks (MPI) of %d shard%s each", R, hp->shards / R, hp->shards / R == 1 ? "" : "s");
+        printf("\n");
         fflush(stdout);
     }
     const long whole_split = tr.eval.eval_items(tr.eval.self, 0);
+    const eval_split split = {d->rank, R, eval_sum, d}; /* validation split across the ranks */
+    const train_progress watch = {pet, d};
     const adamw_config ac = {hp->beta1, hp->beta2, 1e-8, hp->weight_decay};
     moh_batch b = {0};
     while (st->step < total) {
@@ -435,15 +517,35 @@ int train_run(const train_options *o, moh_error *err) {
                            "warmup %ld\n", o->max_minutes, total, cm.step_s, warmup);
             }
         }
+        if (auto_total && R > 1) { /* rank 0's fit holds everywhere */
+            long fit[3] = {total, warmup, fitted};
+            dist_bcast(d, fit, sizeof fit);
+            st->total_steps = total = fit[0];
+            st->warmup = warmup = fit[1];
+            fitted = fit[2] != 0;
+        }
         const double lr = lr_schedule(step, warmup, fitted ? total : 1L << 40, hp->lr, hp->lr * hp->min_lr_ratio);
         memset(tr.gdata, 0, sizeof(float) * tr.gn);
         double loss = 0.0, ce = 0.0, lb = 0.0;
         for (int micro = 0; micro < hp->grad_accum; micro++) {
-            if ((rc = tr.train.next(tr.train.self, step, micro, 0, 1, &st->data_rng, &b, err))) goto stop;
+            if ((rc = tr.train.next(tr.train.self, step, micro, d->rank, R, &st->data_rng, &b, err))) goto stop;
             double c = 0.0, l = 0.0;
             loss += model_shards_step(m, &tr.w, &b, true, tr.g, tr.gdata, &c, &l);
             ce += c;
             lb += l;
+        }
+        double comm_s = 0.0;
+        if (R > 1) { /* the ranks' equal parts: mean of their gradients and losses */
+            const double c0s = d->comm_s;
+            const float inv = 1.0f / (float)R;
+            for (size_t i = 0; i < tr.gn; i++) tr.gdata[i] *= inv;
+            if (o->nan_count > 0 && d->rank == R - 1 && step + 1 >= o->nan_step && step + 1 < o->nan_step + o->nan_count)
+                tr.gdata[tr.gn / 2] = NAN; /* test hook (--debug-nan-grad): on the last rank only */
+            dist_sum_f32(d, tr.gdata, tr.gn, (size_t)1 << 20);
+            double sums[3] = {loss / R, ce / R, lb / R};
+            dist_sum_f64(d, sums, 3);
+            loss = sums[0], ce = sums[1], lb = sums[2];
+            comm_s = d->comm_s - c0s;
         }
         if (hp->grad_accum > 1) {
             for (size_t i = 0; i < tr.gn; i++) tr.gdata[i] /= (float)hp->grad_accum;
@@ -451,7 +553,7 @@ int train_run(const train_options *o, moh_error *err) {
             ce /= hp->grad_accum;
             lb /= hp->grad_accum;
         }
-        if (o->nan_count > 0 && step + 1 >= o->nan_step && step + 1 < o->nan_step + o->nan_count)
+        if (R == 1 && o->nan_count > 0 && step + 1 >= o->nan_step && step + 1 < o->nan_step + o->nan_count)
             tr.gdata[tr.gn / 2] = NAN; /* test hook (--debug-nan-grad) */
         if (init) {
             rc = dump_grads(&tr, &b, init, err);
@@ -466,12 +568,14 @@ int train_run(const train_options *o, moh_error *err) {
         if (bad) {
             bad_run++;
             st->skipped++;
-            fprintf(stderr, "moh train: warning: step %ld: loss %g, gradient norm %g: not finite, step skipped (%d in a "
-                    "row, %ld in the run)\n", step + 1, loss, gnorm, bad_run, st->skipped);
+            if (d->rank == 0)
+                fprintf(stderr, "moh train: warning: step %ld: loss %g, gradient norm %g: not finite, step skipped (%d in "
+                        "a row, %ld in the run)\n", step + 1, loss, gnorm, bad_run, st->skipped);
             if (bad_run >= o->max_bad_steps) {
                 rc = moh_fail(err, MOH_E_ARG, "steps %ld-%ld: loss or gradient not finite %d times in a row; stopped "
                               "(the last checkpoint in %s is intact); lower --lr (now %g)", step + 2 - bad_run, step + 1,
                               bad_run, o->out_dir, hp->lr);
+                if (d->rank != 0) err->msg[0] = '\0'; /* the same on every rank: rank 0 says it */
                 goto stop;
             }
         } else {
@@ -493,13 +597,20 @@ int train_run(const train_options *o, moh_error *err) {
         bool time_up = max_s > 0 && (run_s >= max_s || (st->step - start_step >= 3 &&
                                                         train_fit_steps(&cm, st->step, max_s - run_s) == 0));
         /* read once: a Ctrl-C after this point is handled at the next step, never without a save */
-        const bool intr = train_interrupted();
+        bool intr = train_interrupted();
+        if (R > 1) { /* rank 0's clock decides; a Ctrl-C on any rank stops every rank */
+            int flags[1] = {time_up};
+            dist_bcast(d, flags, sizeof flags);
+            time_up = flags[0] != 0;
+            intr = dist_max_int(d, intr) != 0;
+        }
         bool last = st->step >= total || time_up || intr || pause;
         const bool do_eval = last || (eval_every > 0 && st->step % eval_every == 0);
         model_eval ev = {0};
         double val_s = 0.0;
         if (do_eval) {
-            if ((rc = model_evaluate(m, &tr.w, &tr.eval, last ? 0 : hp->eval_limit, NULL, &ev, err))) goto stop;
+            if ((rc = model_evaluate_split(m, &tr.w, &tr.eval, last ? 0 : hp->eval_limit, &watch, &split, &ev, err)))
+                goto stop;
             val_s = train_now_s() - t;
             clk.over_s += val_s;
             if (!last) {
@@ -510,12 +621,14 @@ int train_run(const train_options *o, moh_error *err) {
              * longer fit) ends the run here: it is the final one when it covered the whole split;
              * otherwise the whole split is validated only if time is left */
             const double t2 = train_now_s();
-            if (!last && max_s > 0 &&
-                (t2 - t0 >= max_s || train_fit_steps(&cm, st->step, max_s - (t2 - t0)) == 0)) {
+            int spent[2] = {!last && max_s > 0 && (t2 - t0 >= max_s || train_fit_steps(&cm, st->step, max_s - (t2 - t0)) == 0),
+                            t2 - t0 < max_s};
+            dist_bcast(d, spent, sizeof spent); /* rank 0's clock decides */
+            if (spent[0]) {
                 time_up = last = true;
-                if (ev.n < whole_split && t2 - t0 < max_s) {
+                if (ev.n < whole_split && spent[1]) {
                     model_eval_free(&ev);
-                    if ((rc = model_evaluate(m, &tr.w, &tr.eval, 0, NULL, &ev, err))) goto stop;
+                    if ((rc = model_evaluate_split(m, &tr.w, &tr.eval, 0, &watch, &split, &ev, err))) goto stop;
                     val_s = train_now_s() - t;
                     clk.over_s += train_now_s() - t2;
                 } else if (ev.n < whole_split && !o->quiet) {
@@ -527,28 +640,32 @@ int train_run(const train_options *o, moh_error *err) {
             last_metric = ev.metric;
         }
         char loss_s[32], ce_s[32], gn_s[32]; /* JSON has no nan / inf: null */
-        json_num(loss_s, sizeof loss_s, "%.6f", loss);
-        json_num(ce_s, sizeof ce_s, "%.6f", ce);
-        json_num(gn_s, sizeof gn_s, "%.4f", gnorm);
-        fprintf(tr.metrics, "{\"step\": %ld", st->step);
-        if (spe > 0) fprintf(tr.metrics, ", \"epoch\": %.4f", (double)st->step / spe);
-        fprintf(tr.metrics,
-                ", \"loss\": %s, \"ce\": %s, \"lb_loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %s%s, \"%s\": %.0f, "
-                "\"elapsed_s\": %.2f, \"cpu_s\": %.2f, \"step_s\": %.4f, \"train_%s_s\": %.1f, \"routed_share_min\": "
-                "%.4f, \"routed_share_max\": %.4f",
-                loss_s, ce_s, lb, lr, gn_s, fam_json, tr.train.seen_key, st->examples_seen, st->elapsed_s,
-                train_cpu_s() - c0, step_s, tr.train.unit, (double)(st->step - start_step) * per_step / train_s, smin,
-                smax);
-        if (st->skipped > 0) fprintf(tr.metrics, ", \"skipped\": %ld", st->skipped);
-        if (bad) fprintf(tr.metrics, ", \"step_skipped\": true");
-        if (fitted) fprintf(tr.metrics, ", \"total_steps\": %ld", total);
-        if (do_eval) {
-            char js[256];
-            fam->eval_json(&ev, js, sizeof js);
-            fprintf(tr.metrics, "%s, \"val_s\": %.3f", js, val_s);
+        FILE *mf = tr.metrics; /* rank 0 only */
+        if (mf) {
+            json_num(loss_s, sizeof loss_s, "%.6f", loss);
+            json_num(ce_s, sizeof ce_s, "%.6f", ce);
+            json_num(gn_s, sizeof gn_s, "%.4f", gnorm);
+            fprintf(mf, "{\"step\": %ld", st->step);
+            if (spe > 0) fprintf(mf, ", \"epoch\": %.4f", (double)st->step / spe);
+            fprintf(mf,
+                    ", \"loss\": %s, \"ce\": %s, \"lb_loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %s%s, \"%s\": %.0f, "
+                    "\"elapsed_s\": %.2f, \"cpu_s\": %.2f, \"step_s\": %.4f, \"train_%s_s\": %.1f, \"routed_share_min\": "
+                    "%.4f, \"routed_share_max\": %.4f",
+                    loss_s, ce_s, lb, lr, gn_s, fam_json, tr.train.seen_key, st->examples_seen, st->elapsed_s,
+                    train_cpu_s() - c0, step_s, tr.train.unit, (double)(st->step - start_step) * per_step / train_s, smin,
+                    smax);
+            if (st->skipped > 0) fprintf(mf, ", \"skipped\": %ld", st->skipped);
+            if (bad) fprintf(mf, ", \"step_skipped\": true");
+            if (fitted) fprintf(mf, ", \"total_steps\": %ld", total);
+            if (R > 1) fprintf(mf, ", \"ranks\": %d, \"comm_s\": %.4f", R, comm_s);
+            if (do_eval) {
+                char js[256];
+                fam->eval_json(&ev, js, sizeof js);
+                fprintf(mf, "%s, \"val_s\": %.3f", js, val_s);
+            }
+            fprintf(mf, "}\n");
+            fflush(mf);
         }
-        fprintf(tr.metrics, "}\n");
-        fflush(tr.metrics);
         if (!o->quiet && (st->step % hp->log_every == 0 || do_eval || st->step == start_step + 1)) {
             /* training examples per second since the last progress line, validation and
              * checkpoints excluded */
@@ -573,7 +690,8 @@ int train_run(const train_options *o, moh_error *err) {
         const bool do_save = last || do_eval || (o->save_every > 0 && st->step % o->save_every == 0);
         if (do_save) {
             const double ts = train_now_s();
-            if ((rc = checkpoint_save(o->out_dir, m, tr.m1, tr.m2, st, err))) goto stop;
+            if (d->rank == 0) rc = checkpoint_save(o->out_dir, m, tr.m1, tr.m2, st, err);
+            if ((rc = agree(d, rc, err))) goto stop;
             const double sv = train_now_s() - ts;
             clk.over_s += sv;
             clk.save_s += sv;
@@ -583,6 +701,7 @@ int train_run(const train_options *o, moh_error *err) {
                 clk.evals++;
             }
         }
+        dist_watchdog_pet(d);
         if (intr) {
             if (!o->quiet) printf("interrupted: checkpoint saved to %s at step %ld\n", o->out_dir, st->step);
             status = 130;
@@ -615,9 +734,20 @@ int train_run(const train_options *o, moh_error *err) {
     }
     rc = status;
 stop:
-    train_sigint_restore(&old_sa);
+    train_sigint_restore(old_sa);
 out:
     free(init);
     teardown(&tr);
+    return rc;
+}
+
+int train_run(const train_options *o, moh_error *err) {
+    dist_ctx d;
+    int rc = dist_init(&d, err);
+    if (rc) return rc;
+    train_options local = *o;
+    if (d.rank != 0) local.quiet = true; /* rank 0 alone prints progress */
+    rc = run(&local, &d, err);
+    dist_finish(&d);
     return rc;
 }

@@ -21,6 +21,7 @@ typedef struct train_options {
     long save_every;          /* extra checkpoints every N steps (0 = at validations and the end) */
     long stop_at_step;        /* save and stop after this step, as if interrupted (0 = off) */
     int max_bad_steps;        /* consecutive non-finite steps skipped before the run stops */
+    double comm_timeout;      /* multi-process: end the job when no step finishes for this long (s) */
     bool resume, quiet;
     const char *dump_grads;   /* debug: the first step's batch, initial weights and gradient */
     long nan_step;            /* test hook: a NaN in one gradient element at steps nan_step .. */
@@ -31,6 +32,9 @@ typedef struct train_options {
 void train_hparams_unset(train_hparams *h);
 /* Fills o with no flags given and the documented defaults of the other options. */
 void train_options_defaults(train_options *o);
-/* Runs training. Returns 0, 130 after SIGINT (checkpoint saved), or a negative moh_status. */
+/* Runs training, in one process or (started by mpirun, built with MPI: train/dist.h) as one of R
+ * ranks that each take their part of every micro-batch and sum the gradients. Returns 0, 130
+ * after SIGINT (checkpoint saved), or a negative moh_status (err->msg empty on a rank that leaves
+ * the report to another). */
 int train_run(const train_options *o, moh_error *err);
 #endif
