@@ -201,7 +201,8 @@ char *moh_lm_config_to_json(const moh_lm_config *cfg);
  * model.safetensors, as `moh train` writes) or build from a config.json, run forward passes and
  * AdamW training steps, save. A handle is used by one thread at a time (the ops inside run in
  * parallel with OpenMP). Pointers a getter returns stay valid until the handle is freed; gates
- * (moh_model_router_gates) only until the next forward or training step.
+ * (moh_model_router_gates) only until the next forward or training step. A NULL handle is an
+ * error (MOH_E_ARG) where a call returns a status, and gives 0 / NULL / -1 from a getter.
  * ---------------------------------------------------------------------------------------------- */
 typedef struct moh_model moh_model;
 

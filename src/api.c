@@ -84,23 +84,30 @@ void moh_model_free(moh_model *h) {
 
 /* ---- getters ------------------------------------------------------------------------------- */
 
-const char *moh_model_type(const moh_model *h) { return h->m.fam->model_type; }
-size_t moh_model_num_params(const moh_model *h) { return h->m.n; }
-int moh_model_num_layers(const moh_model *h) { return model_num_layers(&h->m); }
-int moh_model_num_heads(const moh_model *h) { return model_attn(&h->m)->n_heads; }
-const moh_attn_config *moh_model_attn(const moh_model *h) { return model_attn(&h->m); }
-float *moh_model_params(moh_model *h) { return h->m.data; }
-char *moh_model_config_json(const moh_model *h) { return h->m.fam->config_to_json(h->m.cfg); }
-int moh_model_num_tensors(const moh_model *h) { return h->nt; }
-long moh_model_steps(const moh_model *h) { return h->steps; }
+const char *moh_model_type(const moh_model *h) { return h ? h->m.fam->model_type : NULL; }
+size_t moh_model_num_params(const moh_model *h) { return h ? h->m.n : 0; }
+int moh_model_num_layers(const moh_model *h) { return h ? model_num_layers(&h->m) : 0; }
+int moh_model_num_heads(const moh_model *h) { return h ? model_attn(&h->m)->n_heads : 0; }
+const moh_attn_config *moh_model_attn(const moh_model *h) { return h ? model_attn(&h->m) : NULL; }
+float *moh_model_params(moh_model *h) { return h ? h->m.data : NULL; }
+char *moh_model_config_json(const moh_model *h) { return h ? h->m.fam->config_to_json(h->m.cfg) : NULL; }
+int moh_model_num_tensors(const moh_model *h) { return h ? h->nt : 0; }
+long moh_model_steps(const moh_model *h) { return h ? h->steps : 0; }
 
 int moh_model_num_outputs(const moh_model *h) {
+    if (!h) return 0;
     return h->m.fam->num_outputs ? h->m.fam->num_outputs(h->m.cfg) : 0;
 }
 
-int moh_model_max_seq_len(const moh_model *h) { return is_text(h) ? h->m.fam->max_seq_len(h->m.cfg) : 0; }
+int moh_model_max_seq_len(const moh_model *h) { return h && is_text(h) ? h->m.fam->max_seq_len(h->m.cfg) : 0; }
 
 void moh_model_image_shape(const moh_model *h, int *C, int *H, int *W) {
+    if (!h) {
+        if (C) *C = 0;
+        if (H) *H = 0;
+        if (W) *W = 0;
+        return;
+    }
     int c = 0, y = 0, x = 0;
     if (is_image(h)) h->m.fam->image_shape(h->m.cfg, &c, &y, &x);
     if (C) *C = c;
@@ -109,6 +116,7 @@ void moh_model_image_shape(const moh_model *h, int *C, int *H, int *W) {
 }
 
 int moh_model_image_norm(const moh_model *h, int c, double *mean, double *std, moh_error *err) {
+    if (!h) return moh_fail(err, MOH_E_ARG, "moh_model_image_norm: the model is NULL");
     if (!is_image(h)) return moh_fail(err, MOH_E_ARG, "moh_model_image_norm: a %s model takes no images", moh_model_type(h));
     int C = 0;
     moh_model_image_shape(h, &C, NULL, NULL);
@@ -121,6 +129,7 @@ int moh_model_image_norm(const moh_model *h, int c, double *mean, double *std, m
 }
 
 int moh_model_tensor(const moh_model *h, int i, moh_tensor_info *out, moh_error *err) {
+    if (!h || !out) return moh_fail(err, MOH_E_ARG, "moh_model_tensor: the model or out is NULL");
     if (i < 0 || i >= h->nt) return moh_fail(err, MOH_E_ARG, "moh_model_tensor: index %d, expected 0..%d", i, h->nt - 1);
     const model_tensor *t = &h->ts[i];
     memset(out, 0, sizeof *out);
@@ -134,6 +143,7 @@ int moh_model_tensor(const moh_model *h, int i, moh_tensor_info *out, moh_error 
 }
 
 int moh_model_find_tensor(const moh_model *h, const char *name) {
+    if (!h) return -1;
     for (int i = 0; name && i < h->nt; i++)
         if (!strcmp(h->ts[i].name, name)) return i;
     return -1;
@@ -142,6 +152,7 @@ int moh_model_find_tensor(const moh_model *h, const char *name) {
 /* ---- forward -------------------------------------------------------------------------------- */
 
 size_t moh_model_logits_count(const moh_model *h, const moh_input *in) {
+    if (!h) return 0;
     if (!in || in->B < 1) return 0;
     const size_t per = is_text(h) ? (size_t)(in->T > 0 ? in->T : 0) : 1;
     return (size_t)in->B * per * (size_t)moh_model_num_outputs(h);
@@ -266,6 +277,7 @@ static void run(moh_model *h, const moh_batch *b, bool backward, moh_losses *out
 }
 
 int moh_model_forward(moh_model *h, const moh_input *in, float *logits, moh_losses *losses, moh_error *err) {
+    if (!h) return moh_fail(err, MOH_E_ARG, "moh_model_forward: the model is NULL");
     moh_batch b;
     int rc = make_batch(h, in, false, &b, err);
     if (!rc) rc = ensure_acts(h, &b, err);
@@ -285,6 +297,7 @@ static int check_layer(const moh_model *h, int l, const char *fn, moh_error *err
 }
 
 int moh_model_router_gates(const moh_model *h, int l, const float **gates, long *tokens, moh_error *err) {
+    if (!h || !gates || !tokens) return moh_fail(err, MOH_E_ARG, "moh_model_router_gates: the model, gates or tokens is NULL");
     const int rc = check_layer(h, l, "moh_model_router_gates", err);
     if (rc) return rc;
     if (gates) *gates = h->m.fam->router(h->w.acts[0], l)->gates;
@@ -293,6 +306,7 @@ int moh_model_router_gates(const moh_model *h, int l, const float **gates, long 
 }
 
 int moh_model_head_share(const moh_model *h, int l, double *share, moh_error *err) {
+    if (!h || !share) return moh_fail(err, MOH_E_ARG, "moh_model_head_share: the model or share is NULL");
     const float *g = NULL;
     long T = 0;
     const int rc = moh_model_router_gates(h, l, &g, &T, err);
@@ -309,6 +323,11 @@ int moh_model_head_share(const moh_model *h, int l, double *share, moh_error *er
 /* ---- training ------------------------------------------------------------------------------- */
 
 void moh_optim_defaults(const moh_model *h, moh_optim *opt) {
+    if (!opt) return;
+    if (!h) { /* no family: AdamW's usual values */
+        *opt = (moh_optim){.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .grad_clip = 1.0};
+        return;
+    }
     train_hparams hp;
     h->m.fam->train_defaults(&hp);
     *opt = (moh_optim){.lr = hp.lr, .beta1 = hp.beta1, .beta2 = hp.beta2, .eps = 1e-8,
@@ -353,6 +372,7 @@ static int ensure_optimizer(moh_model *h, moh_error *err) {
 
 int moh_model_train_step(moh_model *h, const moh_input *in, const moh_optim *opt, moh_losses *losses,
                          moh_error *err) {
+    if (!h) return moh_fail(err, MOH_E_ARG, "moh_model_train_step: the model is NULL");
     moh_batch b;
     int rc = check_optim(opt, err);
     if (!rc) rc = make_batch(h, in, true, &b, err);
@@ -382,6 +402,7 @@ int moh_model_train_step(moh_model *h, const moh_input *in, const moh_optim *opt
 /* ---- save ----------------------------------------------------------------------------------- */
 
 int moh_model_save(const moh_model *h, const char *dir, moh_error *err) {
+    if (!h) return moh_fail(err, MOH_E_ARG, "moh_model_save: the model is NULL");
     if (!dir) return moh_fail(err, MOH_E_ARG, "moh_model_save: dir is NULL");
     char path[4200];
     struct stat sb;

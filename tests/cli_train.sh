@@ -108,6 +108,32 @@ for fam in lm vit; do
   check "[ \"$before\" = \"\$(md5sum < '$T/$fam-lr/optimizer.safetensors')\" ]" "$fam: a refused resume changed the checkpoint"
 done
 
+# 3b. --warmup is the schedule's warmup, fresh and on resume (a note); --epochs on resume; a resume
+# whose --stop-at-step is not after the checkpoint; a damaged second moment; a FIFO as text data
+"$MOH" train --config "$T/lm.json" "${lm[@]}" --batch-size 4 --out "$T/wu" --steps 10 --warmup 5 --stop-at-step 4 || bad "warmup run"
+check "[ \"\$(field_at '$T/wu/metrics.jsonl' 1 lr)\" = 0.0004 ] && [ \"\$(field_at '$T/wu/metrics.jsonl' 4 lr)\" = 0.0016 ]" "--warmup 5: lr should ramp 4e-4 .. 1.6e-3: $(grep -o '"lr": [0-9.e-]*' "$T/wu/metrics.jsonl" | tr '\n' ' ')"
+out=$("$MOH" train --resume --data "$T/corpus.txt" --out "$T/wu" --warmup 8 --stop-at-step 5 2>&1) || bad "warmup resume: $out"
+check "grep -q 'note: --warmup 8 replaces the checkpoint.s warmup 5 from step 5 on' <<<\"\$out\"" "no --warmup note: $out"
+check "[ \"\$(field_at '$T/wu/metrics.jsonl' 5 lr)\" = 0.00125 ]" "lr at step 5 with warmup 8 should be 2e-3 * 5 / 8: $(field_at "$T/wu/metrics.jsonl" 5 lr)"
+out=$("$MOH" train --resume --data "$T/corpus.txt" --out "$T/wu" --stop-at-step 3 2>&1); rc=$?
+check "[ $rc -eq 1 ] && grep -q -- '--stop-at-step 3 is not after the checkpoint.s step 5' <<<\"\$out\"" "stop-at-step before the checkpoint: rc $rc: $out"
+"$MOH" train --config "$T/vit.json" "${vit[@]}" --batch-size 16 --out "$T/ep" --epochs 1 --stop-at-step 2 || bad "vit epochs run"
+out=$("$MOH" train --resume --data "$IDX" --out "$T/ep" --epochs 2 --stop-at-step 3 2>&1) || bad "epochs resume: $out"
+check "grep -q 'note: --epochs gives 12 steps in place of the checkpoint.s total_steps 6' <<<\"\$out\"" "no --epochs note on resume: $out"
+cp -r "$T/wu" "$T/vneg"
+python3 - "$T/vneg/optimizer.safetensors" <<'EOF2'
+import json, struct, sys
+p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+k = next(k for k in h if k.startswith('v.'))
+o = 8 + n + h[k]['data_offsets'][0]; b[o:o + 4] = struct.pack('<f', -1.0)
+open(p, 'wb').write(b)
+EOF2
+out=$("$MOH" train --resume --data "$T/corpus.txt" --out "$T/vneg" --quiet 2>&1); rc=$?
+check "[ $rc -eq 1 ] && grep -q 'the second moments (v.\*) hold -1 at offset 0, expected >= 0' <<<\"\$out\"" "negative second moment: rc $rc: $out"
+mkfifo "$T/fifo.txt"
+out=$(timeout 10 "$MOH" train --config "$T/lm.json" --data "$T/fifo.txt" --out "$T/ff" --steps 1 2>&1); rc=$?
+check "[ $rc -eq 1 ] && grep -q 'not a regular file' <<<\"\$out\"" "FIFO as text data: rc $rc (124 = hang): $out"
+
 # 4. non-finite guard
 for fam in lm vit; do
   if [ $fam = lm ]; then run=(--config "$T/lm.json" "${lm[@]}" --batch-size 4); else run=(--config "$T/vit.json" "${vit[@]}" --batch-size 16 --shards 2); fi

@@ -1313,8 +1313,10 @@ int moh_st_meta_number(const moh_safetensors *st, const char *key, double lo, do
                        double *out, moh_error *err) {
     const char *s = moh_st_meta(st, key);
     char *end = NULL;
-    const double v = s ? strtod(s, &end) : NAN;
-    if (!s || end == s || *end || !isfinite(v) || v < lo || v > hi || (integer && v != floor(v)))
+    /* a decimal number as moh writes it ("%ld", "%.17g"): no hex, no sign but '-', no spaces */
+    const bool decimal = s && (s[0] == '-' || (s[0] >= '0' && s[0] <= '9')) && !strpbrk(s, "xXpP \t");
+    const double v = decimal ? strtod(s, &end) : NAN;
+    if (!s || !decimal || end == s || *end || !isfinite(v) || v < lo || v > hi || (integer && v != floor(v)))
         return moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field '%s' is %s, expected %s in [%.17g, %.17g]",
                         st->path ? st->path : "<memory>", key, s ? s : "missing",
                         integer ? "an integer" : "a finite number", lo, hi);

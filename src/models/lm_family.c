@@ -162,7 +162,7 @@ static long text_eval_next(void *self, long *cursor, long limit, int capacity, m
 /* The first 4 bytes of a file (0 when shorter or unreadable). */
 static unsigned long file_magic(const char *path) {
     unsigned char b[4] = {0};
-    FILE *f = fopen(path, "rb");
+    FILE *f = fs_fopen_read(path); /* not a FIFO or device: never blocks */
     if (!f) return 0;
     const size_t got = fread(b, 1, 4, f);
     fclose(f);

@@ -27,15 +27,18 @@ const model_family *model_family_find(const char *model_type) {
     return NULL;
 }
 
-int model_family_of_json(const char *text, size_t len, const char *label, const model_family **fam,
-                         moh_error *err) {
+/* model_family_of_json; *typed: the text names its model_type */
+static int family_of_json(const char *text, size_t len, const char *label, const model_family **fam, bool *typed,
+                          moh_error *err) {
     *fam = NULL;
+    *typed = false;
     cJSON *j = cJSON_ParseWithLength(text, len);
     if (!j || !cJSON_IsObject(j)) {
         cJSON_Delete(j);
         return moh_fail(err, MOH_E_FORMAT, "%s: not a JSON object (expected a model config.json)", label);
     }
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    *typed = t != NULL;
     int rc = MOH_OK;
     if (!t) *fam = &lm_family; /* moh's LM configs name no type: HF LLaMA */
     else if (cJSON_IsString(t)) *fam = model_family_find(t->valuestring);
@@ -53,6 +56,12 @@ int model_family_of_json(const char *text, size_t len, const char *label, const 
     }
     cJSON_Delete(j);
     return rc;
+}
+
+int model_family_of_json(const char *text, size_t len, const char *label, const model_family **fam,
+                         moh_error *err) {
+    bool typed;
+    return family_of_json(text, len, label, fam, &typed, err);
 }
 
 int model_family_of_dir(const char *dir, const model_family **fam, moh_error *err) {
@@ -76,11 +85,17 @@ void model_free(model *m) {
 int model_from_config_text(model *m, const char *text, size_t len, const char *label, moh_error *err) {
     memset(m, 0, sizeof *m);
     const model_family *fam = NULL;
-    int rc = model_family_of_json(text, len, label, &fam, err);
+    bool typed = false;
+    int rc = family_of_json(text, len, label, &fam, &typed, err);
     if (rc) return rc;
     m->fam = fam;
     if (!(m->cfg = calloc(1, fam->config_size))) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", label);
     if (!rc) rc = fam->config_parse(m->cfg, text, len, label, err);
+    if (rc == MOH_E_CONFIG && err && !typed) { /* say how the family was chosen */
+        const size_t used = strlen(err->msg);
+        snprintf(err->msg + used, sizeof err->msg - used, " (no \"model_type\" field: read as \"%s\"; other "
+                 "families need theirs, e.g. \"model_type\": \"vit\")", fam->model_type);
+    }
     if (!rc) rc = fam->params_new(m->cfg, &m->params, &m->data, &m->n, err);
     if (rc) model_free(m);
     return rc;

@@ -1,6 +1,7 @@
 /* Checkpoint directories of every model family (layout in checkpoint.h). */
 #include "train/checkpoint.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -32,9 +33,9 @@ static const train_key TRAIN_KEYS[] = {
     {"beta1", 'd', HP(beta1), 0, 0.999999999, "--beta1", 'a'},
     {"beta2", 'd', HP(beta2), 0, 0.999999999, "--beta2", 'a'},
     {"grad_clip", 'd', HP(grad_clip), 0, 1e30, "--grad-clip", 'a'},
-    {"batch_size", 'i', HP(batch_size), 1, 1 << 30, "--batch-size", 'r'},
+    {"batch_size", 'i', HP(batch_size), 1, 65536, "--batch-size", 'r'},
     {"seq_len", 'i', HP(seq_len), 0, 1 << 30, "--seq-len", 'r'},
-    {"grad_accum", 'i', HP(grad_accum), 1, 1 << 20, "--grad-accum", 'r'},
+    {"grad_accum", 'i', HP(grad_accum), 1, 65536, "--grad-accum", 'r'},
     {"shards", 'i', HP(shards), 1, 256, "--shards", 'r'},
     {"seed", 'u', HP(seed), 0, 0, "--seed", 'r'},
     {"val_fraction", 'd', HP(val_fraction), 0, 1, "--val-fraction", 'r'},
@@ -222,6 +223,20 @@ int checkpoint_load_optimizer(const char *dir, const model *m, float *params, fl
     if (!rc) rc = read_tensors(&sf, ts, nt, "param.", params, err);
     if (!rc) rc = read_tensors(&sf, ts, nt, "m.", m1, err);
     if (!rc) rc = read_tensors(&sf, ts, nt, "v.", m2, err);
+    for (size_t i = 0; !rc && i < m->n; i++) /* second moments are averages of squares */
+        if (m2[i] < 0.0f)
+            rc = moh_fail(err, MOH_E_FORMAT, "%s: the second moments (v.*) hold %g at offset %zu, expected >= 0", path,
+                          (double)m2[i], i);
+    for (int i = 0; !rc && i < sf.n_tensors; i++) { /* param., m., v. of the registry and nothing else */
+        const char *name = sf.tensors[i].name, *dot = strchr(name, '.');
+        bool known = false;
+        if (dot && (!strncmp(name, "param.", 6) || !strncmp(name, "m.", 2) || !strncmp(name, "v.", 2)))
+            for (int j = 0; j < nt && !known; j++) known = !strcmp(dot + 1, ts[j].name);
+        char shown[200];
+        if (!known)
+            rc = moh_fail(err, MOH_E_SHAPE, "%s: unexpected tensor '%s' (expected param.*, m.* and v.* of the model's "
+                          "tensors)", path, moh_st_quote(shown, sizeof shown, name));
+    }
     for (int i = 0; i < NUM_KEYS && !rc; i++) {
         const train_key *k = &TRAIN_KEYS[i];
         const char *name = old ? v1_name(fmt, k->key) : k->key;
@@ -230,8 +245,9 @@ int checkpoint_load_optimizer(const char *dir, const model *m, float *params, fl
         if (k->type == 'u') {
             const char *s = moh_st_meta(&sf, name);
             char *end = NULL;
+            errno = 0;
             const unsigned long long u = s ? strtoull(s, &end, 10) : 0;
-            if (!s || end == s || *end || *s == '-')
+            if (!s || end == s || *end || *s < '0' || *s > '9' || errno == ERANGE)
                 rc = moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field '%s' is %s, expected an unsigned integer", path,
                               name, s ? s : "missing");
             else *(uint64_t *)p = u;

@@ -25,6 +25,9 @@ void train_sigint_install(struct sigaction old[2]) {
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     interrupted = 0;
+    /* the first Ctrl-C asks for a save at the end of the step; a second one (SA_RESETHAND: the
+     * default action again) ends the process at once, the last checkpoint intact */
+    sa.sa_flags |= SA_RESETHAND;
     sigaction(SIGINT, &sa, &old[0]);
     /* mpirun forwards SIGUSR1 to every rank (its own Ctrl-C kills the job instead) */
     sigaction(SIGUSR1, &sa, &old[1]);
@@ -57,11 +60,14 @@ int train_check_fresh_out(const char *out_dir, moh_error *err) {
     static const char *const files[] = {"model.safetensors", "optimizer.safetensors"};
     char path[4200];
     struct stat sb;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 1; i >= 0; i--) {
         snprintf(path, sizeof path, "%s/%s", out_dir, files[i]);
-        if (stat(path, &sb) == 0)
+        if (stat(path, &sb) == 0 && i == 1)
             return moh_fail(err, MOH_E_ARG, "%s already holds a checkpoint (%s): continue it with --resume, "
                             "or give a new --out (or remove it)", out_dir, files[i]);
+        if (stat(path, &sb) == 0) /* weights without optimizer state: nothing --resume can continue */
+            return moh_fail(err, MOH_E_ARG, "%s already holds a model (%s, no optimizer.safetensors to resume "
+                            "from): give a new --out (or remove it)", out_dir, files[i]);
     }
     return MOH_OK;
 }

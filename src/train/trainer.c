@@ -50,8 +50,9 @@ static bool flag_given(const train_options *o, const train_key *k) {
 }
 
 static void fmt_value(const train_key *k, const char *p, char *out, size_t cap) {
-    if (!strcmp(k->key, "attention")) {
-        snprintf(out, cap, "%s", *(const int *)p == 1 ? "head-sparse" : "reference");
+    if (!strcmp(k->key, "attention") || !strcmp(k->key, "hflip")) {
+        const int v = *(const int *)p;
+        snprintf(out, cap, "%s", k->key[0] == 'a' ? (v == 1 ? "head-sparse" : "reference") : v ? "on" : "off");
         return;
     }
     switch (k->type) {
@@ -96,24 +97,40 @@ static int merge_hparams(const train_options *o, const model_family *fam, train_
                             fam->summary, fam->model_type, k->key);
         if (have) memcpy(dst, saved, key_size(k));
         if (given && have && memcmp(saved, flag, key_size(k))) {
-            char a[48], b[48];
+            char a[48], b[96];
             fmt_value(k, saved, a, sizeof a);
             fmt_value(k, flag, b, sizeof b);
+            if (!strcmp(k->key, "hflip") || !strcmp(k->key, "attention")) /* the flag alone says the value */
+                snprintf(b, sizeof b, "%s", !strcmp(k->key, "hflip") ? "--no-flip" : *(const int *)flag == 1
+                                                                                        ? "--sparse-attn"
+                                                                                        : "--reference-attention");
+            else {
+                char v[sizeof b];
+                snprintf(v, sizeof v, "%s", b);
+                snprintf(b, sizeof b, "%.40s %.40s", k->flag, v);
+            }
             if (k->on_resume == 'r')
-                return moh_fail(err, MOH_E_ARG, "%s %s contradicts the checkpoint in %s (%s %s): a resume continues "
-                                "the same run; drop the flag, or start a new run in a fresh --out", k->flag, b,
-                                o->out_dir, k->key, a);
+                return moh_fail(err, MOH_E_ARG, "%s contradicts the checkpoint in %s (%s %s): a resume continues "
+                                "the same run; drop the flag, or start a new run in a fresh --out", b, o->out_dir,
+                                k->key, a);
             if (!o->quiet)
-                printf("note: %s %s replaces the checkpoint's %s %s from step %ld on\n", k->flag, b, k->key, a,
+                printf("note: %s replaces the checkpoint's %s %s from step %ld on\n", b, k->key, a,
                        st->step + 1);
         }
         if (given) memcpy(dst, flag, key_size(k));
-        else if (o->resume && !have && k->type != 'u') {
+        else if (o->resume && !have && !key_unused(fam, k->key)) {
+            if (!strcmp(k->key, "attention")) *(int *)dst = fam->default_sparse ? 1 : 2;
             char v[48];
             fmt_value(k, dst, v, sizeof v);
             snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s %s", *missing ? ", " : "",
                      k->key, v);
         }
+    }
+    if (o->flags.warmup != LONG_MIN) {
+        if (o->resume && st->total_steps > 0 && o->flags.warmup != st->warmup && !o->quiet)
+            printf("note: --warmup %ld replaces the checkpoint's warmup %ld from step %ld on\n", o->flags.warmup,
+                   st->warmup, st->step + 1);
+        hp.warmup = o->flags.warmup;
     }
     if (!isnan(o->flags.epochs)) hp.epochs = o->flags.epochs;
     else if (o->steps > 0 || (o->resume && st->total_steps > 0)) hp.epochs = 0;
@@ -392,11 +409,17 @@ static int run(const train_options *o, dist_ctx *d, moh_error *err) {
      * from where it stopped) and --max-minutes only caps that session. Checked before --out is
      * touched. */
     long total = o->steps;
+    if (total == 0 && !isnan(o->flags.epochs) && spe > 0) total = llround(hp->epochs * (double)spe); /* --epochs */
     if (o->resume && st->total_steps > 0 && total == 0) total = st->total_steps;
-    if (o->resume && o->steps > 0 && st->total_steps > 0 && o->steps != st->total_steps && !o->quiet &&
-        st->step < o->steps)
-        printf("note: --steps %ld replaces the checkpoint's total_steps %ld (the cosine is recomputed over the new "
-               "length from step %ld on)\n", o->steps, st->total_steps, st->step + 1);
+    if (o->resume && o->stop_at_step > 0 && o->stop_at_step <= st->step) {
+        rc = moh_fail(err, MOH_E_ARG, "--stop-at-step %ld is not after the checkpoint's step %ld in %s (expected a later "
+                      "step)", o->stop_at_step, st->step, o->out_dir);
+        goto out;
+    }
+    if (o->resume && total > 0 && st->total_steps > 0 && total != st->total_steps && !o->quiet && st->step < total)
+        printf("note: %s gives %ld steps in place of the checkpoint's total_steps %ld (the cosine is recomputed over "
+               "the new length from step %ld on)\n", o->steps > 0 ? "--steps" : "--epochs", total, st->total_steps,
+               st->step + 1);
     if (total == 0 && hp->epochs > 0 && (!isnan(o->flags.epochs) || o->max_minutes <= 0)) {
         if (spe <= 0) {
             if (!isnan(o->flags.epochs)) {
@@ -647,11 +670,13 @@ static int run(const train_options *o, dist_ctx *d, moh_error *err) {
             json_num(gn_s, sizeof gn_s, "%.4f", gnorm);
             fprintf(mf, "{\"step\": %ld", st->step);
             if (spe > 0) fprintf(mf, ", \"epoch\": %.4f", (double)st->step / spe);
+            char lb_s[32];
+            json_num(lb_s, sizeof lb_s, "%.6f", lb);
             fprintf(mf,
-                    ", \"loss\": %s, \"ce\": %s, \"lb_loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %s%s, \"%s\": %.0f, "
+                    ", \"loss\": %s, \"ce\": %s, \"lb_loss\": %s, \"lr\": %.6g, \"grad_norm\": %s%s, \"%s\": %.0f, "
                     "\"elapsed_s\": %.2f, \"cpu_s\": %.2f, \"step_s\": %.4f, \"train_%s_s\": %.1f, \"routed_share_min\": "
                     "%.4f, \"routed_share_max\": %.4f",
-                    loss_s, ce_s, lb, lr, gn_s, fam_json, tr.train.seen_key, st->examples_seen, st->elapsed_s,
+                    loss_s, ce_s, lb_s, lr, gn_s, fam_json, tr.train.seen_key, st->examples_seen, st->elapsed_s,
                     train_cpu_s() - c0, step_s, tr.train.unit, (double)(st->step - start_step) * per_step / train_s, smin,
                     smax);
             if (st->skipped > 0) fprintf(mf, ", \"skipped\": %ld", st->skipped);
@@ -690,7 +715,13 @@ static int run(const train_options *o, dist_ctx *d, moh_error *err) {
         const bool do_save = last || do_eval || (o->save_every > 0 && st->step % o->save_every == 0);
         if (do_save) {
             const double ts = train_now_s();
-            if (d->rank == 0) rc = checkpoint_save(o->out_dir, m, tr.m1, tr.m2, st, err);
+            /* never a non-finite value in a checkpoint (the guard checks the loss and gradient; a
+             * damaged moment could still turn a weight to nan) */
+            moh_error why = {0};
+            if (train_check_finite("weights", "parameters", m->data, m->n, &why))
+                rc = moh_fail(err, MOH_E_ARG, "step %ld: a weight is not finite (%s); nothing saved, the last checkpoint "
+                              "in %s is intact", st->step, why.msg, o->out_dir);
+            if (!rc && d->rank == 0) rc = checkpoint_save(o->out_dir, m, tr.m1, tr.m2, st, err);
             if ((rc = agree(d, rc, err))) goto stop;
             const double sv = train_now_s() - ts;
             clk.over_s += sv;
