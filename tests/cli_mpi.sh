@@ -46,7 +46,8 @@ cat > "$T/vit.json" <<'J'
 {"model_type": "vit", "img_size": 8, "patch_size": 4, "num_classes": 4, "embed_dim": 16, "depth": 2,
  "num_heads": 4, "mlp_ratio": 2, "router": "learned", "shared_heads": 1, "top_k": 2}
 J
-if "${MPI[@]}" "$MOH" train --config "$T/lm.json" --data "$T/corpus.txt" --out "$T/probe" --steps 1 --batch-size 4 --shards 2 --quiet 2>&1 | grep -q "built without MPI"; then
+"${MPI[@]}" "$MOH" train --config "$T/lm.json" --data "$T/corpus.txt" --out "$T/probe" --steps 1 --batch-size 4 --shards 2 --quiet > "$T/probe.out" 2>&1
+if grep -q "built without MPI" "$T/probe.out"; then
   echo "cli_mpi: skipped: this moh was built without MPI"; exit 77
 fi
 rm -rf "$T/probe"
