@@ -5,40 +5,62 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 #include <time.h>
 
 #include "core/fsutil.h"
 
-/* Set by the SIGINT handler: the one piece of global state, as a signal handler can reach no
- * other. */
-static volatile sig_atomic_t interrupted;
-
-static void on_sigint(int sig) {
-    (void)sig;
-    interrupted = 1;
+/* SIGUSR2 sent by train_signals_end to the thread itself: the way out of sigwait. */
+static void *signal_thread(void *arg) {
+    train_signals *s = arg;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&s->set, &sig)) continue;
+        if (sig == SIGUSR2) return NULL;
+        if (atomic_fetch_add(&s->count, 1) >= 1) {
+            static const char msg[] = "moh train: interrupted twice: stopping now (the last checkpoint is intact)\n";
+            if (write(2, msg, sizeof msg - 1) < 0) { /* nothing more to do */
+            }
+            _exit(130);
+        }
+    }
 }
 
-void train_sigint_install(struct sigaction old[2]) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    interrupted = 0;
-    /* the first Ctrl-C asks for a save at the end of the step; a second one (SA_RESETHAND: the
-     * default action again) ends the process at once, the last checkpoint intact */
-    sa.sa_flags |= SA_RESETHAND;
-    sigaction(SIGINT, &sa, &old[0]);
-    /* mpirun forwards SIGUSR1 to every rank (its own Ctrl-C kills the job instead) */
-    sigaction(SIGUSR1, &sa, &old[1]);
+/* pthread_sigmask in every thread of the OpenMP pool, then in the caller. */
+static void mask_all(int how, const sigset_t *set) {
+#pragma omp parallel
+    pthread_sigmask(how, set, NULL);
+    pthread_sigmask(how, set, NULL);
 }
 
-void train_sigint_restore(const struct sigaction old[2]) {
-    sigaction(SIGINT, &old[0], NULL);
-    sigaction(SIGUSR1, &old[1], NULL);
+int train_signals_start(train_signals *s, moh_error *err) {
+    memset(s, 0, sizeof *s);
+    atomic_init(&s->count, 0);
+    sigemptyset(&s->set);
+    sigaddset(&s->set, SIGINT);
+    sigaddset(&s->set, SIGUSR1); /* mpirun forwards SIGUSR1 to every rank (its own Ctrl-C kills the job) */
+    sigaddset(&s->set, SIGUSR2);
+    pthread_sigmask(SIG_SETMASK, NULL, &s->old);
+    mask_all(SIG_BLOCK, &s->set);
+    if (pthread_create(&s->thread, NULL, signal_thread, s)) {
+        mask_all(SIG_SETMASK, &s->old);
+        return moh_fail(err, MOH_E_NOMEM, "cannot start the signal thread");
+    }
+    s->on = true;
+    return MOH_OK;
 }
 
-bool train_interrupted(void) { return interrupted != 0; }
+void train_signals_end(train_signals *s) {
+    if (!s->on) return;
+    pthread_kill(s->thread, SIGUSR2);
+    pthread_join(s->thread, NULL);
+    s->on = false;
+    /* a Ctrl-C that arrives from now on acts as usual (ends the process) */
+    mask_all(SIG_SETMASK, &s->old);
+}
+
+bool train_interrupted(train_signals *s) { return atomic_load(&s->count) > 0; }
 
 static double clock_s(clockid_t id) {
     struct timespec ts;

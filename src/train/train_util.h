@@ -1,20 +1,32 @@
-/* Pieces every trainer shares: the Ctrl-C flag, clocks, and time formatting for progress lines. */
+/* Pieces the trainer uses: Ctrl-C, clocks, and time formatting for progress lines. */
 #ifndef MOH_TRAIN_UTIL_H
 #define MOH_TRAIN_UTIL_H
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 
 #include "moh.h"
 
-/* Installs the handler of SIGINT and SIGUSR1 (the previous ones saved in old[0], old[1]) and
- * clears the flag. */
-void train_sigint_install(struct sigaction old[2]);
-/* Restores the handlers saved by train_sigint_install. */
-void train_sigint_restore(const struct sigaction old[2]);
-/* True once SIGINT or SIGUSR1 arrived since the last install. */
-bool train_interrupted(void);
+/* Ctrl-C (SIGINT) and SIGUSR1 during training, taken by a thread of their own: both signals are
+ * blocked in every other thread (the caller's and OpenMP's), so no signal ever lands inside a
+ * kernel (oneDNN's JIT code may keep data below the stack pointer, which a handler frame would
+ * overwrite). The first signal asks for a save at the end of the step; a second one ends the
+ * process at once (exit 130, one line on stderr; the last checkpoint intact). */
+typedef struct train_signals {
+    pthread_t thread;
+    sigset_t set, old;     /* the signals taken; the caller's mask before */
+    atomic_int count;      /* signals received */
+    bool on;
+} train_signals;
+/* Starts the signal thread. MOH_OK, or MOH_E_NOMEM when no thread can be made. */
+int train_signals_start(train_signals *s, moh_error *err);
+/* Stops the thread and restores the signal masks. */
+void train_signals_end(train_signals *s);
+/* True once a stop was asked for. */
+bool train_interrupted(train_signals *s);
 
 /* Monotonic wall clock and this process's CPU time (all threads), in seconds. */
 double train_now_s(void);

@@ -377,7 +377,7 @@ static uint64_t run_hash(const trainer *tr) {
 static void eval_sum(void *ctx, double *x, size_t n) { dist_sum_f64(ctx, x, n); }
 static void pet(void *ctx, long done, long total) { dist_watchdog_pet(ctx); }
 
-static int run(const train_options *o, dist_ctx *d, moh_error *err) {
+static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_error *err) {
     trainer tr;
     memset(&tr, 0, sizeof tr);
     tr.o = o;
@@ -478,8 +478,7 @@ static int run(const train_options *o, dist_ctx *d, moh_error *err) {
     bool fitted = !auto_total;
     const long eval_every = hp->eval_every > 0 ? hp->eval_every : spe;
 
-    struct sigaction old_sa[2];
-    train_sigint_install(old_sa);
+
 
     const double elapsed0 = st->elapsed_s, max_s = o->max_minutes * 60.0, c0 = train_cpu_s();
     run_clock clk = {.t0 = train_now_s(), .start_step = st->step, .base_step = st->step};
@@ -620,7 +619,7 @@ static int run(const train_options *o, dist_ctx *d, moh_error *err) {
         bool time_up = max_s > 0 && (run_s >= max_s || (st->step - start_step >= 3 &&
                                                         train_fit_steps(&cm, st->step, max_s - run_s) == 0));
         /* read once: a Ctrl-C after this point is handled at the next step, never without a save */
-        bool intr = train_interrupted();
+        bool intr = train_interrupted(sigs);
         if (R > 1) { /* rank 0's clock decides; a Ctrl-C on any rank stops every rank */
             int flags[1] = {time_up};
             dist_bcast(d, flags, sizeof flags);
@@ -765,7 +764,6 @@ static int run(const train_options *o, dist_ctx *d, moh_error *err) {
     }
     rc = status;
 stop:
-    train_sigint_restore(old_sa);
 out:
     free(init);
     teardown(&tr);
@@ -773,12 +771,17 @@ out:
 }
 
 int train_run(const train_options *o, moh_error *err) {
-    dist_ctx d;
-    int rc = dist_init(&d, err);
+    /* signals first: MPI's threads, started by dist_init, inherit the blocked mask */
+    train_signals sigs;
+    int rc = train_signals_start(&sigs, err);
     if (rc) return rc;
-    train_options local = *o;
-    if (d.rank != 0) local.quiet = true; /* rank 0 alone prints progress */
-    rc = run(&local, &d, err);
-    dist_finish(&d);
+    dist_ctx d;
+    if (!(rc = dist_init(&d, err))) {
+        train_options local = *o;
+        if (d.rank != 0) local.quiet = true; /* rank 0 alone prints progress */
+        rc = run(&local, &d, &sigs, err);
+        dist_finish(&d);
+    }
+    train_signals_end(&sigs);
     return rc;
 }
