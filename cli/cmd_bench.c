@@ -11,7 +11,7 @@ int cmd_bench(int argc, char **argv) {
         "  attention  one MoH attention layer, dense MHA vs MoH at several active-head shares:\n"
         "             ms, GFLOP/s, speedup, ideal speedup, efficiency, memory\n"
         "  decode     tokens/s of KV-cache generation at contexts 512, 2048, 8192\n"
-        "  train      LM training tokens/s (forward + backward + AdamW), dense vs MoH configs\n";
+        "  train      training tokens/s of any model family (forward + backward + AdamW), dense vs MoH configs\n";
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -22,7 +22,7 @@ int cmd_eval(int argc, char **argv) {
         {"--data", ARG_STR, &data, "PATH", "llama: a text file evaluated whole (a prepared dir: its val.txt); vit: an IDX dir", true, ARG_ANY},
         {"--seq-len", ARG_INT, &T, "T", "text: context per chunk, at most the config's max_position_embeddings (the default)", false, ARG_GE(1)},
         {"--split", ARG_STR, &split, "NAME", "images: file prefix of the split: t10k (test, default) or train", false, ARG_ANY},
-        {"--limit", ARG_LONG, &limit, "N", "evaluate the first N items (predictions, images) only (default all)", false, ARG_GE(0)},
+        {"--limit", ARG_LONG, &limit, "N", "evaluate about the first N items (predictions, images) only, in whole batches (text: whole chunks of T, so up to B T - 1 more; default all)", false, ARG_GE(0)},
         {"--batch-size", ARG_INT, &B, "B", "examples per forward pass (default: llama 8, vit 256; does not change the result)", false, ARG_IN(1, 65536)},
         {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (the default for llama; same results to ~1e-5)", false, ARG_ANY},
         {"--reference-attention", ARG_FLAG, &reference, NULL, "every head computed then gated (the default for vit)", false, ARG_ANY},

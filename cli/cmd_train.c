@@ -88,7 +88,7 @@ int cmd_train(int argc, char **argv) {
                         "an optimisation value (--lr, --min-lr-ratio, --weight-decay, --beta1/2, --grad-clip,\n"
                         "--warmup, --steps, --eval-*) is applied from the next step with a printed note; one\n"
                         "that changes the batches (--batch-size, --seq-len, --grad-accum, --shards, --seed,\n"
-                        "--val-fraction, --train-limit, --crop-pad, --no-flip) is refused.\n"
+                        "--val-fraction, --train-limit, --crop-pad, --no-flip, --no-augment) is refused.\n"
                         "Several processes (MPI, when moh is built with libopenmpi-dev):\n"
                         "  mpirun -np R [--hostfile H] moh train ... --shards S --batch-size B\n"
                         "runs R ranks of one model, each taking S/R shards (B/R examples) of every\n"
@@ -121,6 +121,7 @@ int cmd_train(int argc, char **argv) {
     o.seed_given = args_value(argc, argv, "--seed") != NULL;
     if (no_flip || no_augment) f->hflip = 0;
     if (no_augment) f->crop_pad = 0;
+    o.no_augment = no_augment;
     if (o.nan_step > 0 && o.nan_count == 0) o.nan_count = 1;
     char path[PATH_MAX + 64];
     if (!o.resume) {

@@ -21,7 +21,7 @@ static const subcommand SUBCOMMANDS[] = {
     {"sample", cmd_sample, "generate text from a checkpoint (KV cache, only selected heads run)"},
     {"analyze", cmd_analyze, "head load, routing scores, head similarity and rank over labelled data"},
     {"layer", cmd_layer, "run one MoH attention layer on safetensors inputs (parity with PyTorch)"},
-    {"bench", cmd_bench, "benchmarks: attention layer, KV-cache decode, LM training (dense vs MoH)"},
+    {"bench", cmd_bench, "benchmarks: attention layer, KV-cache decode, training of any model family (dense vs MoH)"},
 };
 
 static void usage(FILE *f) {

@@ -92,18 +92,19 @@ static int merge_hparams(const train_options *o, const model_family *fam, train_
         char *dst = hp_field(&hp, k);
         const char *saved = hp_field(&st->hp, k), *flag = hp_field((train_hparams *)&o->flags, k);
         const bool given = flag_given(o, k), have = o->resume && (present >> i & 1);
+        const bool aug = !strcmp(k->key, "crop_pad") || !strcmp(k->key, "hflip");
+        const char *flag_name = aug && o->no_augment ? "--no-augment" : k->flag; /* the option actually given */
         if (given && key_unused(fam, k->key))
-            return moh_fail(err, MOH_E_ARG, "%s does not apply to a %s (model_type \"%s\"): its data has no %s", k->flag,
+            return moh_fail(err, MOH_E_ARG, "%s does not apply to a %s (model_type \"%s\"): its data has no %s", flag_name,
                             fam->summary, fam->model_type, k->key);
         if (have) memcpy(dst, saved, key_size(k));
         if (given && have && memcmp(saved, flag, key_size(k))) {
             char a[48], b[96];
             fmt_value(k, saved, a, sizeof a);
             fmt_value(k, flag, b, sizeof b);
-            if (!strcmp(k->key, "hflip") || !strcmp(k->key, "attention")) /* the flag alone says the value */
-                snprintf(b, sizeof b, "%s", !strcmp(k->key, "hflip") ? "--no-flip" : *(const int *)flag == 1
-                                                                                        ? "--sparse-attn"
-                                                                                        : "--reference-attention");
+            if (!strcmp(k->key, "hflip") || !strcmp(k->key, "attention") || (aug && o->no_augment))
+                snprintf(b, sizeof b, "%s", aug ? flag_name : *(const int *)flag == 1 ? "--sparse-attn"
+                                                                                     : "--reference-attention");
             else {
                 char v[sizeof b];
                 snprintf(v, sizeof v, "%s", b);
@@ -476,6 +477,9 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
     st->total_steps = auto_total ? 0 : total;
     st->warmup = warmup;
     bool fitted = !auto_total;
+    if (!auto_total && warmup >= total && st->step < total && !o->quiet)
+        printf("note: the warmup of %ld steps is not below the run's %ld steps: the lr never decays (give a smaller "
+               "--warmup)\n", warmup, total);
     const long eval_every = hp->eval_every > 0 ? hp->eval_every : spe;
 
 
@@ -627,11 +631,14 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
             intr = dist_max_int(d, intr) != 0;
         }
         bool last = st->step >= total || time_up || intr || pause;
-        const bool do_eval = last || (eval_every > 0 && st->step % eval_every == 0);
+        /* the end of the run validates the whole split; Ctrl-C saves at once (no validation);
+         * --stop-at-step validates as a periodic validation does */
+        const bool do_eval = (last && !intr) || (eval_every > 0 && st->step % eval_every == 0);
+        const bool whole = last && !intr && !pause;
         model_eval ev = {0};
         double val_s = 0.0;
         if (do_eval) {
-            if ((rc = model_evaluate_split(m, &tr.w, &tr.eval, last ? 0 : hp->eval_limit, &watch, &split, &ev, err)))
+            if ((rc = model_evaluate_split(m, &tr.w, &tr.eval, whole ? 0 : hp->eval_limit, &watch, &split, &ev, err)))
                 goto stop;
             val_s = train_now_s() - t;
             clk.over_s += val_s;

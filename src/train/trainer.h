@@ -15,6 +15,7 @@ typedef struct train_options {
      * run) or the checkpoint (resume). Unset fields hold train_hparams_unset's markers. */
     train_hparams flags;
     bool seed_given;
+    bool no_augment;          /* --no-augment set crop_pad and hflip (named so in messages) */
     long steps;               /* total optimizer steps (0 = --epochs, fitted to max_minutes, or the
                                * family's default epochs) */
     double max_minutes;       /* wall-clock budget of this session, final validation included */
