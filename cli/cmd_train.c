@@ -22,7 +22,7 @@ static void family_defaults(char *buf, size_t cap) {
         char shards[32], ev[48], ep[32] = "";
         snprintf(shards, sizeof shards, h.shards > 0 ? "%d" : "threads", h.shards);
         snprintf(ev, sizeof ev, h.eval_every > 0 ? "%ld" : "epoch", h.eval_every);
-        if (h.epochs > 0) snprintf(ep, sizeof ep, " epochs %g", h.epochs);
+        if (h.epochs > 0) snprintf(ep, sizeof ep, ", epochs %g", h.epochs);
         used += (size_t)snprintf(buf + used, cap - used,
                                  "  %-6s batch %d, lr %g, min-lr-ratio %g, weight-decay %g, betas %g/%g, shards %s,\n"
                                  "         eval-every %s, eval-limit %ld, log-every %ld%s; data: %s\n",
