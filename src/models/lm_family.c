@@ -11,8 +11,11 @@
 #include "core/fsutil.h"
 #include "data/text.h"
 #include "models/lm.h"
+#include "models/lm_gguf.h"
 #include "models/lm_analysis.h"
 #include "models/model.h"
+
+extern const model_family lm_family;
 
 static int cfg_parse(void *cfg, const char *text, size_t len, const char *label, moh_error *err) {
     return moh_lm_config_parse_json(cfg, text, len, label, err);
@@ -333,6 +336,20 @@ static int synthetic_batch(const void *cfg, int B, int T, uint64_t seed, moh_bat
 static int num_outputs(const void *cfg) { return ((const moh_lm_config *)cfg)->vocab_size; }
 static const float *logits(const void *acts) { return ((const lm_acts_f32 *)acts)->logits; }
 
+static int from_gguf(model *m, const void *gg, const char *path, moh_error *err) {
+    const moh_gguf *g = gg;
+    memset(m, 0, sizeof *m);
+    m->fam = &lm_family;
+    moh_lm_config *cfg = calloc(1, sizeof *cfg);
+    if (!cfg) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
+    m->cfg = cfg;
+    int rc = lm_gguf_config(g, path, cfg, err);
+    if (!rc) rc = params_new(cfg, &m->params, &m->data, &m->n, err);
+    if (!rc) rc = lm_gguf_weights(g, path, cfg, m->data, err);
+    if (rc) model_free(m);
+    return rc;
+}
+
 const model_family lm_family = {
     .model_type = "llama",
     .task = "text-generation",
@@ -369,6 +386,8 @@ const model_family lm_family = {
     .eval_report = eval_report,
     .dump_logits = dump_logits,
     .legacy_optimizer_format = "moh-lm-train-v1",
+    .gguf_arch = "llama",
+    .from_gguf = from_gguf,
     .default_sparse = true,
     .short_name = "LM",
     .open_analysis = lm_open_analysis,

@@ -260,6 +260,10 @@ struct model_family {
     int (*num_outputs)(const void *cfg);
     const float *(*logits)(const void *acts);
     bool default_sparse;     /* attention on the head-sparse path unless asked otherwise */
+    /* Optional: a model from a GGUF file (llama.cpp's format) whose general.architecture is
+     * gguf_arch: config from its metadata, weights dequantised (g: an io/gguf.h moh_gguf). */
+    const char *gguf_arch;
+    int (*from_gguf)(model *m, const void *g, const char *path, moh_error *err);
     /* optimizer.safetensors "format" of moh 0.1 for this family (still loaded), or NULL */
     const char *legacy_optimizer_format;
     const char *short_name;  /* the family in messages: "LM", "ViT" */

@@ -1,0 +1,187 @@
+/* LLaMA-architecture models from GGUF files (llama.cpp's format; reader: io/gguf.h): the config
+ * from the llama.* metadata, the weights through the tensor registry's GGUF names
+ * (lm_tensors_named, MODEL_NAMES_GGUF), dequantised to float32, with the row permutation of
+ * attn_q / attn_k that llama.cpp's converter applies for ggml's RoPE layout undone, so the model
+ * keeps the Hugging Face rotate-half convention (spec §10). Source: llama.cpp
+ * convert_hf_to_gguf.py (LlamaModel.permute, set_gguf_parameters), src/llama-model.cpp (LLM_ARCH_LLAMA
+ * hparams and tensors). */
+#include "models/lm_gguf.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* An integer key stored as any of GGUF's integer types; *out = dflt when absent and !required. */
+static int get_int(const moh_gguf *g, const char *path, const char *key, bool required, long dflt, long lo, long hi,
+                   long *out, moh_error *err) {
+    const int64_t i = moh_gguf_find_key(g, key);
+    if (i < 0) {
+        if (required) return moh_fail(err, MOH_E_SHAPE, "%s: metadata key '%s' is missing (a llama model needs it)", path, key);
+        *out = dflt;
+        return MOH_OK;
+    }
+    const moh_gguf_type t = moh_gguf_kv_type(g, i);
+    int64_t v = 0;
+    int rc = MOH_OK;
+    if (t == MOH_GGUF_U32) {
+        uint32_t u = 0;
+        rc = moh_gguf_get_u32(g, key, &u, err);
+        v = u;
+    } else if (t == MOH_GGUF_I32) {
+        int32_t s = 0;
+        rc = moh_gguf_get_i32(g, key, &s, err);
+        v = s;
+    } else if (t == MOH_GGUF_U64) {
+        uint64_t u = 0;
+        rc = moh_gguf_get_u64(g, key, &u, err);
+        v = u > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)u;
+    } else if (t == MOH_GGUF_I64) {
+        rc = moh_gguf_get_i64(g, key, &v, err);
+    } else {
+        return moh_fail(err, MOH_E_FORMAT, "%s: metadata key '%s' is a %s, expected an integer", path, key,
+                        moh_gguf_type_str(t));
+    }
+    if (rc) return rc;
+    if (v < lo || v > hi)
+        return moh_fail(err, MOH_E_CONFIG, "%s: metadata key '%s' is %lld, expected %ld..%ld", path, key, (long long)v, lo, hi);
+    *out = (long)v;
+    return MOH_OK;
+}
+
+/* A float key (f32 or f64); dflt when absent. */
+static int get_real(const moh_gguf *g, const char *path, const char *key, double dflt, double *out, moh_error *err) {
+    const int64_t i = moh_gguf_find_key(g, key);
+    if (i < 0) {
+        *out = dflt;
+        return MOH_OK;
+    }
+    const moh_gguf_type t = moh_gguf_kv_type(g, i);
+    if (t == MOH_GGUF_F32) {
+        float f = 0;
+        const int rc = moh_gguf_get_f32(g, key, &f, err);
+        *out = f;
+        return rc;
+    }
+    if (t == MOH_GGUF_F64) return moh_gguf_get_f64(g, key, out, err);
+    return moh_fail(err, MOH_E_FORMAT, "%s: metadata key '%s' is a %s, expected a float", path, key, moh_gguf_type_str(t));
+}
+
+int lm_gguf_config(const moh_gguf *g, const char *path, moh_lm_config *cfg, moh_error *err) {
+    memset(cfg, 0, sizeof *cfg);
+    const char *arch = NULL;
+    size_t alen = 0;
+    int rc = moh_gguf_get_str(g, "general.architecture", &arch, &alen, err);
+    if (rc) return rc;
+    if (alen != 5 || memcmp(arch, "llama", 5))
+        return moh_fail(err, MOH_E_CONFIG, "%s: general.architecture is '%.*s', expected 'llama' (moh runs LLaMA-"
+                        "architecture GGUF models)", path, (int)(alen < 64 ? alen : 64), arch);
+    const int64_t rs = moh_gguf_find_key(g, "llama.rope.scaling.type");
+    if (rs >= 0) {
+        const char *st = NULL;
+        size_t sl = 0;
+        if (moh_gguf_get_str(g, "llama.rope.scaling.type", &st, &sl, err)) return err ? err->code : MOH_E_FORMAT;
+        if (!(sl == 4 && !memcmp(st, "none", 4)))
+            return moh_fail(err, MOH_E_CONFIG, "%s: llama.rope.scaling.type is '%.*s', expected none (RoPE scaling is "
+                            "not supported yet)", path, (int)(sl < 32 ? sl : 32), st);
+    }
+    long L, C, I, h, hkv, ctx, d;
+    double eps, theta;
+    if ((rc = get_int(g, path, "llama.block_count", true, 0, 1, 4096, &L, err)) ||
+        (rc = get_int(g, path, "llama.embedding_length", true, 0, 1, 1 << 20, &C, err)) ||
+        (rc = get_int(g, path, "llama.feed_forward_length", true, 0, 1, 1 << 22, &I, err)) ||
+        (rc = get_int(g, path, "llama.attention.head_count", true, 0, 1, 4096, &h, err)) ||
+        (rc = get_int(g, path, "llama.attention.head_count_kv", false, h, 1, 4096, &hkv, err)) ||
+        (rc = get_int(g, path, "llama.context_length", true, 0, 1, 1 << 24, &ctx, err)) ||
+        (rc = get_int(g, path, "llama.attention.key_length", false, h > 0 ? C / h : 0, 1, 1 << 16, &d, err)) ||
+        (rc = get_real(g, path, "llama.attention.layer_norm_rms_epsilon", 1e-5, &eps, err)) ||
+        (rc = get_real(g, path, "llama.rope.freq_base", 10000.0, &theta, err)))
+        return rc;
+    const moh_gguf_tensor *emb = moh_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb || emb->n_dims != 2 || emb->ne[0] != C)
+        return moh_fail(err, MOH_E_SHAPE, "%s: tensor 'token_embd.weight' is %s, expected [%ld, vocab] (ggml order)", path,
+                        emb ? "of another shape" : "missing", C);
+    cfg->hidden_size = (int)C;
+    cfg->num_hidden_layers = (int)L;
+    cfg->num_attention_heads = (int)h;
+    cfg->num_key_value_heads = (int)hkv;
+    cfg->head_dim = (int)d;
+    cfg->intermediate_size = (int)I;
+    cfg->vocab_size = (int)emb->ne[1];
+    cfg->max_position_embeddings = (int)ctx;
+    cfg->rms_norm_eps = eps;
+    cfg->rope_theta = theta;
+    cfg->tie_word_embeddings = moh_gguf_find_tensor(g, "output.weight") == NULL;
+    cfg->router = MOH_ROUTER_NONE; /* a pretrained multi-head model: dense (MHA -> MoH conversion is separate) */
+    cfg->load_balance_coef = 0.01;
+    return moh_lm_config_finalize(cfg, path, err);
+}
+
+/* rows of one permuted projection [heads * d, cols] back to the HF order: ggml row 2j + s of a head
+ * is HF row s * d/2 + j (convert_hf_to_gguf.py LlamaModel.permute, inverted) */
+static void unpermute(const float *src, float *dst, int heads, int d, int64_t cols) {
+    const int half = d / 2;
+    for (int hh = 0; hh < heads; hh++)
+        for (int j = 0; j < half; j++)
+            for (int s = 0; s < 2; s++) {
+                const float *from = src + ((int64_t)hh * d + 2 * j + s) * cols;
+                float *to = dst + ((int64_t)hh * d + s * half + j) * cols;
+                memcpy(to, from, sizeof(float) * (size_t)cols);
+            }
+}
+
+int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cfg, float *data, moh_error *err) {
+    int nt = 0;
+    model_tensor *ts = lm_tensors_named(cfg, MODEL_NAMES_GGUF, &nt);
+    if (!ts) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
+    int rc = MOH_OK;
+    float *tmp = NULL;
+    for (int i = 0; i < nt && !rc; i++) {
+        const model_tensor *e = &ts[i];
+        const moh_gguf_tensor *t = moh_gguf_find_tensor(g, e->name);
+        if (!t) {
+            rc = moh_fail(err, MOH_E_SHAPE, "%s: tensor '%s' is missing (the llama.* metadata needs it)", path, e->name);
+            break;
+        }
+        /* ggml order is the PyTorch shape reversed */
+        bool same = t->n_dims == e->ndim;
+        for (int dd = 0; dd < e->ndim && same; dd++) same = t->ne[dd] == e->shape[e->ndim - 1 - dd];
+        if (!same) {
+            rc = moh_fail(err, MOH_E_SHAPE, "%s: tensor '%s' has ne [%lld, %lld], expected [%lld, %lld] (ggml order) for "
+                          "the llama.* metadata", path, e->name, (long long)t->ne[0], (long long)t->ne[1],
+                          (long long)e->shape[e->ndim - 1], (long long)(e->ndim > 1 ? e->shape[0] : 1));
+            break;
+        }
+        const size_t len = strlen(e->name);
+        const bool q = len > 13 && !strcmp(e->name + len - 13, ".attn_q.weight");
+        const bool k = len > 13 && !strcmp(e->name + len - 13, ".attn_k.weight");
+        if (!q && !k) {
+            rc = moh_gguf_dequantize(g, t, data + e->offset, err);
+            continue;
+        }
+        free(tmp);
+        if (!(tmp = malloc(sizeof(float) * e->numel))) {
+            rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
+            break;
+        }
+        if (!(rc = moh_gguf_dequantize(g, t, tmp, err)))
+            unpermute(tmp, data + e->offset, q ? cfg->num_attention_heads : cfg->num_key_value_heads, cfg->head_dim,
+                      e->shape[1]);
+    }
+    /* every tensor of the file is one of the model's (an unknown one would be silently dropped) */
+    for (int64_t i = 0; !rc && i < moh_gguf_n_tensors(g); i++) {
+        const moh_gguf_tensor *t = moh_gguf_tensor_at(g, i);
+        bool known = false;
+        for (int j = 0; j < nt && !known; j++) known = !strcmp(t->name, ts[j].name);
+        if (!known)
+            rc = moh_fail(err, MOH_E_SHAPE, "%s: tensor '%s' is not one moh's llama model has (rope_freqs, biases and "
+                          "other extras are not supported)", path, t->name);
+    }
+    for (size_t i = 0; !rc && i < (size_t)nt; i++) /* finite weights only */
+        for (size_t j = 0; j < ts[i].numel && !rc; j++)
+            if (!isfinite(data[ts[i].offset + j]))
+                rc = moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s' holds a non-finite value at index %zu", path, ts[i].name, j);
+    free(tmp);
+    free(ts);
+    return rc;
+}

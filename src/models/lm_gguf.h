@@ -1,0 +1,19 @@
+/* LLaMA-architecture models from GGUF (lm_gguf.c). */
+#ifndef MOH_LM_GGUF_H
+#define MOH_LM_GGUF_H
+#include "io/gguf.h"
+#include "models/lm.h"
+
+/* The config of a GGUF whose general.architecture is "llama": hidden_size (llama.embedding_length),
+ * layers (block_count), heads and KV heads (attention.head_count[_kv]), head_dim
+ * (attention.key_length, default C / h), intermediate_size (feed_forward_length), context
+ * (context_length), rms_norm_eps, rope_theta (rope.freq_base, default 10000), vocab_size (ne[1] of
+ * token_embd.weight), tied when there is no output.weight; router "none" (a dense model).
+ * RoPE scaling other than none is refused. Errors name path and key: MOH_E_SHAPE (missing),
+ * MOH_E_FORMAT (type), MOH_E_CONFIG (value). */
+int lm_gguf_config(const moh_gguf *g, const char *path, moh_lm_config *cfg, moh_error *err);
+/* The weights of cfg (lm_gguf_config's) into data (lm_params layout, float32), dequantised, with
+ * attn_q / attn_k rows back in the HF rotate-half order. A missing, misshapen, non-finite or
+ * unknown tensor, or an unsupported quant type, is an error naming it. */
+int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cfg, float *data, moh_error *err);
+#endif
