@@ -11,7 +11,7 @@
  *   padding to general.alignment (u32 key, a power of 2; default 32), only when n_tensors > 0
  *   data section: tensor i at offset i, each tensor padded to the alignment.
  *
- * Accepted exactly as ggml's gguf.cpp (gguf_init_from_file_impl, llama.cpp 2026) accepts, refused with
+ * Accepted exactly as ggml's gguf.cpp (gguf_init_from_reader, llama.cpp commit 067d44f6) accepts, refused with
  * its reasons: version 0, 1, > 3 or byte-swapped; n_tensors / n_kv negative; strings or arrays over
  * 2^30 bytes / elements or past the end of the file; empty or repeated keys; unknown value types or
  * nested arrays; general.alignment not a u32 power of 2; tensor names of 64 bytes or more (a name
@@ -26,7 +26,7 @@
  * missing or of another type; an unsupported tensor type for dequantisation); the message is one
  * line starting with the file's path (or the parse label) and naming the field and expected value.
  * Block layouts: ggml's ggml-common.h; dequantisation follows ggml-quants.c and is bit-exact
- * against gguf-py's gguf.quants.dequantize (tests/test_gguf.c, tools/ref/gguf_fixtures.py).
+ * against gguf-py 0.19's gguf.quants.dequantize (tests/test_gguf.c, tools/ref/gguf_fixtures.py).
  */
 #ifndef MOH_IO_GGUF_H
 #define MOH_IO_GGUF_H
