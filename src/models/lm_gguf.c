@@ -152,9 +152,10 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
                           (long long)e->shape[e->ndim - 1], (long long)(e->ndim > 1 ? e->shape[0] : 1));
             break;
         }
-        const size_t len = strlen(e->name);
-        const bool q = len > 13 && !strcmp(e->name + len - 13, ".attn_q.weight");
-        const bool k = len > 13 && !strcmp(e->name + len - 13, ".attn_k.weight");
+        static const char qs[] = ".attn_q.weight", ks[] = ".attn_k.weight";
+        const size_t len = strlen(e->name), sl = sizeof qs - 1;
+        const bool q = len > sl && !strcmp(e->name + len - sl, qs);
+        const bool k = len > sl && !strcmp(e->name + len - sl, ks);
         if (!q && !k) {
             rc = moh_gguf_dequantize(g, t, data + e->offset, err);
             continue;

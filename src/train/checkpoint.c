@@ -8,7 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
+
 #include "core/fsutil.h"
+#include "io/gguf.h"
 #include "train/train_util.h"
 
 #define CKPT_FORMAT "moh-train-v2"
@@ -197,6 +200,32 @@ int model_load(model *m, const char *dir, moh_error *err) {
     if (rc) return rc;
     join(path, sizeof path, dir, "model.safetensors");
     if ((rc = model_load_weights(m, path, err))) model_free(m);
+    return rc;
+}
+
+int model_open(model *m, const char *path, moh_error *err) {
+    memset(m, 0, sizeof *m);
+    struct stat sb;
+    if (stat(path, &sb) != 0) return moh_fail(err, MOH_E_IO, "%s: no such file or directory (expected a checkpoint "
+                                              "directory or a .gguf file)", path);
+    if (S_ISDIR(sb.st_mode)) return model_load(m, path, err);
+    moh_gguf *g = NULL;
+    int rc = moh_gguf_open(&g, path, err);
+    if (rc) return rc;
+    const char *arch = NULL;
+    size_t alen = 0;
+    rc = moh_gguf_get_str(g, "general.architecture", &arch, &alen, err);
+    const model_family *fam = NULL;
+    int nf = 0;
+    const model_family *const *fams = model_families(&nf);
+    for (int i = 0; !rc && i < nf && !fam; i++)
+        if (fams[i]->gguf_arch && strlen(fams[i]->gguf_arch) == alen && !memcmp(fams[i]->gguf_arch, arch, alen))
+            fam = fams[i];
+    if (!rc && !fam)
+        rc = moh_fail(err, MOH_E_CONFIG, "%s: general.architecture is '%.*s', expected one moh runs (llama)", path,
+                      (int)(alen < 64 ? alen : 64), arch);
+    if (!rc) rc = fam->from_gguf(m, g, path, err);
+    moh_gguf_close(g); /* the weights were dequantised into the model's buffer */
     return rc;
 }
 

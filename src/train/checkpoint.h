@@ -56,6 +56,10 @@ int checkpoint_save(const char *dir, const model *m, const float *m1, const floa
  * A missing, misshapen or non-finite tensor, or one the config does not have, is MOH_E_SHAPE /
  * MOH_E_FORMAT naming the file and tensor. */
 int model_load(model *m, const char *dir, moh_error *err);
+/* A model from path: a checkpoint directory (model_load) or a GGUF file (llama.cpp's format) of an
+ * architecture a family reads (model_family.from_gguf: "llama"), weights dequantised to float32.
+ * Errors name the path, the key or tensor. */
+int model_open(model *m, const char *path, moh_error *err);
 /* Reads a model.safetensors file at path into m (same checks). */
 int model_load_weights(model *m, const char *path, moh_error *err);
 /* Reads dir/optimizer.safetensors into params, m1, m2 (m->n floats each) and st; *present gets the
