@@ -3,9 +3,13 @@
  * moh supports. Seed corpus: tests/fuzz/corpus/gguf (tools/ref/gguf_fixtures.py).
  * Invariants checked (trap on violation): a successful parse yields tensors whose data lie inside
  * the buffer at aligned, increasing offsets, unique keys and names that look themselves up; every
- * error message is one NUL-terminated line starting with the label; unsupported types are refused. */
+ * error message is one NUL-terminated line starting with the label; unsupported types are refused;
+ * the LLaMA loader (models/lm_gguf.h) reads a config or refuses in one line, and loads finite weights. */
 #include "io/gguf.h"
+#include "models/lm_gguf.h"
 #include "moh.h"
+
+#include <math.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +87,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if ((rc == MOH_OK) != moh_gguf_can_dequantize(t->type)) __builtin_trap();
         if (rc != MOH_OK) check_msg(&err, rc);
         free(out);
+    }
+    /* the LLaMA loader on whatever parsed: config from llama.* metadata, then (small models) the
+     * weights; every failure a one-line error, a success a model with finite weights */
+    moh_lm_config cfg;
+    rc = lm_gguf_config(g, "fuzz.gguf", &cfg, &err);
+    if (rc != MOH_OK) check_msg(&err, rc);
+    else {
+        int nt = 0;
+        size_t total = 0;
+        model_tensor *ts = lm_tensors(&cfg, &nt); /* the size first: metadata can ask for anything */
+        for (int i = 0; ts && i < nt; i++) total += ts[i].numel;
+        free(ts);
+        lm_params_f32 p;
+        if (total <= (1 << 20) && lm_params_init_f32(&p, &cfg, &err) == MOH_OK) {
+            {
+                rc = lm_gguf_weights(g, "fuzz.gguf", &cfg, p.data, &err);
+                if (rc != MOH_OK) check_msg(&err, rc);
+                for (size_t i = 0; rc == MOH_OK && i < p.n; i++)
+                    if (!isfinite(p.data[i])) __builtin_trap();
+            }
+            lm_params_free_f32(&p);
+        }
     }
     moh_gguf_close(g);
     return 0;
