@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/fsutil.h"
 #include "models/lm.h"
 #include "train/checkpoint.h"
 #include "test_util.h"
@@ -108,9 +109,86 @@ static void errors(test_ctx *ctx) {
     CHECK(ctx, rc != MOH_OK && strstr(err.msg, "general.architecture"), "not a llama gguf: %s", err.msg);
 }
 
+/* The fixture's HF checkpoint split into two shards + model.safetensors.index.json (as
+ * transformers writes large models) loads to the same weights; a bad index is a one-line error. */
+static void sharded(test_ctx *ctx) {
+    moh_error err = {0};
+    model h = {0}, s = {0};
+    char dir[64], path[128];
+    snprintf(dir, sizeof dir, "/tmp/moh_test_shards_%d", (int)getpid());
+    if (model_open(&h, DIR, &err)) {
+        CHECK(ctx, 0, "open: %s", err.msg);
+        return;
+    }
+    CHECK(ctx, fs_mkdir_p(dir, &err) == MOH_OK, "mkdir: %s", err.msg);
+    int nt = 0;
+    model_tensor *ts = model_tensors(&h, &nt);
+    moh_st_entry e[64];
+    FILE *f;
+    for (int part = 0; part < 2 && ts && nt <= 64; part++) { /* tensors alternate between the shards */
+        int n = 0;
+        for (int i = part; i < nt; i += 2) {
+            e[n] = (moh_st_entry){.name = ts[i].name, .ndim = ts[i].ndim, .data = h.data + ts[i].offset};
+            for (int d = 0; d < ts[i].ndim; d++) e[n].shape[d] = ts[i].shape[d];
+            n++;
+        }
+        snprintf(path, sizeof path, "%s/model-0000%d-of-00002.safetensors", dir, part + 1);
+        CHECK(ctx, moh_st_write(path, e, n, &err) == MOH_OK, "write shard: %s", err.msg);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if ((f = fopen(path, "w"))) {
+        fprintf(f, "{\"metadata\": {\"total_size\": %zu}, \"weight_map\": {", h.n * 4);
+        for (int i = 0; i < nt; i++)
+            fprintf(f, "%s\"%s\": \"model-0000%d-of-00002.safetensors\"", i ? ", " : "", ts[i].name, i % 2 + 1);
+        fprintf(f, "}}\n");
+        fclose(f);
+    }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *json = h.fam->config_to_json(h.cfg);
+    if (json && (f = fopen(path, "w"))) {
+        fputs(json, f);
+        fclose(f);
+    }
+    free(json);
+    int rc = model_open(&s, dir, &err);
+    CHECK(ctx, rc == MOH_OK, "sharded load: %s", err.msg);
+    if (!rc) {
+        CHECK(ctx, s.n == h.n && !memcmp(s.data, h.data, sizeof(float) * h.n), "sharded weights differ");
+        model_free(&s);
+    }
+    /* an index that misses a tensor, or points outside the folder */
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if ((f = fopen(path, "w"))) {
+        fprintf(f, "{\"weight_map\": {\"%s\": \"model-00001-of-00002.safetensors\"}}", ts ? ts[0].name : "x");
+        fclose(f);
+    }
+    rc = model_open(&s, dir, &err);
+    CHECK(ctx, rc == MOH_E_SHAPE && strstr(err.msg, "is not in the weight_map") && !strchr(err.msg, '\n'),
+          "incomplete index: %s", err.msg);
+    if ((f = fopen(path, "w"))) {
+        fprintf(f, "{\"weight_map\": {\"%s\": \"../etc/x.safetensors\"}}", ts ? ts[0].name : "x");
+        fclose(f);
+    }
+    rc = model_open(&s, dir, &err);
+    CHECK(ctx, rc == MOH_E_FORMAT && strstr(err.msg, "is not a shard file name in the folder"), "path in index: %s",
+          err.msg);
+    for (int part = 1; part <= 2; part++) {
+        snprintf(path, sizeof path, "%s/model-0000%d-of-00002.safetensors", dir, part);
+        remove(path);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    remove(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    remove(path);
+    rmdir(dir);
+    free(ts);
+    model_free(&h);
+}
+
 int main(void) {
     test_ctx ctx = {0};
     same_model(&ctx);
     errors(&ctx);
+    sharded(&ctx);
     return test_finish("test_lm_gguf", &ctx);
 }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
 #include <sys/stat.h>
 
 #include "core/fsutil.h"
@@ -193,13 +194,77 @@ int model_load_weights(model *m, const char *path, moh_error *err) {
     return rc;
 }
 
+/* The weights of a Hugging Face sharded checkpoint: dir/model.safetensors.index.json maps every
+ * tensor name to a shard file in dir ({"weight_map": {name: "model-0000k-of-0000n.safetensors"}},
+ * transformers' modeling_utils.load_sharded_checkpoint); each shard is read once. */
+static int load_sharded(model *m, const char *dir, const char *index, moh_error *err) {
+    size_t len = 0;
+    char *text = fs_read_file(index, (size_t)64 << 20, &len, err);
+    if (!text) return err ? err->code : MOH_E_IO;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
+    int rc = MOH_OK, nt = 0;
+    if (!cJSON_IsObject(map)) {
+        cJSON_Delete(root);
+        return moh_fail(err, MOH_E_FORMAT, "%s: %s, expected a JSON object with a \"weight_map\" object", index,
+                        root ? "no \"weight_map\" object" : "not JSON");
+    }
+    model_tensor *ts = model_tensors(m, &nt);
+    const int nmap = cJSON_GetArraySize(map);
+    moh_safetensors *shards = calloc((size_t)(nmap > 0 ? nmap : 1), sizeof *shards);
+    char (*names)[256] = calloc((size_t)(nmap > 0 ? nmap : 1), sizeof *names);
+    int nshards = 0;
+    if (!ts || !shards || !names) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", index);
+    char shown[200], path[4400];
+    for (const cJSON *e = map->child; !rc && e; e = e->next) { /* every entry names a registry tensor */
+        bool known = m->fam->extra_tensor_ok && m->fam->extra_tensor_ok(m->cfg, e->string);
+        for (int j = 0; j < nt && !known; j++) known = !strcmp(e->string, ts[j].name);
+        if (!known)
+            rc = moh_fail(err, MOH_E_SHAPE, "%s: unexpected tensor '%s' for config.json", index,
+                          moh_st_quote(shown, sizeof shown, e->string));
+        else if (!cJSON_IsString(e) || !*e->valuestring || strchr(e->valuestring, '/') ||
+                 !strcmp(e->valuestring, "..") || strlen(e->valuestring) >= sizeof names[0])
+            rc = moh_fail(err, MOH_E_FORMAT, "%s: weight_map entry '%s' is not a shard file name in the folder", index,
+                          moh_st_quote(shown, sizeof shown, e->string));
+    }
+    for (int i = 0; !rc && i < nt; i++) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(map, ts[i].name);
+        if (!f) {
+            rc = moh_fail(err, MOH_E_SHAPE, "%s: tensor '%s' is not in the weight_map", index, ts[i].name);
+            break;
+        }
+        int k = 0;
+        while (k < nshards && strcmp(names[k], f->valuestring)) k++;
+        if (k == nshards) { /* a shard not opened yet */
+            snprintf(names[k], sizeof names[k], "%s", f->valuestring);
+            join(path, sizeof path, dir, f->valuestring);
+            if ((rc = moh_st_open(&shards[k], path, err))) break;
+            nshards++;
+        }
+        rc = moh_st_read_f32(&shards[k], ts[i].name, ts[i].ndim, ts[i].shape, m->data + ts[i].offset, err);
+        if (!rc) rc = train_check_finite(shards[k].path, ts[i].name, m->data + ts[i].offset, ts[i].numel, err);
+    }
+    for (int k = 0; k < nshards; k++) moh_st_close(&shards[k]);
+    free(shards);
+    free(names);
+    free(ts);
+    cJSON_Delete(root);
+    return rc;
+}
+
 int model_load(model *m, const char *dir, moh_error *err) {
     char path[4200];
     join(path, sizeof path, dir, "config.json");
     int rc = model_from_config_file(m, path, err);
     if (rc) return rc;
     join(path, sizeof path, dir, "model.safetensors");
-    if ((rc = model_load_weights(m, path, err))) model_free(m);
+    struct stat sb;
+    char index[4200];
+    join(index, sizeof index, dir, "model.safetensors.index.json");
+    if (stat(path, &sb) != 0 && stat(index, &sb) == 0) rc = load_sharded(m, dir, index, err); /* HF shards */
+    else rc = model_load_weights(m, path, err);
+    if (rc) model_free(m);
     return rc;
 }
 

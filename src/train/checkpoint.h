@@ -52,7 +52,9 @@ int train_state_key_index(const char *key);
  * MOH_E_NOMEM naming the file. */
 int checkpoint_save(const char *dir, const model *m, const float *m1, const float *m2, const train_state *st,
                     moh_error *err);
-/* Reads dir/config.json (family from its model_type) and dir/model.safetensors into a new model.
+/* Reads dir/config.json (family from its model_type) and dir/model.safetensors into a new model
+ * (or, without model.safetensors, the shards a Hugging Face model.safetensors.index.json lists;
+ * F32, BF16 or F16 tensors, converted to float32).
  * A missing, misshapen or non-finite tensor, or one the config does not have, is MOH_E_SHAPE /
  * MOH_E_FORMAT naming the file and tensor. */
 int model_load(model *m, const char *dir, moh_error *err);
