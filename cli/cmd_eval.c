@@ -53,7 +53,7 @@ int cmd_eval(int argc, char **argv) {
     model_eval r = {0};
     int status = 1;
     char label[PATH_MAX + 32];
-    if (model_load(&m, ckpt, &err)) goto fail;
+    if (model_open(&m, ckpt, &err)) goto fail;
     train_hparams hp;
     m.fam->train_defaults(&hp);
     hp.seq_len = T;

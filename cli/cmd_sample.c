@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -64,18 +65,22 @@ int cmd_sample(int argc, char **argv) {
     const bool slide = !strcmp(full, "slide");
     moh_error err = {0};
     const model_family *fam = NULL;
-    if (model_family_of_dir(ckpt, &fam, &err)) {
+    struct stat sb;
+    const bool dir = stat(ckpt, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (dir && model_family_of_dir(ckpt, &fam, &err)) {
         fprintf(stderr, "moh sample: %s\n", err.msg);
-        return 1;
-    }
-    if (strcmp(fam->task, "text-generation")) { /* checked before the rest of the config */
-        fprintf(stderr, "moh sample: %s is a %s (model_type \"%s\"); sample generates text and needs a language "
-                        "model checkpoint\n", ckpt, fam->summary, fam->model_type);
         return 1;
     }
     model m;
-    if (model_load(&m, ckpt, &err)) {
+    if (!(dir && strcmp(fam->task, "text-generation")) && model_open(&m, ckpt, &err)) { /* a folder or a .gguf */
         fprintf(stderr, "moh sample: %s\n", err.msg);
+        return 1;
+    }
+    if (!dir) fam = m.fam;
+    if (strcmp(fam->task, "text-generation")) { /* (a folder: checked before the rest of its config) */
+        fprintf(stderr, "moh sample: %s is a %s (model_type \"%s\"); sample generates text and needs a language "
+                        "model checkpoint\n", ckpt, fam->summary, fam->model_type);
+        if (!dir) model_free(&m);
         return 1;
     }
     const moh_lm_config cfg = *(const moh_lm_config *)m.cfg;

@@ -19,6 +19,7 @@ static const subcommand SUBCOMMANDS[] = {
     {"train", cmd_train, "train a MoH (or dense) LM on text, or a ViT on an IDX image folder"},
     {"eval", cmd_eval, "LM: val loss, bits per byte, head shares; ViT: accuracy, per class, confusion"},
     {"sample", cmd_sample, "generate text from a checkpoint (KV cache, only selected heads run)"},
+    {"convert", cmd_convert, "a model between moh / Hugging Face folders and GGUF (llama.cpp) files"},
     {"analyze", cmd_analyze, "head load, routing scores, head similarity and rank over labelled data"},
     {"layer", cmd_layer, "run one MoH attention layer on safetensors inputs (parity with PyTorch)"},
     {"bench", cmd_bench, "benchmarks: attention layer, KV-cache decode, training of any model family (dense vs MoH)"},

@@ -213,8 +213,9 @@ typedef struct moh_model moh_model;
  * present, of the config's shape and finite; optimizer.safetensors is not read (AdamW moments
  * start at zero). Returns MOH_OK, or MOH_E_ARG (NULL argument), MOH_E_IO (missing file),
  * MOH_E_FORMAT / MOH_E_CONFIG (bad JSON or config), MOH_E_SHAPE (tensor missing, extra or
- * misshapen), MOH_E_NOMEM; the message names the file and tensor or field.
- * Source: train/checkpoint.h model_load. */
+ * misshapen), MOH_E_NOMEM; the message names the file and tensor or field. checkpoint_dir may
+ * also be a Hugging Face folder with sharded weights, or a LLaMA-architecture .gguf file (weights
+ * dequantised to float32). Source: train/checkpoint.h model_open. */
 int moh_model_load(moh_model **out, const char *checkpoint_dir, moh_error *err);
 /* A new handle from a config.json file, parameters drawn by the family's initialisation (LM: HF
  * LLaMA, N(0, 0.02^2) matrices, RMSNorm weights 1; ViT: timm's init_weights), deterministic in

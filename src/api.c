@@ -55,7 +55,7 @@ int moh_model_load(moh_model **out, const char *checkpoint_dir, moh_error *err) 
     if (!out || !checkpoint_dir) return moh_fail(err, MOH_E_ARG, "moh_model_load: NULL argument (out, checkpoint_dir)");
     *out = NULL;
     model m;
-    const int rc = model_load(&m, checkpoint_dir, err);
+    const int rc = model_open(&m, checkpoint_dir, err);
     return rc ? rc : wrap(out, &m, err);
 }
 

@@ -350,6 +350,10 @@ static int from_gguf(model *m, const void *gg, const char *path, moh_error *err)
     return rc;
 }
 
+static int to_gguf(const model *m, const char *path, bool f16, moh_error *err) {
+    return lm_gguf_export(m->cfg, m->data, path, f16, err);
+}
+
 const model_family lm_family = {
     .model_type = "llama",
     .task = "text-generation",
@@ -388,6 +392,7 @@ const model_family lm_family = {
     .legacy_optimizer_format = "moh-lm-train-v1",
     .gguf_arch = "llama",
     .from_gguf = from_gguf,
+    .to_gguf = to_gguf,
     .default_sparse = true,
     .short_name = "LM",
     .open_analysis = lm_open_analysis,

@@ -186,3 +186,108 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
     free(ts);
     return rc;
 }
+
+/* GPT-2's byte-to-unicode table (bytes_to_unicode in openai/gpt-2 encoder.py): printable bytes map
+ * to themselves, the others to U+0100 + k in order; written as UTF-8 into out (>= 3 bytes). */
+static void byte_token(int b, char *out) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    int cp = b;
+    if (!printable) {
+        int k = 0;
+        for (int x = 0; x < b; x++)
+            if (!((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF))) k++;
+        cp = 256 + k;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = '\0';
+    } else {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        out[2] = '\0';
+    }
+}
+
+int lm_gguf_export(const moh_lm_config *cfg, const float *data, const char *path, bool f16, moh_error *err) {
+    if (cfg->router != MOH_ROUTER_NONE)
+        return moh_fail(err, MOH_E_ARG, "%s: the checkpoint routes heads (router %s, %d shared + top-%d of %d): llama.cpp "
+                        "runs dense multi-head attention only, so a MoH model cannot be exported to GGUF", path,
+                        attn_router_name(cfg->router), cfg->shared_heads, cfg->top_k, cfg->num_attention_heads);
+    if (cfg->vocab_size < 256)
+        return moh_fail(err, MOH_E_ARG, "%s: vocab_size %d, expected >= 256 (the byte vocabulary)", path, cfg->vocab_size);
+    moh_gguf_writer *w = NULL;
+    int rc = moh_gguf_writer_new(&w, err);
+    if (rc) return rc;
+    int nt = 0;
+    model_tensor *ts = lm_tensors_named(cfg, MODEL_NAMES_GGUF, &nt);
+    float **perm = calloc((size_t)(nt > 0 ? nt : 1), sizeof *perm);
+    char (*tok)[16] = calloc((size_t)cfg->vocab_size, sizeof *tok);
+    const char **toks = calloc((size_t)cfg->vocab_size, sizeof *toks);
+    int32_t *types = calloc((size_t)cfg->vocab_size, sizeof *types);
+    if (!ts || !perm || !tok || !toks || !types) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
+    if (!rc) { /* the llama.* metadata llama.cpp's loader reads (convert_hf_to_gguf.py LlamaModel) */
+        moh_gguf_add_str(w, "general.architecture", "llama");
+        moh_gguf_add_str(w, "general.name", "moh");
+        moh_gguf_add_u32(w, "general.file_type", f16 ? 1 : 0); /* LLAMA_FTYPE_MOSTLY_F16 / ALL_F32 */
+        moh_gguf_add_u32(w, "llama.context_length", (uint32_t)cfg->max_position_embeddings);
+        moh_gguf_add_u32(w, "llama.embedding_length", (uint32_t)cfg->hidden_size);
+        moh_gguf_add_u32(w, "llama.block_count", (uint32_t)cfg->num_hidden_layers);
+        moh_gguf_add_u32(w, "llama.feed_forward_length", (uint32_t)cfg->intermediate_size);
+        moh_gguf_add_u32(w, "llama.rope.dimension_count", (uint32_t)cfg->head_dim);
+        moh_gguf_add_u32(w, "llama.attention.head_count", (uint32_t)cfg->num_attention_heads);
+        moh_gguf_add_u32(w, "llama.attention.head_count_kv", (uint32_t)cfg->num_key_value_heads);
+        moh_gguf_add_u32(w, "llama.attention.key_length", (uint32_t)cfg->head_dim);
+        moh_gguf_add_u32(w, "llama.attention.value_length", (uint32_t)cfg->head_dim);
+        moh_gguf_add_f32(w, "llama.attention.layer_norm_rms_epsilon", (float)cfg->rms_norm_eps);
+        moh_gguf_add_f32(w, "llama.rope.freq_base", (float)cfg->rope_theta);
+        moh_gguf_add_u32(w, "llama.vocab_size", (uint32_t)cfg->vocab_size);
+        /* the byte vocabulary as a byte-level BPE without merges: token b is byte b (GPT-2's
+         * byte-to-unicode spelling), so llama.cpp's gpt2 tokenizer gives moh's ids */
+        for (int v = 0; v < cfg->vocab_size; v++) {
+            if (v < 256) byte_token(v, tok[v]);
+            else snprintf(tok[v], sizeof tok[v], "<x%d>", v - 256);
+            toks[v] = tok[v];
+            types[v] = v < 256 ? 1 : 5; /* normal; unused */
+        }
+        moh_gguf_add_str(w, "tokenizer.ggml.model", "gpt2");
+        moh_gguf_add_str(w, "tokenizer.ggml.pre", "default");
+        moh_gguf_add_arr_str(w, "tokenizer.ggml.tokens", toks, (uint64_t)cfg->vocab_size);
+        moh_gguf_add_arr_i32(w, "tokenizer.ggml.token_type", types, (uint64_t)cfg->vocab_size);
+        moh_gguf_add_arr_str(w, "tokenizer.ggml.merges", NULL, 0);
+        moh_gguf_add_u32(w, "tokenizer.ggml.bos_token_id", 0);
+        moh_gguf_add_u32(w, "tokenizer.ggml.eos_token_id", 0);
+        moh_gguf_add_bool(w, "tokenizer.ggml.add_bos_token", false);
+    }
+    for (int i = 0; !rc && i < nt; i++) {
+        const model_tensor *e = &ts[i];
+        int64_t ne[2] = {e->shape[e->ndim - 1], e->ndim > 1 ? e->shape[0] : 1};
+        const float *src = data + e->offset;
+        static const char qs[] = ".attn_q.weight", ks[] = ".attn_k.weight";
+        const size_t len = strlen(e->name), sl = sizeof qs - 1;
+        const bool q = len > sl && !strcmp(e->name + len - sl, qs), k = len > sl && !strcmp(e->name + len - sl, ks);
+        if (q || k) { /* llama.cpp's RoPE layout: HF row s d/2 + j of a head to row 2j + s */
+            if (!(perm[i] = malloc(sizeof(float) * e->numel))) {
+                rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
+                break;
+            }
+            const int heads = q ? cfg->num_attention_heads : cfg->num_key_value_heads, d = cfg->head_dim, half = d / 2;
+            for (int hh = 0; hh < heads; hh++)
+                for (int j = 0; j < half; j++)
+                    for (int s = 0; s < 2; s++)
+                        memcpy(perm[i] + ((int64_t)hh * d + 2 * j + s) * ne[0], src + ((int64_t)hh * d + s * half + j) * ne[0],
+                               sizeof(float) * (size_t)ne[0]);
+            src = perm[i];
+        }
+        /* norms stay F32 in an F16 file, as llama.cpp's converter writes them */
+        rc = moh_gguf_add_tensor(w, e->name, e->ndim, ne, f16 && e->ndim == 2 ? MOH_GGML_F16 : MOH_GGML_F32, src, err);
+    }
+    if (!rc) rc = moh_gguf_write(w, path, err);
+    for (int i = 0; perm && i < nt; i++) free(perm[i]);
+    free(perm);
+    free(ts);
+    free(tok);
+    free(toks);
+    free(types);
+    moh_gguf_writer_free(w);
+    return rc;
+}

@@ -2,6 +2,7 @@
 #ifndef MOH_LM_GGUF_H
 #define MOH_LM_GGUF_H
 #include "io/gguf.h"
+#include "io/gguf_write.h"
 #include "models/lm.h"
 
 /* The config of a GGUF whose general.architecture is "llama": hidden_size (llama.embedding_length),
@@ -16,4 +17,10 @@ int lm_gguf_config(const moh_gguf *g, const char *path, moh_lm_config *cfg, moh_
  * attn_q / attn_k rows back in the HF rotate-half order. A missing, misshapen, non-finite or
  * unknown tensor, or an unsupported quant type, is an error naming it. */
 int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cfg, float *data, moh_error *err);
+/* Writes a dense LM (router "none") as a GGUF that llama.cpp runs: the llama.* metadata, the
+ * weights under llama.cpp's names (F32, or with f16 the matrices in F16 and the norms F32), attn_q /
+ * attn_k rows in ggml's RoPE order, no output.weight when tied, and the byte vocabulary as a
+ * byte-level BPE without merges (token b = byte b in GPT-2's byte-to-unicode spelling; ids >= 256
+ * "<xN>", unused). MOH_E_ARG for a MoH model (llama.cpp has no head routing), MOH_E_IO / NOMEM. */
+int lm_gguf_export(const moh_lm_config *cfg, const float *data, const char *path, bool f16, moh_error *err);
 #endif

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# moh convert between moh / Hugging Face folders and GGUF: the tiny LLaMA fixture written as
+# llama.cpp's converter writes it (tests/fixtures/gguf_llama) goes GGUF -> folder -> GGUF -> folder
+# with byte-identical weights (q/k rows permuted and back), the folder's weights equal the
+# fixture's HF-layout ones, an F16 file holds the weights to F16 precision, a trained byte LM
+# exports and reads back, a MoH checkpoint is refused in one line, and eval runs on the GGUF.
+#   tests/cli_convert.sh path/to/moh
+set -uo pipefail
+MOH=${1:-build/moh}
+FIX=$(cd "$(dirname "$0")" && pwd)/fixtures/gguf_llama
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+check() { if eval "$1"; then ok; else bad "$2"; fi; }
+
+"$MOH" convert --model "$FIX/tiny-llama.gguf" --out "$T/a" > /dev/null || bad "gguf -> folder"
+"$MOH" convert --model "$T/a" --out "$T/a.gguf" > /dev/null || bad "folder -> gguf"
+"$MOH" convert --model "$T/a.gguf" --out "$T/b" > /dev/null || bad "gguf -> folder again"
+check "cmp -s '$T/a/model.safetensors' '$T/b/model.safetensors'" "round trip changed the weights"
+check "cmp -s '$T/a/model.safetensors' '$FIX/model.safetensors' || python3 - '$T/a/model.safetensors' '$FIX/model.safetensors' <<'PY'
+import json, struct, sys, array
+def read(p):
+    f = open(p, 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n)); d = f.read()
+    return {k: d[v['data_offsets'][0]:v['data_offsets'][1]] for k, v in h.items() if k != '__metadata__'}
+a, b = read(sys.argv[1]), read(sys.argv[2])
+assert a == b, [k for k in a if a[k] != b.get(k)]
+PY" "the GGUF's weights differ from the HF layout"
+"$MOH" convert --model "$T/a" --out "$T/h.gguf" --outtype f16 > /dev/null || bad "folder -> f16 gguf"
+"$MOH" convert --model "$T/h.gguf" --out "$T/h" > /dev/null || bad "f16 gguf -> folder"
+check "python3 - '$T/a/model.safetensors' '$T/h/model.safetensors' <<'PY'
+import json, struct, sys, array
+def read(p):
+    f = open(p, 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n)); d = f.read()
+    out = {}
+    for k, v in h.items():
+        if k == '__metadata__': continue
+        x = array.array('f'); x.frombytes(d[v['data_offsets'][0]:v['data_offsets'][1]]); out[k] = x
+    return out
+a, b = read(sys.argv[1]), read(sys.argv[2])
+worst = max(abs(x - y) / max(abs(x), 1e-3) for k in a for x, y in zip(a[k], b[k]))
+assert 0 < worst < 1e-3, worst   # F16 rounding: relative error up to 2^-11 (and the file is not F32)
+PY" "f16 export: weights not within F16 precision"
+# eval reads a GGUF (byte tokens: the fixture's vocabulary holds the 256 bytes)
+printf 'some text for the tiny model, long enough for a few chunks of context.\n%.0s' 1 2 3 4 > "$T/t.txt"
+check "'$MOH' eval --checkpoint '$FIX/tiny-llama.gguf' --data '$T/t.txt' --json | grep -q '\"bits_per_byte\"'" "eval on a .gguf"
+# a trained byte LM (dense) exports; a MoH one is refused
+cat > "$T/d.json" <<'J'
+{"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 64,
+ "vocab_size": 256, "max_position_embeddings": 16, "router": "none"}
+J
+sed 's/"router": "none"/"router": "learned", "shared_heads": 1, "top_k": 2/' "$T/d.json" > "$T/m.json"
+"$MOH" train --config "$T/d.json" --data "$T/t.txt" --out "$T/dense" --steps 2 --batch-size 2 --quiet || bad "train dense"
+"$MOH" train --config "$T/m.json" --data "$T/t.txt" --out "$T/moh" --steps 2 --batch-size 2 --quiet || bad "train moh"
+"$MOH" convert --model "$T/dense" --out "$T/dense.gguf" > /dev/null || bad "dense -> gguf"
+"$MOH" convert --model "$T/dense.gguf" --out "$T/dense2" > /dev/null || bad "dense gguf -> folder"
+check "cmp -s '$T/dense/model.safetensors' '$T/dense2/model.safetensors'" "dense byte LM round trip changed the weights"
+out=$("$MOH" convert --model "$T/moh" --out "$T/moh.gguf" 2>&1); rc=$?
+check "[ $rc -eq 1 ] && grep -q 'llama.cpp runs dense multi-head attention only' <<<\"\$out\" && [ ! -e '$T/moh.gguf' ]" "MoH export: rc $rc: $out"
+out=$("$MOH" convert --model "$T/a" --out "$T/b" 2>&1); rc=$?
+check "[ $rc -eq 1 ] && grep -q 'already holds a model' <<<\"\$out\"" "convert over a model: rc $rc: $out"
+out=$("$MOH" convert --model "$T/nope.gguf" --out "$T/x" 2>&1); rc=$?
+check "[ $rc -eq 1 ] && grep -q 'nope.gguf' <<<\"\$out\"" "missing input: rc $rc: $out"
+echo "cli_convert: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
