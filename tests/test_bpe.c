@@ -52,14 +52,24 @@ static long expected_ids(const char *variant, const char *cas, int **ids) {
     return n;
 }
 
-static bool utf8_valid(const uint8_t *s, size_t n) {
+static bool utf8_valid(const uint8_t *s, size_t n) { /* strict: no overlongs, surrogates, > U+10FFFF */
     size_t i = 0;
     while (i < n) {
         uint8_t c = s[i];
-        int l = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        int l = c < 0x80                  ? 1
+                : (c >= 0xC2 && c <= 0xDF) ? 2
+                : (c >= 0xE0 && c <= 0xEF) ? 3
+                : (c >= 0xF0 && c <= 0xF4) ? 4
+                                           : 0;
         if (!l || i + (size_t)l > n) return false;
-        for (int k = 1; k < l; k++)
+        uint32_t v = l == 1 ? c : (uint32_t)(c & (0x7F >> l));
+        for (int k = 1; k < l; k++) {
             if ((s[i + (size_t)k] & 0xC0) != 0x80) return false;
+            v = (v << 6) | (s[i + (size_t)k] & 0x3Fu);
+        }
+        if ((l == 3 && v < 0x800) || (l == 4 && (v < 0x10000 || v > 0x10FFFF)) ||
+            (v >= 0xD800 && v <= 0xDFFF))
+            return false;
         i += (size_t)l;
     }
     return true;
@@ -277,6 +287,12 @@ static void test_merge_order(test_ctx *t) {
     expect_ids(t, tok, "aaaa", (int[]){258, 258}, 2);
     expect_ids(t, tok, "ab<s>xyz", (int[]){256, 261, 'x', 'y', 'z'}, 5);
     expect_ids(t, tok, "ab ab", (int[]){256, ' ', 256}, 3); /* " ab": byte token of space, "ab" */
+    const uint8_t *b = NULL;
+    size_t bl = 0;
+    CHECK(t, bpe_token_str(tok, ' ') && !strcmp(bpe_token_str(tok, ' '), "\xC4\xA0") &&
+             bpe_token_bytes(tok, ' ', &b, &bl, &err) == MOH_OK && bl == 1 && b[0] == ' ',
+          "space is U+0120 and decodes to 0x20");
+    CHECK(t, bpe_token_str(tok, 262) == NULL && bpe_token_str(tok, -1) == NULL, "token_str range");
     bpe_free(tok);
     spec.ignore_merges = true;
     spec.pre = BPE_PRE_LLAMA3;

@@ -386,6 +386,10 @@ int bpe_token_id(const bpe_tok *t, const char *s) {
     return -1;
 }
 
+const char *bpe_token_str(const bpe_tok *t, int id) {
+    return id >= 0 && id < t->n_tokens ? t->str[id] : NULL;
+}
+
 int bpe_token_bytes(const bpe_tok *t, int id, const uint8_t **bytes, size_t *len, moh_error *err) {
     if (id < 0 || id >= t->n_tokens || !t->bytes[id])
         return moh_fail(err, MOH_E_ARG, "token id %d: not a token (vocabulary of %d)", id,
@@ -422,6 +426,7 @@ typedef struct work {
     cand *h;
     size_t cap, hn;
     pcre2_match_data *md;
+    int match_rc; /* PCRE2's error when a match failed (e.g. its match limit) */
 } work;
 
 static bool cand_less(const cand *x, const cand *y) {
@@ -526,6 +531,7 @@ static int pre_split(const bpe_tok *t, work *w, int k, const uint8_t *s, size_t 
         } else if (rc == PCRE2_ERROR_NOMATCH) {
             ms = me = n;
         } else {
+            w->match_rc = rc;
             return MOH_E_FORMAT;
         }
         if (ms > pos && (rc = pre_split(t, w, k + 1, s + pos, ms - pos, out))) return rc;
@@ -575,8 +581,10 @@ int bpe_encode(const bpe_tok *t, const uint8_t *text, size_t len, bool parse_add
     pcre2_match_data_free(w.md);
     if (rc != MOH_OK) {
         free(out.v);
-        return rc == MOH_E_NOMEM ? moh_fail(err, rc, "bpe_encode: out of memory")
-                                 : moh_fail(err, rc, "bpe_encode: regex match failed");
+        if (rc == MOH_E_NOMEM) return moh_fail(err, rc, "bpe_encode: out of memory");
+        PCRE2_UCHAR msg[160];
+        pcre2_get_error_message(w.match_rc, msg, sizeof msg);
+        return moh_fail(err, rc, "bpe_encode: pre-tokenizer regex failed: %s", (const char *)msg);
     }
     if (out.n == 0) free(out.v);
     *ids = out.n ? out.v : NULL;
@@ -742,8 +750,8 @@ static int tj_build(bpe_tok **out, const cJSON *root, const char *label, moh_err
             const cJSON *cj = g == 0 ? NULL : cJSON_GetObjectItemCaseSensitive(it, "content");
             if (g == 1 && !cJSON_IsString(cj))
                 return tj_fail(label, err, "added_tokens: expected objects with \"id\" and a string \"content\"");
-            if (!cJSON_IsNumber(idj) || idj->valuedouble != (double)(long)idj->valuedouble ||
-                idj->valuedouble < 0 || idj->valuedouble >= (double)limit) {
+            if (!cJSON_IsNumber(idj) || !(idj->valuedouble >= 0 && idj->valuedouble < (double)limit) ||
+                idj->valuedouble != (double)(long)idj->valuedouble) {
                 char q[96];
                 return moh_fail(err, MOH_E_FORMAT, "%s: %s '%s': id must be an integer in 0..%ld",
                                 label, g == 0 ? "model.vocab" : "added_tokens",
@@ -784,8 +792,10 @@ static int tj_build(bpe_tok **out, const cJSON *root, const char *label, moh_err
                 goto done;
             }
         if (tokens[id] && strcmp(tokens[id], c)) {
+            char q2[96];
             rc = moh_fail(err, MOH_E_FORMAT, "%s: added token '%s': id %ld is token '%s' in model.vocab",
-                          label, json_quote(q, sizeof q, c, 64, 16), id, tokens[id]);
+                          label, json_quote(q, sizeof q, c, 64, 16), id,
+                          json_quote(q2, sizeof q2, tokens[id], 64, 16));
             goto done;
         }
         tokens[id] = c;

@@ -3,7 +3,9 @@
  * then our merge loop (lowest merge rank first, leftmost on ties) over the bytes of each piece.
  * Matches Hugging Face `tokenizers` (BPE model + ByteLevel pre-tokenizer/decoder) id for id on
  * valid UTF-8. Invalid UTF-8 bytes (the reference takes only str) never match a regex: each run
- * of them is a piece of its own, encoded byte by byte, so decode(encode(x)) == x for any bytes.
+ * of them is a piece of its own, encoded byte by byte, so decode(encode(x)) == x for any bytes
+ * when all 256 byte tokens exist. A byte without a token is dropped, as the reference does
+ * (SmolLM2 has none for 21 bytes: 0x04 0x06 0x13 0x14 0x16 0x1D 0xC0 0xC1 0xF1 0xF2 0xF5-0xFF).
  * A bpe_tok is immutable after creation and may be shared by threads. */
 #ifndef MOH_BPE_H
 #define MOH_BPE_H
@@ -69,6 +71,9 @@ void bpe_free(bpe_tok *t);
 int bpe_n_tokens(const bpe_tok *t);
 /* The id of the token with string s (byte-level form), or -1. */
 int bpe_token_id(const bpe_tok *t, const char *s);
+/* The string of token id as given (byte-level form, "Ġthe"; owned by t), or NULL when id is out
+ * of range or has no token. */
+const char *bpe_token_str(const bpe_tok *t, int id);
 /* The bytes token id decodes to (*bytes, *len; owned by t). MOH_E_ARG when id is out of range
  * or has no token. */
 int bpe_token_bytes(const bpe_tok *t, int id, const uint8_t **bytes, size_t *len, moh_error *err);
@@ -77,7 +82,8 @@ size_t bpe_max_token_bytes(const bpe_tok *t);
 
 /* Encodes text[0..len) (any bytes) into *ids[*n_ids] (malloc'd, caller frees; NULL when
  * *n_ids == 0). parse_added: match added tokens (HF's behaviour); false encodes their text as
- * ordinary bytes. MOH_E_NOMEM; MOH_E_ARG for len > INT_MAX. */
+ * ordinary bytes. MOH_E_NOMEM; MOH_E_ARG for len > INT_MAX; MOH_E_FORMAT when PCRE2 gives up on
+ * a (custom) regex, e.g. at its match limit. */
 int bpe_encode(const bpe_tok *t, const uint8_t *text, size_t len, bool parse_added, int **ids,
                size_t *n_ids, moh_error *err);
 

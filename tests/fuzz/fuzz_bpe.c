@@ -1,7 +1,8 @@
 /* libFuzzer target: the byte-level BPE tokenizer (src/text/bpe.c) on arbitrary bytes.
  * Byte 0 % 4 == 0: the rest is a tokenizer.json; a failure must leave no tokenizer and a one-line
- * message starting with the label; a success must encode the same bytes, decode them, and the
- * streaming decoder must give exactly the decoded bytes. Otherwise the rest is text for the
+ * message starting with the label; a success must encode the same bytes (or give up with
+ * MOH_E_FORMAT when PCRE2 does on a fuzzed regex), decode them, and the streaming decoder must
+ * give exactly the decoded bytes. Otherwise the rest is text for the
  * committed fixture tokenizer tests/fixtures/bpe/{smollm,gpt2,llama3}.json (byte 0 % 4 - 1; run
  * from the repository root): decode(encode(x)) == x with and without added tokens, and the stream
  * gives the same bytes without splitting a character of valid UTF-8. Violations trap. */
@@ -26,14 +27,24 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
-static bool utf8_valid(const uint8_t *s, size_t n) {
+static bool utf8_valid(const uint8_t *s, size_t n) { /* strict: no overlongs, surrogates, > U+10FFFF */
     size_t i = 0;
     while (i < n) {
         uint8_t c = s[i];
-        int l = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        int l = c < 0x80                  ? 1
+                : (c >= 0xC2 && c <= 0xDF) ? 2
+                : (c >= 0xE0 && c <= 0xEF) ? 3
+                : (c >= 0xF0 && c <= 0xF4) ? 4
+                                           : 0;
         if (!l || i + (size_t)l > n) return false;
-        for (int k = 1; k < l; k++)
+        uint32_t v = l == 1 ? c : (uint32_t)(c & (0x7F >> l));
+        for (int k = 1; k < l; k++) {
             if ((s[i + (size_t)k] & 0xC0) != 0x80) return false;
+            v = (v << 6) | (s[i + (size_t)k] & 0x3Fu);
+        }
+        if ((l == 3 && v < 0x800) || (l == 4 && (v < 0x10000 || v > 0x10FFFF)) ||
+            (v >= 0xD800 && v <= 0xDFFF))
+            return false;
         i += (size_t)l;
     }
     return true;
@@ -45,7 +56,12 @@ static uint8_t *encode_decode(const bpe_tok *t, const uint8_t *x, size_t n, bool
     moh_error err = {0};
     int *ids = NULL;
     size_t ni = 0;
-    if (bpe_encode(t, x, n, parse_added, &ids, &ni, &err) != MOH_OK) __builtin_trap();
+    int rc = bpe_encode(t, x, n, parse_added, &ids, &ni, &err);
+    /* only a regex from the fuzzed tokenizer.json may give up (PCRE2's match limit) */
+    if (rc == MOH_E_FORMAT && t != fixture[0] && t != fixture[1] && t != fixture[2] && !ids &&
+        !strchr(err.msg, '\n'))
+        return NULL;
+    if (rc != MOH_OK) __builtin_trap();
     if ((ni == 0) != (ids == NULL)) __builtin_trap();
     uint8_t *d = NULL;
     if (bpe_decode(t, ids, ni, &d, dl, &err) != MOH_OK) __builtin_trap();
@@ -90,7 +106,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const bpe_tok *t = fixture[mode - 1];
     for (int pa = 0; pa < 2; pa++) {
         uint8_t *d = encode_decode(t, x, n, pa, &dl);
-        if (dl != n || (n && memcmp(d, x, n) != 0)) __builtin_trap();
+        if (!d || dl != n || (n && memcmp(d, x, n) != 0)) __builtin_trap();
         free(d);
     }
     return 0;
