@@ -1,0 +1,113 @@
+/* libFuzzer target: the byte-level BPE tokenizer (src/text/bpe.c) on arbitrary bytes.
+ * Byte 0 % 4 == 0: the rest is a tokenizer.json; a failure must leave no tokenizer and a one-line
+ * message starting with the label; a success must encode the same bytes (or give up with
+ * MOH_E_FORMAT when PCRE2 does on a fuzzed regex), decode them, and the streaming decoder must
+ * give exactly the decoded bytes. Otherwise the rest is text for the
+ * committed fixture tokenizer tests/fixtures/bpe/{smollm,gpt2,llama3}.json (byte 0 % 4 - 1; run
+ * from the repository root): decode(encode(x)) == x with and without added tokens, and the stream
+ * gives the same bytes without splitting a character of valid UTF-8. Violations trap. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/bpe.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+
+/* Read-only after LLVMFuzzerInitialize. */
+static bpe_tok *fixture[3];
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    static const char *const names[] = {"tests/fixtures/bpe/smollm.json", "tests/fixtures/bpe/gpt2.json",
+                                        "tests/fixtures/bpe/llama3.json"};
+    for (int i = 0; i < 3; i++) {
+        moh_error err = {0};
+        if (bpe_load_tokenizer_json(&fixture[i], names[i], &err) != MOH_OK) __builtin_trap();
+    }
+    return 0;
+}
+
+static bool utf8_valid(const uint8_t *s, size_t n) { /* strict: no overlongs, surrogates, > U+10FFFF */
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        int l = c < 0x80                  ? 1
+                : (c >= 0xC2 && c <= 0xDF) ? 2
+                : (c >= 0xE0 && c <= 0xEF) ? 3
+                : (c >= 0xF0 && c <= 0xF4) ? 4
+                                           : 0;
+        if (!l || i + (size_t)l > n) return false;
+        uint32_t v = l == 1 ? c : (uint32_t)(c & (0x7F >> l));
+        for (int k = 1; k < l; k++) {
+            if ((s[i + (size_t)k] & 0xC0) != 0x80) return false;
+            v = (v << 6) | (s[i + (size_t)k] & 0x3Fu);
+        }
+        if ((l == 3 && v < 0x800) || (l == 4 && (v < 0x10000 || v > 0x10FFFF)) ||
+            (v >= 0xD800 && v <= 0xDFFF))
+            return false;
+        i += (size_t)l;
+    }
+    return true;
+}
+
+/* Encodes x; returns the decoded bytes (malloc'd) after checking the stream against them. */
+static uint8_t *encode_decode(const bpe_tok *t, const uint8_t *x, size_t n, bool parse_added,
+                              size_t *dl) {
+    moh_error err = {0};
+    int *ids = NULL;
+    size_t ni = 0;
+    int rc = bpe_encode(t, x, n, parse_added, &ids, &ni, &err);
+    /* only a regex from the fuzzed tokenizer.json may give up (PCRE2's match limit) */
+    if (rc == MOH_E_FORMAT && t != fixture[0] && t != fixture[1] && t != fixture[2] && !ids &&
+        !strchr(err.msg, '\n'))
+        return NULL;
+    if (rc != MOH_OK) __builtin_trap();
+    if ((ni == 0) != (ids == NULL)) __builtin_trap();
+    uint8_t *d = NULL;
+    if (bpe_decode(t, ids, ni, &d, dl, &err) != MOH_OK) __builtin_trap();
+    size_t cap = bpe_max_token_bytes(t) + 3, k = 0;
+    uint8_t *chunk = malloc(cap);
+    bpe_stream s = {0};
+    bool valid = utf8_valid(d, *dl);
+    for (size_t i = 0; i < ni; i++) {
+        size_t c;
+        if (bpe_stream_push(t, &s, ids[i], chunk, cap, &c, &err) != MOH_OK) __builtin_trap();
+        if (k + c > *dl || memcmp(chunk, d + k, c) != 0) __builtin_trap();
+        if (valid && !utf8_valid(chunk, c)) __builtin_trap();
+        k += c;
+    }
+    uint8_t tail[4];
+    size_t c = bpe_stream_flush(&s, tail);
+    if (c > 3 || (valid && c) || k + c != *dl || memcmp(tail, d + k, c) != 0) __builtin_trap();
+    free(chunk);
+    free(ids);
+    return d;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    const uint8_t *x = data + 1;
+    size_t n = size - 1;
+    int mode = data[0] % 4;
+    size_t dl;
+    if (mode == 0) {
+        moh_error err = {0};
+        bpe_tok *t = NULL;
+        int rc = bpe_from_tokenizer_json(&t, (const char *)x, n, "fuzz.json", &err);
+        if (rc != MOH_OK) {
+            if (t || err.code != rc || strchr(err.msg, '\n') || strncmp(err.msg, "fuzz.json", 9))
+                __builtin_trap();
+            return 0;
+        }
+        free(encode_decode(t, x, n, true, &dl));
+        bpe_free(t);
+        return 0;
+    }
+    const bpe_tok *t = fixture[mode - 1];
+    for (int pa = 0; pa < 2; pa++) {
+        uint8_t *d = encode_decode(t, x, n, pa, &dl);
+        if (!d || dl != n || (n && memcmp(d, x, n) != 0)) __builtin_trap();
+        free(d);
+    }
+    return 0;
+}

@@ -1,0 +1,412 @@
+/* Byte-level BPE tokenizer (src/text/bpe.c): ids equal Hugging Face `tokenizers` on the committed
+ * fixtures (tools/ref/bpe_fixtures.py: three small vocabularies trained on the KJV with the
+ * smollm, gpt2 and llama3 pre-tokenizers; stress text, KJV excerpt, digits, space, empty),
+ * decode(encode(x)) == x on random bytes (invalid UTF-8 included) and random UTF-8 with added
+ * tokens, the streaming decoder never splits a character, the merge order (lowest rank, leftmost)
+ * and ignore_merges on a hand-made vocabulary, and the one-line errors. */
+#include <string.h>
+
+#include "core/fsutil.h"
+#include "test_util.h"
+#include "text/bpe.h"
+
+#define FIX "tests/fixtures/bpe/"
+static const char *const VARIANTS[] = {"smollm", "gpt2", "llama3"};
+static const char *const CASES[] = {"stress", "kjv6000", "digits", "space", "empty"};
+
+static bpe_tok *load(test_ctx *t, const char *variant) {
+    char path[256];
+    snprintf(path, sizeof path, FIX "%s.json", variant);
+    moh_error err = {0};
+    bpe_tok *tok = NULL;
+    int rc = bpe_load_tokenizer_json(&tok, path, &err);
+    CHECK(t, rc == MOH_OK && tok, "load %s: %s", path, err.msg);
+    return tok;
+}
+
+/* Reads line "VARIANT CASE ids..." of expected.txt into ids (malloc'd); count or -1. */
+static long expected_ids(const char *variant, const char *cas, int **ids) {
+    moh_error err = {0};
+    size_t len;
+    char *txt = fs_read_file(FIX "expected.txt", (size_t)1 << 24, &len, &err);
+    if (!txt) return -1;
+    char head[64];
+    snprintf(head, sizeof head, "%s %s", variant, cas);
+    long n = -1;
+    for (char *line = txt; line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        size_t hl = strlen(head);
+        if (!strncmp(line, head, hl) && (line[hl] == ' ' || line[hl] == 0)) {
+            *ids = malloc((strlen(line) / 2 + 1) * sizeof(int));
+            n = 0;
+            char *p = line + hl;
+            while (*p == ' ' && p[1] >= '0' && p[1] <= '9') {
+                (*ids)[n++] = (int)strtol(p + 1, &p, 10);
+            }
+            break;
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    free(txt);
+    return n;
+}
+
+static bool utf8_valid(const uint8_t *s, size_t n) { /* strict: no overlongs, surrogates, > U+10FFFF */
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        int l = c < 0x80                  ? 1
+                : (c >= 0xC2 && c <= 0xDF) ? 2
+                : (c >= 0xE0 && c <= 0xEF) ? 3
+                : (c >= 0xF0 && c <= 0xF4) ? 4
+                                           : 0;
+        if (!l || i + (size_t)l > n) return false;
+        uint32_t v = l == 1 ? c : (uint32_t)(c & (0x7F >> l));
+        for (int k = 1; k < l; k++) {
+            if ((s[i + (size_t)k] & 0xC0) != 0x80) return false;
+            v = (v << 6) | (s[i + (size_t)k] & 0x3Fu);
+        }
+        if ((l == 3 && v < 0x800) || (l == 4 && (v < 0x10000 || v > 0x10FFFF)) ||
+            (v >= 0xD800 && v <= 0xDFFF))
+            return false;
+        i += (size_t)l;
+    }
+    return true;
+}
+
+/* decode(encode(x)) == x and the stream gives the same bytes, chunks whole characters when x is
+ * valid UTF-8. */
+static void check_roundtrip(test_ctx *t, const bpe_tok *tok, const uint8_t *x, size_t n,
+                            bool parse_added, const char *what) {
+    moh_error err = {0};
+    int *ids = NULL;
+    size_t ni = 0;
+    int rc = bpe_encode(tok, x, n, parse_added, &ids, &ni, &err);
+    CHECK(t, rc == MOH_OK, "%s: encode: %s", what, err.msg);
+    uint8_t *d = NULL;
+    size_t dl = 0;
+    rc = bpe_decode(tok, ids, ni, &d, &dl, &err);
+    CHECK(t, rc == MOH_OK && dl == n && (n == 0 || memcmp(d, x, n) == 0),
+          "%s: decode(encode(x)) != x (%zu bytes -> %zu ids -> %zu bytes)", what, n, ni, dl);
+    size_t cap = bpe_max_token_bytes(tok) + 3;
+    uint8_t *chunk = malloc(cap), *all = malloc(n + 4);
+    bpe_stream s = {0};
+    size_t k = 0;
+    bool whole = true, valid = utf8_valid(x, n);
+    for (size_t i = 0; i < ni; i++) {
+        size_t c;
+        if (bpe_stream_push(tok, &s, ids[i], chunk, cap, &c, &err) != MOH_OK || k + c > n) {
+            whole = false;
+            break;
+        }
+        if (valid && !utf8_valid(chunk, c)) whole = false;
+        memcpy(all + k, chunk, c);
+        k += c;
+    }
+    uint8_t tail[4];
+    size_t c = bpe_stream_flush(&s, tail);
+    CHECK(t, !valid || c == 0, "%s: stream holds %zu bytes at the end of valid UTF-8", what, c);
+    if (k + c <= n) {
+        memcpy(all + k, tail, c);
+        k += c;
+    }
+    CHECK(t, whole, "%s: stream split a UTF-8 character or failed", what);
+    CHECK(t, k == n && (n == 0 || memcmp(all, x, n) == 0), "%s: stream bytes differ from the text",
+          what);
+    free(chunk);
+    free(all);
+    free(d);
+    free(ids);
+}
+
+static void test_reference(test_ctx *t) {
+    for (int v = 0; v < 3; v++) {
+        bpe_tok *tok = load(t, VARIANTS[v]);
+        if (!tok) continue;
+        CHECK(t, bpe_n_tokens(tok) == 1024, "%s: %d tokens", VARIANTS[v], bpe_n_tokens(tok));
+        for (int c = 0; c < 5; c++) {
+            char path[256], what[64];
+            snprintf(path, sizeof path, FIX "case_%s.txt", CASES[c]);
+            snprintf(what, sizeof what, "%s/%s", VARIANTS[v], CASES[c]);
+            moh_error err = {0};
+            size_t len;
+            char *txt = fs_read_file(path, (size_t)1 << 24, &len, &err);
+            int *want = NULL;
+            long nw = expected_ids(VARIANTS[v], CASES[c], &want);
+            CHECK(t, txt && nw >= 0, "%s: fixture missing (%s)", what, err.msg);
+            if (!txt || nw < 0) {
+                free(txt);
+                free(want);
+                continue;
+            }
+            int *ids = NULL;
+            size_t ni = 0;
+            int rc = bpe_encode(tok, (const uint8_t *)txt, len, true, &ids, &ni, &err);
+            long first = -1;
+            for (size_t i = 0; i < ni && i < (size_t)nw && first < 0; i++)
+                if (ids[i] != want[i]) first = (long)i;
+            CHECK(t, rc == MOH_OK && ni == (size_t)nw && first < 0,
+                  "%s: %zu ids, reference %ld, first difference at %ld", what, ni, nw, first);
+            if (c <= 1) printf("  %s: %zu ids equal the reference\n", what, ni);
+            check_roundtrip(t, tok, (const uint8_t *)txt, len, true, what);
+            check_roundtrip(t, tok, (const uint8_t *)txt, len, false, what);
+            free(ids);
+            free(want);
+            free(txt);
+        }
+        bpe_free(tok);
+    }
+}
+
+static void test_added_and_invalid(test_ctx *t) {
+    bpe_tok *tok = load(t, "smollm");
+    if (!tok) return;
+    moh_error err = {0};
+    int *ids = NULL;
+    size_t n = 0;
+    const char *s = "a<|im_end|><|im_start|>";
+    int end = bpe_token_id(tok, "<|im_end|>"), start = bpe_token_id(tok, "<|im_start|>");
+    CHECK(t, end == 2 && start == 1, "ids of added tokens %d %d", end, start);
+    bpe_encode(tok, (const uint8_t *)s, strlen(s), true, &ids, &n, &err);
+    CHECK(t, n == 3 && ids[1] == end && ids[2] == start, "added tokens matched: %zu ids", n);
+    free(ids);
+    bpe_encode(tok, (const uint8_t *)s, strlen(s), false, &ids, &n, &err);
+    bool none = n > 3;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == end || ids[i] == start) none = false;
+    CHECK(t, none, "parse_added=false still produced an added token (%zu ids)", n);
+    free(ids);
+    /* Invalid bytes: pieces of their own, one byte token each (0xFF is U+00FF, 0xC3 U+00C3). */
+    const uint8_t bad[] = {'a', 0xFF, 0xC3, 'b'};
+    bpe_encode(tok, bad, sizeof bad, true, &ids, &n, &err);
+    int yd = bpe_token_id(tok, "\xC3\xBF"), ac = bpe_token_id(tok, "\xC3\x83");
+    CHECK(t, n == 4 && ids[1] == yd && ids[2] == ac && yd >= 0 && ac >= 0,
+          "invalid UTF-8 bytes as byte tokens: %zu ids", n);
+    free(ids);
+    /* Random bytes and random UTF-8 with added tokens round-trip, on all three variants. */
+    static const char *const parts[] = {"e", " the", "\xCC\x81", "\xF0\x9F\x98\x80", "7", "  ",
+                                        "\n", "\xE6\x97\xA5", "'s", "<|im_end|>", "<|endoftext|>",
+                                        "\xD0\x96", "!", "\t", "\xE0\xA4\xB9\xE0\xA4\xBF"};
+    test_rng r = {0x9E3779B97F4A7C15ull};
+    uint8_t buf[600];
+    for (int v = 0; v < 3; v++) {
+        bpe_tok *tk = v == 0 ? tok : load(t, VARIANTS[v]);
+        if (!tk) continue;
+        for (int it = 0; it < 200; it++) {
+            size_t len = 0;
+            if (it % 2) {
+                size_t want = test_rng_u64(&r) % 500;
+                for (len = 0; len < want; len++) buf[len] = (uint8_t)test_rng_u64(&r);
+            } else {
+                size_t k = test_rng_u64(&r) % 60;
+                for (size_t i = 0; i < k; i++) {
+                    const char *p = parts[test_rng_u64(&r) % (sizeof parts / sizeof *parts)];
+                    memcpy(buf + len, p, strlen(p));
+                    len += strlen(p);
+                }
+            }
+            char what[64];
+            snprintf(what, sizeof what, "%s random %d", VARIANTS[v], it);
+            check_roundtrip(t, tk, buf, len, it % 4 != 0, what);
+        }
+        if (v) bpe_free(tk);
+    }
+    /* A stream that ends inside a character flushes its lead bytes. */
+    int e6 = bpe_token_id(tok, "\xC3\xA6");
+    uint8_t out[64], tail[4];
+    size_t c = 99;
+    bpe_stream st = {0};
+    CHECK(t, bpe_stream_push(tok, &st, e6, out, sizeof out, &c, &err) == MOH_OK && c == 0,
+          "a lone lead byte is held (%zu out)", c);
+    CHECK(t, bpe_stream_flush(&st, tail) == 1 && tail[0] == 0xE6 && st.n_held == 0, "flush");
+    CHECK(t, bpe_stream_push(tok, &st, 5000, out, sizeof out, &c, &err) == MOH_E_ARG &&
+             strstr(err.msg, "5000"), "bad id: %s", err.msg);
+    CHECK(t, bpe_stream_push(tok, &st, e6, out, 0, &c, &err) == MOH_E_ARG, "small buffer");
+    uint8_t *d = NULL;
+    size_t dl;
+    int badid[] = {3, -1};
+    CHECK(t, bpe_decode(tok, badid, 2, &d, &dl, &err) == MOH_E_ARG && !d &&
+             strstr(err.msg, "position 1"), "decode bad id: %s", err.msg);
+    bpe_free(tok);
+}
+
+/* UTF-8 of the GPT-2 byte-level character of byte b into out. */
+static void byte_char(int b, char out[3]) {
+    int cp = b, n = 0;
+    if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255))) {
+        for (int c = 0; c < b; c++)
+            if (!((c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174 && c <= 255))) n++;
+        cp = 256 + n;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = 0;
+    } else {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        out[2] = 0;
+    }
+}
+
+static void expect_ids(test_ctx *t, const bpe_tok *tok, const char *s, const int *want, size_t nw) {
+    moh_error err = {0};
+    int *ids = NULL;
+    size_t n = 0;
+    bpe_encode(tok, (const uint8_t *)s, strlen(s), true, &ids, &n, &err);
+    bool same = n == nw;
+    for (size_t i = 0; same && i < n; i++) same = ids[i] == want[i];
+    CHECK(t, same, "'%s': %zu ids (first %d), want %zu (first %d)", s, n, n ? ids[0] : -1, nw,
+          nw ? want[0] : -1);
+    free(ids);
+}
+
+static void test_merge_order(test_ctx *t) {
+    char bytes[256][3];
+    const char *tokens[262];
+    for (int b = 0; b < 256; b++) {
+        byte_char(b, bytes[b]);
+        tokens[b] = bytes[b];
+    }
+    tokens[256] = "ab";
+    tokens[257] = "bc";
+    tokens[258] = "aa";
+    tokens[259] = "abc"; /* no merge makes it: reachable only through ignore_merges */
+    tokens[260] = "xyz";
+    tokens[261] = "<s>";
+    const char *merges[] = {"b c", "a b", "a a"};
+    int added[] = {261};
+    bpe_spec spec = {.tokens = tokens, .n_tokens = 262, .merges = merges, .n_merges = 3,
+                     .added = added, .n_added = 1, .pre = BPE_PRE_GPT2};
+    moh_error err = {0};
+    bpe_tok *tok = NULL;
+    CHECK(t, bpe_create(&tok, &spec, &err) == MOH_OK, "create: %s", err.msg);
+    if (!tok) return;
+    expect_ids(t, tok, "abc", (int[]){'a', 257}, 2);           /* "b c" (rank 0) before "a b" */
+    expect_ids(t, tok, "aaa", (int[]){258, 'a'}, 2);           /* leftmost on equal ranks */
+    expect_ids(t, tok, "aaaa", (int[]){258, 258}, 2);
+    expect_ids(t, tok, "ab<s>xyz", (int[]){256, 261, 'x', 'y', 'z'}, 5);
+    expect_ids(t, tok, "ab ab", (int[]){256, ' ', 256}, 3); /* " ab": byte token of space, "ab" */
+    const uint8_t *b = NULL;
+    size_t bl = 0;
+    CHECK(t, bpe_token_str(tok, ' ') && !strcmp(bpe_token_str(tok, ' '), "\xC4\xA0") &&
+             bpe_token_bytes(tok, ' ', &b, &bl, &err) == MOH_OK && bl == 1 && b[0] == ' ',
+          "space is U+0120 and decodes to 0x20");
+    CHECK(t, bpe_token_str(tok, 262) == NULL && bpe_token_str(tok, -1) == NULL, "token_str range");
+    bpe_free(tok);
+    spec.ignore_merges = true;
+    spec.pre = BPE_PRE_LLAMA3;
+    CHECK(t, bpe_create(&tok, &spec, &err) == MOH_OK, "create: %s", err.msg);
+    if (!tok) return;
+    expect_ids(t, tok, "abc", (int[]){259}, 1);
+    expect_ids(t, tok, "xyz", (int[]){260}, 1);
+    expect_ids(t, tok, "abca", (int[]){'a', 257, 'a'}, 3);
+    bpe_free(tok);
+    /* smollm splits digits: "12" two pieces even with a merge "1 2". */
+    tokens[256] = "12";
+    const char *m2[] = {"1 2"};
+    bpe_spec s2 = {.tokens = tokens, .n_tokens = 257, .merges = m2, .n_merges = 1, .pre = BPE_PRE_GPT2};
+    CHECK(t, bpe_create(&tok, &s2, &err) == MOH_OK, "create: %s", err.msg);
+    if (tok) expect_ids(t, tok, "12", (int[]){256}, 1);
+    bpe_free(tok);
+    s2.pre = BPE_PRE_SMOLLM;
+    CHECK(t, bpe_create(&tok, &s2, &err) == MOH_OK, "create: %s", err.msg);
+    if (tok) expect_ids(t, tok, "12", (int[]){'1', '2'}, 2);
+    bpe_free(tok);
+
+    /* Errors of the array front end. */
+    const char *bad_merge[] = {"a  b"};
+    s2.merges = bad_merge;
+    CHECK(t, bpe_create(&tok, &s2, &err) == MOH_E_FORMAT && !tok && strstr(err.msg, "merge 0"),
+          "bad merge: %s", err.msg);
+    const char *unknown[] = {"a q9"};
+    s2.merges = unknown;
+    CHECK(t, bpe_create(&tok, &s2, &err) == MOH_E_FORMAT && strstr(err.msg, "right part"),
+          "unknown merge part: %s", err.msg);
+    s2.n_merges = 0;
+    tokens[256] = "a";
+    CHECK(t, bpe_create(&tok, &s2, &err) == MOH_E_FORMAT && strstr(err.msg, "twice"),
+          "duplicate token: %s", err.msg);
+    tokens[256] = "12";
+    s2.pre = BPE_PRE_CUSTOM;
+    s2.pre_regex[0] = "(unclosed";
+    s2.n_regex = 1;
+    CHECK(t, bpe_create(&tok, &s2, &err) == MOH_E_FORMAT && strstr(err.msg, "regex"),
+          "bad regex: %s", err.msg);
+    s2.n_regex = 0;
+    s2.added = (int[]){300};
+    s2.n_added = 1;
+    CHECK(t, bpe_create(&tok, &s2, &err) == MOH_E_FORMAT && strstr(err.msg, "300"),
+          "added out of range: %s", err.msg);
+    bpe_pre pre;
+    bool im;
+    CHECK(t, bpe_pre_from_name("llama-bpe", &pre, &im, &err) == MOH_OK && pre == BPE_PRE_LLAMA3 && im,
+          "llama-bpe");
+    CHECK(t, bpe_pre_from_name("smollm", &pre, &im, &err) == MOH_OK && pre == BPE_PRE_SMOLLM && !im,
+          "smollm");
+    CHECK(t, bpe_pre_from_name("gpt2", &pre, &im, &err) == MOH_OK && pre == BPE_PRE_GPT2, "gpt2");
+    CHECK(t, bpe_pre_from_name("qwen9", &pre, &im, &err) == MOH_E_CONFIG && strstr(err.msg, "qwen9"),
+          "unknown pre: %s", err.msg);
+}
+
+static void test_json_errors(test_ctx *t) {
+    static const struct {
+        const char *json, *word;
+        int rc;
+    } cases[] = {
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]},"
+         "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false}}", NULL, MOH_OK},
+        {"{\"model\":{\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[[\"a\",\"b\"]]}}", NULL, MOH_OK},
+        {"{\"model\":{\"vocab\":{\"a\":0}", "line", MOH_E_FORMAT},
+        {"", NULL, MOH_E_FORMAT},
+        {"[1]", "object", MOH_E_FORMAT},
+        {"{\"model\":{\"type\":\"WordPiece\",\"vocab\":{\"a\":0}}}", "BPE", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0},\"byte_fallback\":true}}", "byte_fallback", MOH_E_FORMAT},
+        {"{\"normalizer\":{\"type\":\"NFC\"},\"model\":{\"vocab\":{\"a\":0}}}", "normalizer", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0,\"b\":7}}}", "0..1", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0,\"b\":0}}}", "twice", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a c\"]}}", "merge 0", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0},\"merges\":[7]}}", "merges[0]", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{}}}", "empty", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0}},\"pre_tokenizer\":{\"type\":\"Whitespace\"}}", "Whitespace", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0}},\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},"
+         "\"behavior\":\"Isolated\"}}", "regex", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0}},\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true}}",
+         "add_prefix_space", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0}},\"added_tokens\":[{\"id\":1,\"content\":\"<x>\",\"lstrip\":true}]}",
+         "lstrip", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0}},\"added_tokens\":[{\"id\":0,\"content\":\"<x>\"}]}", "in model.vocab",
+         MOH_E_FORMAT},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        moh_error err = {0};
+        bpe_tok *tok = NULL;
+        int rc = bpe_from_tokenizer_json(&tok, cases[i].json, strlen(cases[i].json), "tok.json", &err);
+        CHECK(t, rc == cases[i].rc, "case %zu: rc %d, want %d (%s)", i, rc, cases[i].rc, err.msg);
+        if (rc != MOH_OK) {
+            CHECK(t, !tok && !strchr(err.msg, '\n') && !strncmp(err.msg, "tok.json", 8),
+                  "case %zu: message %s", i, err.msg);
+            if (cases[i].word)
+                CHECK(t, strstr(err.msg, cases[i].word) != NULL, "case %zu: '%s' not in %s", i,
+                      cases[i].word, err.msg);
+            printf("  [json %zu] %s\n", i, err.msg);
+        } else {
+            /* "abc": "c" has no token and is dropped (as `tokenizers` does without unk). */
+            expect_ids(t, tok, "abc", (int[]){2}, 1);
+        }
+        bpe_free(tok);
+    }
+    moh_error err = {0};
+    bpe_tok *tok = NULL;
+    CHECK(t, bpe_load_tokenizer_json(&tok, FIX "missing.json", &err) == MOH_E_IO && !tok,
+          "missing file: %s", err.msg);
+}
+
+int main(void) {
+    test_ctx t = {0};
+    test_reference(&t);
+    test_added_and_invalid(&t);
+    test_merge_order(&t);
+    test_json_errors(&t);
+    return test_finish("test_bpe", &t);
+}
