@@ -16,6 +16,7 @@
 #include "models/lm_sample.h"
 #include "train/checkpoint.h"
 #include "models/model.h"
+#include "text/bpe.h"
 
 static uint64_t rng_next(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
@@ -86,7 +87,7 @@ int cmd_sample(int argc, char **argv) {
     const moh_lm_config cfg = *(const moh_lm_config *)m.cfg;
     const lm_params_f32 p = *(const lm_params_f32 *)m.params;
     const int N = cfg.max_position_embeddings, plen = (int)strlen(prompt);
-    if (!slide && plen > N) {
+    if (!slide && plen > N && !m.tokenizer) {
         fprintf(stderr, "moh sample: --prompt is %d bytes, more than the context of %d tokens "
                         "(max_position_embeddings of %s); shorten it or use --context-full slide\n", plen, N, ckpt);
         model_free(&m);
@@ -107,18 +108,33 @@ int cmd_sample(int argc, char **argv) {
         return 1;
     }
     fputs(prompt, stdout);
-    /* an empty prompt starts from a newline byte, the corpus' natural separator */
-    int n = 0;
-    if (!plen) hist[n++] = '\n';
-    else {
-        const int from = plen > N ? plen - N : 0;
-        if (from) {
-            fflush(stdout);
-            fprintf(stderr, "moh sample: note: --prompt is %d bytes, more than the context of %d tokens: "
-                            "encoding its last %d bytes\n", plen, N, N);
-        }
-        for (int i = from; i < plen; i++) hist[n++] = (unsigned char)prompt[i];
+    /* the prompt's tokens: bytes, or the model's BPE ids; an empty prompt starts from a newline,
+     * the corpus' natural separator */
+    const bpe_tok *bpe = m.tokenizer;
+    int *ids = NULL, n = 0, np = 0;
+    size_t nids = 0;
+    if (bpe) {
+        if (bpe_encode(bpe, (const uint8_t *)(plen ? prompt : "\n"), plen ? (size_t)plen : 1, true, &ids, &nids, &err))
+            goto fail;
+        np = (int)nids;
+    } else np = plen ? plen : 1;
+    if (!slide && np > N) {
+        moh_fail(&err, MOH_E_ARG, "--prompt is %d tokens, more than the context of %d tokens (max_position_embeddings "
+                 "of %s); shorten it or use --context-full slide", np, N, ckpt);
+        free(ids);
+        goto fail;
     }
+    const int from = np > N ? np - N : 0;
+    if (from) {
+        fflush(stdout);
+        fprintf(stderr, "moh sample: note: --prompt is %d %s, more than the context of %d tokens: encoding its last %d\n",
+                np, bpe ? "tokens" : "bytes", N, N);
+    }
+    for (int i = from; i < np; i++) hist[n++] = bpe ? ids[i] : plen ? (unsigned char)prompt[i] : '\n';
+    free(ids);
+    bpe_stream stream = {0};
+    uint8_t piece[1024];
+    size_t npiece = 0;
     if (encode(&cfg, &p, &kv, hist, n, logits, &err)) goto fail;
     const int keep = N / 2 > 0 ? N / 2 : 1;
     int gen = 0, slides = 0;
@@ -134,7 +150,13 @@ int cmd_sample(int argc, char **argv) {
             }
         const int nk = lm_sample_keep(logits, cfg.vocab_size, temp, top_k, top_p, c);
         const int tok = lm_sample_pick(c, nk, (double)(rng_next(&seed) >> 11) / 9007199254740992.0);
-        putchar(tok);
+        if (tok == m.eos_id) { /* the model's end of text */
+            gen++;
+            break;
+        }
+        if (!bpe) putchar(tok);
+        else if (bpe_max_token_bytes(bpe) + 3 <= sizeof piece && !bpe_stream_push(bpe, &stream, tok, piece, sizeof piece, &npiece, &err))
+            fwrite(piece, 1, npiece, stdout); /* whole UTF-8 characters only */
         if (gen + 1 == max_tokens) continue; /* the last token's logits are not needed */
         if (n < N) {
             hist[n++] = tok;
@@ -158,6 +180,7 @@ int cmd_sample(int argc, char **argv) {
         if (encode(&cfg, &p, &kv, hist, n, logits, &err)) goto fail;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (bpe) fwrite(piece, 1, bpe_stream_flush(&stream, piece), stdout);
     putchar('\n');
     fflush(stdout);
     if (stopped)
@@ -166,8 +189,8 @@ int cmd_sample(int argc, char **argv) {
     const double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     char re[64] = "";
     if (slides) snprintf(re, sizeof re, "; %d context re-encodes", slides);
-    fprintf(stderr, "[%d byte%s in %.2f s, %.1f tok/s; attention heads computed: %.1f%% of %ld%s]\n",
-            gen, gen == 1 ? "" : "s", s, s > 0 ? gen / s : 0.0,
+    fprintf(stderr, "[%d %s%s in %.2f s, %.1f tok/s; attention heads computed: %.1f%% of %ld%s]\n",
+            gen, bpe ? "token" : "byte", gen == 1 ? "" : "s", s, s > 0 ? gen / s : 0.0,
             kv.heads_total ? 100.0 * kv.heads_run / kv.heads_total : 0.0, kv.heads_total, re);
     status = 0;
     goto done;

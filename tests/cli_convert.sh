@@ -56,6 +56,9 @@ sed 's/"router": "none"/"router": "learned", "shared_heads": 1, "top_k": 2/' "$T
 "$MOH" convert --model "$T/dense" --out "$T/dense.gguf" > /dev/null || bad "dense -> gguf"
 "$MOH" convert --model "$T/dense.gguf" --out "$T/dense2" > /dev/null || bad "dense gguf -> folder"
 check "cmp -s '$T/dense/model.safetensors' '$T/dense2/model.safetensors'" "dense byte LM round trip changed the weights"
+# the exported byte vocabulary reads back as bytes, and sample runs on the .gguf
+check "[ \"\$('$MOH' tokenize --model '$T/dense.gguf' --text 'ab c')\" = '97 98 32 99' ]" "tokenize on the exported gguf: $("$MOH" tokenize --model "$T/dense.gguf" --text 'ab c' 2>&1)"
+check "'$MOH' sample --checkpoint '$T/dense.gguf' --prompt ab --max-tokens 5 --seed 1 2>/dev/null | grep -q '^ab'" "sample on a .gguf"
 out=$("$MOH" convert --model "$T/moh" --out "$T/moh.gguf" 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q 'llama.cpp runs dense multi-head attention only' <<<\"\$out\" && [ ! -e '$T/moh.gguf' ]" "MoH export: rc $rc: $out"
 out=$("$MOH" convert --model "$T/a" --out "$T/b" 2>&1); rc=$?

@@ -11,6 +11,7 @@
 
 #include "core/fsutil.h"
 #include "models/lm.h"
+#include "text/bpe_gguf.h"
 #include "train/checkpoint.h"
 #include "test_util.h"
 
@@ -185,10 +186,49 @@ static void sharded(test_ctx *ctx) {
     model_free(&h);
 }
 
+/* The tokenizer from GGUF metadata (text/bpe_gguf.c) equals the one from the same vocabulary's
+ * tokenizer.json (tests/fixtures/bpe, checked against Hugging Face tokenizers by test_bpe): the
+ * same ids on the stress text, special tokens included. */
+static void tokenizer(test_ctx *ctx) {
+    moh_error err = {0};
+    moh_gguf *g = NULL;
+    bpe_tok *a = NULL, *b = NULL;
+    int rc = moh_gguf_open(&g, "tests/fixtures/bpe/smollm.gguf", &err);
+    if (!rc) rc = bpe_from_gguf(&a, g, "smollm.gguf", &err);
+    CHECK(ctx, rc == MOH_OK, "tokenizer from gguf: %s", err.msg);
+    rc = bpe_load_tokenizer_json(&b, "tests/fixtures/bpe/smollm.json", &err);
+    CHECK(ctx, rc == MOH_OK, "tokenizer.json: %s", err.msg);
+    size_t len = 0;
+    char *text = fs_read_file("tests/fixtures/bpe/case_stress.txt", 1 << 20, &len, &err);
+    CHECK(ctx, text != NULL, "stress text: %s", err.msg);
+    if (a && b && text) {
+        int *ia = NULL, *ib = NULL;
+        size_t na = 0, nb = 0;
+        static const char special[] = "<|im_start|>user 12 + 34<|im_end|>";
+        for (int k = 0; k < 2; k++) {
+            const char *s = k ? special : text;
+            const size_t n = k ? strlen(special) : len;
+            CHECK(ctx, !bpe_encode(a, (const uint8_t *)s, n, true, &ia, &na, &err) &&
+                  !bpe_encode(b, (const uint8_t *)s, n, true, &ib, &nb, &err), "encode: %s", err.msg);
+            CHECK(ctx, na == nb && na > 0 && !memcmp(ia, ib, sizeof(int) * na), "case %d: %zu vs %zu ids", k, na, nb);
+            if (k) CHECK(ctx, na > 2 && ia[0] == 1 && ia[na - 1] == 2, "special tokens first and last: %d .. %d", ia[0],
+                         ia[na - 1]);
+            free(ia);
+            free(ib);
+            ia = ib = NULL;
+        }
+    }
+    free(text);
+    bpe_free(a);
+    bpe_free(b);
+    moh_gguf_close(g);
+}
+
 int main(void) {
     test_ctx ctx = {0};
     same_model(&ctx);
     errors(&ctx);
     sharded(&ctx);
+    tokenizer(&ctx);
     return test_finish("test_lm_gguf", &ctx);
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/fsutil.h"
+#include "text/bpe.h"
 
 extern const model_family lm_family;  /* lm_family.c */
 extern const model_family vit_family; /* vit_family.c */
@@ -77,6 +78,7 @@ int model_family_of_dir(const char *dir, const model_family **fam, moh_error *er
 }
 
 void model_free(model *m) {
+    bpe_free(m->tokenizer);
     if (m->fam && m->params) m->fam->params_free(m->params);
     free(m->cfg);
     memset(m, 0, sizeof *m);
@@ -84,6 +86,7 @@ void model_free(model *m) {
 
 int model_from_config_text(model *m, const char *text, size_t len, const char *label, moh_error *err) {
     memset(m, 0, sizeof *m);
+    m->eos_id = -1;
     const model_family *fam = NULL;
     bool typed = false;
     int rc = family_of_json(text, len, label, &fam, &typed, err);

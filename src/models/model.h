@@ -91,8 +91,11 @@ typedef struct train_hparams {
 typedef struct model_family model_family;
 
 /* One model: family, config, parameters. */
+struct bpe_tok;
 typedef struct model {
     const model_family *fam;
+    struct bpe_tok *tokenizer; /* text models with a BPE vocabulary (from a GGUF), else NULL */
+    int eos_id;                /* end-of-text token of that tokenizer, or -1 */
     void *cfg;       /* the family's config struct (moh_lm_config, moh_vit_config), owned */
     void *params;    /* the family's parameter views (lm_params_f32, ...), owned */
     float *data;     /* parameter buffer [n] in tensor-registry order (== params' data) */

@@ -13,6 +13,7 @@
 
 #include "core/fsutil.h"
 #include "io/gguf.h"
+#include "text/bpe_gguf.h"
 #include "train/train_util.h"
 
 #define CKPT_FORMAT "moh-train-v2"
@@ -291,6 +292,16 @@ int model_open(model *m, const char *path, moh_error *err) {
         rc = moh_fail(err, MOH_E_CONFIG, "%s: general.architecture is '%.*s', expected one moh runs (llama)", path,
                       (int)(alen < 64 ? alen : 64), arch);
     if (!rc) rc = fam->from_gguf(m, g, path, err);
+    m->eos_id = -1;
+    if (!rc && moh_gguf_find_key(g, "tokenizer.ggml.model") >= 0) { /* the vocabulary, as llama.cpp reads it */
+        rc = bpe_from_gguf(&m->tokenizer, g, path, err);
+        uint32_t eos = 0;
+        moh_error ignore;
+        if (!rc && moh_gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &eos, &ignore) == MOH_OK &&
+            (int64_t)eos < bpe_n_tokens(m->tokenizer))
+            m->eos_id = (int)eos;
+        if (rc) model_free(m);
+    }
     moh_gguf_close(g); /* the weights were dequantised into the model's buffer */
     return rc;
 }

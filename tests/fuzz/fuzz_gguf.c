@@ -7,6 +7,7 @@
  * the LLaMA loader (models/lm_gguf.h) reads a config or refuses in one line, and loads finite weights. */
 #include "io/gguf.h"
 #include "models/lm_gguf.h"
+#include "text/bpe_gguf.h"
 #include "moh.h"
 
 #include <math.h>
@@ -109,6 +110,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
             lm_params_free_f32(&p);
         }
+    }
+    /* the tokenizer front end: a tokenizer or a one-line error; a tokenizer encodes and decodes */
+    bpe_tok *tok = NULL;
+    rc = bpe_from_gguf(&tok, g, "fuzz.gguf", &err);
+    if (rc != MOH_OK) check_msg(&err, rc);
+    else {
+        int *ids = NULL;
+        size_t n = 0;
+        static const uint8_t text[] = "Hello, world 123 \xc3\xa9\xf0\x9f\x99\x82 <|im_end|>";
+        if (bpe_encode(tok, text, sizeof text - 1, true, &ids, &n, &err) == MOH_OK) {
+            uint8_t *back = NULL;
+            size_t bl = 0;
+            if (bpe_decode(tok, ids, n, &back, &bl, &err) != MOH_OK) __builtin_trap();
+            free(back);
+        }
+        free(ids);
+        bpe_free(tok);
     }
     moh_gguf_close(g);
     return 0;

@@ -1,0 +1,96 @@
+/* moh tokenize: the token ids of a text under a model's vocabulary (a BPE tokenizer from a GGUF
+ * file; bytes for moh's byte models), as llama.cpp's tokenizer tool and HF's encode give them. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+#include "cli.h"
+#include "core/fsutil.h"
+#include "models/model.h"
+#include "text/bpe.h"
+#include "train/checkpoint.h"
+
+static void json_bytes(const uint8_t *b, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        if (b[i] == '"' || b[i] == '\\') printf("\\%c", b[i]);
+        else if (b[i] < 0x20 || b[i] == 0x7f) printf("\\u%04x", b[i]);
+        else putchar(b[i]);
+    }
+    putchar('"');
+}
+
+int cmd_tokenize(int argc, char **argv) {
+    const char *path = NULL, *text = NULL, *file = NULL;
+    bool json = false, no_special = false;
+    const arg_spec specs[] = {
+        {"--model", ARG_STR, &path, "PATH", "a .gguf file with a tokenizer, or a moh checkpoint (byte vocabulary)", true, ARG_ANY},
+        {"--text", ARG_STR, &text, "STR", "the text to tokenize", false, ARG_ANY},
+        {"--file", ARG_STR, &file, "FILE", "a file to tokenize (instead of --text)", false, ARG_ANY},
+        {"--json", ARG_FLAG, &json, NULL, "one JSON object: ids and their pieces (the bytes of each token)", false, ARG_ANY},
+        {"--no-special", ARG_FLAG, &no_special, NULL, "encode special-token text (<|im_start|> ...) as ordinary text", false, ARG_ANY},
+    };
+    int rc = args_parse("tokenize", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
+                        "--model PATH (--text STR | --file FILE) [--json]",
+                        "Prints the ids separated by spaces (--json: {\"ids\": [...], \"pieces\": [...]}). Special\n"
+                        "and added tokens are matched before BPE, as Hugging Face's encode does.\n");
+    if (rc) return rc == 1 ? 0 : rc;
+    if (!text == !file) {
+        fprintf(stderr, "moh tokenize: give exactly one of --text and --file\n");
+        return 2;
+    }
+    moh_error err = {0};
+    model m;
+    char *buf = NULL;
+    size_t len = 0;
+    int *ids = NULL;
+    size_t n = 0;
+    if (model_open(&m, path, &err)) {
+        fprintf(stderr, "moh tokenize: %s\n", err.msg);
+        return 1;
+    }
+    if (file && !(buf = fs_read_file(file, (size_t)1 << 30, &len, &err))) goto fail;
+    const uint8_t *src = file ? (const uint8_t *)buf : (const uint8_t *)text;
+    if (!file) len = strlen(text);
+    if (m.tokenizer) {
+        if (bpe_encode(m.tokenizer, src, len, !no_special, &ids, &n, &err)) goto fail;
+    } else if (m.fam->task && !strcmp(m.fam->task, "text-generation")) { /* moh's byte models */
+        if (!(ids = malloc(sizeof(int) * (len ? len : 1)))) {
+            moh_fail(&err, MOH_E_NOMEM, "out of memory");
+            goto fail;
+        }
+        for (size_t i = 0; i < len; i++) ids[i] = src[i];
+        n = len;
+    } else {
+        moh_fail(&err, MOH_E_ARG, "%s is a %s (model_type \"%s\"): it has no text vocabulary", path, m.fam->summary,
+                 m.fam->model_type);
+        goto fail;
+    }
+    if (json) printf("{\"ids\": [");
+    for (size_t i = 0; i < n; i++) printf(json ? "%s%d" : "%s%d", i ? (json ? ", " : " ") : "", ids[i]);
+    if (json) {
+        printf("], \"pieces\": [");
+        for (size_t i = 0; i < n; i++) {
+            const uint8_t *b = NULL;
+            size_t bl = 0;
+            uint8_t one = (uint8_t)ids[i];
+            if (m.tokenizer) bpe_token_bytes(m.tokenizer, ids[i], &b, &bl, &err);
+            else b = &one, bl = 1;
+            if (i) printf(", ");
+            json_bytes(b, bl);
+        }
+        printf("]}");
+    }
+    printf("\n");
+    free(ids);
+    free(buf);
+    model_free(&m);
+    return 0;
+fail:
+    fprintf(stderr, "moh tokenize: %s\n", err.msg);
+    free(ids);
+    free(buf);
+    model_free(&m);
+    return 1;
+}
