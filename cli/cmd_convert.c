@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "core/fsutil.h"
 #include "models/model.h"
+#include "text/bpe_gguf.h"
 #include "train/checkpoint.h"
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -37,8 +38,14 @@ int cmd_convert(int argc, char **argv) {
         fprintf(stderr, "moh convert: %s\n", err.msg);
         return 1;
     }
+    struct stat so;
     if (ends_with(out, ".gguf")) {
-        if (!m.fam->to_gguf)
+        if (stat(out, &so) == 0) /* never over an existing file (the input, say) */
+            rc = moh_fail(&err, MOH_E_ARG, "%s already exists: give a new --out", out);
+        else if (m.tokenizer && !bpe_is_bytes(m.tokenizer))
+            rc = moh_fail(&err, MOH_E_ARG, "%s has a BPE vocabulary of %d tokens; GGUF export writes the byte vocabulary "
+                          "only (BPE export comes next): convert to a folder instead", in, bpe_n_tokens(m.tokenizer));
+        else if (!m.fam->to_gguf)
             rc = moh_fail(&err, MOH_E_ARG, "%s is a %s (model_type \"%s\"), which has no GGUF form", in, m.fam->summary,
                           m.fam->model_type);
         else rc = m.fam->to_gguf(&m, out, !strcmp(outtype, "f16"), &err);

@@ -99,6 +99,7 @@ int cmd_sample(int argc, char **argv) {
     lm_cand *c = malloc(sizeof(lm_cand) * cfg.vocab_size);
     int *hist = malloc(sizeof(int) * (size_t)N);
     int status = 1;
+    uint8_t *piece = NULL; /* a decoded token (BPE models) */
     if (!logits || !c || !hist || lm_kv_init(&kv, &cfg, N, &err)) {
         fprintf(stderr, "moh sample: %s\n", err.msg[0] ? err.msg : "out of memory");
         free(logits);
@@ -133,8 +134,13 @@ int cmd_sample(int argc, char **argv) {
     for (int i = from; i < np; i++) hist[n++] = bpe ? ids[i] : plen ? (unsigned char)prompt[i] : '\n';
     free(ids);
     bpe_stream stream = {0};
-    uint8_t piece[1024];
+    const size_t cap = bpe ? bpe_max_token_bytes(bpe) + 4 : 4;
+    piece = malloc(cap);
     size_t npiece = 0;
+    if (!piece) {
+        moh_fail(&err, MOH_E_NOMEM, "out of memory");
+        goto fail;
+    }
     if (encode(&cfg, &p, &kv, hist, n, logits, &err)) goto fail;
     const int keep = N / 2 > 0 ? N / 2 : 1;
     int gen = 0, slides = 0;
@@ -155,8 +161,8 @@ int cmd_sample(int argc, char **argv) {
             break;
         }
         if (!bpe) putchar(tok);
-        else if (bpe_max_token_bytes(bpe) + 3 <= sizeof piece && !bpe_stream_push(bpe, &stream, tok, piece, sizeof piece, &npiece, &err))
-            fwrite(piece, 1, npiece, stdout); /* whole UTF-8 characters only */
+        else if (bpe_stream_push(bpe, &stream, tok, piece, cap, &npiece, &err)) goto fail;
+        else fwrite(piece, 1, npiece, stdout); /* whole UTF-8 characters only */
         if (gen + 1 == max_tokens) continue; /* the last token's logits are not needed */
         if (n < N) {
             hist[n++] = tok;
@@ -197,6 +203,7 @@ int cmd_sample(int argc, char **argv) {
 fail:
     fprintf(stderr, "moh sample: %s\n", err.msg);
 done:
+    free(piece);
     lm_kv_free(&kv);
     free(logits);
     free(c);

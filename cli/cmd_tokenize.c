@@ -8,7 +8,8 @@
 #include "cli.h"
 #include "core/fsutil.h"
 #include "models/model.h"
-#include "text/bpe.h"
+#include "text/bpe_gguf.h"
+#include <sys/stat.h>
 #include "train/checkpoint.h"
 
 static void json_bytes(const uint8_t *b, size_t n) {
@@ -41,21 +42,35 @@ int cmd_tokenize(int argc, char **argv) {
         return 2;
     }
     moh_error err = {0};
-    model m;
+    model m = {0};
     char *buf = NULL;
     size_t len = 0;
     int *ids = NULL;
     size_t n = 0;
-    if (model_open(&m, path, &err)) {
-        fprintf(stderr, "moh tokenize: %s\n", err.msg);
-        return 1;
+    /* a GGUF's tokenizer alone (a tokenizer-only file works too); else the model (byte models) */
+    moh_gguf *g = NULL;
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && moh_gguf_open(&g, path, &err) == MOH_OK &&
+        moh_gguf_find_key(g, "tokenizer.ggml.model") >= 0) {
+        const int rc2 = bpe_from_gguf(&m.tokenizer, g, path, &err);
+        moh_gguf_close(g);
+        if (rc2) {
+            fprintf(stderr, "moh tokenize: %s\n", err.msg);
+            return 1;
+        }
+    } else {
+        moh_gguf_close(g);
+        if (model_open(&m, path, &err)) {
+            fprintf(stderr, "moh tokenize: %s\n", err.msg);
+            return 1;
+        }
     }
     if (file && !(buf = fs_read_file(file, (size_t)1 << 30, &len, &err))) goto fail;
     const uint8_t *src = file ? (const uint8_t *)buf : (const uint8_t *)text;
     if (!file) len = strlen(text);
     if (m.tokenizer) {
         if (bpe_encode(m.tokenizer, src, len, !no_special, &ids, &n, &err)) goto fail;
-    } else if (m.fam->task && !strcmp(m.fam->task, "text-generation")) { /* moh's byte models */
+    } else if (m.fam && !strcmp(m.fam->task, "text-generation")) { /* moh's byte models */
         if (!(ids = malloc(sizeof(int) * (len ? len : 1)))) {
             moh_fail(&err, MOH_E_NOMEM, "out of memory");
             goto fail;

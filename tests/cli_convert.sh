@@ -61,6 +61,11 @@ check "[ \"\$('$MOH' tokenize --model '$T/dense.gguf' --text 'ab c')\" = '97 98 
 check "'$MOH' sample --checkpoint '$T/dense.gguf' --prompt ab --max-tokens 5 --seed 1 2>/dev/null | grep -q '^ab'" "sample on a .gguf"
 out=$("$MOH" convert --model "$T/moh" --out "$T/moh.gguf" 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q 'llama.cpp runs dense multi-head attention only' <<<\"\$out\" && [ ! -e '$T/moh.gguf' ]" "MoH export: rc $rc: $out"
+out=$("$MOH" convert --model "$T/a" --out "$T/a.gguf" 2>&1); rc=$?
+check "[ $rc -eq 1 ] && grep -q 'already exists: give a new --out' <<<\"\$out\"" "convert over an existing .gguf: rc $rc: $out"
+# a tokenizer-only GGUF tokenizes (special tokens first, digits one by one under the smollm pre-tokenizer)
+BPE=$(cd "$(dirname "$0")" && pwd)/fixtures/bpe/smollm.gguf
+check "[ \"\$('$MOH' tokenize --model '$BPE' --text '<|im_start|>12')\" = '1 19 20' ]" "tokenize with a tokenizer-only gguf: $("$MOH" tokenize --model "$BPE" --text '<|im_start|>12' 2>&1)"
 out=$("$MOH" convert --model "$T/a" --out "$T/b" 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q 'already holds a model' <<<\"\$out\"" "convert over a model: rc $rc: $out"
 out=$("$MOH" convert --model "$T/nope.gguf" --out "$T/x" 2>&1); rc=$?

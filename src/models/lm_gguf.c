@@ -97,6 +97,14 @@ int lm_gguf_config(const moh_gguf *g, const char *path, moh_lm_config *cfg, moh_
         (rc = get_real(g, path, "llama.attention.layer_norm_rms_epsilon", 1e-5, &eps, err)) ||
         (rc = get_real(g, path, "llama.rope.freq_base", 10000.0, &theta, err)))
         return rc;
+    long rdim, vlen;
+    if ((rc = get_int(g, path, "llama.rope.dimension_count", false, d, 0, 1 << 16, &rdim, err)) ||
+        (rc = get_int(g, path, "llama.attention.value_length", false, d, 0, 1 << 16, &vlen, err)))
+        return rc;
+    if (rdim != d || vlen != d) /* partial rotary or a value width apart from the key's: not moh's LLaMA */
+        return moh_fail(err, MOH_E_CONFIG, "%s: llama.rope.dimension_count %ld and llama.attention.value_length %ld, "
+                        "expected both = the head dim %ld (partial RoPE and other value widths are not supported)",
+                        path, rdim, vlen, d);
     const moh_gguf_tensor *emb = moh_gguf_find_tensor(g, "token_embd.weight");
     if (!emb || emb->n_dims != 2 || emb->ne[0] != C)
         return moh_fail(err, MOH_E_SHAPE, "%s: tensor 'token_embd.weight' is %s, expected [%ld, vocab] (ggml order)", path,
@@ -147,8 +155,9 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
         bool same = t->n_dims == e->ndim;
         for (int dd = 0; dd < e->ndim && same; dd++) same = t->ne[dd] == e->shape[e->ndim - 1 - dd];
         if (!same) {
-            rc = moh_fail(err, MOH_E_SHAPE, "%s: tensor '%s' has ne [%lld, %lld], expected [%lld, %lld] (ggml order) for "
-                          "the llama.* metadata", path, e->name, (long long)t->ne[0], (long long)t->ne[1],
+            rc = moh_fail(err, MOH_E_SHAPE, "%s: tensor '%s' has %d dims ne [%lld, %lld, %lld, %lld], expected %d dims "
+                          "[%lld, %lld] (ggml order) for the llama.* metadata", path, e->name, t->n_dims,
+                          (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3], e->ndim,
                           (long long)e->shape[e->ndim - 1], (long long)(e->ndim > 1 ? e->shape[0] : 1));
             break;
         }

@@ -3,6 +3,7 @@
  * (token_type 3) and user-defined (4) tokens matched before BPE, as llama-vocab.cpp loads them. */
 #include "text/bpe_gguf.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,9 +54,27 @@ int bpe_from_gguf(bpe_tok **out, const moh_gguf *g, const char *path, moh_error 
         rc = bpe_pre_from_name(pre_name, &spec.pre, &spec.ignore_merges, err);
     }
     if (!rc) rc = bpe_create(out, &spec, err);
+    if (rc && err && strncmp(err->msg, path, strlen(path))) { /* name the file */
+        char msg[sizeof err->msg];
+        memcpy(msg, err->msg, sizeof msg);
+        moh_fail(err, rc, "%.200s: %.800s", path, msg);
+    }
     free(toks);
     free(merges);
     free(added);
     free(pre_name);
     return rc;
+}
+
+bool bpe_is_bytes(const bpe_tok *t) {
+    for (int v = 0; v < 256; v++) {
+        const uint8_t byte = (uint8_t)v;
+        int *ids = NULL;
+        size_t n = 0;
+        moh_error e;
+        const bool same = !bpe_encode(t, &byte, 1, false, &ids, &n, &e) && n == 1 && ids[0] == v;
+        free(ids);
+        if (!same) return false;
+    }
+    return true;
 }

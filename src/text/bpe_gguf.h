@@ -8,4 +8,6 @@
  * pre (llama.cpp's name; absent = "default"), token_type (3 control / 4 user-defined: matched
  * before BPE). Errors name path and key: MOH_E_SHAPE (missing), MOH_E_FORMAT, MOH_E_CONFIG. */
 int bpe_from_gguf(bpe_tok **out, const moh_gguf *g, const char *path, moh_error *err);
+/* true when byte b encodes alone to id b for every byte: the byte vocabulary of moh's models. */
+bool bpe_is_bytes(const bpe_tok *t);
 #endif

@@ -216,8 +216,13 @@ static int load_sharded(model *m, const char *dir, const char *index, moh_error 
     moh_safetensors *shards = calloc((size_t)(nmap > 0 ? nmap : 1), sizeof *shards);
     char (*names)[256] = calloc((size_t)(nmap > 0 ? nmap : 1), sizeof *names);
     int nshards = 0;
-    if (!ts || !shards || !names) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", index);
     char shown[200], path[4400];
+    if (!ts || !shards || !names) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", index);
+    for (const cJSON *e = map->child; !rc && e; e = e->next) /* one entry per tensor (JSON readers differ on repeats) */
+        for (const cJSON *f = e->next; !rc && f; f = f->next)
+            if (!strcmp(e->string, f->string))
+                rc = moh_fail(err, MOH_E_FORMAT, "%s: weight_map names '%s' twice, expected each tensor once", index,
+                              moh_st_quote(shown, sizeof shown, e->string));
     for (const cJSON *e = map->child; !rc && e; e = e->next) { /* every entry names a registry tensor */
         bool known = m->fam->extra_tensor_ok && m->fam->extra_tensor_ok(m->cfg, e->string);
         for (int j = 0; j < nt && !known; j++) known = !strcmp(e->string, ts[j].name);
@@ -295,6 +300,10 @@ int model_open(model *m, const char *path, moh_error *err) {
     m->eos_id = -1;
     if (!rc && moh_gguf_find_key(g, "tokenizer.ggml.model") >= 0) { /* the vocabulary, as llama.cpp reads it */
         rc = bpe_from_gguf(&m->tokenizer, g, path, err);
+        const int V = m->fam->num_outputs ? m->fam->num_outputs(m->cfg) : 0;
+        if (!rc && bpe_n_tokens(m->tokenizer) != V)
+            rc = moh_fail(err, MOH_E_SHAPE, "%s: tokenizer.ggml.tokens holds %d tokens, expected %d (the rows of "
+                          "token_embd.weight)", path, bpe_n_tokens(m->tokenizer), V);
         uint32_t eos = 0;
         moh_error ignore;
         if (!rc && moh_gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &eos, &ignore) == MOH_OK &&
