@@ -125,16 +125,16 @@ int lm_gguf_config(const moh_gguf *g, const char *path, moh_lm_config *cfg, moh_
     return moh_lm_config_finalize(cfg, path, err);
 }
 
-/* rows of one permuted projection [heads * d, cols] back to the HF order: ggml row 2j + s of a head
- * is HF row s * d/2 + j (convert_hf_to_gguf.py LlamaModel.permute, inverted) */
-static void unpermute(const float *src, float *dst, int heads, int d, int64_t cols) {
+/* The rows of one q or k projection [heads * d, cols] between the HF order and ggml's RoPE order:
+ * ggml row 2j + s of a head is HF row s d/2 + j (convert_hf_to_gguf.py LlamaModel.permute; to_ggml
+ * false inverts it). */
+static void qk_rows(const float *src, float *dst, int heads, int d, int64_t cols, bool to_ggml) {
     const int half = d / 2;
     for (int hh = 0; hh < heads; hh++)
         for (int j = 0; j < half; j++)
             for (int s = 0; s < 2; s++) {
-                const float *from = src + ((int64_t)hh * d + 2 * j + s) * cols;
-                float *to = dst + ((int64_t)hh * d + s * half + j) * cols;
-                memcpy(to, from, sizeof(float) * (size_t)cols);
+                const int64_t g = (int64_t)hh * d + 2 * j + s, h = (int64_t)hh * d + s * half + j;
+                memcpy(dst + (to_ggml ? g : h) * cols, src + (to_ggml ? h : g) * cols, sizeof(float) * (size_t)cols);
             }
 }
 
@@ -175,8 +175,8 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
             break;
         }
         if (!(rc = moh_gguf_dequantize(g, t, tmp, err)))
-            unpermute(tmp, data + e->offset, q ? cfg->num_attention_heads : cfg->num_key_value_heads, cfg->head_dim,
-                      e->shape[1]);
+            qk_rows(tmp, data + e->offset, q ? cfg->num_attention_heads : cfg->num_key_value_heads, cfg->head_dim,
+                    e->shape[1], false);
     }
     /* every tensor of the file is one of the model's (an unknown one would be silently dropped) */
     for (int64_t i = 0; !rc && i < moh_gguf_n_tensors(g); i++) {
@@ -279,12 +279,7 @@ int lm_gguf_export(const moh_lm_config *cfg, const float *data, const char *path
                 rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
                 break;
             }
-            const int heads = q ? cfg->num_attention_heads : cfg->num_key_value_heads, d = cfg->head_dim, half = d / 2;
-            for (int hh = 0; hh < heads; hh++)
-                for (int j = 0; j < half; j++)
-                    for (int s = 0; s < 2; s++)
-                        memcpy(perm[i] + ((int64_t)hh * d + 2 * j + s) * ne[0], src + ((int64_t)hh * d + s * half + j) * ne[0],
-                               sizeof(float) * (size_t)ne[0]);
+            qk_rows(src, perm[i], q ? cfg->num_attention_heads : cfg->num_key_value_heads, cfg->head_dim, ne[0], true);
             src = perm[i];
         }
         /* norms stay F32 in an F16 file, as llama.cpp's converter writes them */
