@@ -14,6 +14,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_analyze(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 
 /* A config given as a file path, or as a NAME found as configs/NAME.json in the working directory
  * or beside the executable (../configs, or ../share/moh/configs once installed). Writes the path

@@ -19,6 +19,7 @@ static const subcommand SUBCOMMANDS[] = {
     {"train", cmd_train, "train a MoH (or dense) LM on text, or a ViT on an IDX image folder"},
     {"eval", cmd_eval, "LM: val loss, bits per byte, head shares; ViT: accuracy, per class, confusion"},
     {"sample", cmd_sample, "generate text from a checkpoint (KV cache, only selected heads run)"},
+    {"chat", cmd_chat, "chat with a ChatML instruct model (.gguf: SmolLM2-Instruct, Qwen), streaming"},
     {"tokenize", cmd_tokenize, "the token ids of a text under a model's vocabulary (BPE from a GGUF, or bytes)"},
     {"convert", cmd_convert, "a model between moh / Hugging Face folders and GGUF (llama.cpp) files"},
     {"analyze", cmd_analyze, "head load, routing scores, head similarity and rank over labelled data"},

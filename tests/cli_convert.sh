@@ -70,5 +70,19 @@ out=$("$MOH" convert --model "$T/a" --out "$T/b" 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q 'already holds a model' <<<\"\$out\"" "convert over a model: rc $rc: $out"
 out=$("$MOH" convert --model "$T/nope.gguf" --out "$T/x" 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q 'nope.gguf' <<<\"\$out\"" "missing input: rc $rc: $out"
+# moh chat on a tiny ChatML model (tools/ref/gguf_chat_fixture.py; replies are noise): one reply line
+# per message, /reset, a turn past the context of 64 tokens refused with a message, the same
+# replies for the same seed, and a model without ChatML tokens refused in one line
+CHAT=$FIX/tiny-chat.gguf
+printf 'hi there\nhello again\n/reset\nbye\n' | "$MOH" chat --model "$CHAT" --max-tokens 5 --seed 3 > "$T/c1.out" 2> "$T/c1.err"; rc=$?
+check "[ $rc -eq 0 ] && [ \$(wc -l < '$T/c1.out') -eq 3 ] && grep -q 'new conversation' '$T/c1.err'" "chat: rc $rc, $(wc -l < "$T/c1.out") reply lines: $(cat "$T/c1.err")"
+printf 'hi there\nhello again\n/reset\nbye\n' | "$MOH" chat --model "$CHAT" --max-tokens 5 --seed 3 > "$T/c2.out" 2>/dev/null
+check "cmp -s '$T/c1.out' '$T/c2.out'" "chat: the same seed gave other replies"
+long=$(printf 'word %.0s' $(seq 60))
+printf '%s\nhi\n' "$long" | "$MOH" chat --model "$CHAT" --max-tokens 3 > "$T/c3.out" 2> "$T/c3.err"; rc=$?
+check "[ $rc -eq 0 ] && grep -q 'would pass the context of 64 tokens' '$T/c3.err' && [ \$(wc -l < '$T/c3.out') -eq 1 ]" "chat past the context: rc $rc: $(cat "$T/c3.err")"
+out=$(echo hi | "$MOH" chat --model "$FIX/tiny-llama.gguf" 2>&1); rc=$?
+check "[ $rc -eq 1 ] && grep -q 'is not a ChatML chat model' <<<\"\$out\"" "chat on a model without ChatML: rc $rc: $out"
+
 echo "cli_convert: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,0 +1,193 @@
+/* moh chat: a conversation with a ChatML instruct model (SmolLM2, Qwen: <|im_start|>role\n ...
+ * <|im_end|>\n turns), streaming the reply, the KV cache kept across turns (each turn encodes only
+ * its new tokens), /reset, and a clear message instead of running past the context. The template
+ * is written here for ChatML (no Jinja engine); the GGUF's tokenizer.chat_template supplies the
+ * default system prompt when it has one. Sampling as moh sample (transformers' order). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "cli.h"
+#include "core/rng.h"
+#include "io/gguf.h"
+#include "models/lm.h"
+#include "models/lm_decode.h"
+#include "models/lm_sample.h"
+#include "models/model.h"
+#include "text/bpe.h"
+#include "train/checkpoint.h"
+
+/* The default system prompt of a ChatML template: the text after "<|im_start|>system\n" up to
+ * "<|im_end|>" in the template's first literal, or "" (malloc'd; NULL on OOM). */
+static char *default_system(const char *path) {
+    moh_gguf *g = NULL;
+    moh_error err;
+    const char *t = NULL;
+    size_t tl = 0;
+    char *out = NULL;
+    if (moh_gguf_open(&g, path, &err) == MOH_OK &&
+        moh_gguf_get_str(g, "tokenizer.chat_template", &t, &tl, &err) == MOH_OK) {
+        /* the newline of the literal: a real one, or Jinja's escape \n */
+        static const char open1[] = "<|im_start|>system\n", open2[] = "<|im_start|>system\\n", close[] = "<|im_end|>";
+        const char *a = strstr(t, open1);
+        size_t skip = sizeof open1 - 1;
+        if (!a && (a = strstr(t, open2))) skip = sizeof open2 - 1;
+        const char *b = a ? strstr(a, close) : NULL;
+        if (a && b) {
+            a += skip;
+            if ((out = malloc((size_t)(b - a) + 1))) {
+                memcpy(out, a, (size_t)(b - a));
+                out[b - a] = '\0';
+            }
+        }
+    }
+    moh_gguf_close(g);
+    return out ? out : calloc(1, 1);
+}
+
+/* Appends tokens to the cache; the logits of the last. */
+static int feed(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, const int *ids, size_t n,
+                float *logits, moh_error *err) {
+    for (size_t i = 0; i < n; i++)
+        if (lm_decode_step(cfg, p, kv, ids[i], logits, err)) return err->code;
+    return MOH_OK;
+}
+
+int cmd_chat(int argc, char **argv) {
+    const char *path = NULL, *system = NULL;
+    int max_tokens = 512, top_k = 0;
+    double temp = 0.7, top_p = 1.0;
+    uint64_t seed = 1;
+    const arg_spec specs[] = {
+        {"--model", ARG_STR, &path, "PATH", "a ChatML instruct model: a .gguf with its tokenizer (SmolLM2-Instruct, Qwen)", true, ARG_ANY},
+        {"--system", ARG_STR, &system, "TEXT", "system prompt (default: the chat template's, if it has one)", false, ARG_ANY},
+        {"--max-tokens", ARG_INT, &max_tokens, "N", "most tokens per reply (default 512)", false, ARG_IN(1, 1 << 20)},
+        {"--temperature", ARG_DOUBLE, &temp, "T", "sampling temperature (default 0.7; 0 = greedy)", false, ARG_IN(0, 100)},
+        {"--top-k", ARG_INT, &top_k, "K", "keep the K most likely tokens (default 0 = all)", false, ARG_GE(0)},
+        {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: the smallest set of probability >= P (default 1)", false, ARG_IN_OC(0, 1)},
+        {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false, ARG_ANY},
+    };
+    int rc = args_parse("chat", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]), "--model FILE.gguf [options]",
+                        "Reads one user message per line on stdin and streams each reply to stdout. /reset starts\n"
+                        "a new conversation, /exit (or end of input) ends. The conversation stays in the KV cache;\n"
+                        "a turn that would pass the context (max_position_embeddings) is refused with a message\n"
+                        "(/reset to go on). A reply ends at <|im_end|> or after --max-tokens.\n");
+    if (rc) return rc == 1 ? 0 : rc;
+    moh_error err = {0};
+    model m;
+    if (model_open(&m, path, &err)) {
+        fprintf(stderr, "moh chat: %s\n", err.msg);
+        return 1;
+    }
+    const bpe_tok *tok = m.tokenizer;
+    const int im_start = tok ? bpe_token_id(tok, "<|im_start|>") : -1, im_end = tok ? bpe_token_id(tok, "<|im_end|>") : -1;
+    if (strcmp(m.fam->task, "text-generation") || im_start < 0 || im_end < 0) {
+        fprintf(stderr, "moh chat: %s is not a ChatML chat model (expected a .gguf whose tokenizer has <|im_start|> and "
+                        "<|im_end|>, e.g. SmolLM2-Instruct)\n", path);
+        model_free(&m);
+        return 1;
+    }
+    const moh_lm_config cfg = *(const moh_lm_config *)m.cfg;
+    const lm_params_f32 p = *(const lm_params_f32 *)m.params;
+    const int N = cfg.max_position_embeddings, V = cfg.vocab_size;
+    char *sys = system ? strdup(system) : default_system(path);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    lm_cand *cand = malloc(sizeof(lm_cand) * (size_t)V);
+    const size_t cap = bpe_max_token_bytes(tok) + 4;
+    uint8_t *piece = malloc(cap);
+    char *line = malloc(1 << 16), *turn = malloc((1 << 16) + 4096);
+    lm_kv_cache kv;
+    int status = 1;
+    bool have_kv = false;
+    if (!sys || !logits || !cand || !piece || !line || !turn) {
+        moh_fail(&err, MOH_E_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (lm_kv_init(&kv, &cfg, N, &err)) goto fail;
+    have_kv = true;
+    const bool tty = isatty(0) && isatty(2);
+    if (tty) fprintf(stderr, "moh chat: %s, context %d tokens; /reset, /exit\n", path, N);
+    for (;;) {
+        if (tty) fputs("> ", stderr);
+        if (!fgets(line, 1 << 16, stdin)) break;
+        size_t len = strlen(line);
+        while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+        if (!strcmp(line, "/exit")) break;
+        if (!strcmp(line, "/reset")) {
+            lm_kv_reset(&kv);
+            fprintf(stderr, "moh chat: new conversation\n");
+            continue;
+        }
+        /* the turn's text in ChatML: the system block first in a conversation */
+        int n = 0;
+        if (kv.pos == 0 && *sys) n = snprintf(turn, (1 << 16) + 4096, "<|im_start|>system\n%.3000s<|im_end|>\n", sys);
+        snprintf(turn + n, (size_t)((1 << 16) + 4096 - n), "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", line);
+        int *ids = NULL;
+        size_t nids = 0;
+        if (bpe_encode(tok, (const uint8_t *)turn, strlen(turn), true, &ids, &nids, &err)) goto fail;
+        if ((size_t)kv.pos + nids + 2 > (size_t)N) { /* never past the trained context */
+            fprintf(stderr, "moh chat: this turn (%zu tokens) would pass the context of %d tokens (%d used): /reset "
+                            "to start a new conversation\n", nids, N, kv.pos);
+            free(ids);
+            continue;
+        }
+        rc = feed(&cfg, &p, &kv, ids, nids, logits, &err);
+        free(ids);
+        if (rc) goto fail;
+        bpe_stream stream = {0};
+        size_t np = 0;
+        int gen = 0;
+        bool ended = false;
+        while (gen < max_tokens && kv.pos < N) {
+            for (int v = 0; v < V; v++)
+                if (!isfinite(logits[v])) {
+                    moh_fail(&err, MOH_E_FORMAT, "%s: logit %d is %g: the model's outputs overflow", path, v, (double)logits[v]);
+                    goto fail;
+                }
+            const int nk = lm_sample_keep(logits, V, temp, top_k, top_p, cand);
+            const int t = lm_sample_pick(cand, nk, moh_rng_uniform01(&seed));
+            gen++;
+            if (lm_decode_step(&cfg, &p, &kv, t, logits, &err)) goto fail; /* the reply stays in the cache */
+            if (t == im_end) {
+                ended = true;
+                break;
+            }
+            if (bpe_stream_push(tok, &stream, t, piece, cap, &np, &err)) goto fail;
+            fwrite(piece, 1, np, stdout);
+            fflush(stdout);
+        }
+        fwrite(piece, 1, bpe_stream_flush(&stream, piece), stdout);
+        putchar('\n');
+        fflush(stdout);
+        if (!ended) { /* close the turn so the next one starts clean */
+            if (kv.pos + 2 > N) {
+                fprintf(stderr, "moh chat: the context of %d tokens is full: /reset to start a new conversation\n", N);
+                continue;
+            }
+            if (lm_decode_step(&cfg, &p, &kv, im_end, logits, &err)) goto fail;
+        }
+        int *nl = NULL;
+        size_t nn = 0;
+        if (bpe_encode(tok, (const uint8_t *)"\n", 1, false, &nl, &nn, &err)) goto fail;
+        if ((size_t)kv.pos + nn <= (size_t)N) rc = feed(&cfg, &p, &kv, nl, nn, logits, &err);
+        free(nl);
+        if (rc) goto fail;
+    }
+    status = 0;
+    goto done;
+fail:
+    fprintf(stderr, "moh chat: %s\n", err.msg);
+done:
+    if (have_kv) lm_kv_free(&kv);
+    free(sys);
+    free(logits);
+    free(cand);
+    free(piece);
+    free(line);
+    free(turn);
+    model_free(&m);
+    return status;
+}
