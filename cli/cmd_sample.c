@@ -87,12 +87,6 @@ int cmd_sample(int argc, char **argv) {
     const moh_lm_config cfg = *(const moh_lm_config *)m.cfg;
     const lm_params_f32 p = *(const lm_params_f32 *)m.params;
     const int N = cfg.max_position_embeddings, plen = (int)strlen(prompt);
-    if (!slide && plen > N && !m.tokenizer) {
-        fprintf(stderr, "moh sample: --prompt is %d bytes, more than the context of %d tokens "
-                        "(max_position_embeddings of %s); shorten it or use --context-full slide\n", plen, N, ckpt);
-        model_free(&m);
-        return 1;
-    }
     /* hist: the tokens in the cache, in order (hist[i] at position i) */
     lm_kv_cache kv;
     float *logits = malloc(sizeof(float) * cfg.vocab_size);

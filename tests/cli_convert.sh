@@ -70,7 +70,7 @@ out=$("$MOH" convert --model "$T/a" --out "$T/b" 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q 'already holds a model' <<<\"\$out\"" "convert over a model: rc $rc: $out"
 out=$("$MOH" convert --model "$T/nope.gguf" --out "$T/x" 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q 'nope.gguf' <<<\"\$out\"" "missing input: rc $rc: $out"
-# moh chat on a tiny ChatML model (tools/ref/gguf_chat_fixture.py; replies are noise): one reply line
+# moh chat on a tiny ChatML model (tools/ref/bpe_gguf_fixture.py; replies are noise): one reply line
 # per message, /reset, a turn past the context of 64 tokens refused with a message, the same
 # replies for the same seed, and a model without ChatML tokens refused in one line
 CHAT=$FIX/tiny-chat.gguf

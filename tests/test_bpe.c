@@ -52,28 +52,6 @@ static long expected_ids(const char *variant, const char *cas, int **ids) {
     return n;
 }
 
-static bool utf8_valid(const uint8_t *s, size_t n) { /* strict: no overlongs, surrogates, > U+10FFFF */
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        int l = c < 0x80                  ? 1
-                : (c >= 0xC2 && c <= 0xDF) ? 2
-                : (c >= 0xE0 && c <= 0xEF) ? 3
-                : (c >= 0xF0 && c <= 0xF4) ? 4
-                                           : 0;
-        if (!l || i + (size_t)l > n) return false;
-        uint32_t v = l == 1 ? c : (uint32_t)(c & (0x7F >> l));
-        for (int k = 1; k < l; k++) {
-            if ((s[i + (size_t)k] & 0xC0) != 0x80) return false;
-            v = (v << 6) | (s[i + (size_t)k] & 0x3Fu);
-        }
-        if ((l == 3 && v < 0x800) || (l == 4 && (v < 0x10000 || v > 0x10FFFF)) ||
-            (v >= 0xD800 && v <= 0xDFFF))
-            return false;
-        i += (size_t)l;
-    }
-    return true;
-}
 
 /* decode(encode(x)) == x and the stream gives the same bytes, chunks whole characters when x is
  * valid UTF-8. */

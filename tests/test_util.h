@@ -2,6 +2,8 @@
 #ifndef MOH_TEST_UTIL_H
 #define MOH_TEST_UTIL_H
 #include <math.h>
+#include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,4 +58,29 @@ static inline int test_finish(const char *name, test_ctx *ctx) {
     printf("%s: %d checks, %d failed\n", name, ctx->checks, ctx->failures);
     return ctx->failures ? 1 : 0;
 }
+/* The oracle of UTF-8 validity of the BPE tests and fuzz target: strict (no overlongs, surrogates,
+ * code points above U+10FFFF). */
+static inline bool utf8_valid(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        int l = c < 0x80                  ? 1
+                : (c >= 0xC2 && c <= 0xDF) ? 2
+                : (c >= 0xE0 && c <= 0xEF) ? 3
+                : (c >= 0xF0 && c <= 0xF4) ? 4
+                                           : 0;
+        if (!l || i + (size_t)l > n) return false;
+        uint32_t v = l == 1 ? c : (uint32_t)(c & (0x7F >> l));
+        for (int k = 1; k < l; k++) {
+            if ((s[i + (size_t)k] & 0xC0) != 0x80) return false;
+            v = (v << 6) | (s[i + (size_t)k] & 0x3Fu);
+        }
+        if ((l == 3 && v < 0x800) || (l == 4 && (v < 0x10000 || v > 0x10FFFF)) ||
+            (v >= 0xD800 && v <= 0xDFFF))
+            return false;
+        i += (size_t)l;
+    }
+    return true;
+}
+
 #endif

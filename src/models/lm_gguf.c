@@ -7,6 +7,8 @@
  * hparams and tensors). */
 #include "models/lm_gguf.h"
 
+#include "text/bpe.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -196,27 +198,6 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
     return rc;
 }
 
-/* GPT-2's byte-to-unicode table (bytes_to_unicode in openai/gpt-2 encoder.py): printable bytes map
- * to themselves, the others to U+0100 + k in order; written as UTF-8 into out (>= 3 bytes). */
-static void byte_token(int b, char *out) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    int cp = b;
-    if (!printable) {
-        int k = 0;
-        for (int x = 0; x < b; x++)
-            if (!((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF))) k++;
-        cp = 256 + k;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        out[1] = '\0';
-    } else {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        out[2] = '\0';
-    }
-}
-
 int lm_gguf_export(const moh_lm_config *cfg, const float *data, const char *path, bool f16, moh_error *err) {
     if (cfg->router != MOH_ROUTER_NONE)
         return moh_fail(err, MOH_E_ARG, "%s: the checkpoint routes heads (router %s, %d shared + top-%d of %d): llama.cpp "
@@ -253,7 +234,7 @@ int lm_gguf_export(const moh_lm_config *cfg, const float *data, const char *path
         /* the byte vocabulary as a byte-level BPE without merges: token b is byte b (GPT-2's
          * byte-to-unicode spelling), so llama.cpp's gpt2 tokenizer gives moh's ids */
         for (int v = 0; v < cfg->vocab_size; v++) {
-            if (v < 256) byte_token(v, tok[v]);
+            if (v < 256) bpe_byte_spelling(v, tok[v]);
             else snprintf(tok[v], sizeof tok[v], "<x%d>", v - 256);
             toks[v] = tok[v];
             types[v] = v < 256 ? 1 : 5; /* normal; unused */

@@ -1,4 +1,6 @@
-/* LLaMA-architecture models from GGUF (lm_gguf.c). */
+/* LLaMA-architecture models from and to GGUF (lm_gguf.c). Source: llama.cpp convert_hf_to_gguf.py
+ * (LlamaModel: metadata, LlamaModel.permute of attn_q / attn_k) and src/llama-model.cpp
+ * (LLM_ARCH_LLAMA hyperparameters and tensors). Weights are float32 in lm_params layout. */
 #ifndef MOH_LM_GGUF_H
 #define MOH_LM_GGUF_H
 #include "io/gguf.h"

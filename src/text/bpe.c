@@ -63,6 +63,18 @@ static unsigned byte_to_cp(int b) {
     return 256u + (unsigned)n;
 }
 
+void bpe_byte_spelling(int b, char out[4]) {
+    const unsigned cp = byte_to_cp(b & 0xFF);
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = '\0';
+    } else { /* < 0x800: two bytes */
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        out[2] = '\0';
+    }
+}
+
 /* Decodes one UTF-8 character of s[0..n); its length, or 0 when invalid. */
 static int utf8_next(const uint8_t *s, size_t n, unsigned *cp) {
     if (n == 0) return 0;

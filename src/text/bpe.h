@@ -80,6 +80,11 @@ int bpe_token_bytes(const bpe_tok *t, int id, const uint8_t **bytes, size_t *len
 /* Longest token in bytes (for sizing bpe_stream_push's buffer). */
 size_t bpe_max_token_bytes(const bpe_tok *t);
 
+/* GPT-2's spelling of byte b (0..255) in a byte-level vocabulary (bytes_to_unicode of openai/gpt-2
+ * encoder.py: printable Latin-1 bytes stand for themselves, the other 68 for U+0100 + k), as a
+ * NUL-terminated UTF-8 string in out. */
+void bpe_byte_spelling(int b, char out[4]);
+
 /* Encodes text[0..len) (any bytes) into *ids[*n_ids] (malloc'd, caller frees; NULL when
  * *n_ids == 0). parse_added: match added tokens (HF's behaviour); false encodes their text as
  * ordinary bytes. MOH_E_NOMEM; MOH_E_ARG for len > INT_MAX; MOH_E_FORMAT when PCRE2 gives up on

@@ -1,4 +1,5 @@
-/* A byte-level BPE tokenizer from GGUF metadata (bpe_gguf.c). */
+/* A byte-level BPE tokenizer from GGUF metadata (bpe_gguf.c). Source: llama.cpp src/llama-vocab.cpp
+ * (llama_vocab::impl::load: tokenizer.ggml.* keys, token types, pre-tokenizer names). */
 #ifndef MOH_BPE_GGUF_H
 #define MOH_BPE_GGUF_H
 #include "io/gguf.h"

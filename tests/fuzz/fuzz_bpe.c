@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "text/bpe.h"
+#include "../test_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -27,28 +28,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
-static bool utf8_valid(const uint8_t *s, size_t n) { /* strict: no overlongs, surrogates, > U+10FFFF */
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        int l = c < 0x80                  ? 1
-                : (c >= 0xC2 && c <= 0xDF) ? 2
-                : (c >= 0xE0 && c <= 0xEF) ? 3
-                : (c >= 0xF0 && c <= 0xF4) ? 4
-                                           : 0;
-        if (!l || i + (size_t)l > n) return false;
-        uint32_t v = l == 1 ? c : (uint32_t)(c & (0x7F >> l));
-        for (int k = 1; k < l; k++) {
-            if ((s[i + (size_t)k] & 0xC0) != 0x80) return false;
-            v = (v << 6) | (s[i + (size_t)k] & 0x3Fu);
-        }
-        if ((l == 3 && v < 0x800) || (l == 4 && (v < 0x10000 || v > 0x10FFFF)) ||
-            (v >= 0xD800 && v <= 0xDFFF))
-            return false;
-        i += (size_t)l;
-    }
-    return true;
-}
 
 /* Encodes x; returns the decoded bytes (malloc'd) after checking the stream against them. */
 static uint8_t *encode_decode(const bpe_tok *t, const uint8_t *x, size_t n, bool parse_added,
