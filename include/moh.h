@@ -141,6 +141,8 @@ typedef struct moh_attn_config {
     bool fused_qkv;        /* weight names: qkv/proj (ViT, DiT) or q_proj/k_proj/v_proj/o_proj */
     double rope_theta;     /* <= 0: no RoPE; else rotate-half RoPE with this base (spec §10) */
     double load_balance_coef; /* beta */
+    bool straight_through; /* query_norm only: backward passes dL/dg of each selected routed head
+                            * to its softmax score (spec §10); false: binary gates are constants */
 } moh_attn_config;
 
 /* Fills c with defaults (no router, dense, no RoPE). */
@@ -149,7 +151,8 @@ void moh_attn_config_default(moh_attn_config *c);
  * label: the file name shown in the message. Returns MOH_OK or MOH_E_CONFIG. */
 int moh_attn_config_validate(const moh_attn_config *c, const char *label, moh_error *err);
 /* Parses a LAYER.json (keys: hidden_size, num_attention_heads, num_key_value_heads, head_dim,
- * shared_heads, top_k, router, causal, qkv_bias, proj_bias, rope_theta, load_balance_coef),
+ * shared_heads, top_k, router, causal, qkv_bias, proj_bias, rope_theta, load_balance_coef,
+ * straight_through),
  * then validates. fused_qkv is not a JSON key: it is set from the weights file. */
 int moh_attn_config_parse_json(moh_attn_config *c, const char *text, size_t len, const char *label,
                                moh_error *err);
@@ -171,8 +174,10 @@ typedef struct moh_lm_config {
     bool tie_word_embeddings;
     int shared_heads;            /* h_s */
     int top_k;                   /* K routed heads per token */
-    moh_router router;           /* learned (default) or none (dense MHA twin) */
+    moh_router router;           /* learned (default), none (dense MHA twin) or query_norm
+                                  * (converted pretrained models, spec §3) */
     double load_balance_coef;    /* beta, default 0.01 */
+    bool straight_through;       /* query_norm: train through the STE (default true, spec §10) */
     moh_attn_config attn;        /* derived: causal, RoPE, split projections, no biases */
 } moh_lm_config;
 

@@ -215,6 +215,90 @@ static void zero_std_case(test_ctx *ctx, int E, int K, uint64_t seed) {
     free(w); free(gw); free(gw0); free(x); free(dy); free(dx); free(dx0); free(y);
 }
 
+/* Straight-through estimator of the query-norm router (spec §10), float64. Its gradient is the
+ * exact gradient of the surrogate S = <y, dy> + beta lb + sum_{t,j} c_tj p_tj, with the binary
+ * gates held at their values and c = mask * dL/dg fixed at the base point: the forward gate
+ * m + m (p - sg(p)) has value m and derivative m dp. Checked by central differences of S over x
+ * and the projection weights (no perturbation may change a selection); the STE gradient must
+ * differ from the constant-gate one, and only in d x and d w_qkv (the router reads q only). */
+static void ste_case(test_ctx *ctx, const layer_case *lc, uint64_t seed) {
+    moh_attn_config cfg = make_cfg(lc), cst = make_cfg(lc);
+    cfg.straight_through = true;
+    moh_error err;
+    CHECK(ctx, moh_attn_config_validate(&cfg, lc->name, &err) == MOH_OK, "%s STE: invalid: %s", lc->name, err.msg);
+    const int B = lc->B, N = lc->N, C = lc->C, h = lc->h, hs = lc->hs, E = lc->h - lc->hs;
+    const long T = (long)B * N, np = (long)attn_params_bind_f64(&(attn_params_f64){0}, NULL, &cfg);
+    test_rng rng = {seed};
+    double *w = malloc(sizeof(double) * np), *gw = calloc(np, sizeof(double)), *gw0 = calloc(np, sizeof(double));
+    double *x = malloc(sizeof(double) * T * C), *dy = malloc(sizeof(double) * T * C), *y = malloc(sizeof(double) * T * C);
+    double *dx = calloc(T * C, sizeof(double)), *dx0 = calloc(T * C, sizeof(double));
+    double *cw = malloc(sizeof(double) * T * E), *m0 = malloc(sizeof(double) * T * E);
+    attn_params_f64 p, g, g0;
+    attn_params_bind_f64(&p, w, &cfg);
+    attn_params_bind_f64(&g, gw, &cfg);
+    attn_params_bind_f64(&g0, gw0, &cfg);
+    for (long i = 0; i < np; i++) w[i] = test_rng_uniform(&rng) * 0.6;
+    for (long i = 0; i < T * C; i++) x[i] = test_rng_uniform(&rng);
+    for (long i = 0; i < T * C; i++) dy[i] = test_rng_uniform(&rng);
+    attn_cache_f64 c;
+    CHECK(ctx, attn_cache_init_f64(&c, &cfg, B, N, &err) == MOH_OK, "cache: %s", err.msg);
+    loss_f64(&cfg, &p, x, dy, B, N, y, &c);
+    attn_backward_f64(&cst, &p, &g0, &c, dy, cfg.load_balance_coef, dx0);
+    attn_backward_f64(&cfg, &p, &g, &c, dy, cfg.load_balance_coef, dx);
+    for (long t = 0; t < T; t++)
+        for (int j = 0; j < E; j++) {
+            m0[t * E + j] = c.mask[t * E + j];
+            cw[t * E + j] = c.mask[t * E + j] * c.dgates[t * h + hs + j];
+        }
+    /* the STE term is really there, and touches x and w_qkv only */
+    double diff_x = 0.0, diff_q = 0.0, diff_other = 0.0;
+    const long nq = (long)attn_qkv_dim(&cfg) * C;
+    for (long i = 0; i < T * C; i++) diff_x = fmax(diff_x, fabs(dx[i] - dx0[i]));
+    const long q0 = p.w_qkv - w, b0 = p.b_qkv ? p.b_qkv - w : -1, nb = p.b_qkv ? attn_qkv_dim(&cfg) : 0;
+    for (long i = 0; i < np; i++) {
+        const double dd = fabs(gw[i] - gw0[i]);
+        if (i >= q0 && i < q0 + nq) diff_q = fmax(diff_q, dd);
+        else if (!(i >= b0 && i < b0 + nb)) diff_other = fmax(diff_other, dd);
+    }
+    CHECK(ctx, diff_x > 1e-6 && diff_q > 1e-6, "%s STE: gradient equals the constant-gate one (dx %.2g, dw_qkv %.2g)", lc->name, diff_x, diff_q);
+    CHECK(ctx, diff_other == 0.0, "%s STE: changed a gradient other than x / qkv (%.2g)", lc->name, diff_other);
+    /* central differences of the surrogate */
+    const double eps = 1e-6;
+    int flips = 0;
+    double worst = 0.0;
+    struct { double *v; const double *gr; long n; const char *name; } probes[] = {
+        {x, dx, T * C, "x"}, {p.w_qkv, g.w_qkv, nq, "w_qkv"}};
+    for (int k = 0; k < 2; k++) {
+        const long n = probes[k].n, stride = n > 96 ? n / 96 + 1 : 1;
+        double *num = malloc(sizeof(double) * n), *ana = malloc(sizeof(double) * n);
+        long cnt = 0;
+        for (long i = 0; i < n; i += stride) {
+            double S[2];
+            const double v = probes[k].v[i];
+            for (int s = 0; s < 2; s++) {
+                probes[k].v[i] = v + (s ? -eps : eps);
+                S[s] = loss_f64(&cfg, &p, x, dy, B, N, y, &c);
+                for (long q = 0; q < T * E; q++) {
+                    S[s] += cw[q] * c.p[q];
+                    flips += c.mask[q] != m0[q];
+                }
+            }
+            probes[k].v[i] = v;
+            num[cnt] = (S[0] - S[1]) / (2 * eps);
+            ana[cnt++] = probes[k].gr[i];
+        }
+        const double e = test_rel_err_f64(ana, num, cnt);
+        CHECK(ctx, e < 1e-6, "%s STE: gradient of %s: rel err %.3g vs finite differences of the surrogate", lc->name, probes[k].name, e);
+        worst = fmax(worst, e);
+        free(num);
+        free(ana);
+    }
+    CHECK(ctx, flips == 0, "%s STE: %d selections changed under the perturbations (pick another seed)", lc->name, flips);
+    printf("  %-28s STE surrogate fd worst %.2e   |dSTE - dconst| x %.2e qkv %.2e\n", lc->name, worst, diff_x, diff_q);
+    attn_cache_free_f64(&c);
+    free(w); free(gw); free(gw0); free(x); free(dy); free(y); free(dx); free(dx0); free(cw); free(m0);
+}
+
 int main(void) {
     test_ctx ctx = {0};
     const layer_case cases[] = {
@@ -233,6 +317,12 @@ int main(void) {
         {"query_norm_beta0",   12, 6, 3, 4, 2, 2, MOH_ROUTER_QUERY_NORM, true,  false, false, 10000,  0,    1, 4},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&ctx, &cases[i], 0x9E3779B97F4A7C15ULL + i);
+    const layer_case ste[] = {
+        {"query_norm_ste",     16, 8, 8, 4, 4, 2, MOH_ROUTER_QUERY_NORM, true,  true,  false, 10000,  0.4,  2, 4},
+        {"query_norm_ste_gqa", 18, 9, 3, 4, 3, 4, MOH_ROUTER_QUERY_NORM, true,  false, false, 10000,  0.01, 1, 6},
+        {"query_norm_ste_b0",  12, 6, 3, 4, 2, 2, MOH_ROUTER_QUERY_NORM, false, true,  true,  0,      0,    1, 5},
+    };
+    for (size_t i = 0; i < sizeof ste / sizeof ste[0]; i++) ste_case(&ctx, &ste[i], 0xC0FFEEULL + i);
     zero_std_case(&ctx, 4, 2, 77);
     zero_std_case(&ctx, 1, 1, 78);
     return test_finish("test_attention", &ctx);

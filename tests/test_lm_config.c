@@ -133,7 +133,7 @@ static int same_attn(const moh_attn_config *a, const moh_attn_config *b) {
            a->shared_heads == b->shared_heads && a->top_k == b->top_k && a->router == b->router &&
            a->causal == b->causal && a->qkv_bias == b->qkv_bias && a->proj_bias == b->proj_bias &&
            a->fused_qkv == b->fused_qkv && a->rope_theta == b->rope_theta &&
-           a->load_balance_coef == b->load_balance_coef;
+           a->load_balance_coef == b->load_balance_coef && a->straight_through == b->straight_through;
 }
 
 static int same_cfg(const moh_lm_config *a, const moh_lm_config *b) {
@@ -145,7 +145,8 @@ static int same_cfg(const moh_lm_config *a, const moh_lm_config *b) {
            a->rms_norm_eps == b->rms_norm_eps && a->rope_theta == b->rope_theta &&
            a->tie_word_embeddings == b->tie_word_embeddings && a->shared_heads == b->shared_heads &&
            a->top_k == b->top_k && a->router == b->router &&
-           a->load_balance_coef == b->load_balance_coef && same_attn(&a->attn, &b->attn);
+           a->load_balance_coef == b->load_balance_coef &&
+           a->straight_through == b->straight_through && same_attn(&a->attn, &b->attn);
 }
 
 /* moh_lm_config_to_json(c) parses back to an identical struct. */
@@ -341,7 +342,11 @@ static void test_invalid(test_ctx *t) {
     expect_bad(t, C, "router", "\"mixture\"", NULL, "field 'router'", "\"mixture\"", "learned",
                NULL);
     expect_bad(t, C, "router", "1", NULL, "field 'router'", NULL);
-    expect_bad(t, C, "router", "\"query_norm\"", NULL, "field 'router'", "query_norm", NULL);
+    expect_bad(t, C, "router", "\"query_norm\"", "top_k", "0", NULL, "field 'top_k'", "query_norm", NULL);
+    expect_bad(t, C, "router", "\"query_norm\"", "shared_heads", "8", "top_k", "1", NULL,
+               "field 'shared_heads'", "0..7", NULL);
+    expect_bad(t, C, "straight_through", "true", NULL, "field 'straight_through'", "query_norm", NULL);
+    expect_bad(t, C, "router", "\"query_norm\"", "straight_through", "1", NULL, "field 'straight_through'", NULL);
     /* numbers */
     expect_bad(t, C, "rms_norm_eps", "0", NULL, "field 'rms_norm_eps'", NULL);
     expect_bad(t, C, "rms_norm_eps", "2", NULL, "field 'rms_norm_eps'", NULL);
@@ -401,6 +406,23 @@ static void test_round_trip_struct(test_ctx *t) {
     check_round_trip(t, &c, "odd values");
 }
 
+/* Query-norm router (converted pretrained models, issue 11): straight-through by default,
+ * switchable, carried into the attention config and through config.json. */
+static void test_query_norm(test_ctx *t) {
+    moh_lm_config c;
+    expect_ok(t, &c, "router", "\"query_norm\"", "num_key_value_heads", "2", NULL);
+    CHECK(t, c.router == MOH_ROUTER_QUERY_NORM && c.attn.router == MOH_ROUTER_QUERY_NORM &&
+          c.straight_through && c.attn.straight_through && c.attn.shared_heads == 2 && c.attn.top_k == 4,
+          "query_norm: router %d ste %d/%d hs %d K %d", c.router, c.straight_through, c.attn.straight_through,
+          c.attn.shared_heads, c.attn.top_k);
+    check_round_trip(t, &c, "query_norm");
+    expect_ok(t, &c, "router", "\"query_norm\"", "straight_through", "false", NULL);
+    CHECK(t, !c.straight_through && !c.attn.straight_through, "straight_through false is kept");
+    check_round_trip(t, &c, "query_norm without STE");
+    expect_ok(t, &c, NULL);
+    CHECK(t, !c.straight_through && !c.attn.straight_through, "learned router: no STE");
+}
+
 int main(void) {
     test_ctx t = {0, 0};
     test_repo_configs(&t);
@@ -408,5 +430,6 @@ int main(void) {
     test_hf_keys(&t);
     test_invalid(&t);
     test_round_trip_struct(&t);
+    test_query_norm(&t);
     return test_finish("test_lm_config", &t);
 }

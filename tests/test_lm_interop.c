@@ -3,7 +3,7 @@
  * a batch and the expected results of one training step, computed in float64 by an independent
  * PyTorch model (tools/ref/lm_ref.py; the dense fixtures' logits by transformers'
  * LlamaForCausalLM loaded from the same directory). Loads it with model_load, runs the
- * float32 forward and backward, and compares logits, ce, lb, the total loss and the gradient of
+ * float32 forward and backward through the reference and the head-sparse attention path, and compares logits, ce, lb, the total loss and the gradient of
  * every parameter: relative error max|a-b| / max|b| <= 1e-4 per tensor. */
 #include <dirent.h>
 #include <stdio.h>
@@ -105,7 +105,15 @@ static void check_fixture(test_ctx *ctx, const char *fix) {
     CHECK(ctx, B == B2 && T == T2, "%s: tokens [%d, %d] but targets [%d, %d]", fix, B, T, B2, T2);
     if (B != B2 || T != T2) goto done;
 
-    rc = lm_acts_init_f32(&a, &cfg, B, T, &err);
+    ts = lm_tensors(&cfg, &nt);
+    CHECK(ctx, ts != NULL, "%s: lm_tensors: out of memory", fix);
+    if (!ts) goto done;
+    for (int i = 0; i < want.n_tensors; i++) n_grads += !strncmp(want.tensors[i].name, "grad.", 5);
+    CHECK(ctx, n_grads == nt, "%s: expected.safetensors has %d gradients, the model %d tensors", fix, n_grads, nt);
+    /* both attention paths: the reference one and the head-sparse one */
+    for (int sparse = 0; sparse < 2; sparse++) {
+    wf = wg = (worst_t){0};
+    rc = sparse ? lm_acts_init_sparse_f32(&a, &cfg, B, T, &err) : lm_acts_init_f32(&a, &cfg, B, T, &err);
     CHECK(ctx, rc == MOH_OK, "%s: %s", fix, err.msg);
     if (rc != MOH_OK) goto done;
     rc = lm_params_init_f32(&g, &cfg, &err);
@@ -119,19 +127,17 @@ static void check_fixture(test_ctx *ctx, const char *fix) {
     compare(ctx, fix, &want, "ce", 1, one, &a.ce_loss, &wf);
     compare(ctx, fix, &want, "lb", 1, one, &a.lb_loss, &wf);
     compare(ctx, fix, &want, "loss", 1, one, &loss, &wf);
-    ts = lm_tensors(&cfg, &nt);
-    CHECK(ctx, ts != NULL, "%s: lm_tensors: out of memory", fix);
-    if (!ts) goto done;
-    for (int i = 0; i < want.n_tensors; i++) n_grads += !strncmp(want.tensors[i].name, "grad.", 5);
-    CHECK(ctx, n_grads == nt, "%s: expected.safetensors has %d gradients, the model %d tensors", fix, n_grads, nt);
     for (int i = 0; i < nt; i++) {
         char gname[128];
         snprintf(gname, sizeof gname, "grad.%s", ts[i].name);
         compare(ctx, fix, &want, gname, ts[i].ndim, ts[i].shape, g.data + ts[i].offset, &wg);
     }
-    printf("  %-16s %-7s B=%d T=%d loss %.6f: worst rel err forward %.2e (%s), gradients %.2e (%s)\n",
-           fix, cfg.router == MOH_ROUTER_NONE ? "dense" : "moh", B, T, (double)loss, wf.err, wf.name,
-           wg.err, wg.name);
+    printf("  %-16s %-7s %-9s B=%d T=%d loss %.6f: worst rel err forward %.2e (%s), gradients %.2e (%s)\n",
+           fix, cfg.router == MOH_ROUTER_NONE ? "dense" : "moh", sparse ? "sparse" : "reference", B, T,
+           (double)loss, wf.err, wf.name, wg.err, wg.name);
+    lm_acts_free_f32(&a);
+    lm_params_free_f32(&g);
+    }
 done:
     free(ts);
     free(tokens);

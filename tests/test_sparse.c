@@ -21,6 +21,7 @@ typedef struct sp_case {
     double rope, beta;
     int B, N;
     int dead; /* routed head forced to be selected by no token (-1: none) */
+    bool ste; /* query_norm: straight-through estimator (spec §10) */
 } sp_case;
 
 static moh_attn_config make_cfg(const sp_case *sc) {
@@ -38,6 +39,7 @@ static moh_attn_config make_cfg(const sp_case *sc) {
     c.proj_bias = sc->proj_bias;
     c.rope_theta = sc->rope;
     c.load_balance_coef = sc->beta;
+    c.straight_through = sc->ste;
     return c;
 }
 
@@ -492,26 +494,28 @@ int main(void) {
     const moh_router L = MOH_ROUTER_LEARNED, Q = MOH_ROUTER_QUERY_NORM, D = MOH_ROUTER_NONE;
     const sp_case cases[] = {
         /* name                                C   h hkv  d hs  K  router causal qb    pb    rope   beta  B  N   dead */
-        {"learned N=1",                        16, 6, 6,  8, 2, 2, L, false, true, true, 0,     0.01, 1, 1,   -1},
-        {"learned causal N=1",                 16, 6, 6,  8, 2, 2, L, true,  true, true, 1e4,   0.01, 1, 1,   -1},
-        {"learned bidir N=131 rope",           32, 6, 6, 16, 2, 2, L, false, true, true, 1e4,   0.01, 1, 131, -1},
-        {"learned causal N=131 rope",          32, 6, 6, 16, 2, 2, L, true,  true, true, 1e4,   0.01, 1, 131, -1},
-        {"learned dead head causal",           24, 6, 6,  8, 1, 2, L, true,  false, true, 0,    0.01, 1, 70,  2},
-        {"learned dead head bidir",            24, 6, 6,  8, 2, 1, L, false, true, false, 1e4,  0.01, 2, 50,  1},
-        {"learned k=E",                        24, 5, 5,  8, 2, 3, L, false, true, true, 0,     0.01, 1, 77,  -1},
-        {"learned h_s=0",                      24, 6, 6,  8, 0, 3, L, true,  true, true, 1e4,   0.01, 1, 97,  -1},
-        {"learned h_s=1 top-1",                24, 5, 5,  8, 1, 1, L, false, false, false, 0,  0.01, 1, 65,  -1},
-        {"learned GQA causal rope",            32, 8, 2, 16, 2, 3, L, true,  true, true, 1e4,   0.01, 2, 100, -1},
-        {"learned GQA bidir hkv=1",            32, 4, 1, 24, 1, 2, L, false, false, true, 1e4,  0.01, 1, 129, -1},
-        {"learned K=0 (soft, all shared)",     24, 4, 4,  8, 4, 0, L, false, true, true, 0,     0.01, 1, 40,  -1},
-        {"none (dense MHA) bidir",             32, 4, 4, 16, 0, 0, D, false, true, true, 0,     0.01, 2, 67,  -1},
-        {"none (dense MHA) causal rope",       32, 4, 2, 16, 0, 0, D, true,  false, false, 1e4, 0.01, 1, 200, -1},
-        {"query_norm causal rope",             32, 8, 8,  8, 4, 2, Q, true,  false, false, 1e4, 0.01, 1, 90,  -1},
-        {"query_norm bidir B=2 biases",        32, 6, 3,  8, 2, 2, Q, false, true, true, 0,     0.01, 2, 45,  -1},
-        {"query_norm beta=0",                  32, 6, 6,  8, 3, 2, Q, true,  true, true, 1e4,   0,    1, 33,  -1},
-        {"learned d=64 causal N=300 B=2",      64, 4, 4, 64, 1, 2, L, true,  true, true, 1e4,   0.01, 2, 300, -1},
-        {"learned d=64 bidir N=257",           64, 4, 4, 64, 1, 2, L, false, true, true, 0,     0.01, 1, 257, -1},
-        {"learned d=72 C=80 causal",           80, 3, 3, 72, 1, 1, L, true,  true, true, 1e4,   0.01, 1, 150, -1},
+        {"learned N=1",                        16, 6, 6,  8, 2, 2, L, false, true, true, 0,     0.01, 1, 1,   -1, false},
+        {"learned causal N=1",                 16, 6, 6,  8, 2, 2, L, true,  true, true, 1e4,   0.01, 1, 1,   -1, false},
+        {"learned bidir N=131 rope",           32, 6, 6, 16, 2, 2, L, false, true, true, 1e4,   0.01, 1, 131, -1, false},
+        {"learned causal N=131 rope",          32, 6, 6, 16, 2, 2, L, true,  true, true, 1e4,   0.01, 1, 131, -1, false},
+        {"learned dead head causal",           24, 6, 6,  8, 1, 2, L, true,  false, true, 0,    0.01, 1, 70,  2, false},
+        {"learned dead head bidir",            24, 6, 6,  8, 2, 1, L, false, true, false, 1e4,  0.01, 2, 50,  1, false},
+        {"learned k=E",                        24, 5, 5,  8, 2, 3, L, false, true, true, 0,     0.01, 1, 77,  -1, false},
+        {"learned h_s=0",                      24, 6, 6,  8, 0, 3, L, true,  true, true, 1e4,   0.01, 1, 97,  -1, false},
+        {"learned h_s=1 top-1",                24, 5, 5,  8, 1, 1, L, false, false, false, 0,  0.01, 1, 65,  -1, false},
+        {"learned GQA causal rope",            32, 8, 2, 16, 2, 3, L, true,  true, true, 1e4,   0.01, 2, 100, -1, false},
+        {"learned GQA bidir hkv=1",            32, 4, 1, 24, 1, 2, L, false, false, true, 1e4,  0.01, 1, 129, -1, false},
+        {"learned K=0 (soft, all shared)",     24, 4, 4,  8, 4, 0, L, false, true, true, 0,     0.01, 1, 40,  -1, false},
+        {"none (dense MHA) bidir",             32, 4, 4, 16, 0, 0, D, false, true, true, 0,     0.01, 2, 67,  -1, false},
+        {"none (dense MHA) causal rope",       32, 4, 2, 16, 0, 0, D, true,  false, false, 1e4, 0.01, 1, 200, -1, false},
+        {"query_norm causal rope",             32, 8, 8,  8, 4, 2, Q, true,  false, false, 1e4, 0.01, 1, 90,  -1, false},
+        {"query_norm bidir B=2 biases",        32, 6, 3,  8, 2, 2, Q, false, true, true, 0,     0.01, 2, 45,  -1, false},
+        {"query_norm beta=0",                  32, 6, 6,  8, 3, 2, Q, true,  true, true, 1e4,   0,    1, 33,  -1, false},
+        {"query_norm STE causal GQA rope",     32, 9, 3,  8, 3, 4, Q, true,  false, false, 1e4, 0.01, 2, 70,  -1, true},
+        {"query_norm STE bidir beta=0",        32, 6, 6,  8, 2, 2, Q, false, true, true, 0,     0,    1, 45,  -1, true},
+        {"learned d=64 causal N=300 B=2",      64, 4, 4, 64, 1, 2, L, true,  true, true, 1e4,   0.01, 2, 300, -1, false},
+        {"learned d=64 bidir N=257",           64, 4, 4, 64, 1, 2, L, false, true, true, 0,     0.01, 1, 257, -1, false},
+        {"learned d=72 C=80 causal",           80, 3, 3, 72, 1, 1, L, true,  true, true, 1e4,   0.01, 1, 150, -1, false},
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
     double worst = 0.0;

@@ -139,7 +139,15 @@ void F(router_backward)(const moh_attn_config *cfg, const F(attn_params) *prm,
         }
     }
     if (cfg->router == MOH_ROUTER_QUERY_NORM) {
-        if (lb_scale == 0 || !dqkv) return;
+        /* Straight-through (spec §10): the binary gate of a selected routed head acts as its
+         * score in backward, dp_j += m_j dL/dg_j. Unselected heads pass nothing: their outputs
+         * are never computed on the head-sparse path. */
+        if (cfg->straight_through)
+            for (long i = 0; i < (long)T * E; i++) {
+                const long t = i / E, j = i % E;
+                dp[i] += c->mask[i] * dgates[t * h + hs + j];
+            }
+        if ((lb_scale == 0 && !cfg->straight_through) || !dqkv) return;
         for (long i = 0; i < (long)T * E; i++) dz[i] = 0;
         for (int t = 0; t < T; t++) {
             const real sd = c->qstd[t];

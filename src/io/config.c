@@ -9,6 +9,7 @@
  */
 #include "moh.h"
 
+#include "attn/attn.h"
 #include "io/json_util.h"
 
 #include <cjson/cJSON.h>
@@ -30,6 +31,7 @@ void moh_attn_config_default(moh_attn_config *c) {
     c->fused_qkv = false;
     c->rope_theta = 0.0;
     c->load_balance_coef = 0.0;
+    c->straight_through = false;
 }
 
 int moh_attn_config_validate(const moh_attn_config *c, const char *label, moh_error *err) {
@@ -106,6 +108,11 @@ int moh_attn_config_validate(const moh_attn_config *c, const char *label, moh_er
                             label, c->top_k, E);
         break;
     }
+    if (c->straight_through && c->router != MOH_ROUTER_QUERY_NORM)
+        return moh_fail(err, MOH_E_CONFIG,
+                        "%s: field 'straight_through': true with router \"%s\", expected false "
+                        "(the straight-through estimator is for router \"query_norm\")",
+                        label, attn_router_name(c->router));
     return MOH_OK;
 }
 
@@ -137,12 +144,13 @@ enum {
     K_PROJ_BIAS,
     K_ROPE,
     K_BETA,
+    K_STE,
     K_COUNT
 };
 static const char *const CFG_KEYS[K_COUNT] = {
     "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
     "shared_heads", "top_k", "router", "causal", "qkv_bias", "proj_bias", "rope_theta",
-    "load_balance_coef",
+    "load_balance_coef", "straight_through",
 };
 
 static int cfg_from_json(void *out, const cJSON *root, const json_reader *rd) {
@@ -154,8 +162,8 @@ static int cfg_from_json(void *out, const cJSON *root, const json_reader *rd) {
     int rc = json_object_fields(
         rd, root, CFG_KEYS, K_COUNT, f, "{\"hidden_size\": ...}",
         "expected one of hidden_size, num_attention_heads, num_key_value_heads, head_dim, "
-        "shared_heads, top_k, router, causal, qkv_bias, proj_bias, rope_theta, load_balance_coef; "
-        "prefix annotations with '_'");
+        "shared_heads, top_k, router, causal, qkv_bias, proj_bias, rope_theta, load_balance_coef, "
+        "straight_through; prefix annotations with '_'");
     if (rc != MOH_OK) return rc;
 
     moh_attn_config_default(c);
@@ -221,6 +229,8 @@ static int cfg_from_json(void *out, const cJSON *root, const json_reader *rd) {
     if (f[K_BETA] &&
         (rc = get_nonneg_number(rd, f[K_BETA], "load_balance_coef", &c->load_balance_coef)))
         return rc;
+    if (f[K_STE] && (rc = json_get_bool(rd, f[K_STE], "straight_through", &c->straight_through)))
+        return rc;
     return moh_attn_config_validate(c, label, err);
 }
 
@@ -273,6 +283,7 @@ enum {
     L_PRETRAINING_TP,
     L_USE_CACHE,
     L_TF_VERSION,
+    L_STE,
     L_COUNT
 };
 static const char *const LM_KEYS[L_COUNT] = {
@@ -283,6 +294,8 @@ static const char *const LM_KEYS[L_COUNT] = {
     "hidden_act", "attention_bias", "mlp_bias", "rope_scaling", "architectures", "model_type",
     "torch_dtype", "attention_dropout", "initializer_range", "bos_token_id", "eos_token_id",
     "pad_token_id", "pretraining_tp", "use_cache", "transformers_version",
+    /* moh, after the HF keys so that the enum above stays in file order */
+    "straight_through",
 };
 
 static int lm_from_json(void *out, const cJSON *root, const json_reader *rd) {
@@ -296,7 +309,8 @@ static int lm_from_json(void *out, const cJSON *root, const json_reader *rd) {
         "expected hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, "
         "head_dim, intermediate_size, rms_norm_eps, rope_theta, vocab_size, "
         "max_position_embeddings, tie_word_embeddings, router, shared_heads, top_k, "
-        "load_balance_coef, or a standard HF LlamaConfig key; prefix annotations with '_'");
+        "load_balance_coef, straight_through, or a standard HF LlamaConfig key; prefix annotations "
+        "with '_'");
     if (rc != MOH_OK) return rc;
 
     /* HF keys: accepted when they describe what moh computes, refused when they would change it. */
@@ -363,6 +377,9 @@ static int lm_from_json(void *out, const cJSON *root, const json_reader *rd) {
     if (f[L_BETA] &&
         (rc = get_nonneg_number(rd, f[L_BETA], "load_balance_coef", &c->load_balance_coef)))
         return rc;
+    c->straight_through = c->router == MOH_ROUTER_QUERY_NORM;
+    if (f[L_STE] && (rc = json_get_bool(rd, f[L_STE], "straight_through", &c->straight_through)))
+        return rc;
 
     /* Head counts, checked here so that the message names the field at fault (finalize would
      * otherwise report a derived quantity first). */
@@ -372,7 +389,7 @@ static int lm_from_json(void *out, const cJSON *root, const json_reader *rd) {
                         "%s: field 'num_key_value_heads': got %d, expected a divisor of "
                         "num_attention_heads %d",
                         label, c->num_key_value_heads, h);
-    if (c->router == MOH_ROUTER_LEARNED) {
+    if (c->router != MOH_ROUTER_NONE) {
         if (c->shared_heads >= h)
             return moh_fail(err, MOH_E_CONFIG,
                             "%s: field 'shared_heads': got %d, expected 0..%d so that at least one "

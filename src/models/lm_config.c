@@ -27,9 +27,6 @@ int moh_lm_config_finalize(moh_lm_config *c, const char *label, moh_error *err) 
     if (!(c->rope_theta > 0))
         return moh_fail(err, MOH_E_CONFIG, "%s: field 'rope_theta' is %g, expected a positive number",
                         label, c->rope_theta);
-    if (c->router == MOH_ROUTER_QUERY_NORM)
-        return moh_fail(err, MOH_E_CONFIG, "%s: field 'router' is \"query_norm\": the language model "
-                        "trains the \"learned\" router or \"none\" (query_norm is for continue-tuning)", label);
     moh_attn_config *a = &c->attn;
     moh_attn_config_default(a);
     a->hidden_size = c->hidden_size;
@@ -50,10 +47,11 @@ int moh_lm_config_finalize(moh_lm_config *c, const char *label, moh_error *err) 
     a->fused_qkv = false;
     a->rope_theta = c->rope_theta;
     a->load_balance_coef = c->load_balance_coef;
-    if (c->router == MOH_ROUTER_LEARNED && c->top_k < 1)
+    a->straight_through = c->straight_through;
+    if (c->router != MOH_ROUTER_NONE && c->top_k < 1)
         return moh_fail(err, MOH_E_CONFIG, "%s: field 'top_k' is %d, expected 1..%d routed heads for "
-                        "router \"learned\" (use router \"none\" for dense attention)",
-                        label, c->top_k, c->num_attention_heads - c->shared_heads);
+                        "router \"%s\" (use router \"none\" for dense attention)",
+                        label, c->top_k, c->num_attention_heads - c->shared_heads, attn_router_name(c->router));
     return moh_attn_config_validate(a, label, err);
 }
 
@@ -82,6 +80,7 @@ char *moh_lm_config_to_json(const moh_lm_config *c) {
     cJSON_AddNumberToObject(j, "shared_heads", c->shared_heads);
     cJSON_AddNumberToObject(j, "top_k", c->top_k);
     cJSON_AddItemToObject(j, "load_balance_coef", json_exact_number(c->load_balance_coef));
+    if (c->router == MOH_ROUTER_QUERY_NORM) cJSON_AddBoolToObject(j, "straight_through", c->straight_through);
     char *s = cJSON_Print(j);
     cJSON_Delete(j);
     return s;

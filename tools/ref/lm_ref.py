@@ -15,6 +15,9 @@ Model (docs/spec.md sections 1, 2, 10):
     r = K p m / max(sum p m, finfo(float32).eps);
     h_s >= 2: s = h_s softmax(x wg_1^T); h_s == 1: s = 1 (no wg_1);
     h_s >= 1: a = 2 softmax(x wg_0^T), gates = [a_0 s, a_1 r]; h_s == 0: gates = r.
+  Query-norm router (converted pretrained models): scores ||q_i|| / unbiased std over the routed
+    heads (q_proj output before RoPE), p = softmax, m = top-K of the norms; gates [1 x h_s, m],
+    with straight_through the routed gates are m + m (p - sg(p)) (value m, derivative m dp).
   Head outputs are scaled by their gates before o_proj. Router "none" = dense LLaMA, gates 1.
   Load balance per layer l = E sum_i P_i f_i over the B*T tokens (P = mean p, differentiable;
   f = mean m, constant). Loss = mean cross-entropy over targets >= 0 + load_balance_coef *
@@ -48,10 +51,10 @@ def normalize_config(cfg):
     h_kv = c.get("num_key_value_heads") or h
     d = c.get("head_dim") or C // h
     router = c.get("router", "learned")
-    if router not in ("learned", "none"):
-        raise ValueError(f"router {router!r}: the language model has 'learned' or 'none'")
-    h_s = int(c.get("shared_heads", 0)) if router == "learned" else 0
-    K = int(c.get("top_k", 0)) if router == "learned" else 0
+    if router not in ("learned", "none", "query_norm"):
+        raise ValueError(f"router {router!r}: the language model has 'learned', 'query_norm' or 'none'")
+    h_s = int(c.get("shared_heads", 0)) if router != "none" else 0
+    K = int(c.get("top_k", 0)) if router != "none" else 0
     out = {
         "hidden_size": C, "num_hidden_layers": int(c["num_hidden_layers"]),
         "num_attention_heads": h, "num_key_value_heads": int(h_kv), "head_dim": int(d),
@@ -61,11 +64,12 @@ def normalize_config(cfg):
         "tie_word_embeddings": bool(c.get("tie_word_embeddings", False)),
         "router": router, "shared_heads": h_s, "top_k": K,
         "load_balance_coef": float(c.get("load_balance_coef", 0.01)),
+        "straight_through": bool(c.get("straight_through", router == "query_norm")),
     }
     if h % out["num_key_value_heads"]:
         raise ValueError("num_key_value_heads must divide num_attention_heads")
-    if router == "learned" and not (0 <= h_s < h and 1 <= K <= h - h_s):
-        raise ValueError(f"learned router needs 0 <= shared_heads < h and 1 <= top_k <= h - h_s "
+    if router != "none" and not (0 <= h_s < h and 1 <= K <= h - h_s):
+        raise ValueError(f"{router} router needs 0 <= shared_heads < h and 1 <= top_k <= h - h_s "
                          f"(h={h}, h_s={h_s}, K={K})")
     return out
 
@@ -169,13 +173,25 @@ class Attention(nn.Module):
             if h_s >= 2:
                 self.wg_1 = Linear(C, h_s)
 
-    def gates(self, x):
-        """gates [B, T, h], load-balance loss (0-dim), router logits [B, T, E] or None."""
+    def gates(self, x, q):
+        """gates [B, T, h], load-balance loss (0-dim), router logits [B, T, E] or None.
+        q [B, T, h, d]: the query projection before RoPE (the query-norm router reads it)."""
         c = self.c
         B, T, _ = x.shape
         h, h_s, K = c["num_attention_heads"], c["shared_heads"], c["top_k"]
         if c["router"] == "none":
             return x.new_ones(B, T, h), x.new_zeros(()), None
+        if c["router"] == "query_norm":
+            # spec §3/§10: logits ||q_i|| / unbiased std over the routed heads, softmax, top-K;
+            # binary gates; straight-through: g = m + m (p - sg(p)) (value m, derivative m dp).
+            norms = torch.sqrt((q[:, :, h_s:, :] ** 2).sum(dim=-1))
+            logits = norms / norms.std(dim=-1, keepdim=True)
+            p = torch.softmax(logits, dim=-1)
+            m = topk_mask(norms, K)
+            g = m + m * (p - p.detach()) if c["straight_through"] else m
+            E = p.shape[-1]
+            lb = E * (p.reshape(-1, E).mean(dim=0) * m.reshape(-1, E).mean(dim=0)).sum()
+            return torch.cat([x.new_ones(B, T, h_s), g], dim=-1), lb, logits
         logits = self.wg(x)
         E = logits.shape[-1]
         p = torch.softmax(logits, dim=-1)
@@ -195,8 +211,9 @@ class Attention(nn.Module):
         c = self.c
         B, T, _ = x.shape
         h, h_kv, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
-        g, lb, scores = self.gates(x)
-        q = self.q_proj(x).view(B, T, h, d).transpose(1, 2)  # [B, h, T, d]
+        q = self.q_proj(x).view(B, T, h, d)
+        g, lb, scores = self.gates(x, q)
+        q = q.transpose(1, 2)  # [B, h, T, d]
         k = self.k_proj(x).view(B, T, h_kv, d).transpose(1, 2)
         v = self.v_proj(x).view(B, T, h_kv, d).transpose(1, 2)
         cos, sin = rope_cos_sin(T, d, c["rope_theta"], x.dtype)
@@ -274,7 +291,7 @@ class MohLM(nn.Module):
             scores.append(sc)
         x = self.model.norm(x)
         logits = torch.matmul(x, self.head_weight().transpose(0, 1))
-        lb = torch.stack(lbs).mean() if self.c["router"] == "learned" else x.new_zeros(())
+        lb = torch.stack(lbs).mean() if self.c["router"] != "none" else x.new_zeros(())
         return logits, lb, scores
 
     def loss(self, tokens, targets):
@@ -349,7 +366,7 @@ def routing_margin(model, tokens):
     c = model.c
     E = c["num_attention_heads"] - c["shared_heads"]
     K = c["top_k"]
-    if c["router"] != "learned" or K >= E:
+    if c["router"] == "none" or K >= E:
         return math.inf
     with torch.no_grad():
         _, _, scores = model(torch.as_tensor(tokens).long())
