@@ -18,25 +18,81 @@ static bool ends_with(const char *s, const char *suffix) {
 }
 
 int cmd_convert(int argc, char **argv) {
-    const char *in = NULL, *out = NULL, *outtype = "f32";
+    const char *in = NULL, *out = NULL, *outtype = "f32", *router = "query_norm";
+    bool to_moh = false, no_ste = false;
+    int shared = -1, top_k = -1;
+    double router_std = 1e-3;
+    uint64_t seed = 1;
     const arg_spec specs[] = {
         {"--model", ARG_STR, &in, "PATH", "a moh checkpoint / Hugging Face folder, or a .gguf file", true, ARG_ANY},
         {"--out", ARG_STR, &out, "PATH", "FILE.gguf (for llama.cpp), or a folder (config.json + model.safetensors, F32)", true, ARG_ANY},
         {"--outtype", ARG_CHOICE, &outtype, "f32|f16", "GGUF tensor type of the weight matrices (norms stay F32; default f32)", false, ARG_ANY},
+        {"--to-moh", ARG_FLAG, &to_moh, NULL, "convert a dense model into MoH (the MoH-LLaMA3 recipe) before writing", false, ARG_ANY},
+        {"--router", ARG_CHOICE, &router, "query_norm|learned", "with --to-moh: the router (default query_norm, parameter-free)", false, ARG_ANY},
+        {"--shared-heads", ARG_INT, &shared, "S", "with --to-moh: the first S query heads of every layer are shared (default h/2)", false, ARG_GE(0)},
+        {"--top-k", ARG_INT, &top_k, "K", "with --to-moh: routed heads per token (default half of the h - S routed heads)", false, ARG_GE(1)},
+        {"--router-std", ARG_DOUBLE, &router_std, "X", "with --router learned: std of the initial wg rows (default 1e-3)", false, ARG_GE(0)},
+        {"--no-straight-through", ARG_FLAG, &no_ste, NULL, "with --router query_norm: binary gates constant in backward", false, ARG_ANY},
+        {"--seed", ARG_U64, &seed, "N", "with --router learned: initialisation seed (default 1)", false, ARG_ANY},
     };
     int rc = args_parse("convert", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                        "--model PATH --out FILE.gguf|DIR [--outtype f32|f16]",
+                        "--model PATH --out FILE.gguf|DIR [--outtype f32|f16] [--to-moh [--router R] [--shared-heads S] [--top-k K]]",
                         "GGUF input: LLaMA-architecture files (llama.cpp's names and metadata; F32, F16,\n"
                         "BF16 and the Q4/Q5/Q8 and K quant types, dequantised to float32). GGUF output: a\n"
                         "dense model (router \"none\") with the byte vocabulary; llama.cpp cannot run head\n"
                         "routing, so a MoH checkpoint is refused. A folder output holds the weights only\n"
-                        "(no optimizer state): moh eval / sample read it.\n");
+                        "(no optimizer state): moh eval / sample read it.\n"
+                        "--to-moh (docs/continue-tuning.md): the dense model's heads become h_s shared + top-K of\n"
+                        "h - h_s routed per token; every weight is kept; the query-norm router has no weights\n"
+                        "(it ranks heads by ||q||), the learned one gets wg, wg_0, wg_1 initialised so that the\n"
+                        "gates start at ~1. Then train it with `moh train --init DIR`.\n");
     if (rc) return rc == 1 ? 0 : rc;
+    const bool moh_opts = args_value(argc, argv, "--router") || shared >= 0 || top_k >= 0 ||
+                          args_value(argc, argv, "--router-std") || no_ste || args_value(argc, argv, "--seed");
+    if (moh_opts && !to_moh) {
+        fprintf(stderr, "moh convert: --router, --shared-heads, --top-k, --router-std, --seed and "
+                        "--no-straight-through need --to-moh\n");
+        return 2;
+    }
     moh_error err = {0};
     model m;
     if (model_open(&m, in, &err)) {
         fprintf(stderr, "moh convert: %s\n", err.msg);
         return 1;
+    }
+    if (to_moh) {
+        const moh_attn_config *a = model_attn(&m);
+        const int h = a->n_heads, S = shared >= 0 ? shared : h / 2;
+        model_routing r = {.router = !strcmp(router, "learned") ? MOH_ROUTER_LEARNED : MOH_ROUTER_QUERY_NORM,
+                           .shared_heads = S, .top_k = top_k >= 0 ? top_k : (h - S + 1) / 2,
+                           .straight_through = !no_ste, .router_std = router_std, .seed = seed};
+        if (S >= h) {
+            fprintf(stderr, "moh convert: --shared-heads %d: expected 0..%d (the model has %d query heads; at "
+                            "least one must be routed)\n", S, h - 1, h);
+            model_free(&m);
+            return 2;
+        }
+        if (r.top_k > h - S) {
+            fprintf(stderr, "moh convert: --top-k %d: expected 1..%d (%d query heads - %d shared)\n", r.top_k,
+                    h - S, h, S);
+            model_free(&m);
+            return 2;
+        }
+        model conv;
+        rc = model_convert_routing(&m, &r, &conv, &err);
+        if (rc) {
+            fprintf(stderr, "moh convert: %s: %s\n", in, err.msg);
+            model_free(&m);
+            return 1;
+        }
+        model_free(&m);
+        m = conv;
+        const int hkv = model_attn(&m)->n_kv_heads, grp = h / hkv;
+        printf("MoH: %d shared + top-%d of %d routed query heads per token: %d/%d = %.1f%% of heads computed; "
+               "router %s%s; %d of %d KV groups serve shared heads only (always read)\n",
+               S, r.top_k, h - S, S + r.top_k, h, 100.0 * (S + r.top_k) / h, router,
+               r.router == MOH_ROUTER_QUERY_NORM ? (r.straight_through ? " (straight-through)" : " (constant gates)") : "",
+               S / grp, hkv);
     }
     struct stat so;
     if (ends_with(out, ".gguf")) {

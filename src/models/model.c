@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/fsutil.h"
+#include "core/rng.h"
 #include "text/bpe.h"
 
 extern const model_family lm_family;  /* lm_family.c */
@@ -112,6 +113,68 @@ int model_from_config_file(model *m, const char *path, moh_error *err) {
     int rc = model_from_config_text(m, text, len, path, err);
     free(text);
     return rc;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    const size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+int model_convert_routing(model *src, const model_routing *r, model *dst, moh_error *err) {
+    memset(dst, 0, sizeof *dst);
+    dst->eos_id = -1;
+    if (model_attn(src)->router != MOH_ROUTER_NONE)
+        return moh_fail(err, MOH_E_ARG, "the model already routes its heads (router \"%s\"): convert a dense "
+                        "model (router \"none\")", attn_router_name(model_attn(src)->router));
+    char *text = src->fam->config_to_json(src->cfg);
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    text = NULL;
+    if (j) {
+        cJSON_DeleteItemFromObject(j, "router");
+        cJSON_DeleteItemFromObject(j, "shared_heads");
+        cJSON_DeleteItemFromObject(j, "top_k");
+        cJSON_DeleteItemFromObject(j, "straight_through");
+        cJSON_AddStringToObject(j, "router", attn_router_name(r->router));
+        cJSON_AddNumberToObject(j, "shared_heads", r->shared_heads);
+        cJSON_AddNumberToObject(j, "top_k", r->top_k);
+        if (r->router == MOH_ROUTER_QUERY_NORM) cJSON_AddBoolToObject(j, "straight_through", r->straight_through);
+        text = cJSON_PrintUnformatted(j);
+        cJSON_Delete(j);
+    }
+    if (!text) return moh_fail(err, MOH_E_NOMEM, "model conversion: out of memory");
+    int rc = model_from_config_text(dst, text, strlen(text), "the converted config", err);
+    free(text);
+    if (rc) return rc;
+    int ns = 0, nd = 0;
+    model_tensor *ts = model_tensors(src, &ns), *td = model_tensors(dst, &nd);
+    uint64_t rng = r->seed;
+    for (int i = 0; !rc && ts && td && i < nd; i++) {
+        float *out = dst->data + td[i].offset;
+        int k = 0;
+        while (k < ns && strcmp(ts[k].name, td[i].name)) k++;
+        if (k < ns && ts[k].numel == td[i].numel) {
+            memcpy(out, src->data + ts[k].offset, sizeof(float) * td[i].numel);
+        } else if (k == ns && ends_with(td[i].name, "wg.weight")) {
+            for (size_t e = 0; e < td[i].numel; e++) out[e] = (float)(r->router_std * moh_rng_normal(&rng));
+        } else if (k == ns && (ends_with(td[i].name, "wg_0.weight") || ends_with(td[i].name, "wg_1.weight"))) {
+            memset(out, 0, sizeof(float) * td[i].numel);
+        } else {
+            rc = moh_fail(err, MOH_E_SHAPE, "model conversion: tensor %s %s", td[i].name,
+                          k < ns ? "changed size" : "is new and not a router tensor");
+        }
+    }
+    if (!rc && (!ts || !td)) rc = moh_fail(err, MOH_E_NOMEM, "model conversion: out of memory");
+    free(ts);
+    free(td);
+    if (rc) {
+        model_free(dst);
+        return rc;
+    }
+    dst->tokenizer = src->tokenizer;
+    dst->eos_id = src->eos_id;
+    src->tokenizer = NULL;
+    return MOH_OK;
 }
 
 model_tensor *model_tensors(const model *m, int *n) {

@@ -312,6 +312,24 @@ int model_active_heads(const model *m);
 /* Prints r->head_share [L, h] on stdout: a table, or (json) the field `"head_share": [[...], ...]`. */
 void model_print_head_share(const model *m, const model_eval *r, bool json);
 
+/* ---- MHA -> MoH conversion (issue 11, spec §3 and §10) ---------------------------------- */
+typedef struct model_routing {
+    moh_router router;      /* MOH_ROUTER_QUERY_NORM or MOH_ROUTER_LEARNED */
+    int shared_heads;       /* h_s: the first h_s query heads of every layer */
+    int top_k;              /* K of the h - h_s routed heads */
+    bool straight_through;  /* query_norm: train through the STE */
+    double router_std;      /* learned: std of the initial wg rows (wg_0, wg_1 start at 0) */
+    uint64_t seed;
+} model_routing;
+/* dst = the dense model src (router "none") with the routing r: the same config otherwise, every
+ * tensor of src copied by name, new router tensors initialised (learned: wg ~ N(0, router_std^2),
+ * wg_0 = wg_1 = 0, so shared gates are exactly 1 and a selected routed head's gate is
+ * K p_j / sum_sel p = 1 + O(router_std)). src's tokenizer moves to dst. With top_k = h - h_s
+ * (and query_norm, or learned with router_std 0) dst computes exactly what src does.
+ * MOH_E_ARG (src already routed), MOH_E_CONFIG (the family's check of the new config, naming the
+ * field), MOH_E_NOMEM. On error dst is empty and src unchanged. */
+int model_convert_routing(model *src, const model_routing *r, model *dst, moh_error *err);
+
 /* ---- data-parallel shards ---------------------------------------------------------------- */
 /* A micro-batch split into n shards that run forward and backward in parallel, one OpenMP thread
  * per shard (single-threaded ops inside) when n > 1. Shard s holds examples
