@@ -1,8 +1,9 @@
 /* moh chat: a conversation with a ChatML instruct model (SmolLM2, Qwen: <|im_start|>role\n ...
  * <|im_end|>\n turns), streaming the reply, the KV cache kept across turns (each turn encodes only
  * its new tokens), /reset, and a clear message instead of running past the context. The template
- * is written here for ChatML (no Jinja engine); the GGUF's tokenizer.chat_template supplies the
- * default system prompt when it has one. Sampling as moh sample (transformers' order). */
+ * is written here for ChatML (no Jinja engine); the model's chat template (a GGUF's
+ * tokenizer.chat_template, a folder's tokenizer_config.json) supplies the default system prompt
+ * when it has one. Sampling as moh sample (transformers' order). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +13,6 @@
 #include "args.h"
 #include "cli.h"
 #include "core/rng.h"
-#include "io/gguf.h"
 #include "models/lm.h"
 #include "models/lm_decode.h"
 #include "models/lm_sample.h"
@@ -20,16 +20,12 @@
 #include "text/bpe.h"
 #include "train/checkpoint.h"
 
-/* The default system prompt of a ChatML template: the text after "<|im_start|>system\n" up to
- * "<|im_end|>" in the template's first literal, or "" (malloc'd; NULL on OOM). */
-static char *default_system(const char *path) {
-    moh_gguf *g = NULL;
-    moh_error err;
-    const char *t = NULL;
-    size_t tl = 0;
+/* The default system prompt of a ChatML template t (may be NULL): the text after
+ * "<|im_start|>system\n" up to "<|im_end|>" in the template's first literal, or "" (malloc'd; NULL
+ * on OOM). */
+static char *default_system(const char *t) {
     char *out = NULL;
-    if (moh_gguf_open(&g, path, &err) == MOH_OK &&
-        moh_gguf_get_str(g, "tokenizer.chat_template", &t, &tl, &err) == MOH_OK) {
+    if (t) {
         /* the newline of the literal: a real one, or Jinja's escape \n */
         static const char open1[] = "<|im_start|>system\n", open2[] = "<|im_start|>system\\n", close[] = "<|im_end|>";
         const char *a = strstr(t, open1);
@@ -44,7 +40,6 @@ static char *default_system(const char *path) {
             }
         }
     }
-    moh_gguf_close(g);
     return out ? out : calloc(1, 1);
 }
 
@@ -62,7 +57,7 @@ int cmd_chat(int argc, char **argv) {
     double temp = 0.7, top_p = 1.0;
     uint64_t seed = 1;
     const arg_spec specs[] = {
-        {"--model", ARG_STR, &path, "PATH", "a ChatML instruct model: a .gguf with its tokenizer (SmolLM2-Instruct, Qwen)", true, ARG_ANY},
+        {"--model", ARG_STR, &path, "PATH", "a ChatML instruct model with its tokenizer: a .gguf (SmolLM2-Instruct, Qwen) or a folder with tokenizer.json", true, ARG_ANY},
         {"--system", ARG_STR, &system, "TEXT", "system prompt (default: the chat template's, if it has one)", false, ARG_ANY},
         {"--max-tokens", ARG_INT, &max_tokens, "N", "most tokens per reply (default 512)", false, ARG_IN(1, 1 << 20)},
         {"--temperature", ARG_DOUBLE, &temp, "T", "sampling temperature (default 0.7; 0 = greedy)", false, ARG_IN(0, 100)},
@@ -70,7 +65,7 @@ int cmd_chat(int argc, char **argv) {
         {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: the smallest set of probability >= P (default 1)", false, ARG_IN_OC(0, 1)},
         {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false, ARG_ANY},
     };
-    int rc = args_parse("chat", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]), "--model FILE.gguf [options]",
+    int rc = args_parse("chat", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]), "--model FILE.gguf|DIR [options]",
                         "Reads one user message per line on stdin and streams each reply to stdout. /reset starts\n"
                         "a new conversation, /exit (or end of input) ends. The conversation stays in the KV cache;\n"
                         "a turn that would pass the context (max_position_embeddings) is refused with a message\n"
@@ -85,15 +80,15 @@ int cmd_chat(int argc, char **argv) {
     const bpe_tok *tok = m.tokenizer;
     const int im_start = tok ? bpe_token_id(tok, "<|im_start|>") : -1, im_end = tok ? bpe_token_id(tok, "<|im_end|>") : -1;
     if (strcmp(m.fam->task, "text-generation") || im_start < 0 || im_end < 0) {
-        fprintf(stderr, "moh chat: %s is not a ChatML chat model (expected a .gguf whose tokenizer has <|im_start|> and "
-                        "<|im_end|>, e.g. SmolLM2-Instruct)\n", path);
+        fprintf(stderr, "moh chat: %s is not a ChatML chat model (expected a .gguf or folder whose tokenizer has "
+                        "<|im_start|> and <|im_end|>, e.g. SmolLM2-Instruct)\n", path);
         model_free(&m);
         return 1;
     }
     const moh_lm_config cfg = *(const moh_lm_config *)m.cfg;
     const lm_params_f32 p = *(const lm_params_f32 *)m.params;
     const int N = cfg.max_position_embeddings, V = cfg.vocab_size;
-    char *sys = system ? strdup(system) : default_system(path);
+    char *sys = system ? strdup(system) : default_system(m.chat_template);
     float *logits = malloc(sizeof(float) * (size_t)V);
     lm_cand *cand = malloc(sizeof(lm_cand) * (size_t)V);
     const size_t cap = bpe_max_token_bytes(tok) + 4;

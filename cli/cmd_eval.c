@@ -13,28 +13,33 @@
 #include "train/checkpoint.h"
 
 int cmd_eval(int argc, char **argv) {
-    const char *ckpt = NULL, *data = NULL, *dump = NULL, *split = "t10k";
+    const char *ckpt = NULL, *data = NULL, *dump = NULL, *split = NULL;
+    double val_fraction = NAN;
     int T = 0, B = 0;
     long limit = 0;
     bool json = false, sparse = false, reference = false;
     const arg_spec specs[] = {
-        {"--checkpoint", ARG_STR, &ckpt, "DIR", "checkpoint dir (config.json + model.safetensors); its model_type picks the family", true, ARG_ANY},
-        {"--data", ARG_STR, &data, "PATH", "llama: a text file evaluated whole (a prepared dir: its val.txt); vit: an IDX dir", true, ARG_ANY},
+        {"--checkpoint", ARG_STR, &ckpt, "PATH", "checkpoint dir (config.json + model.safetensors, tokenizer.json for BPE models), Hugging Face folder or .gguf; its model_type picks the family", true, ARG_ANY},
+        {"--data", ARG_STR, &data, "PATH", "llama: a text file (a prepared dir: its val.txt); vit: an IDX dir", true, ARG_ANY},
         {"--seq-len", ARG_INT, &T, "T", "text: context per chunk, at most the config's max_position_embeddings (the default)", false, ARG_GE(1)},
-        {"--split", ARG_STR, &split, "NAME", "images: file prefix of the split: t10k (test, default) or train", false, ARG_ANY},
+        {"--split", ARG_STR, &split, "NAME", "text: all (the whole file, default) or val (its held-out tail as training splits it, by --val-fraction); images: file prefix t10k (test, default) or train", false, ARG_ANY},
+        {"--val-fraction", ARG_DOUBLE, &val_fraction, "F", "text, --split val: the held-out tail of the file (default 0.1, as moh train)", false, ARG_IN_OO(0, 1)},
         {"--limit", ARG_LONG, &limit, "N", "evaluate about the first N items (predictions, images) only, in whole batches (text: whole chunks of T, so up to B T - 1 more; default all)", false, ARG_GE(0)},
         {"--batch-size", ARG_INT, &B, "B", "examples per forward pass (default: llama 8, vit 256; does not change the result)", false, ARG_IN(1, 65536)},
         {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (the default for llama; same results to ~1e-5)", false, ARG_ANY},
         {"--reference-attention", ARG_FLAG, &reference, NULL, "every head computed then gated (the default for vit)", false, ARG_ANY},
-        {"--json", ARG_FLAG, &json, NULL, "print one JSON object (llama: val_loss, bits_per_byte, tokens, head_share; vit: accuracy, per_class, confusion, ce_loss, head_share)", false, ARG_ANY},
+        {"--json", ARG_FLAG, &json, NULL, "print one JSON object (llama: val_loss, bits_per_byte, tokens, bytes, vocab, split, head_share, layer_head_share; vit: accuracy, per_class, confusion, ce_loss, head_share, layer_head_share)", false, ARG_ANY},
         {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write the inputs and logits of the first evaluation batch (safetensors)", false, ARG_ANY},
     };
     int rc = args_parse("eval", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                        "--checkpoint DIR --data PATH [options] [--json]",
-                        "llama: the file's bytes are cut into consecutive chunks of T + 1 bytes (a last\n"
-                        "chunk shorter than 2 bytes is dropped); each chunk predicts its bytes 1..len-1\n"
-                        "from the bytes before them; val_loss is the mean cross-entropy in nats over all\n"
-                        "predictions (no load-balance term); bits_per_byte = val_loss / ln 2.\n"
+                        "--checkpoint PATH --data PATH [options] [--json]",
+                        "llama: the text's tokens (bytes; or, for a model with a BPE tokenizer, the ids of\n"
+                        "the whole text tokenized once) are cut into consecutive chunks of T + 1 tokens (a\n"
+                        "last chunk shorter than 2 is dropped); each chunk predicts its tokens 1..len-1 from\n"
+                        "the tokens before them in the chunk, so the first of each chunk is context only;\n"
+                        "val_loss is the mean cross-entropy in nats over all predicted tokens (no\n"
+                        "load-balance term); bits_per_byte = their summed cross-entropy in bits / the UTF-8\n"
+                        "bytes the predicted tokens decode to (bytes: val_loss / ln 2).\n"
                         "vit: top-1 accuracy over the split (no augmentation; inputs normalised with the\n"
                         "mean/std in config.json), per-class accuracy (recall), the confusion matrix (rows:\n"
                         "true class, columns: predicted), the plain mean cross-entropy in nats (ce_loss,\n"
@@ -57,7 +62,14 @@ int cmd_eval(int argc, char **argv) {
     train_hparams hp;
     m.fam->train_defaults(&hp);
     hp.seq_len = T;
-    if (B <= 0) B = m.fam->max_seq_len ? 8 : 256;
+    if (!isnan(val_fraction)) hp.val_fraction = val_fraction;
+    const bool text = m.fam->max_seq_len != NULL;
+    if (!split) split = text ? "all" : "t10k";
+    if (!isnan(val_fraction) && (!text || strcmp(split, "val"))) {
+        moh_fail(&err, MOH_E_ARG, "--val-fraction applies to text with --split val only");
+        goto fail;
+    }
+    if (B <= 0) B = text ? 8 : 256;
     hp.batch_size = B;
     snprintf(label, sizeof label, "the checkpoint %s", ckpt);
     const data_request req = {.path = data, .hp = &hp, .eval_batch = B, .train = false, .split = split,

@@ -23,26 +23,28 @@ static void json_bytes(const uint8_t *b, size_t n) {
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    const char *path = NULL, *text = NULL, *file = NULL;
+    const char *path = NULL, *text = NULL, *file = NULL, *save = NULL;
     bool json = false, no_special = false;
     const arg_spec specs[] = {
-        {"--model", ARG_STR, &path, "PATH", "a .gguf file with a tokenizer, or a moh checkpoint (byte vocabulary)", true, ARG_ANY},
+        {"--model", ARG_STR, &path, "PATH", "a .gguf file with a tokenizer, a Hugging Face tokenizer.json, or a model folder (its tokenizer.json; bytes without one)", true, ARG_ANY},
         {"--text", ARG_STR, &text, "STR", "the text to tokenize", false, ARG_ANY},
         {"--file", ARG_STR, &file, "FILE", "a file to tokenize (instead of --text)", false, ARG_ANY},
         {"--json", ARG_FLAG, &json, NULL, "one JSON object: ids and their pieces (the bytes of each token)", false, ARG_ANY},
         {"--no-special", ARG_FLAG, &no_special, NULL, "encode special-token text (<|im_start|> ...) as ordinary text", false, ARG_ANY},
+        {"--save-tokenizer", ARG_STR, &save, "DIR", "write the BPE tokenizer into DIR as Hugging Face's tokenizer.json and tokenizer_config.json (what moh checkpoints hold)", false, ARG_ANY},
     };
     int rc = args_parse("tokenize", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                        "--model PATH (--text STR | --file FILE) [--json]",
+                        "--model PATH (--text STR | --file FILE) [--json] | --model PATH --save-tokenizer DIR",
                         "Prints the ids separated by spaces (--json: {\"ids\": [...], \"pieces\": [...]}). Special\n"
                         "and added tokens are matched before BPE, as Hugging Face's encode does.\n");
     if (rc) return rc == 1 ? 0 : rc;
-    if (!text == !file) {
-        fprintf(stderr, "moh tokenize: give exactly one of --text and --file\n");
+    if ((text && file) || (!text && !file && !save)) {
+        fprintf(stderr, "moh tokenize: give exactly one of --text and --file (or --save-tokenizer)\n");
         return 2;
     }
     moh_error err = {0};
     model m = {0};
+    m.eos_id = -1; /* (model_open sets a model's own) */
     char *buf = NULL;
     size_t len = 0;
     int *ids = NULL;
@@ -50,7 +52,13 @@ int cmd_tokenize(int argc, char **argv) {
     /* a GGUF's tokenizer alone (a tokenizer-only file works too); else the model (byte models) */
     moh_gguf *g = NULL;
     struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && moh_gguf_open(&g, path, &err) == MOH_OK &&
+    const size_t pl = strlen(path);
+    if (pl >= 5 && !strcmp(path + pl - 5, ".json")) { /* a tokenizer.json alone */
+        if (bpe_load_tokenizer_json(&m.tokenizer, path, &err)) {
+            fprintf(stderr, "moh tokenize: %s\n", err.msg);
+            return 1;
+        }
+    } else if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && moh_gguf_open(&g, path, &err) == MOH_OK &&
         moh_gguf_find_key(g, "tokenizer.ggml.model") >= 0) {
         const int rc2 = bpe_from_gguf(&m.tokenizer, g, path, &err);
         moh_gguf_close(g);
@@ -63,6 +71,17 @@ int cmd_tokenize(int argc, char **argv) {
         if (model_open(&m, path, &err)) {
             fprintf(stderr, "moh tokenize: %s\n", err.msg);
             return 1;
+        }
+    }
+    if (save) {
+        if (!m.tokenizer) {
+            moh_fail(&err, MOH_E_ARG, "%s has no BPE tokenizer to save (a byte model)", path);
+            goto fail;
+        }
+        if (fs_mkdir_p(save, &err) || checkpoint_save_tokenizer(save, &m, &err)) goto fail;
+        if (!text && !file) {
+            model_free(&m);
+            return 0;
         }
     }
     if (file && !(buf = fs_read_file(file, (size_t)1 << 30, &len, &err))) goto fail;

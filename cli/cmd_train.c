@@ -35,11 +35,12 @@ int cmd_train(int argc, char **argv) {
     train_options o;
     train_options_defaults(&o);
     train_hparams *f = &o.flags;
-    const char *config = NULL;
+    const char *config = NULL, *init = NULL;
     bool no_flip = false, no_augment = false, sparse = false, reference = false;
     long eval_tokens = LONG_MIN;
     const arg_spec specs[] = {
         {"--config", ARG_STR, &config, "NAME|FILE", "model config: a JSON file or a name from configs/ (moh-75, mha, vit-moh-75, vit-mha, ...; moh --list-configs); its model_type picks the family", false, ARG_ANY},
+        {"--init", ARG_STR, &init, "PATH", "start from pretrained weights instead of --config: a moh checkpoint, a Hugging Face folder or a .gguf, with its config and tokenizer (BPE text is tokenized with it); fresh optimizer and schedule from step 0", false, ARG_ANY},
         {"--data", ARG_STR, &o.data_path, "PATH", "training data of the family: a text file or dir with train.txt + val.txt (llama); an IDX dir (vit)", true, ARG_ANY},
         {"--out", ARG_STR, &o.out_dir, "DIR", "checkpoint dir: config.json, model.safetensors, optimizer.safetensors, metrics.jsonl", true, ARG_ANY},
         {"--steps", ARG_LONG, &o.steps, "N", "optimizer steps (default: --epochs, else fit the schedule into --max-minutes)", false, ARG_GE(1)},
@@ -89,6 +90,10 @@ int cmd_train(int argc, char **argv) {
                         "--warmup, --steps, --eval-*) is applied from the next step with a printed note; one\n"
                         "that changes the batches (--batch-size, --seq-len, --grad-accum, --shards, --seed,\n"
                         "--val-fraction, --train-limit, --crop-pad, --no-flip, --no-augment) is refused.\n"
+                        "--init PATH continue-tunes a pretrained model (moh / HF folder, .gguf): its config\n"
+                        "and weights, its tokenizer for the text (a BPE model trains on its tokens; bits per\n"
+                        "byte are over the bytes the predicted tokens decode to); the checkpoint in --out\n"
+                        "holds the tokenizer (tokenizer.json), so --resume, eval, sample and chat use it.\n"
                         "Several processes (MPI, when moh is built with libopenmpi-dev):\n"
                         "  mpirun -np R [--hostfile H] moh train ... --shards S --batch-size B\n"
                         "runs R ranks of one model, each taking S/R shards (B/R examples) of every\n"
@@ -102,7 +107,7 @@ int cmd_train(int argc, char **argv) {
                         "ends it after --comm-timeout seconds.\n");
     family_defaults(epilog + used, sizeof epilog - (size_t)used);
     int rc = args_parse("train", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                        "--config NAME|FILE --data PATH --out DIR [options]", epilog);
+                        "(--config NAME|FILE | --init PATH) --data PATH --out DIR [options]", epilog);
     if (rc) return rc == 1 ? 0 : rc;
     if (args_check_less("train", argc, argv, "--warmup", f->warmup, "--steps", o.steps)) return 2;
     if (eval_tokens != LONG_MIN) {
@@ -124,9 +129,15 @@ int cmd_train(int argc, char **argv) {
     o.no_augment = no_augment;
     if (o.nan_step > 0 && o.nan_count == 0) o.nan_count = 1;
     char path[PATH_MAX + 64];
-    if (!o.resume) {
+    if (init && (o.resume || config)) {
+        fprintf(stderr, "moh train: --init starts a new run from %s with its own config: it excludes %s\n", init,
+                o.resume ? "--resume (which continues the run in --out)" : "--config");
+        return 2;
+    }
+    o.init_path = init;
+    if (!o.resume && !init) {
         if (!config) {
-            fprintf(stderr, "moh train: missing required option --config (or --resume)\n");
+            fprintf(stderr, "moh train: missing required option --config (or --init, or --resume)\n");
             return 2;
         }
         if (!cli_resolve_config(config, path, sizeof path)) {

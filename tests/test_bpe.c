@@ -3,7 +3,8 @@
  * smollm, gpt2 and llama3 pre-tokenizers; stress text, KJV excerpt, digits, space, empty),
  * decode(encode(x)) == x on random bytes (invalid UTF-8 included) and random UTF-8 with added
  * tokens, the streaming decoder never splits a character, the merge order (lowest rank, leftmost)
- * and ignore_merges on a hand-made vocabulary, and the one-line errors. */
+ * and ignore_merges on a hand-made vocabulary, the one-line errors, and tokenizer.json as moh
+ * writes it (read back: the same reference ids) with tokenizer_config.json. */
 #include <string.h>
 
 #include "core/fsutil.h"
@@ -98,43 +99,120 @@ static void check_roundtrip(test_ctx *t, const bpe_tok *tok, const uint8_t *x, s
     free(ids);
 }
 
+/* The ids of every case under tok equal the reference ids of variant (label names tok). */
+static void check_cases(test_ctx *t, const bpe_tok *tok, const char *variant, const char *label) {
+    for (int c = 0; c < 5; c++) {
+        char path[256], what[96];
+        snprintf(path, sizeof path, FIX "case_%s.txt", CASES[c]);
+        snprintf(what, sizeof what, "%s/%s", label, CASES[c]);
+        moh_error err = {0};
+        size_t len;
+        char *txt = fs_read_file(path, (size_t)1 << 24, &len, &err);
+        int *want = NULL;
+        long nw = expected_ids(variant, CASES[c], &want);
+        CHECK(t, txt && nw >= 0, "%s: fixture missing (%s)", what, err.msg);
+        if (!txt || nw < 0) {
+            free(txt);
+            free(want);
+            continue;
+        }
+        int *ids = NULL;
+        size_t ni = 0;
+        int rc = bpe_encode(tok, (const uint8_t *)txt, len, true, &ids, &ni, &err);
+        long first = -1;
+        for (size_t i = 0; i < ni && i < (size_t)nw && first < 0; i++)
+            if (ids[i] != want[i]) first = (long)i;
+        CHECK(t, rc == MOH_OK && ni == (size_t)nw && first < 0,
+              "%s: %zu ids, reference %ld, first difference at %ld", what, ni, nw, first);
+        if (c <= 1) printf("  %s: %zu ids equal the reference\n", what, ni);
+        check_roundtrip(t, tok, (const uint8_t *)txt, len, true, what);
+        check_roundtrip(t, tok, (const uint8_t *)txt, len, false, what);
+        free(ids);
+        free(want);
+        free(txt);
+    }
+}
+
 static void test_reference(test_ctx *t) {
     for (int v = 0; v < 3; v++) {
         bpe_tok *tok = load(t, VARIANTS[v]);
         if (!tok) continue;
         CHECK(t, bpe_n_tokens(tok) == 1024, "%s: %d tokens", VARIANTS[v], bpe_n_tokens(tok));
-        for (int c = 0; c < 5; c++) {
-            char path[256], what[64];
-            snprintf(path, sizeof path, FIX "case_%s.txt", CASES[c]);
-            snprintf(what, sizeof what, "%s/%s", VARIANTS[v], CASES[c]);
-            moh_error err = {0};
-            size_t len;
-            char *txt = fs_read_file(path, (size_t)1 << 24, &len, &err);
-            int *want = NULL;
-            long nw = expected_ids(VARIANTS[v], CASES[c], &want);
-            CHECK(t, txt && nw >= 0, "%s: fixture missing (%s)", what, err.msg);
-            if (!txt || nw < 0) {
-                free(txt);
-                free(want);
-                continue;
-            }
-            int *ids = NULL;
-            size_t ni = 0;
-            int rc = bpe_encode(tok, (const uint8_t *)txt, len, true, &ids, &ni, &err);
-            long first = -1;
-            for (size_t i = 0; i < ni && i < (size_t)nw && first < 0; i++)
-                if (ids[i] != want[i]) first = (long)i;
-            CHECK(t, rc == MOH_OK && ni == (size_t)nw && first < 0,
-                  "%s: %zu ids, reference %ld, first difference at %ld", what, ni, nw, first);
-            if (c <= 1) printf("  %s: %zu ids equal the reference\n", what, ni);
-            check_roundtrip(t, tok, (const uint8_t *)txt, len, true, what);
-            check_roundtrip(t, tok, (const uint8_t *)txt, len, false, what);
-            free(ids);
-            free(want);
-            free(txt);
-        }
+        check_cases(t, tok, VARIANTS[v], VARIANTS[v]);
         bpe_free(tok);
     }
+}
+
+/* tokenizer.json as moh writes it (what checkpoints hold) reads back to a tokenizer with the
+ * reference ids on every case, and writing that one again gives the same text (a fixed point). */
+static void test_write_tokenizer_json(test_ctx *t) {
+    for (int v = 0; v < 3; v++) {
+        bpe_tok *tok = load(t, VARIANTS[v]), *back = NULL;
+        if (!tok) continue;
+        moh_error err = {0};
+        char *js = NULL, *js2 = NULL;
+        size_t len = 0, len2 = 0;
+        CHECK(t, bpe_to_tokenizer_json(tok, &js, &len, &err) == MOH_OK && js && len == strlen(js), "%s: write: %s",
+              VARIANTS[v], err.msg);
+        CHECK(t, js && bpe_from_tokenizer_json(&back, js, len, "written.json", &err) == MOH_OK, "%s: read back: %s",
+              VARIANTS[v], err.msg);
+        if (back) {
+            char label[64];
+            snprintf(label, sizeof label, "%s written", VARIANTS[v]);
+            CHECK(t, bpe_n_tokens(back) == bpe_n_tokens(tok), "%s: %d tokens, expected %d", label, bpe_n_tokens(back),
+                  bpe_n_tokens(tok));
+            check_cases(t, back, VARIANTS[v], label);
+            CHECK(t, bpe_to_tokenizer_json(back, &js2, &len2, &err) == MOH_OK && len2 == len && !memcmp(js, js2, len),
+                  "%s: writing the read-back tokenizer gave other text (%zu vs %zu bytes)", label, len2, len);
+        }
+        /* the pre-tokenizer is written as tokenizers writes it for this variant */
+        static const char *const pre[] = {"\"Digits\",\"individual_digits\":true", "\"pre_tokenizer\":{\"type\":\"ByteLevel\"",
+                                          "\"type\":\"Split\""};
+        CHECK(t, js && strstr(js, pre[v]), "%s: pre-tokenizer not written as expected (%s)", VARIANTS[v], pre[v]);
+        CHECK(t, js && strstr(js, v == 2 ? "\"ignore_merges\":true" : "\"ignore_merges\":false"), "%s: ignore_merges",
+              VARIANTS[v]);
+        free(js);
+        free(js2);
+        bpe_free(back);
+        bpe_free(tok);
+    }
+}
+
+/* tokenizer_config.json: eos_token (string or AddedToken object) and chat_template (string or the
+ * "default" one of named templates) read back as written; an unknown eos token is one error line. */
+static void test_tokenizer_config(test_ctx *t) {
+    bpe_tok *tok = load(t, "smollm");
+    if (!tok) return;
+    const int eos = bpe_token_id(tok, "<|im_end|>");
+    CHECK(t, eos >= 0, "smollm fixture: no <|im_end|>");
+    const char *tmpl = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n\"quoted\" \\ {% endfor %}";
+    char *js = bpe_tokenizer_config_json(tok, eos, tmpl);
+    int got = -2;
+    char *ct = NULL;
+    moh_error err = {0};
+    CHECK(t, js && bpe_read_tokenizer_config(tok, js, strlen(js), "tc.json", &got, &ct, &err) == MOH_OK && got == eos &&
+                 ct && !strcmp(ct, tmpl), "round trip: eos %d (want %d), template %s: %s", got, eos, ct ? ct : "NULL",
+          err.msg);
+    free(js);
+    free(ct);
+    ct = NULL;
+    const char *obj = "{\"eos_token\": {\"content\": \"<|endoftext|>\", \"special\": true}, \"chat_template\": "
+                      "[{\"name\": \"tool_use\", \"template\": \"T\"}, {\"name\": \"default\", \"template\": \"D\"}]}";
+    CHECK(t, bpe_read_tokenizer_config(tok, obj, strlen(obj), "tc.json", &got, &ct, &err) == MOH_OK &&
+                 got == bpe_token_id(tok, "<|endoftext|>") && ct && !strcmp(ct, "D"),
+          "AddedToken eos / named templates: eos %d, template %s", got, ct ? ct : "NULL");
+    free(ct);
+    ct = NULL;
+    const char *none = "{\"model_max_length\": 8192}";
+    CHECK(t, bpe_read_tokenizer_config(tok, none, strlen(none), "tc.json", &got, &ct, &err) == MOH_OK && got == -1 && !ct,
+          "no eos, no template: eos %d", got);
+    const char *bad = "{\"eos_token\": \"</s>\"}";
+    CHECK(t, bpe_read_tokenizer_config(tok, bad, strlen(bad), "tc.json", &got, &ct, &err) == MOH_E_FORMAT && got == -1 &&
+                 !ct && !strncmp(err.msg, "tc.json: eos_token '</s>' is not a token", 40) && !strchr(err.msg, '\n'),
+          "unknown eos token: %s", err.msg);
+    CHECK(t, bpe_read_tokenizer_config(tok, "[1]", 3, "tc.json", &got, &ct, &err) == MOH_E_FORMAT && !ct,
+          "not an object: %s", err.msg);
+    bpe_free(tok);
 }
 
 static void test_added_and_invalid(test_ctx *t) {
@@ -383,6 +461,8 @@ static void test_json_errors(test_ctx *t) {
 int main(void) {
     test_ctx t = {0};
     test_reference(&t);
+    test_write_tokenizer_json(&t);
+    test_tokenizer_config(&t);
     test_added_and_invalid(&t);
     test_merge_order(&t);
     test_json_errors(&t);

@@ -264,29 +264,55 @@ double text_entropy_bits(const uint8_t *bytes, size_t n) {
     return h > 0.0 ? h : 0.0; /* a single symbol gives -0.0 */
 }
 
-int text_batch(const uint8_t *bytes, size_t n, int B, int T, uint64_t *rng, int *tokens,
-               int *targets, moh_error *err) {
-    if (!bytes || !rng || !tokens || !targets)
-        return moh_fail(err, MOH_E_ARG, "text_batch: NULL bytes, rng, tokens or targets");
+/* The window offset of one example: uniform in [0, m) by rejection (no modulo bias). */
+static size_t text_draw_offset(uint64_t *rng, uint64_t m) {
+    const uint64_t reject_below = (0 - m) % m; /* 2^64 mod m: drawing r >= this makes r % m uniform */
+    uint64_t r;
+    do r = moh_rng_next(rng);
+    while (r < reject_below);
+    return (size_t)(r % m);
+}
+
+/* The checks of text_batch and text_batch_ids. */
+static int text_batch_check(const void *data, size_t n, int B, int T, const uint64_t *rng, const int *tokens,
+                            const int *targets, const char *unit, moh_error *err) {
+    if (!data || !rng || !tokens || !targets)
+        return moh_fail(err, MOH_E_ARG, "text_batch: NULL %s, rng, tokens or targets", unit);
     if (B < 1 || T < 1)
         return moh_fail(err, MOH_E_ARG, "text_batch: B = %d, T = %d; expected both >= 1", B, T);
     if (n < (size_t)T + 1)
-        return moh_fail(err, MOH_E_ARG,
-                        "text_batch: %zu bytes of text; need at least T+1 = %zu for one window", n,
-                        (size_t)T + 1);
-    uint64_t m = (uint64_t)(n - (size_t)T); /* offsets 0..m-1 */
-    uint64_t reject_below = (0 - m) % m;    /* 2^64 mod m: drawing r >= this makes r % m uniform */
-    size_t Ts = (size_t)T;
+        return moh_fail(err, MOH_E_ARG, "text_batch: %zu %s of text; need at least T+1 = %zu for one window", n,
+                        unit, (size_t)T + 1);
+    return MOH_OK;
+}
+
+int text_batch(const uint8_t *bytes, size_t n, int B, int T, uint64_t *rng, int *tokens,
+               int *targets, moh_error *err) {
+    int rc = text_batch_check(bytes, n, B, T, rng, tokens, targets, "bytes", err);
+    if (rc) return rc;
+    const uint64_t m = (uint64_t)(n - (size_t)T); /* offsets 0..m-1 */
+    const size_t Ts = (size_t)T;
     for (size_t b = 0; b < (size_t)B; b++) {
-        uint64_t r;
-        do r = moh_rng_next(rng);
-        while (r < reject_below);
-        const uint8_t *w = bytes + (size_t)(r % m);
+        const uint8_t *w = bytes + text_draw_offset(rng, m);
         int *tok = tokens + b * Ts, *tgt = targets + b * Ts;
         for (size_t t = 0; t < Ts; t++) {
             tok[t] = w[t];
             tgt[t] = w[t + 1];
         }
+    }
+    return MOH_OK;
+}
+
+int text_batch_ids(const int *ids, size_t n, int B, int T, uint64_t *rng, int *tokens, int *targets,
+                   moh_error *err) {
+    int rc = text_batch_check(ids, n, B, T, rng, tokens, targets, "tokens", err);
+    if (rc) return rc;
+    const uint64_t m = (uint64_t)(n - (size_t)T);
+    const size_t Ts = (size_t)T;
+    for (size_t b = 0; b < (size_t)B; b++) {
+        const int *w = ids + text_draw_offset(rng, m);
+        memcpy(tokens + b * Ts, w, sizeof(int) * Ts);
+        memcpy(targets + b * Ts, w + 1, sizeof(int) * Ts);
     }
     return MOH_OK;
 }
@@ -300,6 +326,15 @@ long text_eval_num_chunks(size_t n, int T) {
 long text_eval_num_preds(size_t n, int T) {
     if (T < 1) return 0;
     return (long)n - text_eval_num_chunks(n, T) - (n % ((size_t)T + 1) == 1);
+}
+
+int text_eval_chunk_ids(const int *ids, size_t n, int T, long c, int *tokens, int *targets) {
+    if (!ids || !tokens || !targets || T < 1 || c < 0 || c >= text_eval_num_chunks(n, T)) return 0;
+    const size_t start = (size_t)c * ((size_t)T + 1);
+    const size_t len = n - start < (size_t)T + 1 ? n - start : (size_t)T + 1;
+    memcpy(tokens, ids + start, sizeof(int) * (len - 1));
+    memcpy(targets, ids + start + 1, sizeof(int) * (len - 1));
+    return (int)(len - 1);
 }
 
 int text_eval_chunk(const uint8_t *bytes, size_t n, int T, long c, int *tokens, int *targets) {

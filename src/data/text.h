@@ -49,6 +49,11 @@ double text_entropy_bits(const uint8_t *bytes, size_t n);
 int text_batch(const uint8_t *bytes, size_t n, int B, int T, uint64_t *rng, int *tokens,
                int *targets, moh_error *err);
 
+/* text_batch over token ids[0..n) (a tokenized text) instead of bytes: the same offsets for the
+ * same n and *rng, tokens[b*T+t] = ids[o+t], targets[b*T+t] = ids[o+t+1]. Same errors. */
+int text_batch_ids(const int *ids, size_t n, int B, int T, uint64_t *rng, int *tokens, int *targets,
+                   moh_error *err);
+
 /* Evaluation chunks, exactly as `moh eval` defines its metric: bytes[0..n) are cut into
  * consecutive chunks of T+1 bytes, chunk c starting at c*(T+1); a last chunk shorter than 2 bytes
  * is dropped. Chunk c (length len) predicts its bytes 1..len-1 from the bytes before them in the
@@ -62,4 +67,7 @@ long text_eval_num_chunks(size_t n, int T);
 /* The number of predictions of that metric over bytes[0..n) (0 if T < 1). */
 long text_eval_num_preds(size_t n, int T);
 int text_eval_chunk(const uint8_t *bytes, size_t n, int T, long c, int *tokens, int *targets);
+/* text_eval_chunk over token ids[0..n) (the chunks of a BPE model's evaluation: T+1 tokens each,
+ * the first of each chunk context only). */
+int text_eval_chunk_ids(const int *ids, size_t n, int T, long c, int *tokens, int *targets);
 #endif

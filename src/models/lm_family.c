@@ -1,6 +1,8 @@
 /* The decoder LM as a model family (model.h): config, tensor registry, forward/backward on text
- * batches, and the byte-text batch source (data/text.h) with the `moh eval` metric (bits per
- * byte over consecutive chunks of T + 1 bytes). */
+ * batches, and the text batch source (data/text.h): bytes, or for a model with a BPE tokenizer
+ * the text's token ids (tokenized once per run), with the `moh eval` metric: bits per byte over
+ * consecutive chunks of T + 1 tokens (the cross-entropy of the T predicted tokens of each chunk
+ * in bits / the UTF-8 bytes those tokens decode to). */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -93,14 +95,17 @@ static void train_defaults(train_hparams *hp) {
                           .log_every = 10};
 }
 
-/* ---- byte-text batch source ---------------------------------------------------------------- */
+/* ---- text batch source: bytes, or the tokens of the model's BPE tokenizer ----------------- */
 
 typedef struct text_source {
-    text_data data;        /* train / val bytes (evaluation only: val holds the whole file) */
-    uint8_t *whole;        /* evaluation only: the file's bytes */
+    text_data data;        /* train / val bytes (evaluation of a whole file: val holds it) */
+    uint8_t *whole;        /* evaluation of a whole file: its bytes */
+    int *tr_ids, *va_ids;  /* BPE: the token ids of each split (NULL: a byte model) */
+    size_t n_tr, n_va;
+    int *tok_bytes;        /* BPE: [tokens] UTF-8 bytes each token id decodes to */
     int B, T;              /* training micro-batch (all ranks) */
     int *tok, *tgt;        /* [B, T] training batch */
-    int *etok, *etgt;      /* [eval_B, T] evaluation batch */
+    int *etok, *etgt, *etb;/* [eval_B, T] evaluation batch; etb: bytes of each target (BPE) */
     int eval_B;
     char path[PATH_MAX + 16]; /* the evaluated file */
 } text_source;
@@ -109,10 +114,14 @@ static void text_source_free(void *self) {
     text_source *s = self;
     text_data_free(&s->data);
     free(s->whole);
+    free(s->tr_ids);
+    free(s->va_ids);
+    free(s->tok_bytes);
     free(s->tok);
     free(s->tgt);
     free(s->etok);
     free(s->etgt);
+    free(s->etb);
     free(s);
 }
 
@@ -120,7 +129,8 @@ static int text_next(void *self, long step, int micro, int rank, int nranks, uin
                      moh_error *err) {
     text_source *s = self;
     /* every rank draws the whole micro-batch (the same data position everywhere) and takes its part */
-    int rc = text_batch(s->data.train, s->data.n_train, s->B, s->T, data_rng, s->tok, s->tgt, err);
+    int rc = s->tr_ids ? text_batch_ids(s->tr_ids, s->n_tr, s->B, s->T, data_rng, s->tok, s->tgt, err)
+                       : text_batch(s->data.train, s->data.n_train, s->B, s->T, data_rng, s->tok, s->tgt, err);
     if (rc) return rc;
     const int lo = (int)((long)s->B * rank / nranks), hi = (int)((long)s->B * (rank + 1) / nranks);
     *out = (moh_batch){.B = hi - lo, .T = s->T, .tokens = s->tok + (size_t)lo * s->T,
@@ -128,26 +138,35 @@ static int text_next(void *self, long step, int micro, int rank, int nranks, uin
     return MOH_OK;
 }
 
+/* Length of the evaluated sequence: tokens (BPE) or bytes. */
+static size_t text_eval_len(const text_source *s) { return s->va_ids ? s->n_va : s->data.n_val; }
+
 static long text_eval_items(void *self, long limit) {
     const text_source *s = self;
-    const long all = text_eval_num_preds(s->data.n_val, s->T);
+    const long all = text_eval_num_preds(text_eval_len(s), s->T);
     return limit > 0 && limit < all ? limit : all;
 }
 
-/* Consecutive chunks from *cursor (a chunk index): full-length chunks up to capacity at a time, a
+/* Consecutive chunks of T + 1 tokens (bytes, or BPE tokens) from *cursor (a chunk index): each
+ * predicts its tokens 1..T from those before them in the chunk, so the first token of every chunk
+ * is context only (its bytes are not counted). Full-length chunks up to capacity at a time, a
  * shorter last chunk alone; stops once limit predictions are done (whole batches). */
 static long text_eval_next(void *self, long *cursor, long limit, int capacity, moh_batch *out) {
     text_source *s = self;
     const int T = s->T;
-    const long nchunks = text_eval_num_chunks(s->data.n_val, T);
+    const size_t n = text_eval_len(s);
+    const long nchunks = text_eval_num_chunks(n, T);
     long c = *cursor;
     if (c >= nchunks || (limit > 0 && c * T >= limit)) return 0;
     if (capacity > s->eval_B) capacity = s->eval_B;
     int rows = 0, len = 0;
     while (rows < capacity && c < nchunks) {
         int *tk = s->etok + (size_t)rows * T, *tg = s->etgt + (size_t)rows * T;
-        const int k = text_eval_chunk(s->data.val, s->data.n_val, T, c, tk, tg);
+        const int k = s->va_ids ? text_eval_chunk_ids(s->va_ids, n, T, c, tk, tg)
+                                : text_eval_chunk(s->data.val, n, T, c, tk, tg);
         if (rows > 0 && k != len) break;
+        if (s->va_ids)
+            for (int i = 0; i < k; i++) s->etb[(size_t)rows * T + i] = s->tok_bytes[tg[i]];
         len = k;
         rows++;
         c++;
@@ -157,10 +176,27 @@ static long text_eval_next(void *self, long *cursor, long limit, int capacity, m
         for (int b = 1; b < rows; b++) {
             memmove(s->etok + (size_t)b * len, s->etok + (size_t)b * T, sizeof(int) * len);
             memmove(s->etgt + (size_t)b * len, s->etgt + (size_t)b * T, sizeof(int) * len);
+            if (s->va_ids) memmove(s->etb + (size_t)b * len, s->etb + (size_t)b * T, sizeof(int) * len);
         }
     *cursor = c;
-    *out = (moh_batch){.B = rows, .T = len, .tokens = s->etok, .targets = s->etgt};
+    *out = (moh_batch){.B = rows, .T = len, .tokens = s->etok, .targets = s->etgt,
+                       .target_bytes = s->va_ids ? s->etb : NULL};
     return (long)rows * len;
+}
+
+/* The ids of text[0..n) under t (*ids malloc'd, at least one int), special tokens matched as
+ * Hugging Face's encode does; a note on stderr when bytes without a token were dropped. */
+static int text_tokenize(const bpe_tok *t, const int *tok_bytes, const uint8_t *text, size_t n, const char *label,
+                         bool quiet, int **ids, size_t *nids, moh_error *err) {
+    int rc = bpe_encode(t, text, n, true, ids, nids, err);
+    if (rc) return rc;
+    if (!*ids && !(*ids = malloc(sizeof(int)))) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", label);
+    size_t bytes = 0;
+    for (size_t i = 0; i < *nids; i++) bytes += (size_t)tok_bytes[(*ids)[i]];
+    if (bytes != n && !quiet)
+        fprintf(stderr, "note: %s: %zu of its %zu bytes have no token in the vocabulary and were dropped (as Hugging "
+                "Face tokenizers does); bits per byte count the bytes of the tokens\n", label, n - bytes, n);
+    return MOH_OK;
 }
 
 /* The first 4 bytes of a file (0 when shorter or unreadable). */
@@ -195,18 +231,20 @@ static bool is_idx_data(const char *path, bool dir) {
 static int open_data(model *m, const data_request *req, batch_source *train, batch_source *eval, moh_error *err) {
     const moh_lm_config *cfg = m->cfg;
     const train_hparams *hp = req->hp;
-    if (cfg->vocab_size < 256)
+    const bool bpe = m->tokenizer && !bpe_is_bytes(m->tokenizer); /* else byte ids 0..255 */
+    if (!bpe && cfg->vocab_size < 256)
         return moh_fail(err, MOH_E_CONFIG, "%s: field 'vocab_size' is %d, expected >= 256 (moh's text data is "
                         "bytes, token ids 0..255)", req->model_label, cfg->vocab_size);
-    if (m->tokenizer && !bpe_is_bytes(m->tokenizer)) /* moh's text data is bytes */
-        return moh_fail(err, MOH_E_ARG, "%s has a BPE vocabulary of %d tokens: moh trains and evaluates byte models on "
-                        "text (BPE text data comes next); use moh sample or moh tokenize with it", req->model_label,
-                        bpe_n_tokens(m->tokenizer));
     const int T = hp->seq_len > 0 ? hp->seq_len : cfg->max_position_embeddings;
     if (T > cfg->max_position_embeddings) /* positions the model is not built for */
         return moh_fail(err, MOH_E_ARG, "--seq-len is %d, more than the context of %s (max_position_embeddings %d; "
                         "raise it in the config to train a longer context)", T, req->model_label,
                         cfg->max_position_embeddings);
+    const char *split = req->split ? req->split : "all";
+    if (!req->train && strcmp(split, "all") && strcmp(split, "val"))
+        return moh_fail(err, MOH_E_ARG, "--split is '%.64s'; a language model evaluates \"all\" (the whole file; a "
+                        "prepared dir: its val.txt) or \"val\" (the held-out tail that training validates on, by "
+                        "--val-fraction)", split);
     char path[PATH_MAX + 16];
     struct stat st;
     const bool dir = stat(req->path, &st) == 0 && S_ISDIR(st.st_mode);
@@ -219,21 +257,49 @@ static int open_data(model *m, const data_request *req, batch_source *train, bat
     text_source *s = calloc(1, sizeof *s);
     if (!s) return moh_fail(err, MOH_E_NOMEM, "data: out of memory");
     int rc = MOH_OK;
-    snprintf(s->path, sizeof s->path, "%s", req->train ? req->path : path);
+    const bool tail = !req->train && !dir && !strcmp(split, "val"); /* evaluation of the held-out tail */
+    snprintf(s->path, sizeof s->path, "%s", req->train || tail ? req->path : path);
     s->T = T;
     s->B = hp->batch_size;
     s->eval_B = req->eval_batch > 0 ? req->eval_batch : hp->batch_size;
-    if (req->train) {
-        rc = text_data_load(&s->data, req->path, hp->val_fraction, (size_t)T + 2, err);
+    if (req->train || tail) { /* a BPE model's splits are checked in tokens below */
+        rc = text_data_load(&s->data, req->path, hp->val_fraction, req->train && !bpe ? (size_t)T + 2 : 2, err);
     } else { /* evaluation of a whole file (a prepared dir: its val.txt) */
         size_t n = 0;
         s->whole = (uint8_t *)fs_read_file(path, (size_t)4 << 30, &n, err);
         if (!s->whole) rc = err ? err->code : MOH_E_IO;
-        else if (text_eval_num_chunks(n, T) < 1)
-            rc = moh_fail(err, MOH_E_FORMAT, "%s: %zu byte%s, fewer than the 2 needed for one prediction", path, n,
-                          n == 1 ? "" : "s");
         s->data.val = s->whole;
         s->data.n_val = n;
+    }
+    if (!rc && !bpe && !req->train && text_eval_num_chunks(s->data.n_val, T) < 1)
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: %zu byte%s, fewer than the 2 needed for one prediction", s->path,
+                      s->data.n_val, s->data.n_val == 1 ? "" : "s");
+    if (!rc && bpe) { /* the text once through the tokenizer: train windows and eval chunks are token ids */
+        const int nt = bpe_n_tokens(m->tokenizer);
+        if (!(s->tok_bytes = calloc((size_t)nt, sizeof(int)))) rc = moh_fail(err, MOH_E_NOMEM, "data: out of memory");
+        for (int i = 0; !rc && i < nt; i++) {
+            const uint8_t *b;
+            size_t bl = 0;
+            moh_error none;
+            if (bpe_token_bytes(m->tokenizer, i, &b, &bl, &none) == MOH_OK) s->tok_bytes[i] = (int)bl;
+        }
+        char label[PATH_MAX + 64];
+        snprintf(label, sizeof label, "%s%s", s->path, req->train ? " (training split)" : "");
+        if (!rc && req->train)
+            rc = text_tokenize(m->tokenizer, s->tok_bytes, s->data.train, s->data.n_train, label, req->quiet,
+                               &s->tr_ids, &s->n_tr, err);
+        if (!rc && req->train && s->n_tr < (size_t)T + 1)
+            rc = moh_fail(err, MOH_E_FORMAT, "%s: the training split is %zu tokens under the model's tokenizer, fewer "
+                          "than the T+1 = %d of one window: use a longer file or a smaller --seq-len", req->path,
+                          s->n_tr, T + 1);
+        snprintf(label, sizeof label, "%s%s", req->train || tail ? req->path : s->path,
+                 req->train || tail ? " (validation split)" : "");
+        if (!rc)
+            rc = text_tokenize(m->tokenizer, s->tok_bytes, s->data.val, s->data.n_val, label, req->quiet, &s->va_ids,
+                               &s->n_va, err);
+        if (!rc && text_eval_num_chunks(s->n_va, T) < 1)
+            rc = moh_fail(err, MOH_E_FORMAT, "%s: %zu token%s under the model's tokenizer, fewer than the 2 needed "
+                          "for one prediction", label, s->n_va, s->n_va == 1 ? "" : "s");
     }
     const size_t bt = (size_t)s->B * T, ebt = (size_t)s->eval_B * T;
     if (!rc) {
@@ -241,7 +307,9 @@ static int open_data(model *m, const data_request *req, batch_source *train, bat
         s->tgt = malloc(sizeof(int) * bt);
         s->etok = malloc(sizeof(int) * ebt);
         s->etgt = malloc(sizeof(int) * ebt);
-        if (!s->tok || !s->tgt || !s->etok || !s->etgt) rc = moh_fail(err, MOH_E_NOMEM, "data: out of memory");
+        s->etb = bpe ? malloc(sizeof(int) * ebt) : NULL;
+        if (!s->tok || !s->tgt || !s->etok || !s->etgt || (bpe && !s->etb))
+            rc = moh_fail(err, MOH_E_NOMEM, "data: out of memory");
     }
     if (rc) {
         text_source_free(s);
@@ -251,8 +319,8 @@ static int open_data(model *m, const data_request *req, batch_source *train, bat
                            .examples_per_step = (long)bt, .steps_per_epoch = 0, .warmup_cap = 100,
                            .rng_start = hp->seed * 0x9E3779B97F4A7C15ULL + 0x5EEDULL, .next = text_next,
                            .eval_items = text_eval_items, .eval_next = text_eval_next, .free = text_source_free,
-                           .n_train = s->data.n_train, .n_eval = s->data.n_val, .what = "bytes",
-                           .label = s->path, .seq_len = T};
+                           .n_train = bpe ? s->n_tr : s->data.n_train, .n_eval = bpe ? s->n_va : s->data.n_val,
+                           .what = bpe ? "tokens" : "bytes", .label = s->path, .seq_len = T};
     if (train) { /* one source serves both: the trainer frees it once (train->free == NULL) */
         *train = *eval;
         train->free = NULL;
@@ -265,30 +333,44 @@ static void eval_add(const void *cfg, const void *acts, const moh_batch *b, int 
     const long preds = (long)count * b->T;
     r->ce_sum += (double)a->ce_loss * preds;
     r->n += preds;
+    if (!b->target_bytes) r->bytes += (double)preds; /* byte tokens */
+    else
+        for (long i = 0; i < preds; i++) r->bytes += b->target_bytes[(size_t)first * b->T + i];
 }
+/* bits per byte = ce_sum / ln 2 / bytes (of the predicted tokens), as loss / ln 2 * (n / bytes):
+ * for byte tokens n / bytes is exactly 1, the number moh has always reported. */
 static void eval_finish(const void *cfg, model_eval *r) {
     r->loss = r->ce_sum / (double)r->n;
-    r->metric = r->loss / log(2.0);
+    r->metric = r->loss / log(2.0) * ((double)r->n / r->bytes);
 }
 static void eval_json(const model_eval *r, char *buf, size_t cap) {
-    snprintf(buf, cap, ", \"val_loss\": %.6f, \"val_bpb\": %.6f, \"val_tokens\": %ld", r->loss, r->metric, r->n);
+    const int k = snprintf(buf, cap, ", \"val_loss\": %.6f, \"val_bpb\": %.6f, \"val_tokens\": %ld", r->loss,
+                           r->metric, r->n);
+    if (r->bytes != (double)r->n && k > 0 && (size_t)k < cap) /* BPE tokens */
+        snprintf(buf + k, cap - (size_t)k, ", \"val_bytes\": %.0f", r->bytes);
 }
 static void eval_brief(const model_eval *r, char *buf, size_t cap) { snprintf(buf, cap, " | val %.4f bpb", r->metric); }
 
 static void eval_report(const model *m, const model_eval *r, const eval_context *ctx) {
+    const bool bpe = r->bytes != (double)r->n || strcmp(ctx->src->what, "bytes");
     if (ctx->json) {
-        printf("{\"val_loss\": %.8f, \"bits_per_byte\": %.8f, \"tokens\": %ld, \"seq_len\": %d, "
-               "\"lb_loss\": %.6f, ", r->loss, r->metric, r->n, ctx->seq_len, r->lb_loss);
+        printf("{\"val_loss\": %.8f, \"bits_per_byte\": %.8f, \"tokens\": %ld, \"bytes\": %.0f, \"vocab\": \"%s\", "
+               "\"split\": \"%s\", \"seq_len\": %d, \"lb_loss\": %.6f, ", r->loss, r->metric, r->n, r->bytes,
+               bpe ? "bpe" : "bytes", ctx->split ? ctx->split : "all", ctx->seq_len, r->lb_loss);
         model_print_head_share(m, r, true);
         printf("}\n");
         return;
     }
-    printf("checkpoint %s on %s (%zu bytes, T=%d)\n", ctx->checkpoint, ctx->src->label, ctx->src->n_eval, ctx->seq_len);
-    printf("val_loss %.6f nats | %.4f bits/byte | %ld predictions\n", r->loss, r->metric, r->n);
+    printf("checkpoint %s on %s (%zu %s, T=%d)\n", ctx->checkpoint, ctx->src->label, ctx->src->n_eval, ctx->src->what,
+           ctx->seq_len);
+    if (bpe)
+        printf("val_loss %.6f nats/token | %.4f bits/byte | %ld predicted tokens = %.0f bytes\n", r->loss, r->metric,
+               r->n, r->bytes);
+    else printf("val_loss %.6f nats | %.4f bits/byte | %ld predictions\n", r->loss, r->metric, r->n);
     model_print_head_share(m, r, false);
 }
 
-/* tokens [1, len] and logits [1, len, V] of the first evaluation chunk */
+/* tokens, targets, target_bytes [1, len] and logits [1, len, V] of the first evaluation chunk */
 static int dump_logits(const model *m, batch_source *src, const char *path, moh_error *err) {
     const moh_lm_config *cfg = m->cfg;
     long cursor = 0;
@@ -297,14 +379,19 @@ static int dump_logits(const model *m, batch_source *src, const char *path, moh_
         return moh_fail(err, MOH_E_FORMAT, "%s: too short for one prediction", path);
     void *acts = NULL;
     int rc = acts_new(cfg, 1, b.T, true, &acts, err);
-    float *ft = rc ? NULL : malloc(sizeof(float) * (size_t)b.T);
+    float *ft = rc ? NULL : malloc(sizeof(float) * 3 * (size_t)b.T);
     if (!rc && !ft) rc = moh_fail(err, MOH_E_NOMEM, "out of memory");
     if (!rc) {
         lm_acts_f32 *a = acts;
         lm_forward_f32(cfg, m->params, a, b.tokens, NULL, 1, b.T);
-        for (int i = 0; i < b.T; i++) ft[i] = (float)b.tokens[i];
-        moh_st_entry e[2] = {{"tokens", 2, {1, b.T}, ft}, {"logits", 3, {1, b.T, cfg->vocab_size}, a->logits}};
-        rc = moh_st_write(path, e, 2, err);
+        for (int i = 0; i < b.T; i++) {
+            ft[i] = (float)b.tokens[i];
+            ft[b.T + i] = (float)b.targets[i];
+            ft[2 * b.T + i] = b.target_bytes ? (float)b.target_bytes[i] : 1.0f;
+        }
+        moh_st_entry e[4] = {{"tokens", 2, {1, b.T}, ft}, {"logits", 3, {1, b.T, cfg->vocab_size}, a->logits},
+                             {"targets", 2, {1, b.T}, ft + b.T}, {"target_bytes", 2, {1, b.T}, ft + 2 * b.T}};
+        rc = moh_st_write(path, e, 4, err);
     }
     free(ft);
     acts_free(acts);
@@ -362,7 +449,7 @@ static int to_gguf(const model *m, const char *path, bool f16, moh_error *err) {
 const model_family lm_family = {
     .model_type = "llama",
     .task = "text-generation",
-    .summary = "decoder language model (HF LLaMA layout, byte tokens)",
+    .summary = "decoder language model (HF LLaMA layout, byte or BPE tokens)",
     .data_help = "a UTF-8 text file (its last --val-fraction is validation) or a dir with train.txt + val.txt",
     .config_size = sizeof(moh_lm_config),
     .describe = describe,

@@ -80,6 +80,7 @@ int model_family_of_dir(const char *dir, const model_family **fam, moh_error *er
 
 void model_free(model *m) {
     bpe_free(m->tokenizer);
+    free(m->chat_template);
     if (m->fam && m->params) m->fam->params_free(m->params);
     free(m->cfg);
     memset(m, 0, sizeof *m);
@@ -192,15 +193,27 @@ int model_active_heads(const model *m) {
 void model_print_head_share(const model *m, const model_eval *r, bool json) {
     const int L = model_num_layers(m), h = model_attn(m)->n_heads;
     if (json) printf("\"head_share\": [");
-    else printf("head-activation share per layer (heads 0..%d; shared heads first):\n", h - 1);
+    else printf("head-activation share per layer (heads 0..%d; shared heads first | share of the layer's heads "
+                "computed):\n", h - 1);
     for (int l = 0; l < L; l++) {
         if (json) printf("%s[", l ? ", " : "");
         else printf("  layer %2d:", l);
-        for (int i = 0; i < h; i++)
+        double sum = 0.0;
+        for (int i = 0; i < h; i++) {
             printf(json ? "%s%.6f" : "%s%.2f", json ? (i ? ", " : "") : " ", r->head_share[(size_t)l * h + i]);
-        printf(json ? "]" : "\n");
+            sum += r->head_share[(size_t)l * h + i];
+        }
+        if (json) printf("]");
+        else printf(" | %.4f\n", sum / h);
     }
-    if (json) printf("]");
+    if (!json) return;
+    printf("], \"layer_head_share\": [");
+    for (int l = 0; l < L; l++) {
+        double sum = 0.0;
+        for (int i = 0; i < h; i++) sum += r->head_share[(size_t)l * h + i];
+        printf("%s%.6f", l ? ", " : "", sum / h);
+    }
+    printf("]");
 }
 
 void model_eval_free(model_eval *r) {
@@ -342,18 +355,18 @@ static int eval_reduce(const model *m, const eval_split *split, model_eval *r, m
     const size_t K = has > 0 && m->fam->num_outputs ? (size_t)m->fam->num_outputs(m->cfg) : 0;
     if (K && !r->confusion && !(r->confusion = calloc(K * K, sizeof(long))))
         return moh_fail(err, MOH_E_NOMEM, "eval: out of memory");
-    const size_t nh = (size_t)L * h, nv = 6 + nh + K * K;
+    const size_t nh = (size_t)L * h, nv = 7 + nh + K * K;
     double *v = malloc(sizeof(double) * nv);
     if (!v) return moh_fail(err, MOH_E_NOMEM, "eval: out of memory");
     v[0] = (double)r->n, v[1] = r->ce_sum, v[2] = (double)r->correct, v[3] = r->lb_loss, v[4] = (double)r->batches;
-    v[5] = r->tokens;
-    for (size_t i = 0; i < nh; i++) v[6 + i] = r->head_share[i];
-    for (size_t i = 0; i < K * K; i++) v[6 + nh + i] = (double)r->confusion[i];
+    v[5] = r->tokens, v[6] = r->bytes;
+    for (size_t i = 0; i < nh; i++) v[7 + i] = r->head_share[i];
+    for (size_t i = 0; i < K * K; i++) v[7 + nh + i] = (double)r->confusion[i];
     split->sum(split->ctx, v, nv);
     r->n = (long)v[0], r->ce_sum = v[1], r->correct = (long)v[2], r->lb_loss = v[3], r->batches = (long)v[4];
-    r->tokens = v[5];
-    for (size_t i = 0; i < nh; i++) r->head_share[i] = v[6 + i];
-    for (size_t i = 0; i < K * K; i++) r->confusion[i] = (long)v[6 + nh + i];
+    r->tokens = v[5], r->bytes = v[6];
+    for (size_t i = 0; i < nh; i++) r->head_share[i] = v[7 + i];
+    for (size_t i = 0; i < K * K; i++) r->confusion[i] = (long)v[7 + nh + i];
     free(v);
     return MOH_OK;
 }

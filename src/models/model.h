@@ -45,6 +45,8 @@ typedef struct moh_batch {
     int B;           /* examples (sequences or images) */
     int T;           /* tokens per sequence (text); 0 for images */
     const int *tokens, *targets;
+    const int *target_bytes; /* text evaluation: [B, T] UTF-8 bytes each target token decodes to
+                              * (BPE); NULL = 1 byte each (byte vocabulary) */
     const float *images;
     int C, H, W;     /* image shape */
     const int *labels;
@@ -61,6 +63,7 @@ typedef struct model_eval {
     double lb_loss;     /* mean over batches of the load-balance loss (monitoring, not added) */
     double ce_sum;      /* sum of per-item cross-entropies (nats) */
     double tokens;      /* attention tokens seen (head_share denominator) */
+    double bytes;       /* text: UTF-8 bytes of the predicted tokens (bits-per-byte denominator) */
     long batches;
 } model_eval;
 void model_eval_free(model_eval *r);
@@ -94,8 +97,10 @@ typedef struct model_family model_family;
 struct bpe_tok;
 typedef struct model {
     const model_family *fam;
-    struct bpe_tok *tokenizer; /* text models with a BPE vocabulary (from a GGUF), else NULL */
+    struct bpe_tok *tokenizer; /* text models with a BPE vocabulary (from a GGUF or a folder's
+                                * tokenizer.json), else NULL */
     int eos_id;                /* end-of-text token of that tokenizer, or -1 */
+    char *chat_template;       /* the tokenizer's chat template (Jinja text, owned), or NULL */
     void *cfg;       /* the family's config struct (moh_lm_config, moh_vit_config), owned */
     void *params;    /* the family's parameter views (lm_params_f32, ...), owned */
     float *data;     /* parameter buffer [n] in tensor-registry order (== params' data) */
@@ -309,7 +314,9 @@ int model_num_layers(const model *m);
 const moh_attn_config *model_attn(const model *m);
 /* Heads active per token (h for the "none" router). */
 int model_active_heads(const model *m);
-/* Prints r->head_share [L, h] on stdout: a table, or (json) the field `"head_share": [[...], ...]`. */
+/* Prints r->head_share [L, h] on stdout: a table (each layer's mean at the end of its line), or
+ * (json) the fields `"head_share": [[...], ...], "layer_head_share": [...]`, the latter the share
+ * of each layer's heads computed per token (mean of its row). */
 void model_print_head_share(const model *m, const model_eval *r, bool json);
 
 /* ---- MHA -> MoH conversion (issue 11, spec §3 and §10) ---------------------------------- */

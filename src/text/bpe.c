@@ -49,6 +49,8 @@ struct bpe_tok {
     pcre2_code *re[BPE_MAX_REGEX];
     int n_re;
     bool ignore_merges;
+    bpe_pre pre;                  /* the pre-tokenizer as given (written back by the writer) */
+    char *pattern[BPE_MAX_REGEX]; /* BPE_PRE_CUSTOM: the regexes as given (owned) */
 };
 
 /* ---- GPT-2 byte <-> unicode table ---- */
@@ -190,6 +192,7 @@ void bpe_free(bpe_tok *t) {
     free(t->merges);
     free(t->added);
     for (int i = 0; i < t->n_re; i++) pcre2_code_free(t->re[i]);
+    for (int i = 0; i < BPE_MAX_REGEX; i++) free(t->pattern[i]);
     free(t);
 }
 
@@ -359,6 +362,7 @@ int bpe_create(bpe_tok **out, const bpe_spec *spec, moh_error *err) {
         t->added_first[b] = k;
     }
     t->ignore_merges = spec->ignore_merges;
+    t->pre = spec->pre;
     switch (spec->pre) {
     case BPE_PRE_GPT2: rc = compile_re(t, GPT2_RE, err); break;
     case BPE_PRE_SMOLLM:
@@ -373,6 +377,8 @@ int bpe_create(bpe_tok **out, const bpe_spec *spec, moh_error *err) {
                 break;
             }
             rc = compile_re(t, spec->pre_regex[i], err);
+            if (rc == MOH_OK && !(t->pattern[i] = strdup(spec->pre_regex[i])))
+                rc = moh_fail(err, MOH_E_NOMEM, "bpe_create: out of memory");
         }
         break;
     default: rc = moh_fail(err, MOH_E_ARG, "bpe_create: unknown pre-tokenizer %d", (int)spec->pre);
@@ -695,13 +701,16 @@ static int tj_pre(const cJSON *j, bpe_spec *spec, const char *label, moh_error *
         }
         return MOH_OK;
     }
-    if (spec->n_regex >= BPE_MAX_REGEX)
-        return moh_fail(err, MOH_E_FORMAT, "%s: pre_tokenizer: more than %d stages", label, BPE_MAX_REGEX);
     if (!strcmp(ty, "ByteLevel")) {
         if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "add_prefix_space")))
             return tj_fail(label, err, "pre_tokenizer ByteLevel: add_prefix_space true is not supported (expected false)");
         const cJSON *ur = cJSON_GetObjectItemCaseSensitive(j, "use_regex");
-        if (!ur || cJSON_IsTrue(ur)) spec->pre_regex[spec->n_regex++] = GPT2_RE;
+        if (ur && !cJSON_IsTrue(ur)) return MOH_OK; /* the byte mapping alone: no split */
+    }
+    if (spec->n_regex >= BPE_MAX_REGEX)
+        return moh_fail(err, MOH_E_FORMAT, "%s: pre_tokenizer: more than %d splitting stages", label, BPE_MAX_REGEX);
+    if (!strcmp(ty, "ByteLevel")) {
+        spec->pre_regex[spec->n_regex++] = GPT2_RE;
         return MOH_OK;
     }
     if (!strcmp(ty, "Digits")) {
@@ -879,4 +888,202 @@ int bpe_load_tokenizer_json(bpe_tok **out, const char *path, moh_error *err) {
     int rc = bpe_from_tokenizer_json(out, text, len, path, err);
     free(text);
     return rc;
+}
+
+/* ---- tokenizer.json writer ---- */
+
+static cJSON *tj_obj(const char *type) {
+    cJSON *o = cJSON_CreateObject();
+    if (o) cJSON_AddStringToObject(o, "type", type);
+    return o;
+}
+
+static cJSON *tj_byte_level(bool use_regex) {
+    cJSON *o = tj_obj("ByteLevel");
+    cJSON_AddBoolToObject(o, "add_prefix_space", false);
+    cJSON_AddBoolToObject(o, "trim_offsets", true);
+    cJSON_AddBoolToObject(o, "use_regex", use_regex);
+    return o;
+}
+
+/* The pre-tokenizer of t as tokenizers writes it: each regex stage in order (Digits for the digit
+ * patterns, Split Isolated otherwise), then ByteLevel, which splits with the GPT-2 regex itself
+ * when that is the last stage (it maps bytes, so no stage may follow it); a Sequence when more
+ * than one. tj_pre reads each form back to the same regexes. */
+static cJSON *tj_pre_json(const bpe_tok *t) {
+    const char *st[BPE_MAX_REGEX + 1];
+    int n = 0;
+    switch (t->pre) {
+    case BPE_PRE_GPT2: st[n++] = GPT2_RE; break;
+    case BPE_PRE_SMOLLM: st[n++] = DIGIT_RE; st[n++] = GPT2_RE; break;
+    case BPE_PRE_LLAMA3: st[n++] = LLAMA3_RE; break;
+    default:
+        for (int i = 0; i < BPE_MAX_REGEX && t->pattern[i]; i++) st[n++] = t->pattern[i];
+    }
+    cJSON *list = cJSON_CreateArray();
+    const bool last_gpt2 = n > 0 && !strcmp(st[n - 1], GPT2_RE);
+    for (int i = 0; i < n - (last_gpt2 ? 1 : 0); i++) {
+        cJSON *o;
+        if (!strcmp(st[i], DIGIT_RE) || !strcmp(st[i], DIGIT_RE "+")) {
+            o = tj_obj("Digits");
+            cJSON_AddBoolToObject(o, "individual_digits", !strcmp(st[i], DIGIT_RE));
+        } else {
+            o = tj_obj("Split");
+            cJSON *pat = cJSON_AddObjectToObject(o, "pattern");
+            cJSON_AddStringToObject(pat, "Regex", st[i]);
+            cJSON_AddStringToObject(o, "behavior", "Isolated");
+            cJSON_AddBoolToObject(o, "invert", false);
+        }
+        cJSON_AddItemToArray(list, o);
+    }
+    cJSON_AddItemToArray(list, tj_byte_level(last_gpt2));
+    if (cJSON_GetArraySize(list) == 1) {
+        cJSON *one = cJSON_DetachItemFromArray(list, 0);
+        cJSON_Delete(list);
+        return one;
+    }
+    cJSON *seq = tj_obj("Sequence");
+    cJSON_AddItemToObject(seq, "pretokenizers", list);
+    return seq;
+}
+
+typedef struct merge_rec { int rank, a, b; } merge_rec;
+static int cmp_merge_rec(const void *x, const void *y) {
+    const merge_rec *p = x, *q = y;
+    return (p->rank > q->rank) - (p->rank < q->rank);
+}
+static int cmp_int(const void *x, const void *y) {
+    const int a = *(const int *)x, b = *(const int *)y;
+    return (a > b) - (a < b);
+}
+
+int bpe_to_tokenizer_json(const bpe_tok *t, char **json, size_t *len, moh_error *err) {
+    *json = NULL;
+    *len = 0;
+    size_t nm = 0;
+    for (size_t i = 0; i < t->merge_cap; i++) nm += t->merges[i].key != 0;
+    merge_rec *mr = malloc((nm + 1) * sizeof *mr);
+    int *added = malloc(((size_t)t->n_added + 1) * sizeof(int));
+    cJSON *root = cJSON_CreateObject();
+    char *buf = NULL, *out = NULL;
+    if (!mr || !added || !root) goto nomem;
+    nm = 0;
+    for (size_t i = 0; i < t->merge_cap; i++)
+        if (t->merges[i].key) {
+            const uint64_t k = t->merges[i].key - 1;
+            mr[nm++] = (merge_rec){t->merges[i].rank, (int)(uint32_t)(k >> 32), (int)(uint32_t)k};
+        }
+    qsort(mr, nm, sizeof *mr, cmp_merge_rec);
+    memcpy(added, t->added, (size_t)t->n_added * sizeof(int));
+    qsort(added, (size_t)t->n_added, sizeof(int), cmp_int);
+
+    cJSON_AddStringToObject(root, "version", "1.0");
+    cJSON_AddNullToObject(root, "truncation");
+    cJSON_AddNullToObject(root, "padding");
+    cJSON *al = cJSON_AddArrayToObject(root, "added_tokens");
+    for (int i = 0; i < t->n_added; i++) { /* all special: matched first, leftmost-longest, as moh does */
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "id", added[i]);
+        cJSON_AddStringToObject(o, "content", t->str[added[i]]);
+        cJSON_AddBoolToObject(o, "single_word", false);
+        cJSON_AddBoolToObject(o, "lstrip", false);
+        cJSON_AddBoolToObject(o, "rstrip", false);
+        cJSON_AddBoolToObject(o, "normalized", false);
+        cJSON_AddBoolToObject(o, "special", true);
+        cJSON_AddItemToArray(al, o);
+    }
+    cJSON_AddNullToObject(root, "normalizer");
+    cJSON_AddItemToObject(root, "pre_tokenizer", tj_pre_json(t));
+    cJSON_AddNullToObject(root, "post_processor");
+    cJSON *dec = tj_obj("ByteLevel");
+    cJSON_AddBoolToObject(dec, "add_prefix_space", true);
+    cJSON_AddBoolToObject(dec, "trim_offsets", true);
+    cJSON_AddBoolToObject(dec, "use_regex", true);
+    cJSON_AddItemToObject(root, "decoder", dec);
+    cJSON *model = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddNullToObject(model, "dropout");
+    cJSON_AddNullToObject(model, "unk_token");
+    cJSON_AddNullToObject(model, "continuing_subword_prefix");
+    cJSON_AddNullToObject(model, "end_of_word_suffix");
+    cJSON_AddBoolToObject(model, "fuse_unk", false);
+    cJSON_AddBoolToObject(model, "byte_fallback", false);
+    cJSON_AddBoolToObject(model, "ignore_merges", t->ignore_merges);
+    cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
+    for (int i = 0; i < t->n_tokens; i++)
+        if (t->str[i]) cJSON_AddItemToObject(vocab, t->str[i], cJSON_CreateNumber(i));
+    cJSON *ml = cJSON_AddArrayToObject(model, "merges");
+    size_t cap = 0;
+    for (size_t i = 0; i < nm; i++) {
+        const size_t need = strlen(t->str[mr[i].a]) + strlen(t->str[mr[i].b]) + 2;
+        if (need > cap) {
+            free(buf);
+            cap = need * 2;
+            if (!(buf = malloc(cap))) goto nomem;
+        }
+        snprintf(buf, cap, "%s %s", t->str[mr[i].a], t->str[mr[i].b]);
+        cJSON_AddItemToArray(ml, cJSON_CreateString(buf));
+    }
+    if (!al || !model || !vocab || !ml || (size_t)cJSON_GetArraySize(ml) != nm)
+        goto nomem;
+    if (!(out = cJSON_PrintUnformatted(root))) goto nomem;
+    *json = out;
+    *len = strlen(out);
+    free(buf);
+    free(mr);
+    free(added);
+    cJSON_Delete(root);
+    return MOH_OK;
+nomem:
+    free(buf);
+    free(mr);
+    free(added);
+    cJSON_Delete(root);
+    return moh_fail(err, MOH_E_NOMEM, "tokenizer.json: out of memory");
+}
+
+/* ---- tokenizer_config.json ---- */
+
+int bpe_read_tokenizer_config(const bpe_tok *t, const char *text, size_t len, const char *label, int *eos_id,
+                              char **chat_template, moh_error *err) {
+    *eos_id = -1;
+    *chat_template = NULL;
+    json_reader rd = {label, JSON_STYLE_VIT, err};
+    cJSON *root = NULL;
+    int rc = json_parse_text(&rd, text, len, &root);
+    if (rc) return rc;
+    char q[96];
+    if (!cJSON_IsObject(root)) rc = tj_fail(label, err, "expected a JSON object");
+    const cJSON *eos = rc ? NULL : cJSON_GetObjectItemCaseSensitive(root, "eos_token");
+    if (cJSON_IsObject(eos)) eos = cJSON_GetObjectItemCaseSensitive(eos, "content"); /* an AddedToken */
+    if (cJSON_IsString(eos) && (*eos_id = bpe_token_id(t, eos->valuestring)) < 0)
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: eos_token '%s' is not a token of the tokenizer", label,
+                      json_quote(q, sizeof q, eos->valuestring, 64, 16));
+    const cJSON *ct = rc ? NULL : cJSON_GetObjectItemCaseSensitive(root, "chat_template"), *it;
+    if (cJSON_IsArray(ct)) /* named templates: [{"name": "default", "template": "..."}, ...] */
+        cJSON_ArrayForEach(it, ct) {
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(it, "name");
+            if (cJSON_IsString(name) && !strcmp(name->valuestring, "default")) {
+                ct = cJSON_GetObjectItemCaseSensitive(it, "template");
+                break;
+            }
+        }
+    if (cJSON_IsString(ct) && !(*chat_template = strdup(ct->valuestring)))
+        rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", label);
+    if (rc) *eos_id = -1;
+    cJSON_Delete(root);
+    return rc;
+}
+
+char *bpe_tokenizer_config_json(const bpe_tok *t, int eos_id, const char *chat_template) {
+    cJSON *j = cJSON_CreateObject();
+    if (!j) return NULL;
+    cJSON_AddStringToObject(j, "tokenizer_class", "PreTrainedTokenizerFast");
+    cJSON_AddBoolToObject(j, "clean_up_tokenization_spaces", false);
+    const char *eos = bpe_token_str(t, eos_id);
+    if (eos) cJSON_AddStringToObject(j, "eos_token", eos);
+    if (chat_template) cJSON_AddStringToObject(j, "chat_template", chat_template);
+    char *s = cJSON_Print(j);
+    cJSON_Delete(j);
+    return s;
 }

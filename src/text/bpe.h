@@ -65,6 +65,27 @@ int bpe_from_tokenizer_json(bpe_tok **out, const char *text, size_t len, const c
 /* Same, from the file at path (MOH_E_IO when unreadable). */
 int bpe_load_tokenizer_json(bpe_tok **out, const char *path, moh_error *err);
 
+/* The tokenizer as Hugging Face tokenizer.json text (*json[*len], malloc'd, NUL-terminated):
+ * model BPE (vocab in id order, merges "A B" in rank order, ignore_merges), every added token
+ * as special (matched before BPE, as bpe_encode does), normalizer null, the pre-tokenizer (gpt2:
+ * ByteLevel; smollm: Digits(individual) + ByteLevel; llama-bpe: Split(LLaMA-3 regex, Isolated) +
+ * ByteLevel(use_regex false); custom regexes: Digits / Split stages then ByteLevel),
+ * post_processor null, ByteLevel decoder. bpe_from_tokenizer_json reads it back to the same ids,
+ * and Hugging Face `tokenizers` encodes with it as bpe_encode does (tools/ref/bpe_fixtures.py
+ * roundtrip). MOH_E_NOMEM. */
+int bpe_to_tokenizer_json(const bpe_tok *t, char **json, size_t *len, moh_error *err);
+
+/* Hugging Face tokenizer_config.json text[0..len) for tokenizer t: *eos_id from "eos_token" (a
+ * string or an object with "content"; -1 when absent), *chat_template (malloc'd, or NULL) from
+ * "chat_template" (a string, or the entry named "default" of a list of named templates). Other
+ * fields are ignored. MOH_E_FORMAT naming label: not a JSON object, an eos_token that is not a
+ * token of t. MOH_E_NOMEM. */
+int bpe_read_tokenizer_config(const bpe_tok *t, const char *text, size_t len, const char *label, int *eos_id,
+                              char **chat_template, moh_error *err);
+/* tokenizer_config.json text for t (malloc'd; NULL on OOM): PreTrainedTokenizerFast, eos_token
+ * (the string of eos_id, left out when -1), chat_template (left out when NULL). */
+char *bpe_tokenizer_config_json(const bpe_tok *t, int eos_id, const char *chat_template);
+
 void bpe_free(bpe_tok *t);
 
 /* Number of token ids (n_tokens of the spec). */

@@ -105,6 +105,57 @@ static void format_key(const train_key *k, const train_state *st, char *out, siz
     }
 }
 
+int checkpoint_save_tokenizer(const char *dir, const model *m, moh_error *err) {
+    if (!m->tokenizer) return MOH_OK;
+    char path[4200], *json = NULL;
+    size_t len = 0;
+    int rc = bpe_to_tokenizer_json(m->tokenizer, &json, &len, err);
+    if (!rc) {
+        join(path, sizeof path, dir, "tokenizer.json");
+        rc = fs_write_atomic(path, json, len, err);
+        free(json);
+    }
+    if (!rc && !(json = bpe_tokenizer_config_json(m->tokenizer, m->eos_id, m->chat_template)))
+        rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory writing tokenizer_config.json", dir);
+    if (!rc) {
+        join(path, sizeof path, dir, "tokenizer_config.json");
+        rc = fs_write_atomic(path, json, strlen(json), err);
+        free(json);
+    }
+    return rc;
+}
+
+int checkpoint_load_tokenizer(model *m, const char *dir, moh_error *err) {
+    char path[4200];
+    struct stat sb;
+    join(path, sizeof path, dir, "tokenizer.json");
+    if (stat(path, &sb) != 0) return MOH_OK; /* a byte model */
+    bpe_free(m->tokenizer);
+    free(m->chat_template);
+    m->tokenizer = NULL;
+    m->chat_template = NULL;
+    m->eos_id = -1;
+    int rc = bpe_load_tokenizer_json(&m->tokenizer, path, err);
+    const int V = !rc && m->fam->num_outputs ? m->fam->num_outputs(m->cfg) : 0;
+    if (!rc && bpe_n_tokens(m->tokenizer) > V) /* HF pads embeddings beyond the vocabulary, never less */
+        rc = moh_fail(err, MOH_E_SHAPE, "%s: %d tokens, expected at most %d (the model's vocab_size)", path,
+                      bpe_n_tokens(m->tokenizer), V);
+    join(path, sizeof path, dir, "tokenizer_config.json");
+    if (!rc && stat(path, &sb) == 0) {
+        size_t len = 0;
+        char *text = fs_read_file(path, (size_t)16 << 20, &len, err);
+        if (!text) rc = err ? err->code : MOH_E_IO;
+        else rc = bpe_read_tokenizer_config(m->tokenizer, text, len, path, &m->eos_id, &m->chat_template, err);
+        free(text);
+    }
+    if (rc) {
+        bpe_free(m->tokenizer);
+        m->tokenizer = NULL;
+        m->eos_id = -1;
+    }
+    return rc;
+}
+
 int checkpoint_save(const char *dir, const model *m, const float *m1, const float *m2, const train_state *st,
                     moh_error *err) {
     if (fs_mkdir_p(dir, err)) return err ? err->code : MOH_E_IO;
@@ -138,6 +189,7 @@ int checkpoint_save(const char *dir, const model *m, const float *m1, const floa
         join(path, sizeof path, dir, "optimizer.safetensors");
         if ((rc = moh_st_write_meta(path, e, 3 * nt, meta, NUM_KEYS + 2, err))) goto out;
     }
+    if ((rc = checkpoint_save_tokenizer(dir, m, err))) goto out;
     {
         const char *meta[] = {"format", "pt"};
         make_entries(e, names, ts, nt, "", m->data);
@@ -270,6 +322,7 @@ int model_load(model *m, const char *dir, moh_error *err) {
     join(index, sizeof index, dir, "model.safetensors.index.json");
     if (stat(path, &sb) != 0 && stat(index, &sb) == 0) rc = load_sharded(m, dir, index, err); /* HF shards */
     else rc = model_load_weights(m, path, err);
+    if (!rc) rc = checkpoint_load_tokenizer(m, dir, err);
     if (rc) model_free(m);
     return rc;
 }
@@ -309,6 +362,15 @@ int model_open(model *m, const char *path, moh_error *err) {
         if (!rc && moh_gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &eos, &ignore) == MOH_OK &&
             (int64_t)eos < bpe_n_tokens(m->tokenizer))
             m->eos_id = (int)eos;
+        const char *ct = NULL;
+        size_t ctl = 0;
+        if (!rc && moh_gguf_find_key(g, "tokenizer.chat_template") >= 0 &&
+            moh_gguf_get_str(g, "tokenizer.chat_template", &ct, &ctl, &ignore) == MOH_OK) {
+            if ((m->chat_template = malloc(ctl + 1))) {
+                memcpy(m->chat_template, ct, ctl);
+                m->chat_template[ctl] = '\0';
+            } else rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
+        }
         if (rc) model_free(m);
     }
     moh_gguf_close(g); /* the weights were dequantised into the model's buffer */

@@ -1,5 +1,8 @@
 /* Checkpoint directories of every model family (one module; the family supplies the config JSON
  * and the tensor registry through model.h):
+ *   tokenizer.json, tokenizer_config.json
+ *                          models with a BPE tokenizer: Hugging Face's format (transformers'
+ *                          AutoTokenizer and `tokenizers` load them); byte models have none
  *   config.json            the family's config ("model_type" names the family; HF LlamaConfig
  *                          fields for the LM, timm argument names for the ViT, plus MoH fields)
  *   model.safetensors      F32 weights under the official PyTorch names, registry order: loads
@@ -52,9 +55,18 @@ int train_state_key_index(const char *key);
  * MOH_E_NOMEM naming the file. */
 int checkpoint_save(const char *dir, const model *m, const float *m1, const float *m2, const train_state *st,
                     moh_error *err);
+/* Writes m's tokenizer (when it has one) into dir as Hugging Face's tokenizer.json (text/bpe.h:
+ * bpe_to_tokenizer_json) and tokenizer_config.json (eos_token, chat_template), each atomically.
+ * checkpoint_save calls it. MOH_E_IO / MOH_E_NOMEM naming the file. */
+int checkpoint_save_tokenizer(const char *dir, const model *m, moh_error *err);
+/* Attaches dir/tokenizer.json (when present; else m is left as it is: a byte model) to m, with
+ * eos_id and chat_template from dir/tokenizer_config.json when present. The tokenizer may have
+ * fewer tokens than the model's vocab_size (padded embeddings), not more (MOH_E_SHAPE). Reader
+ * errors name the file (MOH_E_FORMAT, MOH_E_IO). */
+int checkpoint_load_tokenizer(model *m, const char *dir, moh_error *err);
 /* Reads dir/config.json (family from its model_type) and dir/model.safetensors into a new model
  * (or, without model.safetensors, the shards a Hugging Face model.safetensors.index.json lists;
- * F32, BF16 or F16 tensors, converted to float32).
+ * F32, BF16 or F16 tensors, converted to float32), and the tokenizer (checkpoint_load_tokenizer).
  * A missing, misshapen or non-finite tensor, or one the config does not have, is MOH_E_SHAPE /
  * MOH_E_FORMAT naming the file and tensor. */
 int model_load(model *m, const char *dir, moh_error *err);

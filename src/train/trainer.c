@@ -218,8 +218,9 @@ static int setup(trainer *tr, moh_error *err) {
     const train_options *o = tr->o;
     char path[4200], label[4300];
     if (o->resume) snprintf(path, sizeof path, "%s/config.json", o->out_dir);
-    else snprintf(path, sizeof path, "%s", o->config_path);
-    int rc = model_from_config_file(&tr->m, path, err);
+    else snprintf(path, sizeof path, "%s", o->init_path ? o->init_path : o->config_path);
+    int rc = !o->resume && o->init_path ? model_open(&tr->m, path, err) : model_from_config_file(&tr->m, path, err);
+    if (!rc && o->resume) rc = checkpoint_load_tokenizer(&tr->m, o->out_dir, err); /* a BPE model's vocabulary */
     if (rc) return rc;
     model *m = &tr->m;
     const model_family *fam = m->fam;
@@ -246,7 +247,8 @@ static int setup(trainer *tr, moh_error *err) {
                         R, hp->shards, hp->batch_size, R, (hp->batch_size + R - 1) / R * R);
     /* this rank's part: shards / R shards of the micro-batch's batch / R examples */
     const int n = hp->shards / R, Blocal = hp->batch_size / R, Bmax = (Blocal + n - 1) / n;
-    snprintf(label, sizeof label, "%s %s", o->resume ? "the checkpoint" : "the config", o->resume ? o->out_dir : path);
+    snprintf(label, sizeof label, "%s %s", o->resume ? "the checkpoint" : o->init_path ? "the model" : "the config",
+             o->resume ? o->out_dir : path);
     const data_request req = {.path = o->data_path, .hp = hp, .eval_batch = n * Bmax, .train = true,
                               .model_label = label, .quiet = o->quiet};
     if ((rc = fam->open_data(m, &req, &tr->train, &tr->eval, err))) return rc;
@@ -258,7 +260,7 @@ static int setup(trainer *tr, moh_error *err) {
     if ((rc = model_shards_init(&tr->w, m, Blocal, tr->train.seq_len, n, true, sparse, err))) return rc;
     if ((rc = fam->params_new(m->cfg, &tr->g, &tr->gdata, &tr->gn, err))) return rc;
     if (!o->resume) {
-        fam->init_random(m->cfg, m->params, hp->seed);
+        if (!o->init_path) fam->init_random(m->cfg, m->params, hp->seed); /* else the pretrained weights */
         tr->st.data_rng = tr->train.rng_start;
         tr->st.steps_per_epoch = tr->train.steps_per_epoch;
     }
@@ -497,6 +499,7 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
                "token, %s attention\n", o->resume ? "resuming" : "starting", fam->summary, fam->model_type, m->n,
                m->n / 1e6, router_label(a), model_active_heads(m), a->n_heads,
                hp->attention == 1 ? "head-sparse" : "reference");
+        if (o->init_path && !o->resume) printf("weights from %s (pretrained; fresh optimizer, step 0)\n", o->init_path);
         char tshape[32] = "";
         if (tr.train.seq_len > 0) snprintf(tshape, sizeof tshape, " T=%d", tr.train.seq_len);
         printf("data %s: %zu train / %zu eval %s; B=%d%s x accum %d in %d shard%s, %s steps",

@@ -9,6 +9,9 @@
 
 typedef struct train_options {
     const char *config_path;  /* model config JSON (fresh runs; a resume uses out_dir's) */
+    const char *init_path;    /* fresh run from pretrained weights instead (model_open: a moh / HF
+                               * folder or a .gguf): its config and tokenizer, a fresh optimizer
+                               * and schedule from step 0; NULL = random init from config_path */
     const char *data_path;
     const char *out_dir;      /* checkpoint directory */
     /* Hyperparameters given on the command line; the rest come from the family's defaults (fresh

@@ -2,7 +2,8 @@
  * Byte 0 % 4 == 0: the rest is a tokenizer.json; a failure must leave no tokenizer and a one-line
  * message starting with the label; a success must encode the same bytes (or give up with
  * MOH_E_FORMAT when PCRE2 does on a fuzzed regex), decode them, and the streaming decoder must
- * give exactly the decoded bytes. Otherwise the rest is text for the
+ * give exactly the decoded bytes, and moh's tokenizer.json of it must read back to the same ids.
+ * Byte 0 % 4 == 1 also reads the rest as a tokenizer_config.json. Otherwise the rest is text for the
  * committed fixture tokenizer tests/fixtures/bpe/{smollm,gpt2,llama3}.json (byte 0 % 4 - 1; run
  * from the repository root): decode(encode(x)) == x with and without added tokens, and the stream
  * gives the same bytes without splitting a character of valid UTF-8. Violations trap. */
@@ -79,8 +80,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             return 0;
         }
         free(encode_decode(t, x, n, true, &dl));
+        /* moh's tokenizer.json of it reads back to a tokenizer with the same ids */
+        char *js = NULL;
+        size_t jl = 0;
+        bpe_tok *back = NULL;
+        if (bpe_to_tokenizer_json(t, &js, &jl, &err) != MOH_OK ||
+            bpe_from_tokenizer_json(&back, js, jl, "written.json", &err) != MOH_OK ||
+            bpe_n_tokens(back) > bpe_n_tokens(t))
+            __builtin_trap();
+        int *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        const int ra = bpe_encode(t, x, n, true, &a, &na, &err), rb = bpe_encode(back, x, n, true, &b, &nb, &err);
+        if (ra != rb || na != nb || (na && memcmp(a, b, na * sizeof(int)))) __builtin_trap();
+        free(a);
+        free(b);
+        free(js);
+        bpe_free(back);
         bpe_free(t);
         return 0;
+    }
+    if (mode == 1) { /* tokenizer_config.json for the smollm fixture: a result or one error line */
+        moh_error err = {0};
+        int eos = -2;
+        char *ct = NULL;
+        const int rc = bpe_read_tokenizer_config(fixture[0], (const char *)x, n, "tc.json", &eos, &ct, &err);
+        if (rc != MOH_OK && (ct || eos != -1 || strchr(err.msg, '\n') || strncmp(err.msg, "tc.json", 7)))
+            __builtin_trap();
+        if (eos < -1 || eos >= bpe_n_tokens(fixture[0])) __builtin_trap();
+        free(ct);
     }
     const bpe_tok *t = fixture[mode - 1];
     for (int pa = 0; pa < 2; pa++) {
