@@ -174,7 +174,9 @@ int model_convert_routing(model *src, const model_routing *r, model *dst, moh_er
     }
     dst->tokenizer = src->tokenizer;
     dst->eos_id = src->eos_id;
+    dst->chat_template = src->chat_template;
     src->tokenizer = NULL;
+    src->chat_template = NULL;
     return MOH_OK;
 }
 

@@ -331,7 +331,7 @@ typedef struct model_routing {
 /* dst = the dense model src (router "none") with the routing r: the same config otherwise, every
  * tensor of src copied by name, new router tensors initialised (learned: wg ~ N(0, router_std^2),
  * wg_0 = wg_1 = 0, so shared gates are exactly 1 and a selected routed head's gate is
- * K p_j / sum_sel p = 1 + O(router_std)). src's tokenizer moves to dst. With top_k = h - h_s
+ * K p_j / sum_sel p = 1 + O(router_std)). src's tokenizer and chat template move to dst. With top_k = h - h_s
  * (and query_norm, or learned with router_std 0) dst computes exactly what src does.
  * MOH_E_ARG (src already routed), MOH_E_CONFIG (the family's check of the new config, naming the
  * field), MOH_E_NOMEM. On error dst is empty and src unchanged. */
