@@ -1,5 +1,6 @@
 /* moh tokenize: the token ids of a text under a model's vocabulary (a BPE tokenizer from a GGUF
  * file; bytes for moh's byte models), as llama.cpp's tokenizer tool and HF's encode give them. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,8 +54,12 @@ int cmd_tokenize(int argc, char **argv) {
     moh_gguf *g = NULL;
     struct stat sb;
     const size_t pl = strlen(path);
-    if (pl >= 5 && !strcmp(path + pl - 5, ".json")) { /* a tokenizer.json alone */
-        if (bpe_load_tokenizer_json(&m.tokenizer, path, &err)) {
+    char tj[PATH_MAX + 32];
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", path);
+    const bool dir_tok = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) && stat(tj, &sb) == 0;
+    if (dir_tok || (pl >= 5 && !strcmp(path + pl - 5, ".json"))) { /* the tokenizer alone, not the weights */
+        const int rc2 = dir_tok ? checkpoint_load_tokenizer(&m, path, &err) : bpe_load_tokenizer_json(&m.tokenizer, path, &err);
+        if (rc2) {
             fprintf(stderr, "moh tokenize: %s\n", err.msg);
             return 1;
         }

@@ -3,7 +3,8 @@
 # llama.cpp's converter writes it (tests/fixtures/gguf_llama) goes GGUF -> folder -> GGUF -> folder
 # with byte-identical weights (q/k rows permuted and back), the folder's weights equal the
 # fixture's HF-layout ones, an F16 file holds the weights to F16 precision, a trained byte LM
-# exports and reads back, a MoH checkpoint is refused in one line, and eval runs on the GGUF.
+# exports and reads back, a MoH checkpoint is refused in one line, and eval runs on the GGUF; a BPE
+# model's folder keeps its tokenizer, and moh train --init continue-tunes it on BPE text.
 #   tests/cli_convert.sh path/to/moh
 set -uo pipefail
 MOH=${1:-build/moh}
@@ -83,6 +84,42 @@ printf '%s\nhi\n' "$long" | "$MOH" chat --model "$CHAT" --max-tokens 3 > "$T/c3.
 check "[ $rc -eq 0 ] && grep -q 'would pass the context of 64 tokens' '$T/c3.err' && [ \$(wc -l < '$T/c3.out') -eq 1 ]" "chat past the context: rc $rc: $(cat "$T/c3.err")"
 out=$(echo hi | "$MOH" chat --model "$FIX/tiny-llama.gguf" 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q 'is not a ChatML chat model' <<<\"\$out\"" "chat on a model without ChatML: rc $rc: $out"
+
+# A BPE model's folder keeps its tokenizer: convert writes tokenizer.json + tokenizer_config.json,
+# the folder tokenizes and chats as the .gguf does (the template's default system prompt kept)
+"$MOH" convert --model "$CHAT" --out "$T/chatdir" > /dev/null || bad "tiny-chat gguf -> folder"
+check "[ -s '$T/chatdir/tokenizer.json' ] && grep -q '\"eos_token\":.*<|im_end|>' '$T/chatdir/tokenizer_config.json' && grep -q 'You are a tiny test model' '$T/chatdir/tokenizer_config.json'" "convert: no tokenizer.json / tokenizer_config.json with eos and template"
+STRESS=$(cd "$(dirname "$0")" && pwd)/fixtures/bpe/case_stress.txt
+check "[ \"\$('$MOH' tokenize --model '$T/chatdir' --file '$STRESS')\" = \"\$('$MOH' tokenize --model '$CHAT' --file '$STRESS')\" ]" "tokenize: the folder's tokenizer gives other ids than the gguf's"
+printf 'hi there\nhello again\n/reset\nbye\n' | "$MOH" chat --model "$T/chatdir" --max-tokens 5 --seed 3 > "$T/c4.out" 2>/dev/null
+check "cmp -s '$T/c1.out' '$T/c4.out'" "chat on the converted folder differs from the gguf"
+# continue-tuning: moh train --init on the .gguf runs, saves the tokenizer, resumes to the same
+# weights as an uninterrupted run, and its checkpoint reloads with the same tokenizer; the final
+# validation equals moh eval --split val on the saved model; --init excludes --config and --resume
+for i in $(seq 40); do printf 'In the beginning %d God created ½ café 😀 the heaven and the earth.\n' "$i"; done > "$T/ft.txt"
+TR="--data $T/ft.txt --steps 4 --batch-size 2 --seq-len 16 --lr 1e-3 --eval-every 2 --quiet"
+"$MOH" train --init "$CHAT" $TR --out "$T/ft" --stop-at-step 2 || bad "train --init (stopped at 2)"
+check "[ -s '$T/ft/tokenizer.json' ] && [ -s '$T/ft/optimizer.safetensors' ]" "train --init: checkpoint without tokenizer.json"
+"$MOH" train --resume --out "$T/ft" $TR || bad "train --resume of an --init run"
+"$MOH" train --init "$CHAT" $TR --out "$T/ft2" || bad "train --init (uninterrupted)"
+check "cmp -s '$T/ft/model.safetensors' '$T/ft2/model.safetensors'" "train --init: resume gave other weights than the uninterrupted run"
+check "! cmp -s '$T/ft2/model.safetensors' '$T/chatdir/model.safetensors'" "train --init: the weights did not change"
+check "[ \"\$('$MOH' tokenize --model '$T/ft2' --file '$STRESS')\" = \"\$('$MOH' tokenize --model '$CHAT' --file '$STRESS')\" ]" "the tuned checkpoint's tokenizer gives other ids"
+"$MOH" eval --checkpoint "$T/ft2" --data "$T/ft.txt" --split val --seq-len 16 --json > "$T/ft.json" || bad "eval --split val of the tuned model"
+check "python3 - '$T/ft.json' '$T/ft2/metrics.jsonl' <<'PY'
+import json, sys
+e = json.load(open(sys.argv[1])); last = [json.loads(l) for l in open(sys.argv[2])][-1]
+assert e['vocab'] == 'bpe' and e['split'] == 'val' and e['bytes'] > 2 * e['tokens'], e
+assert e['tokens'] == last['val_tokens'] and e['bytes'] == last['val_bytes'], (e, last)
+assert abs(e['bits_per_byte'] - last['val_bpb']) < 1e-5, (e['bits_per_byte'], last['val_bpb'])
+assert len(e['layer_head_share']) == len(e['head_share']) == 1
+PY" "eval --split val differs from the trainer's final validation: $(cat "$T/ft.json")"
+out=$("$MOH" train --init "$CHAT" --config "$T/d.json" $TR --out "$T/ft3" 2>&1); rc=$?
+check "[ $rc -eq 2 ] && grep -q 'it excludes --config' <<<\"\$out\" && [ ! -e '$T/ft3' ]" "train --init --config: rc $rc: $out"
+out=$("$MOH" train --init "$CHAT" --resume $TR --out "$T/ft" 2>&1); rc=$?
+check "[ $rc -eq 2 ] && grep -q 'excludes --resume' <<<\"\$out\"" "train --init --resume: rc $rc: $out"
+out=$("$MOH" train --init "$CHAT" $TR --out "$T/ft4" --seq-len 65 2>&1); rc=$?
+check "[ $rc -eq 1 ] && grep -q 'more than the context' <<<\"\$out\"" "train --init past the context: rc $rc: $out"
 
 echo "cli_convert: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

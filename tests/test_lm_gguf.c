@@ -2,7 +2,8 @@
  * tests/fixtures/gguf_llama (tools/ref/gguf_llama_fixture.py: written as llama.cpp's converter
  * writes it, q/k rows permuted, tied output, one Q8_0 tensor) loads to exactly the Hugging Face
  * layout weights of the same fixture's moh checkpoint, with the config from the llama.* metadata,
- * gives the same logits, and bad files are one-line errors. */
+ * gives the same logits, and bad files are one-line errors; a BPE model's bits per byte equal a
+ * hand computation. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/fsutil.h"
+#include "core/rng.h"
 #include "models/lm.h"
 #include "text/bpe_gguf.h"
 #include "train/checkpoint.h"
@@ -224,11 +226,99 @@ static void tokenizer(test_ctx *ctx) {
     moh_gguf_close(g);
 }
 
+/* Bits per byte of a BPE model, as moh eval computes it (open_data's token chunks, model_evaluate
+ * over shards of 2 rows), equals a hand computation: the text tokenized once, cut into chunks of
+ * T + 1 ids, each chunk's predictions scored from its own forward's logits with a float64
+ * log-softmax, the cross-entropy in bits over the bytes of the predicted tokens only (the first
+ * token of each chunk is context). The text: random words, multi-byte characters and special
+ * tokens, so tokens decode to 1..many bytes. */
+static void bits_per_byte(test_ctx *ctx) {
+    static const char *const words[] = {" the", " beginning", " God", " ½", " café", " 😀", "<|im_end|>", " 1234",
+                                        "\n", " Ελληνικά", " and", ",", " earth."};
+    char path[] = "/tmp/moh_bpb_XXXXXX";
+    const int fd = mkstemp(path);
+    CHECK(ctx, fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    char text[4096];
+    size_t len = 0;
+    uint64_t rng = 77;
+    while (len < 1500) {
+        const char *w = words[moh_rng_next(&rng) % (sizeof words / sizeof words[0])];
+        memcpy(text + len, w, strlen(w));
+        len += strlen(w);
+    }
+    CHECK(ctx, write(fd, text, len) == (ssize_t)len, "write %s", path);
+    close(fd);
+    moh_error err = {0};
+    model m = {0};
+    int rc = model_open(&m, DIR "/tiny-chat.gguf", &err);
+    CHECK(ctx, rc == MOH_OK && m.tokenizer, "open tiny-chat.gguf: %s", err.msg);
+    const int T = 16;
+    train_hparams hp;
+    batch_source src = {0};
+    model_shards w = {0};
+    model_eval r = {0};
+    if (!rc) {
+        m.fam->train_defaults(&hp);
+        hp.seq_len = T;
+        hp.batch_size = 3;
+        const data_request req = {.path = path, .hp = &hp, .eval_batch = 3, .train = false, .model_label = "tiny"};
+        rc = m.fam->open_data(&m, &req, NULL, &src, &err);
+        if (!rc) rc = model_shards_init(&w, &m, 3, T, 2, false, true, &err);
+        if (!rc) rc = model_evaluate(&m, &w, &src, 0, NULL, &r, &err);
+        CHECK(ctx, rc == MOH_OK, "evaluate: %s", err.msg);
+    }
+    int *ids = NULL;
+    size_t n = 0;
+    lm_acts_f32 a = {0};
+    const moh_lm_config *cfg = m.cfg;
+    if (!rc) rc = bpe_encode(m.tokenizer, (const uint8_t *)text, len, true, &ids, &n, &err);
+    if (!rc) rc = lm_acts_init_f32(&a, cfg, 1, T, &err);
+    CHECK(ctx, rc == MOH_OK, "hand computation: %s", err.msg);
+    if (!rc) {
+        double ce = 0.0, bytes = 0.0;
+        long preds = 0, chunks = 0;
+        for (size_t start = 0; start + 1 < n; start += (size_t)T + 1, chunks++) {
+            const int k = (int)(n - start < (size_t)T + 1 ? n - start : (size_t)T + 1) - 1; /* predictions */
+            lm_forward_f32(cfg, m.params, &a, ids + start, NULL, 1, k);
+            for (int i = 0; i < k; i++) {
+                const float *z = a.logits + (size_t)i * cfg->vocab_size;
+                double mx = z[0], sum = 0.0;
+                for (int v = 1; v < cfg->vocab_size; v++) mx = z[v] > mx ? z[v] : mx;
+                for (int v = 0; v < cfg->vocab_size; v++) sum += exp(z[v] - mx);
+                const int tgt = ids[start + (size_t)i + 1];
+                ce += mx + log(sum) - z[tgt];
+                const uint8_t *b;
+                size_t bl = 0;
+                bpe_token_bytes(m.tokenizer, tgt, &b, &bl, &err);
+                bytes += (double)bl;
+                preds++;
+            }
+        }
+        const double bpb = ce / log(2.0) / bytes;
+        CHECK(ctx, r.n == preds && r.bytes == bytes, "%ld predictions of %.0f bytes, by hand %ld of %.0f", r.n, r.bytes,
+              preds, bytes);
+        CHECK(ctx, fabs(r.metric - bpb) <= 1e-5 * bpb, "bits per byte %.8f, by hand %.8f", r.metric, bpb);
+        CHECK(ctx, chunks > 3 && bytes > 1.5 * (double)preds && bytes < (double)len, "%ld chunks, %ld tokens of %.0f "
+              "bytes (text %zu)", chunks, preds, bytes, len);
+        printf("  bits per byte %.6f = by hand %.6f (%ld chunks, %ld predicted tokens, %.0f bytes)\n", r.metric, bpb,
+               chunks, preds, bytes);
+    }
+    lm_acts_free_f32(&a);
+    free(ids);
+    model_eval_free(&r);
+    if (m.fam) model_shards_free(&w, &m);
+    batch_source_free(&src);
+    model_free(&m);
+    unlink(path);
+}
+
 int main(void) {
     test_ctx ctx = {0};
     same_model(&ctx);
     errors(&ctx);
     sharded(&ctx);
     tokenizer(&ctx);
+    bits_per_byte(&ctx);
     return test_finish("test_lm_gguf", &ctx);
 }

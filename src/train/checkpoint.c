@@ -136,8 +136,8 @@ int checkpoint_load_tokenizer(model *m, const char *dir, moh_error *err) {
     m->chat_template = NULL;
     m->eos_id = -1;
     int rc = bpe_load_tokenizer_json(&m->tokenizer, path, err);
-    const int V = !rc && m->fam->num_outputs ? m->fam->num_outputs(m->cfg) : 0;
-    if (!rc && bpe_n_tokens(m->tokenizer) > V) /* HF pads embeddings beyond the vocabulary, never less */
+    const int V = !rc && m->fam && m->fam->num_outputs ? m->fam->num_outputs(m->cfg) : 0;
+    if (!rc && m->fam && bpe_n_tokens(m->tokenizer) > V) /* HF pads embeddings beyond the vocabulary, never less */
         rc = moh_fail(err, MOH_E_SHAPE, "%s: %d tokens, expected at most %d (the model's vocab_size)", path,
                       bpe_n_tokens(m->tokenizer), V);
     join(path, sizeof path, dir, "tokenizer_config.json");

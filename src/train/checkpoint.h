@@ -61,7 +61,8 @@ int checkpoint_save(const char *dir, const model *m, const float *m1, const floa
 int checkpoint_save_tokenizer(const char *dir, const model *m, moh_error *err);
 /* Attaches dir/tokenizer.json (when present; else m is left as it is: a byte model) to m, with
  * eos_id and chat_template from dir/tokenizer_config.json when present. The tokenizer may have
- * fewer tokens than the model's vocab_size (padded embeddings), not more (MOH_E_SHAPE). Reader
+ * fewer tokens than the model's vocab_size (padded embeddings), not more (MOH_E_SHAPE; not checked
+ * for a zeroed m, which gets the tokenizer alone). Reader
  * errors name the file (MOH_E_FORMAT, MOH_E_IO). */
 int checkpoint_load_tokenizer(model *m, const char *dir, moh_error *err);
 /* Reads dir/config.json (family from its model_type) and dir/model.safetensors into a new model

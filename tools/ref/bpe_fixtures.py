@@ -14,6 +14,12 @@
       ByteLevel, control tokens special) into DIR/tokenizer.json. Never commit it (2 MB).
   python3 tools/ref/bpe_fixtures.py encode --tokenizer T.json FILE... > ids.txt
       One line per file: the reference ids (for the whole-corpus comparison with moh).
+  python3 tools/ref/bpe_fixtures.py written --moh build/moh --dir DIR FILE...
+      The tokenizer.json moh writes (a checkpoint folder DIR, e.g. from `moh convert --model
+      X.gguf --out DIR` or `moh tokenize --model T.json --save-tokenizer DIR`): Hugging Face
+      `tokenizers` loads it and encodes every FILE as `moh tokenize --model DIR` does, id for id,
+      and decodes back to the text; with `transformers` installed, AutoTokenizer loads DIR too
+      (tokenizer_config.json: eos_token, chat_template) and gives the same ids.
 Invalid UTF-8 is not in the fixtures: `tokenizers` takes only str, so the reference has no answer
 for it; moh's choice (invalid bytes form pieces of their own, encoded byte by byte) is checked by
 the C tests as decode(encode(x)) == x.
@@ -126,6 +132,40 @@ def cmd_encode(a):
         print(" ".join(map(str, tok.encode(text).ids)))
 
 
+def cmd_written(a):
+    import subprocess
+    path = os.path.join(a.dir, "tokenizer.json")
+    tok = Tokenizer.from_file(path)
+    fast = None
+    try:
+        from transformers import AutoTokenizer
+        fast = AutoTokenizer.from_pretrained(a.dir)
+        cfg = json.load(open(os.path.join(a.dir, "tokenizer_config.json")))
+        print(f"transformers: {type(fast).__name__}, eos_token {fast.eos_token!r} "
+              f"(tokenizer_config {cfg.get('eos_token')!r}), chat_template {'yes' if fast.chat_template else 'no'}")
+        assert fast.eos_token == cfg.get("eos_token")
+    except ImportError:
+        print("transformers not installed: tokenizers only")
+    bad = 0
+    total = 0
+    for f in a.files:
+        text = open(f, encoding="utf-8", newline="").read()
+        ref = tok.encode(text).ids
+        out = subprocess.run([a.moh, "tokenize", "--model", a.dir, "--file", f], check=True,
+                             capture_output=True, text=True).stdout.split()
+        ids = [int(x) for x in out]
+        same = ids == ref and tok.decode(ref, skip_special_tokens=False) == text
+        if fast is not None:
+            same = same and fast(text, add_special_tokens=True)["input_ids"] == ref
+        total += len(ref)
+        if not same:
+            bad += 1
+            first = next((i for i, (x, y) in enumerate(zip(ids, ref)) if x != y), min(len(ids), len(ref)))
+            print(f"DIFFERENT {f}: moh {len(ids)} ids, tokenizers {len(ref)}, first difference at {first}")
+    print(f"{path}: {len(a.files) - bad} of {len(a.files)} files identical ({total} tokens)")
+    return 1 if bad else 0
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -138,8 +178,12 @@ def main():
     e = sub.add_parser("encode")
     e.add_argument("--tokenizer", required=True)
     e.add_argument("files", nargs="+")
+    w = sub.add_parser("written")
+    w.add_argument("--moh", default="build/moh")
+    w.add_argument("--dir", required=True)
+    w.add_argument("files", nargs="+")
     a = p.parse_args()
-    {"fixtures": cmd_fixtures, "smollm2": cmd_smollm2, "encode": cmd_encode}[a.cmd](a)
+    return {"fixtures": cmd_fixtures, "smollm2": cmd_smollm2, "encode": cmd_encode, "written": cmd_written}[a.cmd](a)
 
 
 if __name__ == "__main__":
