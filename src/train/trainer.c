@@ -329,6 +329,19 @@ static const char *router_label(const moh_attn_config *a) {
     return a->router == MOH_ROUTER_NONE ? "none (dense MHA)" : a->router == MOH_ROUTER_LEARNED ? "learned" : "query_norm";
 }
 
+/* A failure every rank agreed on: the rank holding the message prints it now, then all ranks meet,
+ * so that none exits before it is out (mpirun ends the job at the first non-zero exit and may drop
+ * the output of ranks it kills). Returns rc with err->msg emptied. */
+static int fail_together(dist_ctx *d, int rc, moh_error *err) {
+    if (err && err->msg[0]) {
+        fprintf(stderr, "moh train: %s\n", err->msg);
+        fflush(stderr);
+        err->msg[0] = '\0';
+    }
+    dist_max_int(d, 0);
+    return rc;
+}
+
 /* Agreement of the ranks on a failure before the next collective: every rank returns non-zero
  * when one failed. Rank 0 reports its own failure; a failure of another rank alone is reported by
  * that rank ("rank R: ..."); the others stay silent (empty message). */
@@ -339,7 +352,7 @@ static int agree(dist_ctx *d, int rc, moh_error *err) {
     dist_bcast(d, &rc0, sizeof rc0);
     if (rc == 0 || (d->rank != 0 && rc0 != 0)) {
         if (err) err->msg[0] = '\0';
-        return rc ? rc : MOH_E_ARG;
+        return fail_together(d, rc ? rc : MOH_E_ARG, err);
     }
     if (d->rank != 0 && err) { /* "rank R: " before the message (cut at the buffer's end) */
         char pre[24];
@@ -349,7 +362,7 @@ static int agree(dist_ctx *d, int rc, moh_error *err) {
         memcpy(err->msg, pre, (size_t)np);
         err->msg[np + keep] = '\0';
     }
-    return rc;
+    return fail_together(d, rc, err);
 }
 
 /* Hash of what must be the same on every rank: the binary, the config, the run's hyperparameters
@@ -394,6 +407,7 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
         rc = dist_check_same(d, run_hash(&tr), "binary, config, data size or flags", err);
         if (rc) {
             if (d->rank != 0) err->msg[0] = '\0'; /* every rank found it: rank 0 says it */
+            rc = fail_together(d, rc, err);
             goto out;
         }
         /* one start everywhere: rank 0's weights and moments */
