@@ -493,7 +493,7 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
     int status = 0, bad_run = 0;
     if (!o->quiet) {
         const moh_attn_config *a = model_attn(m);
-        printf("moh train: %s a %s (model_type \"%s\"), %zu parameters (%.2fM), router %s, %d/%d heads active per "
+        printf("moh train: %s a %s (model_type \"%s\"), %zu parameters (%.2fM), router %s, %.3g/%d heads active per "
                "token, %s attention\n", o->resume ? "resuming" : "starting", fam->summary, fam->model_type, m->n,
                m->n / 1e6, router_label(a), model_active_heads(m), a->n_heads,
                hp->attention == 1 ? "head-sparse" : "reference");
