@@ -169,7 +169,7 @@ void eval_progress_update(eval_progress *pg, long done, long total) {
     char eta[32];
     const double rate = el > 0 ? (double)done / el : 0.0;
     train_fmt_time(eta, sizeof eta, rate > 0 ? (double)(total - done) / rate : 0.0);
-    fprintf(stderr, "%smoh eval: %3.0f%% (%ld / %ld %s), %.0f %s/s, ETA %s%s", pg->tty ? "\r" : "",
+    fprintf(stderr, "%s%s: %3.0f%% (%ld / %ld %s), %.0f %s/s, ETA %s%s", pg->tty ? "\r" : "", pg->cmd ? pg->cmd : "moh eval",
             total ? 100.0 * (double)done / (double)total : 100.0, done, total, pg->unit, rate, pg->unit, eta,
             pg->tty ? "\033[K" : "\n");
     fflush(stderr);
@@ -187,5 +187,5 @@ void eval_progress_end(eval_progress *pg, long total) {
     }
     char el[32];
     train_fmt_time(el, sizeof el, train_now_s() - pg->t0);
-    fprintf(stderr, "moh eval: 100%% (%ld %s) in %s\n", total, pg->unit, el);
+    fprintf(stderr, "%s: 100%% (%ld %s) in %s\n", pg->cmd ? pg->cmd : "moh eval", total, pg->unit, el);
 }

@@ -17,6 +17,7 @@
 #include "models/model.h"
 
 #define DIT_EVAL_SEED 0x5EEDE7A1ULL /* the fixed noise of every validation (comparable across runs) */
+#define DIT_TRAIN_VAL 2000          /* validation during training: the first 2000 test images (moh eval: all) */
 
 static int cfg_parse(void *cfg, const char *text, size_t len, const char *label, moh_error *err) {
     return moh_dit_config_parse_json(cfg, text, len, label, err);
@@ -206,6 +207,9 @@ static int open_data(model *m, const data_request *req, batch_source *train, bat
         return moh_fail(err, MOH_E_ARG, "--data %s is a file, but %s is a DiT (image) model: it needs a directory of "
                         "IDX files (train-images-idx3-ubyte[.gz], t10k-images-idx3-ubyte[.gz], ...)", req->path,
                         req->model_label);
+    if (hp->crop_pad != 0)
+        return moh_fail(err, MOH_E_ARG, "--crop-pad is %d, expected 0 for a DiT (random crops would shift the images "
+                        "it learns to generate; --no-flip turns off the one augmentation)", hp->crop_pad);
     dit_source *s = calloc(1, sizeof *s);
     if (!s) return moh_fail(err, MOH_E_NOMEM, "data: out of memory");
     s->cfg = cfg;
@@ -231,6 +235,7 @@ static int open_data(model *m, const data_request *req, batch_source *train, bat
             rc = moh_fail(err, MOH_E_ARG, "--batch-size %d x --grad-accum %d is more than the %d training images", s->B,
                           s->accum, s->n_train);
     }
+    if (!rc && req->train && s->eval.n > DIT_TRAIN_VAL) s->eval.n = DIT_TRAIN_VAL; /* (the arrays keep their size) */
     if (!req->train && s->eval_B > s->eval.n && s->eval.n > 0) s->eval_B = s->eval.n;
     const int cap = s->B > s->eval_B ? s->B : s->eval_B;
     const size_t hw = (size_t)cfg->input_size * cfg->input_size;
@@ -358,7 +363,7 @@ const model_family dit_family = {
     .router = router,
     .tokens_per_example = tokens_per_example,
     .train_defaults = train_defaults,
-    .unused_keys = "seq_len val_fraction crop_pad",
+    .unused_keys = "seq_len val_fraction",
     .open_data = open_data,
     .eval_add = eval_add,
     .eval_finish = eval_finish,
