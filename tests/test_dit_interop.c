@@ -3,7 +3,8 @@
  * load through model_load; moh's q_sample reproduces x_t, and the float32 engine reproduces the
  * float64 eps prediction, the training loss (eps MSE + beta * mean load-balance loss) and the
  * gradient of every weight (the first training step's) to <= 1e-4 relative (per tensor:
- * max |a - b| / max |b|), on the reference attention path and on the head-sparse path. */
+ * max |a - b| / max |b|), on the reference attention path and on the head-sparse path. The
+ * respacing is respace.py's, and DDPM / DDIM with an exact noise predictor return the data. */
 #include <string.h>
 
 #include "models/dit.h"
@@ -124,9 +125,69 @@ static void respace_tests(test_ctx *ctx) {
     CHECK(ctx, dit_respace(1000, 1001, use, &err) == MOH_E_ARG, "steps 1001 accepted");
 }
 
+/* The exact noise predictor of data that is one image x*_y per class: eps = (x_t - sqrt(acp_t) x*)
+ * / sqrt(1 - acp_t). With it DDPM and DDIM must return x*_y (the last DDPM step is its x0 exactly;
+ * DDIM is deterministic), with and without guidance, for any respacing. */
+typedef struct oracle {
+    dit_schedule sch;
+    const float *star; /* [K + 1, n] the image of each class (the null class: class 0's) */
+    int n;
+    float buf[64 * 32];
+} oracle;
+
+static const float *oracle_eps(void *ctx, const float *x, const int *t, const int *y, int m) {
+    oracle *o = ctx;
+    for (int j = 0; j < m; j++) {
+        const double a = sqrt(o->sch.acp[t[j]]), b = sqrt(1.0 - o->sch.acp[t[j]]);
+        for (int q = 0; q < o->n; q++)
+            o->buf[j * o->n + q] = (float)((x[j * o->n + q] - a * o->star[y[j] * o->n + q]) / b);
+    }
+    return o->buf;
+}
+
+static void sampler_tests(test_ctx *ctx) {
+    moh_dit_config cfg;
+    moh_error err;
+    const char *js = "{\"model_type\": \"dit\", \"input_size\": 4, \"patch_size\": 2, \"num_classes\": 2, "
+                     "\"hidden_size\": 8, \"depth\": 1, \"num_heads\": 2, \"router\": \"none\"}";
+    CHECK(ctx, moh_dit_config_parse_json(&cfg, js, strlen(js), "o.json", &err) == MOH_OK, "%s", err.msg);
+    float star[3 * 16];
+    test_rng r = {0x0AC1EULL};
+    for (int i = 0; i < 32; i++) star[i] = (float)(0.9 * test_rng_uniform(&r));
+    memcpy(star + 32, star, sizeof(float) * 16); /* null = class 0: guidance changes nothing */
+    oracle o = {.star = star, .n = 16};
+    dit_schedule_init(&o.sch, &cfg, &err);
+    const int labels[5] = {0, 1, 1, 0, 1}, zeros[5] = {0}; /* guided runs: class 0 = null, exact */
+    float out[5 * 16];
+    const struct { int sampler, steps, variance; double w; } runs[] = {{0, 250, 0, 1.0}, {0, 7, 1, 1.0}, {1, 50, 0, 1.0},
+                                                                       {1, 1000, 0, 1.0}, {0, 20, 0, 3.0}};
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        const int *lab = runs[k].w != 1.0 ? zeros : labels;
+        const image_gen_request req = {.labels = lab, .n = 5, .steps = runs[k].steps, .cfg_scale = runs[k].w,
+                                       .sampler = runs[k].sampler, .variance = runs[k].variance, .seed = 3, .batch = 2};
+        int rc = dit_sample_with(&cfg, oracle_eps, &o, &req, out, &err);
+        CHECK(ctx, rc == MOH_OK, "%s", err.msg);
+        double worst = 0;
+        for (int i = 0; i < 5; i++)
+            for (int q = 0; q < 16; q++) worst = fmax(worst, fabs(out[i * 16 + q] - star[lab[i] * 16 + q]));
+        CHECK(ctx, worst < 1e-4, "sampler %d, %d steps, cfg %g: |x - x*| up to %.3g", runs[k].sampler, runs[k].steps,
+              runs[k].w, worst);
+    }
+    const int bad[1] = {3};
+    const image_gen_request req = {.labels = bad, .n = 1, .steps = 5, .cfg_scale = 1, .batch = 1};
+    CHECK(ctx, dit_sample_with(&cfg, oracle_eps, &o, &req, out, &err) == MOH_E_ARG, "label 3 of 2 classes accepted");
+    image_gen_request neg = req;
+    neg.labels = labels;
+    neg.cfg_scale = -0.5;
+    CHECK(ctx, dit_sample_with(&cfg, oracle_eps, &o, &neg, out, &err) == MOH_E_ARG && strstr(err.msg, "--cfg"),
+          "cfg < 0: %s", err.msg);
+    dit_schedule_free(&o.sch);
+}
+
 int main(void) {
     test_ctx ctx = {0};
     respace_tests(&ctx);
+    sampler_tests(&ctx);
     run_case(&ctx, "dense", false);
     run_case(&ctx, "moh", false);
     run_case(&ctx, "moh", true);

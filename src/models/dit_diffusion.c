@@ -70,8 +70,33 @@ void dit_q_sample(const dit_schedule *s, int t, const float *eps, float *x, int 
 
 static double clip1(double v) { return v < -1.0 ? -1.0 : v > 1.0 ? 1.0 : v; }
 
+/* the model as a dit_eps_fn */
+typedef struct model_eps {
+    const moh_dit_config *cfg;
+    const dit_params_f32 *p;
+    dit_acts_f32 a;
+} model_eps;
+
+static const float *model_eps_fn(void *ctx, const float *x, const int *t, const int *y, int m) {
+    model_eps *me = ctx;
+    dit_forward_f32(me->cfg, me->p, &me->a, x, t, y, NULL, m);
+    return me->a.out;
+}
+
 int dit_sample(const moh_dit_config *cfg, const dit_params_f32 *p, const image_gen_request *req, float *out,
                moh_error *err) {
+    const bool guided = req->cfg_scale != 1.0;
+    const int nb = req->batch < req->n ? req->batch : (req->n > 0 ? req->n : 1);
+    model_eps me = {cfg, p, {0}};
+    int rc = req->batch < 1 ? moh_fail(err, MOH_E_ARG, "batch %d, expected >= 1", req->batch)
+                            : dit_acts_init_f32(&me.a, cfg, guided ? 2 * nb : nb, req->sparse, err);
+    if (!rc) rc = dit_sample_with(cfg, model_eps_fn, &me, req, out, err);
+    dit_acts_free_f32(&me.a);
+    return rc;
+}
+
+int dit_sample_with(const moh_dit_config *cfg, dit_eps_fn eps_fn, void *ctx, const image_gen_request *req, float *out,
+                    moh_error *err) {
     const int n = req->n, S = req->steps, K = cfg->num_classes;
     const size_t chw = (size_t)cfg->in_channels * cfg->input_size * cfg->input_size;
     if (!(req->cfg_scale >= 0) || !isfinite(req->cfg_scale))
@@ -92,9 +117,7 @@ int dit_sample(const moh_dit_config *cfg, const dit_params_f32 *p, const image_g
     uint64_t *rng = malloc(sizeof(uint64_t) * (size_t)(n > 0 ? n : 1));
     float *xin = malloc(sizeof(float) * chw * (size_t)mb);
     int *tt = malloc(sizeof(int) * 2 * (size_t)mb);
-    dit_acts_f32 a = {0};
     if (!rc && (!tab || !rng || !xin || !tt)) rc = moh_fail(err, MOH_E_NOMEM, "sample: out of memory");
-    if (!rc) rc = dit_acts_init_f32(&a, cfg, mb, req->sparse, err);
     if (rc) goto out;
     /* respaced schedule: acp' = acp at the used steps, acp_prev', beta' = 1 - acp'/acp_prev',
      * posterior variance beta' (1 - acp_prev') / (1 - acp') */
@@ -120,7 +143,7 @@ int dit_sample(const moh_dit_config *cfg, const dit_params_f32 *p, const image_g
                 tt[j] = use[k]; /* the model sees the original timestep (timestep_map) */
                 yy[j] = j < cnt ? req->labels[i] : K;
             }
-            dit_forward_f32(cfg, p, &a, xin, tt, yy, NULL, m);
+            const float *eps = eps_fn(ctx, xin, tt, yy, m);
             const double sa = sqrt(1.0 / acp[k]), sb = sqrt(1.0 / acp[k] - 1.0);
             /* fixed large: variance beta' (the first step uses the posterior variance of step 1) */
             const double var = req->variance == 0 ? (k == 0 ? (S > 1 ? post[1] : post[0]) : beta[k]) : post[k];
@@ -128,7 +151,7 @@ int dit_sample(const moh_dit_config *cfg, const dit_params_f32 *p, const image_g
             const double c2 = (1.0 - prev[k]) * sqrt(1.0 - beta[k]) / (1.0 - acp[k]);
             for (int j = 0; j < cnt; j++) {
                 float *x = out + (size_t)(c0 + j) * chw;
-                const float *ec = a.out + (size_t)j * chw, *eu = guided ? a.out + (size_t)(cnt + j) * chw : ec;
+                const float *ec = eps + (size_t)j * chw, *eu = guided ? eps + (size_t)(cnt + j) * chw : ec;
                 for (size_t q = 0; q < chw; q++) {
                     const double e = eu[q] + req->cfg_scale * ((double)ec[q] - eu[q]);
                     const double x0 = clip1(sa * x[q] - sb * e);
@@ -149,7 +172,6 @@ int dit_sample(const moh_dit_config *cfg, const dit_params_f32 *p, const image_g
     }
     for (size_t q = 0; q < chw * (size_t)n; q++) out[q] = (float)clip1(out[q]);
 out:
-    dit_acts_free_f32(&a);
     dit_schedule_free(&sch);
     free(use);
     free(tab);

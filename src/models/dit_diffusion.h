@@ -39,4 +39,10 @@ void dit_q_sample(const dit_schedule *s, int t, const float *eps, float *x, int 
  * 0..num_classes, batch < 1), MOH_E_NOMEM. */
 int dit_sample(const moh_dit_config *cfg, const dit_params_f32 *p, const image_gen_request *req, float *out,
                moh_error *err);
+/* The noise predictor of a sampler: eps [m, C, H, W] for x [m, C, H, W] at timesteps t [m] with
+ * labels y [m] (num_classes = null); the result stays valid until the next call. */
+typedef const float *(*dit_eps_fn)(void *ctx, const float *x, const int *t, const int *y, int m);
+/* dit_sample with any noise predictor (batches of up to 2 req->batch rows with guidance). */
+int dit_sample_with(const moh_dit_config *cfg, dit_eps_fn eps_fn, void *ctx, const image_gen_request *req, float *out,
+                    moh_error *err);
 #endif
