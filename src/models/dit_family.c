@@ -95,7 +95,7 @@ static int tokens_per_example(const void *cfg, const moh_batch *b) { return ((co
 
 static void train_defaults(train_hparams *hp) {
     memset(hp, 0, sizeof *hp);
-    *hp = (train_hparams){.lr = 1e-3, .min_lr_ratio = 0.1, .weight_decay = 0.0, .beta1 = 0.9, .beta2 = 0.999,
+    *hp = (train_hparams){.lr = 1e-3, .min_lr_ratio = 1.0, .weight_decay = 0.0, .beta1 = 0.9, .beta2 = 0.999,
                           .grad_clip = 1.0, .warmup = -1, .batch_size = 64, .grad_accum = 1, .shards = 0,
                           .seed = 1, .crop_pad = 0, .hflip = 1, .epochs = 10, .eval_every = 0, .eval_limit = 1000,
                           .log_every = 50, .ema_decay = 0.999};
