@@ -226,9 +226,7 @@ int bench_train(int argc, char **argv) {
                 const bench_stats st = bench_summarise(r->t[path], a.repeats);
                 const double tps = tokens / st.median;
                 if (i == 0) base = tps;
-                const moh_attn_config *ac = model_attn(&r->m);
-                const int act = ac->router == MOH_ROUTER_NONE || ac->top_k == 0 ? ac->n_heads : ac->shared_heads + ac->top_k;
-                const double share = (double)act / ac->n_heads;
+                const double share = model_active_heads(&r->m) / model_attn(&r->m)->n_heads; /* mean over layers */
                 const char *pname = path ? "sparse" : "reference";
                 if (a.json) {
                     printf("%s  {\"config\": ", first ? "" : ",\n");

@@ -10,6 +10,8 @@ int cmd_layer(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
+/* moh sample on an image-generation checkpoint (cmd_sample hands it over). */
+int cmd_sample_image(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_analyze(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
@@ -36,6 +38,7 @@ typedef struct eval_progress {
     double t0, last;
     bool tty, shown;
     const char *unit;
+    const char *cmd;  /* the lines' prefix (NULL: "moh eval") */
 } eval_progress;
 void eval_progress_start(eval_progress *pg, const char *unit);
 void eval_progress_update(eval_progress *pg, long done, long total);

@@ -1,4 +1,5 @@
-/* moh sample: generate text from a checkpoint with a KV cache (only the selected heads of each
+/* moh sample: generate text from a checkpoint (an image-generation checkpoint goes to
+ * cmd_sample_image.c) with a KV cache (only the selected heads of each
  * token are computed). The model never runs at a position >= max_position_embeddings: when the
  * cache is full, the last half of the context is re-encoded from position 0 (--context-full slide)
  * or generation stops (--context-full stop). */
@@ -35,6 +36,15 @@ static int encode(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache 
 }
 
 int cmd_sample(int argc, char **argv) {
+    { /* an image-generation checkpoint (DiT) takes the image options */
+        const char *dir0 = args_value(argc, argv, "--checkpoint");
+        const model_family *f0 = NULL;
+        moh_error e0 = {0};
+        struct stat s0;
+        if (dir0 && stat(dir0, &s0) == 0 && S_ISDIR(s0.st_mode) && model_family_of_dir(dir0, &f0, &e0) == MOH_OK &&
+            !strcmp(f0->task, "image-generation"))
+            return cmd_sample_image(argc, argv);
+    }
     const char *ckpt = NULL, *prompt = "", *full = "slide";
     int max_tokens = 256, top_k = 0;
     double temp = 0.8, top_p = 0.95;

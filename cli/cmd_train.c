@@ -23,6 +23,7 @@ static void family_defaults(char *buf, size_t cap) {
         snprintf(shards, sizeof shards, h.shards > 0 ? "%d" : "threads", h.shards);
         snprintf(ev, sizeof ev, h.eval_every > 0 ? "%ld" : "epoch", h.eval_every);
         if (h.epochs > 0) snprintf(ep, sizeof ep, ", epochs %g", h.epochs);
+        if (h.ema_decay > 0) snprintf(ep + strlen(ep), sizeof ep - strlen(ep), ", ema %g", h.ema_decay);
         used += (size_t)snprintf(buf + used, cap - used,
                                  "  %-6s batch %d, lr %g, min-lr-ratio %g, weight-decay %g, betas %g/%g, shards %s,\n"
                                  "         eval-every %s, eval-limit %ld, log-every %ld%s; data: %s\n",
@@ -39,9 +40,9 @@ int cmd_train(int argc, char **argv) {
     bool no_flip = false, no_augment = false, sparse = false, reference = false;
     long eval_tokens = LONG_MIN;
     const arg_spec specs[] = {
-        {"--config", ARG_STR, &config, "NAME|FILE", "model config: a JSON file or a name from configs/ (moh-75, mha, vit-moh-75, vit-mha, ...; moh --list-configs); its model_type picks the family", false, ARG_ANY},
+        {"--config", ARG_STR, &config, "NAME|FILE", "model config: a JSON file or a name from configs/ (moh-75, mha, vit-moh-75, vit-mha, dit-moh-75, ...; moh --list-configs); its model_type picks the family", false, ARG_ANY},
         {"--init", ARG_STR, &init, "PATH", "start from pretrained weights instead of --config: a moh checkpoint, a Hugging Face folder or a .gguf, with its config and tokenizer (BPE text is tokenized with it); fresh optimizer and schedule from step 0", false, ARG_ANY},
-        {"--data", ARG_STR, &o.data_path, "PATH", "training data of the family: a text file or dir with train.txt + val.txt (llama); an IDX dir (vit)", true, ARG_ANY},
+        {"--data", ARG_STR, &o.data_path, "PATH", "training data of the family: a text file or dir with train.txt + val.txt (llama); an IDX dir (vit, dit)", true, ARG_ANY},
         {"--out", ARG_STR, &o.out_dir, "DIR", "checkpoint dir: config.json, model.safetensors, optimizer.safetensors, metrics.jsonl", true, ARG_ANY},
         {"--steps", ARG_LONG, &o.steps, "N", "optimizer steps (default: --epochs, else fit the schedule into --max-minutes)", false, ARG_GE(1)},
         {"--epochs", ARG_DOUBLE, &f->epochs, "E", "passes over the training data (data read in epochs: images; fractions allowed)", false, ARG_IN_OC(0, 1e6)},
@@ -58,6 +59,7 @@ int cmd_train(int argc, char **argv) {
         {"--beta1", ARG_DOUBLE, &f->beta1, "B1", "AdamW beta1", false, ARG_IN(0, 0.999999)},
         {"--beta2", ARG_DOUBLE, &f->beta2, "B2", "AdamW beta2", false, ARG_IN(0, 0.999999)},
         {"--grad-clip", ARG_DOUBLE, &f->grad_clip, "C", "clip the global gradient norm to C (default 1.0; 0 = off)", false, ARG_GE(0)},
+        {"--ema-decay", ARG_DOUBLE, &f->ema_decay, "D", "dit: EMA of the weights with decay min(D, (1+n)/(10+n)) after update n; model.safetensors holds the EMA (default 0.999; 0 = off)", false, ARG_IN(0, 0.999999999)},
         {"--eval-every", ARG_LONG, &f->eval_every, "N", "validate and checkpoint every N steps (0 = every epoch, or only at the end)", false, ARG_GE(0)},
         {"--eval-limit", ARG_LONG, &f->eval_limit, "N", "items (predictions, images) per periodic validation (0 = the whole split, as the final one)", false, ARG_GE(0)},
         {"--eval-tokens", ARG_LONG, &eval_tokens, "N", "text: the same as --eval-limit", false, ARG_GE(0)},
@@ -87,6 +89,7 @@ int cmd_train(int argc, char **argv) {
                         "skipped (warning, \"skipped\" in metrics.jsonl), never applied or saved. Ctrl-C saves\n"
                         "a checkpoint and exits (130); --resume continues it. On --resume a flag that changes\n"
                         "an optimisation value (--lr, --min-lr-ratio, --weight-decay, --beta1/2, --grad-clip,\n"
+                        "--ema-decay,\n"
                         "--warmup, --steps, --eval-*) is applied from the next step with a printed note; one\n"
                         "that changes the batches (--batch-size, --seq-len, --grad-accum, --shards, --seed,\n"
                         "--val-fraction, --train-limit, --crop-pad, --no-flip, --no-augment) is refused.\n"

@@ -73,7 +73,14 @@ static void describe_config(FILE *f, const char *name, const char *path) {
     const int heads = a->n_heads, hs = a->shared_heads, k = a->top_k;
     const moh_router router = a->router;
     const char *rname = attn_router_name(router);
-    if (router == MOH_ROUTER_NONE)
+    bool per_layer = false; /* layers differ in shared / top-k heads (DiT) */
+    for (int l = 1; l < model_num_layers(&m); l++)
+        per_layer = per_layer || model_attn_layer(&m, l)->shared_heads != model_attn_layer(&m, 0)->shared_heads ||
+                    model_attn_layer(&m, l)->top_k != model_attn_layer(&m, 0)->top_k;
+    if (per_layer)
+        fprintf(f, "  %-16s %-58s %s per layer: %.2f/%d heads on average (%.1f%%)\n", name, size, rname,
+                model_active_heads(&m), heads, 100.0 * model_active_heads(&m) / heads);
+    else if (router == MOH_ROUTER_NONE)
         fprintf(f, "  %-16s %-58s dense: %d/%d heads\n", name, size, heads, heads);
     else
         fprintf(f, "  %-16s %-58s %s: %d shared + top-%d of %d = %d/%d heads (%.1f%%)\n", name, size, rname, hs, k,
@@ -169,7 +176,7 @@ void eval_progress_update(eval_progress *pg, long done, long total) {
     char eta[32];
     const double rate = el > 0 ? (double)done / el : 0.0;
     train_fmt_time(eta, sizeof eta, rate > 0 ? (double)(total - done) / rate : 0.0);
-    fprintf(stderr, "%smoh eval: %3.0f%% (%ld / %ld %s), %.0f %s/s, ETA %s%s", pg->tty ? "\r" : "",
+    fprintf(stderr, "%s%s: %3.0f%% (%ld / %ld %s), %.0f %s/s, ETA %s%s", pg->tty ? "\r" : "", pg->cmd ? pg->cmd : "moh eval",
             total ? 100.0 * (double)done / (double)total : 100.0, done, total, pg->unit, rate, pg->unit, eta,
             pg->tty ? "\033[K" : "\n");
     fflush(stderr);
@@ -187,5 +194,5 @@ void eval_progress_end(eval_progress *pg, long total) {
     }
     char el[32];
     train_fmt_time(el, sizeof el, train_now_s() - pg->t0);
-    fprintf(stderr, "moh eval: 100%% (%ld %s) in %s\n", total, pg->unit, el);
+    fprintf(stderr, "%s: 100%% (%ld %s) in %s\n", pg->cmd ? pg->cmd : "moh eval", total, pg->unit, el);
 }

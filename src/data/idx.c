@@ -393,3 +393,31 @@ void idx_image_to_float(const idx_split *s, int i, double mean, double std, cons
             out[(size_t)y * C + x] = (float)v * scale + shift;
         }
 }
+
+static void put_be32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+int idx_write(const char *path, const uint8_t *images, int n, int rows, int cols, const char *label_path,
+              const uint8_t *labels, moh_error *err) {
+    const size_t np = (size_t)n * rows * cols;
+    uint8_t *buf = malloc(16 + (np > (size_t)n ? np : (size_t)n));
+    if (!buf) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
+    put_be32(buf, IDX_MAGIC_IMAGES);
+    put_be32(buf + 4, (uint32_t)n);
+    put_be32(buf + 8, (uint32_t)rows);
+    put_be32(buf + 12, (uint32_t)cols);
+    memcpy(buf + 16, images, np);
+    int rc = fs_write_atomic(path, buf, 16 + np, err);
+    if (!rc && label_path && labels) {
+        put_be32(buf, IDX_MAGIC_LABELS);
+        put_be32(buf + 4, (uint32_t)n);
+        memcpy(buf + 8, labels, (size_t)n);
+        rc = fs_write_atomic(label_path, buf, 8 + (size_t)n, err);
+    }
+    free(buf);
+    return rc;
+}

@@ -99,4 +99,9 @@ typedef struct idx_augment {
  * epoch * n + position), so results do not depend on batch order or threads. */
 void idx_image_to_float(const idx_split *s, int i, double mean, double std, const idx_augment *aug,
                         uint64_t seed, uint64_t key, float *out);
+/* Writes n images [n, rows, cols] (bytes) as an IDX image file (magic 0x00000803) at path,
+ * atomically; and labels [n] (may be NULL) as an IDX label file at label_path. MOH_E_IO naming the
+ * path, MOH_E_NOMEM. */
+int idx_write(const char *path, const uint8_t *images, int n, int rows, int cols, const char *label_path,
+              const uint8_t *labels, moh_error *err);
 #endif

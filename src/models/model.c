@@ -13,9 +13,10 @@
 
 extern const model_family lm_family;  /* lm_family.c */
 extern const model_family vit_family; /* vit_family.c */
+extern const model_family dit_family; /* dit_family.c */
 
 /* The registry: one entry per family. */
-static const model_family *const FAMILIES[] = {&lm_family, &vit_family};
+static const model_family *const FAMILIES[] = {&lm_family, &vit_family, &dit_family};
 enum { NUM_FAMILIES = (int)(sizeof FAMILIES / sizeof FAMILIES[0]) };
 
 const model_family *const *model_families(int *n) {
@@ -186,10 +187,18 @@ model_tensor *model_tensors(const model *m, int *n) {
 
 int model_num_layers(const model *m) { return m->fam->num_layers(m->cfg); }
 const moh_attn_config *model_attn(const model *m) { return m->fam->attn(m->cfg); }
+const moh_attn_config *model_attn_layer(const model *m, int l) {
+    return m->fam->attn_layer ? m->fam->attn_layer(m->cfg, l) : m->fam->attn(m->cfg);
+}
 
-int model_active_heads(const model *m) {
-    const moh_attn_config *a = model_attn(m);
-    return a->router == MOH_ROUTER_NONE ? a->n_heads : a->shared_heads + a->top_k;
+double model_active_heads(const model *m) {
+    const int L = model_num_layers(m);
+    double n = 0.0;
+    for (int l = 0; l < L; l++) {
+        const moh_attn_config *a = model_attn_layer(m, l);
+        n += a->router == MOH_ROUTER_NONE || a->top_k == 0 ? a->n_heads : a->shared_heads + a->top_k;
+    }
+    return L > 0 ? n / L : 0.0;
 }
 
 void model_print_head_share(const model *m, const model_eval *r, bool json) {
@@ -321,13 +330,16 @@ double model_shards_step(const model *m, model_shards *w, const moh_batch *b, bo
 
 void model_shards_routed_share(const model *m, const model_shards *w, const moh_batch *b, double *mn,
                                double *mx) {
-    const moh_attn_config *a = model_attn(m);
-    const int E = attn_routed_heads(a), L = model_num_layers(m);
+    const int L = model_num_layers(m);
     const int per = m->fam->tokens_per_example(m->cfg, b);
     *mn = *mx = 1.0;
-    if (E == 0 || a->top_k == 0) return;
-    *mx = 0.0;
-    for (int l = 0; l < L; l++)
+    bool any = false;
+    for (int l = 0; l < L; l++) {
+        const moh_attn_config *a = model_attn_layer(m, l);
+        const int E = attn_routed_heads(a);
+        if (E == 0 || a->top_k == 0) continue; /* no routed heads in this layer */
+        if (!any) *mx = 0.0;
+        any = true;
         for (int i = 0; i < E; i++) {
             double f = 0.0, T = 0.0;
             for (int s = 0; s < w->n; s++) {
@@ -340,6 +352,7 @@ void model_shards_routed_share(const model *m, const model_shards *w, const moh_
             *mn = f < *mn ? f : *mn;
             *mx = f > *mx ? f : *mx;
         }
+    }
 }
 
 /* ---- evaluation -------------------------------------------------------------------------- */

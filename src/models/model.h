@@ -40,7 +40,9 @@ typedef enum model_naming {
 } model_naming;
 
 /* One batch. Text: tokens/targets [B, T] (row-major, targets -1 = ignored). Images: images
- * [B, C, H, W] (NCHW, normalised), labels [B]. Pointers are borrowed from the batch source. */
+ * [B, C, H, W] (NCHW, normalised), labels [B]. Diffusion (DiT): images are the noised x_t,
+ * labels the class (num_classes = the null class), timesteps [B] and noise [B, C, H, W] the
+ * target epsilon. Pointers are borrowed from the batch source. */
 typedef struct moh_batch {
     int B;           /* examples (sequences or images) */
     int T;           /* tokens per sequence (text); 0 for images */
@@ -50,6 +52,8 @@ typedef struct moh_batch {
     const float *images;
     int C, H, W;     /* image shape */
     const int *labels;
+    const int *timesteps;  /* diffusion: t of each example (NULL otherwise) */
+    const float *noise;    /* diffusion: the eps that made images from the clean data [B, C, H, W] */
 } moh_batch;
 
 /* Evaluation result of any family (model_evaluate). */
@@ -89,9 +93,13 @@ typedef struct train_hparams {
     long eval_limit;    /* items per periodic validation (0 = the whole split) */
     long log_every;
     int attention;      /* attention path: 1 head-sparse, 2 reference (0 = the family's default) */
+    double ema_decay;   /* EMA of the weights (0 = none): after every applied step
+                         * ema = d ema + (1 - d) w with d = min(ema_decay, (1 + step) / (10 + step));
+                         * model.safetensors then holds the EMA weights (diffusion families) */
 } train_hparams;
 
 typedef struct model_family model_family;
+struct image_gen_request; /* below */
 
 /* One model: family, config, parameters. */
 struct bpe_tok;
@@ -195,7 +203,8 @@ typedef struct analysis_data {
 struct model_family {
     const char *model_type;  /* config.json "model_type" */
     const char *task;        /* what the commands may do with it: "text-generation" (train, eval,
-                              * sample, analyze), "image-classification" (train, eval, analyze) */
+                              * sample, analyze), "image-classification" (train, eval, analyze),
+                              * "image-generation" (train, eval, sample images) */
     const char *summary;     /* one line: "decoder language model (LLaMA layout)" */
     const char *data_help;   /* what --data takes */
     size_t config_size;
@@ -205,7 +214,12 @@ struct model_family {
     int (*config_parse)(void *cfg, const char *text, size_t len, const char *label, moh_error *err);
     char *(*config_to_json)(const void *cfg); /* malloc'd; NULL on OOM */
     int (*num_layers)(const void *cfg);
+    /* The attention config (with per-layer head counts: a representative layer's; n_heads, router
+     * and layout are the same in every layer). */
     const moh_attn_config *(*attn)(const void *cfg);
+    /* Optional: layer l's attention config when layers differ in shared_heads / top_k (DiT);
+     * NULL: attn() holds for every layer. */
+    const moh_attn_config *(*attn_layer)(const void *cfg, int l);
     /* The tensor registry in buffer order under a naming scheme (NULL: OOM or scheme not
      * supported by the family); *n gets the count. Caller frees. */
     model_tensor *(*tensors)(const void *cfg, model_naming scheme, int *n);
@@ -286,7 +300,26 @@ struct model_family {
      * forward/backward take it; its arrays live in *buf (malloc'd; the caller frees it). */
     int (*synthetic_batch)(const void *cfg, int B, int T, uint64_t seed, moh_batch *out, void **buf,
                            moh_error *err);
+    /* Optional ("image-generation": `moh sample` on images): req->n images [n, C, H, W] with
+     * pixels in [-1, 1] into out (the family's sampler, image_gen_request below). MOH_E_ARG names
+     * a bad request field. */
+    int (*generate)(const model *m, const struct image_gen_request *req, float *out, moh_error *err);
 };
+
+/* What `moh sample` asks of an image-generation family (generate). */
+typedef struct image_gen_request {
+    const int *labels;       /* [n] class of each image (num_classes: unconditional) */
+    int n;
+    int steps;               /* sampling steps (respaced from the training schedule) */
+    double cfg_scale;        /* classifier-free guidance w >= 0: eps = uncond + w (cond - uncond) */
+    int sampler;             /* 0 DDPM ancestral, 1 DDIM (eta 0) */
+    int variance;            /* DDPM: 0 fixed large (beta), 1 fixed small (posterior variance) */
+    uint64_t seed;           /* image i draws from (seed, i) only: any batch size, same images */
+    int batch;               /* images per forward batch */
+    bool sparse;             /* head-sparse attention path */
+    void (*progress)(void *ctx, long done, long total); /* may be NULL */
+    void *ctx;
+} image_gen_request;
 
 /* ---- registry ---------------------------------------------------------------------------- */
 /* The family called model_type, or NULL. */
@@ -312,8 +345,10 @@ void model_free(model *m);
 model_tensor *model_tensors(const model *m, int *n);
 int model_num_layers(const model *m);
 const moh_attn_config *model_attn(const model *m);
-/* Heads active per token (h for the "none" router). */
-int model_active_heads(const model *m);
+/* Layer l's attention config (attn_layer, else model_attn). */
+const moh_attn_config *model_attn_layer(const model *m, int l);
+/* Heads active per token, mean over the layers (h for the "none" router). */
+double model_active_heads(const model *m);
 /* Prints r->head_share [L, h] on stdout: a table (each layer's mean at the end of its line), or
  * (json) the fields `"head_share": [[...], ...], "layer_head_share": [...]`, the latter the share
  * of each layer's heads computed per token (mean of its row). */

@@ -50,6 +50,7 @@ static const train_key TRAIN_KEYS[] = {
     {"eval_every", 'l', HP(eval_every), 0, 1e15, "--eval-every", 'a'},
     {"eval_limit", 'l', HP(eval_limit), 0, 1e15, "--eval-limit", 'a'},
     {"attention", 'i', HP(attention), 1, 2, "--sparse-attn|--reference-attention", 'a'}, /* 1 sparse, 2 ref */
+    {"ema_decay", 'd', HP(ema_decay), 0, 0.999999999, "--ema-decay", 'a'},
 };
 enum { NUM_KEYS = (int)(sizeof TRAIN_KEYS / sizeof TRAIN_KEYS[0]) };
 
@@ -158,11 +159,16 @@ int checkpoint_load_tokenizer(model *m, const char *dir, moh_error *err) {
 
 int checkpoint_save(const char *dir, const model *m, const float *m1, const float *m2, const train_state *st,
                     moh_error *err) {
+    return checkpoint_save_ema(dir, m, m1, m2, NULL, st, err);
+}
+
+int checkpoint_save_ema(const char *dir, const model *m, const float *m1, const float *m2, const float *ema,
+                        const train_state *st, moh_error *err) {
     if (fs_mkdir_p(dir, err)) return err ? err->code : MOH_E_IO;
     int nt = 0;
     model_tensor *ts = model_tensors(m, &nt);
-    moh_st_entry *e = calloc((size_t)nt * 3 + 1, sizeof *e);
-    char (*names)[112] = calloc((size_t)nt * 3 + 1, sizeof *names);
+    moh_st_entry *e = calloc((size_t)nt * 4 + 1, sizeof *e);
+    char (*names)[112] = calloc((size_t)nt * 4 + 1, sizeof *names);
     int rc = MOH_OK;
     char path[4200];
     if (!ts || !e || !names) {
@@ -175,6 +181,7 @@ int checkpoint_save(const char *dir, const model *m, const float *m1, const floa
         make_entries(e, names, ts, nt, "param.", m->data);
         make_entries(e + nt, names + nt, ts, nt, "m.", m1);
         make_entries(e + 2 * nt, names + 2 * nt, ts, nt, "v.", m2);
+        if (ema) make_entries(e + 3 * nt, names + 3 * nt, ts, nt, "ema.", ema);
         char vals[NUM_KEYS][48];
         const char *meta[2 * (NUM_KEYS + 2)];
         meta[0] = "format";
@@ -187,12 +194,12 @@ int checkpoint_save(const char *dir, const model *m, const float *m1, const floa
             meta[2 * i + 5] = vals[i];
         }
         join(path, sizeof path, dir, "optimizer.safetensors");
-        if ((rc = moh_st_write_meta(path, e, 3 * nt, meta, NUM_KEYS + 2, err))) goto out;
+        if ((rc = moh_st_write_meta(path, e, (ema ? 4 : 3) * nt, meta, NUM_KEYS + 2, err))) goto out;
     }
     if ((rc = checkpoint_save_tokenizer(dir, m, err))) goto out;
     {
         const char *meta[] = {"format", "pt"};
-        make_entries(e, names, ts, nt, "", m->data);
+        make_entries(e, names, ts, nt, "", ema ? ema : m->data); /* the EMA weights are the model's */
         join(path, sizeof path, dir, "model.safetensors");
         if ((rc = moh_st_write_meta(path, e, nt, meta, 1, err))) goto out;
     }
@@ -379,6 +386,12 @@ int model_open(model *m, const char *path, moh_error *err) {
 
 int checkpoint_load_optimizer(const char *dir, const model *m, float *params, float *m1, float *m2, train_state *st,
                               train_keys_present *present, moh_error *err) {
+    return checkpoint_load_optimizer_ema(dir, m, params, m1, m2, NULL, NULL, st, present, err);
+}
+
+int checkpoint_load_optimizer_ema(const char *dir, const model *m, float *params, float *m1, float *m2, float *ema,
+                                  bool *ema_found, train_state *st, train_keys_present *present, moh_error *err) {
+    if (ema_found) *ema_found = false;
     char path[4200];
     join(path, sizeof path, dir, "optimizer.safetensors");
     moh_safetensors sf;
@@ -400,6 +413,13 @@ int checkpoint_load_optimizer(const char *dir, const model *m, float *params, fl
     if (!rc) rc = read_tensors(&sf, ts, nt, "param.", params, err);
     if (!rc) rc = read_tensors(&sf, ts, nt, "m.", m1, err);
     if (!rc) rc = read_tensors(&sf, ts, nt, "v.", m2, err);
+    char first_ema[120];
+    snprintf(first_ema, sizeof first_ema, "ema.%s", ts ? ts[0].name : "");
+    const bool has_ema = ts && moh_st_find(&sf, first_ema) != NULL;
+    if (!rc && ema && has_ema) { /* all of them, or an error naming the missing one */
+        rc = read_tensors(&sf, ts, nt, "ema.", ema, err);
+        if (!rc && ema_found) *ema_found = true;
+    }
     for (size_t i = 0; !rc && i < m->n; i++) /* second moments are averages of squares */
         if (m2[i] < 0.0f)
             rc = moh_fail(err, MOH_E_FORMAT, "%s: the second moments (v.*) hold %g at offset %zu, expected >= 0", path,
@@ -407,12 +427,13 @@ int checkpoint_load_optimizer(const char *dir, const model *m, float *params, fl
     for (int i = 0; !rc && i < sf.n_tensors; i++) { /* param., m., v. of the registry and nothing else */
         const char *name = sf.tensors[i].name, *dot = strchr(name, '.');
         bool known = false;
-        if (dot && (!strncmp(name, "param.", 6) || !strncmp(name, "m.", 2) || !strncmp(name, "v.", 2)))
+        if (dot && (!strncmp(name, "param.", 6) || !strncmp(name, "m.", 2) || !strncmp(name, "v.", 2) ||
+                    (ema && !strncmp(name, "ema.", 4))))
             for (int j = 0; j < nt && !known; j++) known = !strcmp(dot + 1, ts[j].name);
         char shown[200];
         if (!known)
             rc = moh_fail(err, MOH_E_SHAPE, "%s: unexpected tensor '%s' (expected param.*, m.* and v.* of the model's "
-                          "tensors)", path, moh_st_quote(shown, sizeof shown, name));
+                          "tensors%s)", path, moh_st_quote(shown, sizeof shown, name), ema ? ", and ema.*" : "");
     }
     for (int i = 0; i < NUM_KEYS && !rc; i++) {
         const train_key *k = &TRAIN_KEYS[i];

@@ -8,7 +8,8 @@
  *   model.safetensors      F32 weights under the official PyTorch names, registry order: loads
  *                          into transformers / timm unchanged (dense configs)
  *   optimizer.safetensors  for --resume, self-contained: param.<name>, AdamW moments m.<name>,
- *                          v.<name>, and the training state in __metadata__ (TRAIN_KEYS in
+ *                          v.<name>, with an EMA (train_hparams.ema_decay > 0) ema.<name>, and the
+ *                          training state in __metadata__ (TRAIN_KEYS in
  *                          checkpoint.c; format "moh-train-v2"; the 0.1 formats "moh-lm-train-v1"
  *                          and "moh-vit-train-v1" still load)
  *   metrics.jsonl          appended by the trainer
@@ -65,6 +66,11 @@ int checkpoint_save_tokenizer(const char *dir, const model *m, moh_error *err);
  * for a zeroed m, which gets the tokenizer alone). Reader
  * errors name the file (MOH_E_FORMAT, MOH_E_IO). */
 int checkpoint_load_tokenizer(model *m, const char *dir, moh_error *err);
+/* Same, with the EMA of the weights (ema [m->n], may be NULL): optimizer.safetensors also holds
+ * ema.<name>, and model.safetensors holds the EMA weights instead of m's (what eval and sample
+ * use, as DiT evaluates its EMA model). */
+int checkpoint_save_ema(const char *dir, const model *m, const float *m1, const float *m2, const float *ema,
+                        const train_state *st, moh_error *err);
 /* Reads dir/config.json (family from its model_type) and dir/model.safetensors into a new model
  * (or, without model.safetensors, the shards a Hugging Face model.safetensors.index.json lists;
  * F32, BF16 or F16 tensors, converted to float32), and the tokenizer (checkpoint_load_tokenizer).
@@ -81,4 +87,8 @@ int model_load_weights(model *m, const char *path, moh_error *err);
  * keys the file holds. MOH_E_IO / MOH_E_FORMAT / MOH_E_SHAPE naming the file and field. */
 int checkpoint_load_optimizer(const char *dir, const model *m, float *params, float *m1, float *m2, train_state *st,
                               train_keys_present *present, moh_error *err);
+/* Same, also reading ema.<name> into ema (may be NULL: then such tensors are refused) when the file
+ * has them (*ema_found says so). */
+int checkpoint_load_optimizer_ema(const char *dir, const model *m, float *params, float *m1, float *m2, float *ema,
+                                  bool *ema_found, train_state *st, train_keys_present *present, moh_error *err);
 #endif

@@ -21,7 +21,7 @@ void train_hparams_unset(train_hparams *h) {
                          .grad_accum = INT_MIN, .shards = INT_MIN, .seed = 0, .val_fraction = NAN,
                          .train_limit = LONG_MIN, .crop_pad = INT_MIN, .hflip = INT_MIN, .epochs = NAN,
                          .eval_every = LONG_MIN, .eval_limit = LONG_MIN, .log_every = LONG_MIN,
-                         .attention = INT_MIN};
+                         .attention = INT_MIN, .ema_decay = NAN};
 }
 
 void train_options_defaults(train_options *o) {
@@ -167,6 +167,7 @@ typedef struct trainer {
     float *gdata;
     size_t gn;
     float *m1, *m2;          /* AdamW moments [m.n] */
+    float *ema;              /* EMA of the weights [m.n] (hp.ema_decay > 0), else NULL */
     bool *decay;             /* [m.n] */
     train_state st;
     FILE *metrics;
@@ -235,11 +236,25 @@ static int setup(trainer *tr, moh_error *err) {
         for (size_t j = 0; j < ts[i].numel; j++) tr->decay[ts[i].offset + j] = ts[i].decay;
     free(ts);
     train_keys_present present = 0;
-    if (o->resume &&
-        (rc = checkpoint_load_optimizer(o->out_dir, m, m->data, tr->m1, tr->m2, &tr->st, &present, err)))
+    train_hparams defaults;
+    fam->train_defaults(&defaults);
+    const bool may_ema = defaults.ema_decay > 0 || (!isnan(o->flags.ema_decay) && o->flags.ema_decay > 0);
+    if (may_ema && !(tr->ema = malloc(sizeof(float) * m->n))) return moh_fail(err, MOH_E_NOMEM, "EMA: out of memory");
+    bool ema_found = false;
+    if (o->resume && (rc = checkpoint_load_optimizer_ema(o->out_dir, m, m->data, tr->m1, tr->m2, tr->ema, &ema_found,
+                                                         &tr->st, &present, err)))
         return rc;
     if ((rc = merge_hparams(o, fam, &tr->st, present, err))) return rc;
     const train_hparams *hp = &tr->st.hp;
+    if (!(hp->ema_decay >= 0 && hp->ema_decay < 1))
+        return moh_fail(err, MOH_E_ARG, "--ema-decay is %g, expected a number in [0, 1) (0 = no EMA)", hp->ema_decay);
+    if (hp->ema_decay == 0) { /* no EMA: model.safetensors holds the trained weights */
+        free(tr->ema);
+        tr->ema = NULL;
+    } else if (o->resume && !ema_found) {
+        memcpy(tr->ema, m->data, sizeof(float) * m->n);
+        if (!o->quiet) printf("note: %s/optimizer.safetensors holds no EMA: it starts from the current weights\n", o->out_dir);
+    }
     const int R = tr->d->size;
     if (R > 1 && (hp->shards % R || hp->batch_size % hp->shards))
         return moh_fail(err, MOH_E_ARG, "%d ranks: --shards %d must be a multiple of the ranks and --batch-size %d a "
@@ -261,6 +276,7 @@ static int setup(trainer *tr, moh_error *err) {
     if ((rc = fam->params_new(m->cfg, &tr->g, &tr->gdata, &tr->gn, err))) return rc;
     if (!o->resume) {
         if (!o->init_path) fam->init_random(m->cfg, m->params, hp->seed); /* else the pretrained weights */
+        if (tr->ema) memcpy(tr->ema, m->data, sizeof(float) * m->n);
         tr->st.data_rng = tr->train.rng_start;
         tr->st.steps_per_epoch = tr->train.steps_per_epoch;
     }
@@ -277,6 +293,7 @@ static void teardown(trainer *tr) {
     model_free(&tr->m);
     free(tr->m1);
     free(tr->m2);
+    free(tr->ema);
     free(tr->decay);
     if (tr->metrics) fclose(tr->metrics);
 }
@@ -414,6 +431,7 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
         dist_bcast(d, tr.m.data, sizeof(float) * tr.m.n);
         dist_bcast(d, tr.m1, sizeof(float) * tr.m.n);
         dist_bcast(d, tr.m2, sizeof(float) * tr.m.n);
+        if (tr.ema) dist_bcast(d, tr.ema, sizeof(float) * tr.m.n);
     }
     model *m = &tr.m;
     const model_family *fam = m->fam;
@@ -509,7 +527,7 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
     int status = 0, bad_run = 0;
     if (!o->quiet) {
         const moh_attn_config *a = model_attn(m);
-        printf("moh train: %s a %s (model_type \"%s\"), %zu parameters (%.2fM), router %s, %d/%d heads active per "
+        printf("moh train: %s a %s (model_type \"%s\"), %zu parameters (%.2fM), router %s, %.3g/%d heads active per "
                "token, %s attention\n", o->resume ? "resuming" : "starting", fam->summary, fam->model_type, m->n,
                m->n / 1e6, router_label(a), model_active_heads(m), a->n_heads,
                hp->attention == 1 ? "head-sparse" : "reference");
@@ -624,6 +642,14 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
         } else {
             bad_run = 0;
             adamw_step(&ac, m->data, tr.gdata, tr.m1, tr.m2, tr.decay, m->n, step + 1, lr);
+            if (tr.ema) { /* decay warmed up over the first updates: min(d, (1 + n) / (10 + n)) */
+                const double n = (double)(step + 1), dn = (1.0 + n) / (10.0 + n);
+                const float dd = (float)(hp->ema_decay < dn ? hp->ema_decay : dn), one = 1.0f - dd;
+                float *e = tr.ema;
+                const float *w = m->data;
+#pragma omp parallel for schedule(static) if (m->n >= 65536)
+                for (size_t i = 0; i < m->n; i++) e[i] = dd * e[i] + one * w[i];
+            }
         }
         st->step++;
         st->examples_seen += (double)per_step;
@@ -744,7 +770,7 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
             if (train_check_finite("weights", "parameters", m->data, m->n, &why))
                 rc = moh_fail(err, MOH_E_ARG, "step %ld: a weight is not finite (%s); nothing saved, the last checkpoint "
                               "in %s is intact", st->step, why.msg, o->out_dir);
-            if (!rc && d->rank == 0) rc = checkpoint_save(o->out_dir, m, tr.m1, tr.m2, st, err);
+            if (!rc && d->rank == 0) rc = checkpoint_save_ema(o->out_dir, m, tr.m1, tr.m2, tr.ema, st, err);
             if ((rc = agree(d, rc, err))) goto stop;
             const double sv = train_now_s() - ts;
             clk.over_s += sv;

@@ -1,0 +1,177 @@
+/* moh sample on an image-generation checkpoint (DiT): N images per class with the family's sampler
+ * (DDPM ancestral or DDIM, classifier-free guidance), written as a PNG grid (one row per class)
+ * and / or an IDX image file (+ its label file). Every argument is checked before sampling, and
+ * each file is written atomically: a failed run leaves nothing behind. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "args.h"
+#include "cli.h"
+#include "data/idx.h"
+#include "io/png.h"
+#include "models/model.h"
+#include "train/checkpoint.h"
+
+/* true when the folder that would hold path exists */
+static bool parent_exists(const char *path) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) return true;
+    if (slash == dir) return true;
+    *slash = '\0';
+    struct stat sb;
+    return stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static uint8_t to_byte(float v) { /* [-1, 1] -> 0..255 */
+    const double x = (v + 1.0) * 127.5 + 0.5;
+    return (uint8_t)(x < 0 ? 0 : x > 255 ? 255 : x);
+}
+
+int cmd_sample_image(int argc, char **argv) {
+    const char *ckpt = NULL, *cls = "all", *out = NULL, *out_idx = NULL, *sampler = "ddpm", *sigma = "large";
+    int n = 8, steps = 0, batch = 64;
+    double cfg = 4.0;
+    uint64_t seed = 1;
+    bool sparse = false, reference = false;
+    const arg_spec specs[] = {
+        {"--checkpoint", ARG_STR, &ckpt, "DIR", "DiT checkpoint dir (config.json + model.safetensors: the EMA weights)", true, ARG_ANY},
+        {"--class", ARG_STR, &cls, "K|all", "class to draw (0..num_classes-1), or all (default): one grid row per class", false, ARG_ANY},
+        {"--n", ARG_INT, &n, "N", "images per class (default 8)", false, ARG_IN(1, 100000)},
+        {"--steps", ARG_INT, &steps, "S", "sampling steps, respaced from the training schedule (default 250 ddpm, 50 ddim)", false, ARG_IN(1, 100000)},
+        {"--cfg", ARG_DOUBLE, &cfg, "W", "classifier-free guidance scale: eps = uncond + W (cond - uncond); 1 = none (default 4, as DiT's sample.py)", false, ARG_IN(0, 1000)},
+        {"--sampler", ARG_CHOICE, &sampler, "ddpm|ddim", "DDPM ancestral (default) or DDIM with eta 0", false, ARG_ANY},
+        {"--sigma", ARG_CHOICE, &sigma, "large|small", "DDPM variance: beta (large, DiT's default without learned sigma) or the posterior variance (small)", false, ARG_ANY},
+        {"--seed", ARG_U64, &seed, "S", "noise seed (default 1); image i draws from (S, i) alone", false, ARG_ANY},
+        {"--batch", ARG_INT, &batch, "B", "images per forward pass (default 64; x2 with guidance)", false, ARG_IN(1, 4096)},
+        {"--out", ARG_STR, &out, "FILE.png", "PNG grid: one row per class, N columns", false, ARG_ANY},
+        {"--out-idx", ARG_STR, &out_idx, "FILE", "the images as an IDX ubyte file (class-major order); labels beside it (FILE with images-idx3 -> labels-idx1, else FILE.labels)", false, ARG_ANY},
+        {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (only the selected heads)", false, ARG_ANY},
+        {"--reference-attention", ARG_FLAG, &reference, NULL, "every head computed then gated (the default)", false, ARG_ANY},
+    };
+    int rc = args_parse("sample", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
+                        "--checkpoint DIR [--class K|all] [--n N] [--steps S] [--cfg W] [--sampler ddpm|ddim]\n"
+                        "                  [--seed S] [--out FILE.png] [--out-idx FILE]",
+                        "Image models (model_type \"dit\"): generates N images per class from noise with the\n"
+                        "checkpoint's weights (the EMA of training) and writes a PNG grid and/or IDX files.\n"
+                        "Pixels: model output in [-1, 1] mapped to 0..255. Speed on stderr.\n");
+    if (rc) return rc == 1 ? 0 : rc;
+    if (!out && !out_idx) {
+        fprintf(stderr, "moh sample: give --out FILE.png and/or --out-idx FILE (where the images go)\n");
+        return 2;
+    }
+    if (sparse && reference) {
+        fprintf(stderr, "moh sample: --sparse-attn and --reference-attention exclude each other\n");
+        return 2;
+    }
+    const bool ddim = !strcmp(sampler, "ddim");
+    if (steps == 0) steps = ddim ? 50 : 250;
+    for (int i = 0; i < 2; i++) {
+        const char *p = i ? out_idx : out;
+        if (p && !parent_exists(p)) {
+            fprintf(stderr, "moh sample: %s %s: its folder does not exist\n", i ? "--out-idx" : "--out", p);
+            return 2;
+        }
+    }
+    moh_error err = {0};
+    model m;
+    if (model_load(&m, ckpt, &err)) {
+        fprintf(stderr, "moh sample: %s\n", err.msg);
+        return 1;
+    }
+    int C = 0, H = 0, W = 0;
+    m.fam->image_shape(m.cfg, &C, &H, &W);
+    int K = 0, nt = 0; /* classes: the label table has num_classes + 1 rows (the null class last) */
+    model_tensor *ts = model_tensors(&m, &nt);
+    for (int i = 0; ts && i < nt; i++)
+        if (strstr(ts[i].name, "embedding_table")) K = (int)ts[i].shape[0] - 1;
+    free(ts);
+    int c0 = 0, nc = K;
+    if (strcmp(cls, "all")) {
+        char *end = NULL;
+        const long v = strtol(cls, &end, 10);
+        if (!*cls || *end || v < 0 || v >= K) {
+            fprintf(stderr, "moh sample: --class %s: expected 0..%d or all (the model has %d classes)\n", cls, K - 1, K);
+            model_free(&m);
+            return 2;
+        }
+        c0 = (int)v;
+        nc = 1;
+    }
+    const long total = (long)nc * n;
+    const size_t chw = (size_t)C * H * W;
+    int *labels = malloc(sizeof(int) * (size_t)total);
+    float *img = malloc(sizeof(float) * chw * (size_t)total);
+    uint8_t *bytes = malloc(chw * (size_t)total + (size_t)total);
+    if (!labels || !img || !bytes || total > (1L << 24)) {
+        fprintf(stderr, "moh sample: %ld images do not fit in memory\n", total);
+        free(labels);
+        free(img);
+        free(bytes);
+        model_free(&m);
+        return 1;
+    }
+    for (long i = 0; i < total; i++) labels[i] = c0 + (int)(i / n);
+    eval_progress pg;
+    eval_progress_start(&pg, "steps");
+    pg.cmd = "moh sample";
+    const image_gen_request req = {.labels = labels, .n = (int)total, .steps = steps, .cfg_scale = cfg,
+                                   .sampler = ddim ? 1 : 0, .variance = !strcmp(sigma, "small"), .seed = seed,
+                                   .batch = batch, .sparse = sparse, .progress = eval_progress_report, .ctx = &pg};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    rc = m.fam->generate(&m, &req, img, &err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    eval_progress_end(&pg, rc ? -1 : (long)steps * ((total + batch - 1) / batch));
+    const double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    int status = 0;
+    if (rc) {
+        fprintf(stderr, "moh sample: %s\n", err.msg);
+        status = rc == MOH_E_ARG ? 2 : 1;
+    }
+    uint8_t *lab8 = bytes + chw * (size_t)total;
+    for (size_t q = 0; !status && q < chw * (size_t)total; q++) bytes[q] = to_byte(img[q]);
+    for (long i = 0; i < total; i++) lab8[i] = (uint8_t)labels[i];
+    if (!status && out) { /* grid: nc rows x n columns, 2-pixel gaps; channel 0 (grey) */
+        const int gap = 2, GW = n * (W + gap) + gap, GH = nc * (H + gap) + gap;
+        uint8_t *grid = malloc((size_t)GW * GH);
+        if (!grid) rc = moh_fail(&err, MOH_E_NOMEM, "%s: out of memory", out);
+        else {
+            memset(grid, 64, (size_t)GW * GH);
+            for (long i = 0; i < total; i++) {
+                const int r = (int)(i / n), c = (int)(i % n);
+                for (int y = 0; y < H; y++)
+                    memcpy(grid + (size_t)(gap + r * (H + gap) + y) * GW + gap + c * (W + gap),
+                           bytes + (size_t)i * chw + (size_t)y * W, (size_t)W);
+            }
+            rc = png_write(out, grid, GW, GH, 1, &err);
+            free(grid);
+        }
+    }
+    if (!status && !rc && out_idx) {
+        char lpath[4200];
+        const char *hit = strstr(out_idx, "images-idx3");
+        if (hit) snprintf(lpath, sizeof lpath, "%.*slabels-idx1%s", (int)(hit - out_idx), out_idx, hit + 11);
+        else snprintf(lpath, sizeof lpath, "%s.labels", out_idx);
+        if (C != 1) rc = moh_fail(&err, MOH_E_ARG, "--out-idx: IDX holds 1-channel images, the model has %d", C);
+        else rc = idx_write(out_idx, bytes, (int)total, H, W, lpath, lab8, &err);
+    }
+    if (!status && rc) {
+        fprintf(stderr, "moh sample: %s\n", err.msg);
+        status = 1;
+    }
+    if (!status)
+        fprintf(stderr, "moh sample: %ld images (%d class%s x %d) in %.1f s (%.2f img/s), %s %d steps, cfg %g, seed %llu\n",
+                total, nc, nc == 1 ? "" : "es", n, secs, total / secs, ddim ? "DDIM" : "DDPM", steps, cfg,
+                (unsigned long long)seed);
+    free(labels);
+    free(img);
+    free(bytes);
+    model_free(&m);
+    return status;
+}

@@ -1,0 +1,171 @@
+/* MoH-DiT: float32 and float64 instantiations of dit_impl.h, the official tensor-name table, the
+ * official initialisation and the 2-D sin-cos position table. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/dit.h"
+
+#include "core/rng.h"
+
+/* The head-sparse attention path exists in float32 only (as in vit.c). */
+#define DIT_HAVE_SPARSE 1
+#define DIT_SPARSE_FORWARD(cfg, b, x, B, N, y, a, l) \
+    sparse_forward_f32(&(cfg)->attn[l], &(b)->attn, x, B, N, y, &(a)->sparse[l])
+#define DIT_SPARSE_BACKWARD(cfg, b, gb, a, l, dy, lb_scale, dx) \
+    sparse_backward_f32(&(cfg)->attn[l], &(b)->attn, &(gb)->attn, &(a)->sparse[l], dy, lb_scale, dx)
+#define DIT_SPARSE_LB(a, l) ((a)->sparse[l].rc.lb_loss)
+#define real float
+#define F(x) x##_f32
+#include "dit_impl.h"
+#undef real
+#undef F
+#undef DIT_HAVE_SPARSE
+#undef DIT_SPARSE_FORWARD
+#undef DIT_SPARSE_BACKWARD
+#undef DIT_SPARSE_LB
+
+#define DIT_HAVE_SPARSE 0
+#define DIT_SPARSE_FORWARD(cfg, b, x, B, N, y, a, l) ((void)0)
+#define DIT_SPARSE_BACKWARD(cfg, b, gb, a, l, dy, lb_scale, dx) ((void)0)
+#define DIT_SPARSE_LB(a, l) 0.0
+#define real double
+#define F(x) x##_f64
+#include "dit_impl.h"
+#undef real
+#undef F
+#undef DIT_HAVE_SPARSE
+#undef DIT_SPARSE_FORWARD
+#undef DIT_SPARSE_BACKWARD
+#undef DIT_SPARSE_LB
+
+const attn_cache_f32 *dit_router_cache_f32(const dit_acts_f32 *a, int l) {
+    return a->sparse ? &a->sparse[l].rc : &a->attn[l];
+}
+
+int dit_active_head_layers(const moh_dit_config *cfg) {
+    int n = 0;
+    for (int l = 0; l < cfg->depth; l++) {
+        const moh_attn_config *a = &cfg->attn[l];
+        n += a->router == MOH_ROUTER_NONE || a->top_k == 0 ? a->n_heads : a->shared_heads + a->top_k;
+    }
+    return n;
+}
+
+void dit_pos_embed(const moh_dit_config *cfg, float *out) {
+    const int D = cfg->hidden_size, G = cfg->grid, q = D / 4;
+    for (int gy = 0; gy < G; gy++)
+        for (int gx = 0; gx < G; gx++) {
+            float *row = out + ((size_t)gy * G + gx) * D;
+            /* emb_h of MAE's code reads grid[0] = the column index (meshgrid(w, h)), emb_w the row */
+            const double pos[2] = {gx, gy};
+            for (int half = 0; half < 2; half++)
+                for (int i = 0; i < q; i++) {
+                    const double omega = 1.0 / pow(10000.0, (double)i / (D / 4.0)), v = pos[half] * omega;
+                    row[half * 2 * q + i] = (float)sin(v);
+                    row[half * 2 * q + q + i] = (float)cos(v);
+                }
+        }
+}
+
+/* kind of initialisation of one tensor (dit_params_init_random) */
+enum { INIT_ZERO, INIT_XAVIER, INIT_N002, INIT_POS };
+
+typedef struct tensor_list {
+    model_tensor *t;
+    unsigned char *init;
+    int n;
+    size_t off;
+} tensor_list;
+
+static void push(tensor_list *L, bool decay, int init, int ndim, const int64_t *shape, const char *fmt, int layer) {
+    model_tensor *e = &L->t[L->n];
+    L->init[L->n] = (unsigned char)init;
+    L->n++;
+    snprintf(e->name, sizeof e->name, fmt, layer);
+    e->ndim = ndim;
+    e->numel = 1;
+    for (int i = 0; i < MODEL_MAX_DIMS; i++) {
+        e->shape[i] = i < ndim ? shape[i] : 0;
+        if (i < ndim) e->numel *= (size_t)shape[i];
+    }
+    e->offset = L->off;
+    e->decay = decay;
+    L->off += e->numel;
+}
+
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+
+static model_tensor *build(const moh_dit_config *cfg, int *n, unsigned char **init_out) {
+    const int Ln = cfg->depth;
+    const int64_t D = cfg->hidden_size, Hm = cfg->mlp_hidden, P = cfg->patch_dim, p = cfg->patch_size;
+    const int cap = Ln * 16 + 16;
+    tensor_list L = {calloc((size_t)cap, sizeof(model_tensor)), calloc((size_t)cap, 1), 0, 0};
+    if (!L.t || !L.init) {
+        free(L.t);
+        free(L.init);
+        return NULL;
+    }
+    push(&L, false, INIT_POS, 3, SHAPE(1, cfg->num_patches, D), "pos_embed", 0);
+    push(&L, true, INIT_XAVIER, 4, SHAPE(D, cfg->in_channels, p, p), "x_embedder.proj.weight", 0);
+    push(&L, false, INIT_ZERO, 1, SHAPE(D), "x_embedder.proj.bias", 0);
+    push(&L, true, INIT_N002, 2, SHAPE(D, DIT_FREQ_DIM), "t_embedder.mlp.0.weight", 0);
+    push(&L, false, INIT_ZERO, 1, SHAPE(D), "t_embedder.mlp.0.bias", 0);
+    push(&L, true, INIT_N002, 2, SHAPE(D, D), "t_embedder.mlp.2.weight", 0);
+    push(&L, false, INIT_ZERO, 1, SHAPE(D), "t_embedder.mlp.2.bias", 0);
+    push(&L, true, INIT_N002, 2, SHAPE(cfg->num_classes + 1, D), "y_embedder.embedding_table.weight", 0);
+    for (int l = 0; l < Ln; l++) {
+        const moh_attn_config *a = &cfg->attn[l];
+        /* the attention tensors in attn_params_bind order */
+        push(&L, true, INIT_XAVIER, 2, SHAPE(3 * D, D), "blocks.%d.attn.qkv.weight", l);
+        push(&L, false, INIT_ZERO, 1, SHAPE(3 * D), "blocks.%d.attn.qkv.bias", l);
+        push(&L, true, INIT_XAVIER, 2, SHAPE(D, D), "blocks.%d.attn.proj.weight", l);
+        push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.attn.proj.bias", l);
+        if (attn_has_wg(a)) push(&L, true, INIT_XAVIER, 2, SHAPE(attn_routed_heads(a), D), "blocks.%d.attn.wg.weight", l);
+        if (attn_has_wg0(a)) push(&L, true, INIT_XAVIER, 2, SHAPE(2, D), "blocks.%d.attn.wg_0.weight", l);
+        if (attn_has_wg1(a)) push(&L, true, INIT_XAVIER, 2, SHAPE(a->shared_heads, D), "blocks.%d.attn.wg_1.weight", l);
+        push(&L, true, INIT_XAVIER, 2, SHAPE(Hm, D), "blocks.%d.mlp.fc1.weight", l);
+        push(&L, false, INIT_ZERO, 1, SHAPE(Hm), "blocks.%d.mlp.fc1.bias", l);
+        push(&L, true, INIT_XAVIER, 2, SHAPE(D, Hm), "blocks.%d.mlp.fc2.weight", l);
+        push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.mlp.fc2.bias", l);
+        push(&L, true, INIT_ZERO, 2, SHAPE(6 * D, D), "blocks.%d.adaLN_modulation.1.weight", l);
+        push(&L, false, INIT_ZERO, 1, SHAPE(6 * D), "blocks.%d.adaLN_modulation.1.bias", l);
+    }
+    push(&L, true, INIT_ZERO, 2, SHAPE(P, D), "final_layer.linear.weight", 0);
+    push(&L, false, INIT_ZERO, 1, SHAPE(P), "final_layer.linear.bias", 0);
+    push(&L, true, INIT_ZERO, 2, SHAPE(2 * D, D), "final_layer.adaLN_modulation.1.weight", 0);
+    push(&L, false, INIT_ZERO, 1, SHAPE(2 * D), "final_layer.adaLN_modulation.1.bias", 0);
+    *n = L.n;
+    if (init_out) *init_out = L.init;
+    else free(L.init);
+    return L.t;
+}
+
+model_tensor *dit_tensors(const moh_dit_config *cfg, int *n) { return build(cfg, n, NULL); }
+
+void dit_params_init_random(const moh_dit_config *cfg, dit_params_f32 *p, uint64_t seed) {
+    int nt = 0;
+    unsigned char *kind = NULL;
+    model_tensor *ts = build(cfg, &nt, &kind);
+    uint64_t s = seed ^ 0x646974ULL; /* "dit" */
+    for (int i = 0; ts && i < nt; i++) {
+        float *x = p->data + ts[i].offset;
+        const model_tensor *t = &ts[i];
+        /* xavier_uniform_: fan_out = dim 0, fan_in = the rest (a conv weight viewed as [D, C p p]) */
+        const double fan_out = (double)t->shape[0], fan_in = (double)t->numel / fan_out;
+        const double bound = sqrt(6.0 / (fan_in + fan_out));
+        if (kind[i] == INIT_POS) {
+            dit_pos_embed(cfg, x);
+            continue;
+        }
+        for (size_t j = 0; j < t->numel; j++) {
+            double v = 0.0;
+            if (kind[i] == INIT_XAVIER) v = bound * (2.0 * moh_rng_uniform01(&s) - 1.0);
+            else if (kind[i] == INIT_N002) v = 0.02 * moh_rng_normal(&s);
+            x[j] = (float)v;
+        }
+    }
+    free(ts);
+    free(kind);
+}

@@ -1,0 +1,380 @@
+/* MoH-DiT as a model family (model.h): config, tensor registry, forward/backward on diffusion
+ * batches, the IDX batch source that noises each image (random timestep, Gaussian eps, label
+ * dropout, all from (seed, example key) so a resume draws the same), the eps-MSE metric and image
+ * generation for `moh sample`. Pixels are scaled to [-1, 1] (pixel / 127.5 - 1); the image side
+ * must equal the config's input_size (Fashion-MNIST: 28 with patch 4 or 2, no padding). */
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/rng.h"
+#include "data/idx.h"
+#include "models/dit.h"
+#include "models/dit_diffusion.h"
+#include "models/model.h"
+
+#define DIT_EVAL_SEED 0x5EEDE7A1ULL /* the fixed noise of every validation (comparable across runs) */
+#define DIT_TRAIN_VAL 2000          /* validation during training: the first 2000 test images (moh eval: all) */
+
+static int cfg_parse(void *cfg, const char *text, size_t len, const char *label, moh_error *err) {
+    return moh_dit_config_parse_json(cfg, text, len, label, err);
+}
+static char *cfg_json(const void *cfg) { return moh_dit_config_to_json(cfg); }
+static int num_layers(const void *cfg) { return ((const moh_dit_config *)cfg)->depth; }
+static const moh_attn_config *attn_layer(const void *cfg, int l) { return &((const moh_dit_config *)cfg)->attn[l]; }
+/* the first routing layer's config (router, n_heads and layout are those of every layer) */
+static const moh_attn_config *attn(const void *cfg) {
+    const moh_dit_config *c = cfg;
+    for (int l = 0; l < c->depth; l++)
+        if (c->attn[l].top_k > 0) return &c->attn[l];
+    return &c->attn[0];
+}
+static model_tensor *tensors(const void *cfg, model_naming scheme, int *n) {
+    return scheme == MODEL_NAMES_CHECKPOINT ? dit_tensors(cfg, n) : NULL;
+}
+
+static int params_new(const void *cfg, void **params, float **data, size_t *n, moh_error *err) {
+    dit_params_f32 *p = calloc(1, sizeof *p);
+    if (!p) return moh_fail(err, MOH_E_NOMEM, "model: out of memory");
+    int rc = dit_params_init_f32(p, cfg, err);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    *params = p;
+    *data = p->data;
+    *n = p->n;
+    return MOH_OK;
+}
+static void params_free(void *p) {
+    if (!p) return;
+    dit_params_free_f32(p);
+    free(p);
+}
+static void init_random(const void *cfg, void *p, uint64_t seed) { dit_params_init_random(cfg, p, seed); }
+
+static int acts_new(const void *cfg, int Bmax, int T, bool sparse, void **acts, moh_error *err) {
+    dit_acts_f32 *a = calloc(1, sizeof *a);
+    if (!a) return moh_fail(err, MOH_E_NOMEM, "model: out of memory");
+    int rc = dit_acts_init_f32(a, cfg, Bmax, sparse, err);
+    if (rc) {
+        free(a);
+        return rc;
+    }
+    *acts = a;
+    return MOH_OK;
+}
+static void acts_free(void *a) {
+    if (!a) return;
+    dit_acts_free_f32(a);
+    free(a);
+}
+
+static size_t chw_of(const moh_dit_config *c) { return (size_t)c->in_channels * c->input_size * c->input_size; }
+
+static double forward(const void *cfg, const void *params, void *acts, const moh_batch *b, int first, int count,
+                      bool train, double *ce, double *lb) {
+    const moh_dit_config *c = cfg;
+    dit_acts_f32 *a = acts;
+    const size_t chw = chw_of(c);
+    const double loss = dit_forward_f32(c, params, a, b->images + (size_t)first * chw, b->timesteps + first,
+                                        b->labels + first, b->noise ? b->noise + (size_t)first * chw : NULL, count);
+    *ce = a->mse;
+    *lb = a->lb_loss;
+    return loss;
+}
+static void backward(const void *cfg, const void *params, void *grads, void *acts, const moh_batch *b, int first,
+                     int count) {
+    dit_backward_f32(cfg, params, grads, acts, b->labels + first, b->noise + (size_t)first * chw_of(cfg));
+}
+static const attn_cache_f32 *router(const void *acts, int l) { return dit_router_cache_f32(acts, l); }
+static int tokens_per_example(const void *cfg, const moh_batch *b) { return ((const moh_dit_config *)cfg)->num_patches; }
+
+static void train_defaults(train_hparams *hp) {
+    memset(hp, 0, sizeof *hp);
+    *hp = (train_hparams){.lr = 1e-3, .min_lr_ratio = 1.0, .weight_decay = 0.0, .beta1 = 0.9, .beta2 = 0.999,
+                          .grad_clip = 1.0, .warmup = -1, .batch_size = 64, .grad_accum = 1, .shards = 0,
+                          .seed = 1, .crop_pad = 0, .hflip = 1, .epochs = 10, .eval_every = 0, .eval_limit = 1000,
+                          .log_every = 50, .ema_decay = 0.999};
+}
+
+/* ---- IDX diffusion batch source ------------------------------------------------------------- */
+
+typedef struct dit_source {
+    const moh_dit_config *cfg;
+    dit_schedule sch;
+    idx_split train, eval;
+    int n_train, B, accum, eval_B;
+    long micro_per_epoch;
+    uint64_t seed;
+    idx_augment aug;
+    int *perm;
+    long perm_epoch;
+    int *idx, *lab, *t;        /* [cap] */
+    float *img, *eps;          /* [cap, C, H, W] */
+    char label[PATH_MAX + 16];
+} dit_source;
+
+static void dit_source_free(void *self) {
+    dit_source *s = self;
+    dit_schedule_free(&s->sch);
+    idx_split_free(&s->train);
+    idx_split_free(&s->eval);
+    free(s->perm);
+    free(s->idx);
+    free(s->lab);
+    free(s->t);
+    free(s->img);
+    free(s->eps);
+    free(s);
+}
+
+/* Fills s->img (x_t), s->eps, s->t, s->lab for items idx[0..cnt) of split sp: example j has key
+ * key_base + j; drop = label-dropout probability (0 for evaluation). */
+static void noise_batch(dit_source *s, const idx_split *sp, int cnt, const idx_augment *aug, uint64_t seed,
+                        uint64_t key_base, double drop) {
+    const moh_dit_config *c = s->cfg;
+    const int hw = c->input_size * c->input_size;
+#pragma omp parallel for schedule(static) if (cnt >= 16)
+    for (int j = 0; j < cnt; j++) {
+        float *x = s->img + (size_t)j * hw, *e = s->eps + (size_t)j * hw;
+        idx_image_to_float(sp, s->idx[j], 0.5, 0.5, aug, seed, key_base + (uint64_t)j, x);
+        bool dropped = false;
+        dit_draw(seed, key_base + (uint64_t)j, c->diffusion_steps, drop, hw, &s->t[j], e, &dropped);
+        s->lab[j] = dropped ? c->num_classes : sp->labels[s->idx[j]];
+        dit_q_sample(&s->sch, s->t[j], e, x, hw);
+    }
+}
+
+static void fill_batch(const dit_source *s, int cnt, moh_batch *out) {
+    *out = (moh_batch){.B = cnt, .images = s->img, .C = 1, .H = s->cfg->input_size, .W = s->cfg->input_size,
+                       .labels = s->lab, .timesteps = s->t, .noise = s->eps};
+}
+
+static int src_next(void *self, long step, int micro, int rank, int nranks, uint64_t *data_rng, moh_batch *out,
+                    moh_error *err) {
+    dit_source *s = self;
+    const int B = s->B;
+    const long g = step * s->accum + micro, epoch = g / s->micro_per_epoch, pos = g % s->micro_per_epoch;
+    if (epoch != s->perm_epoch) {
+        idx_epoch_order(s->perm, s->n_train, s->seed, epoch);
+        s->perm_epoch = epoch;
+    }
+    const int lo = (int)((long)B * rank / nranks), hi = (int)((long)B * (rank + 1) / nranks);
+    for (int j = lo; j < hi; j++) s->idx[j - lo] = s->perm[pos * B + j];
+    const uint64_t key = (uint64_t)epoch * (uint64_t)s->n_train + (uint64_t)(pos * B + lo);
+    noise_batch(s, &s->train, hi - lo, &s->aug, s->seed, key, s->cfg->class_dropout_prob);
+    fill_batch(s, hi - lo, out);
+    return MOH_OK;
+}
+
+static long src_eval_items(void *self, long limit) {
+    const dit_source *s = self;
+    return limit > 0 && limit < s->eval.n ? limit : s->eval.n;
+}
+
+static long src_eval_next(void *self, long *cursor, long limit, int capacity, moh_batch *out) {
+    dit_source *s = self;
+    const long n = src_eval_items(self, limit), i0 = *cursor;
+    if (i0 >= n) return 0;
+    if (capacity > s->eval_B) capacity = s->eval_B;
+    const int cnt = (int)(n - i0 < capacity ? n - i0 : capacity);
+    for (int j = 0; j < cnt; j++) s->idx[j] = (int)(i0 + j);
+    noise_batch(s, &s->eval, cnt, NULL, DIT_EVAL_SEED, (uint64_t)i0, 0.0);
+    *cursor = i0 + cnt;
+    fill_batch(s, cnt, out);
+    return cnt;
+}
+
+static int check_split(const moh_dit_config *cfg, const idx_split *sp, const char *label, moh_error *err) {
+    if (cfg->in_channels != 1)
+        return moh_fail(err, MOH_E_CONFIG, "%s: IDX images have 1 channel, config in_channels is %d (expected 1)", label,
+                        cfg->in_channels);
+    if (sp->rows != cfg->input_size || sp->cols != cfg->input_size)
+        return moh_fail(err, MOH_E_CONFIG, "%s: images are %dx%d, config input_size is %d (expected square images of "
+                        "that side)", label, sp->rows, sp->cols, cfg->input_size);
+    return MOH_OK;
+}
+
+static int open_data(model *m, const data_request *req, batch_source *train, batch_source *eval, moh_error *err) {
+    moh_dit_config *cfg = m->cfg;
+    const train_hparams *hp = req->hp;
+    struct stat st;
+    if (stat(req->path, &st) == 0 && !S_ISDIR(st.st_mode))
+        return moh_fail(err, MOH_E_ARG, "--data %s is a file, but %s is a DiT (image) model: it needs a directory of "
+                        "IDX files (train-images-idx3-ubyte[.gz], t10k-images-idx3-ubyte[.gz], ...)", req->path,
+                        req->model_label);
+    if (hp->crop_pad != 0)
+        return moh_fail(err, MOH_E_ARG, "--crop-pad is %d, expected 0 for a DiT (random crops would shift the images "
+                        "it learns to generate; --no-flip turns off the one augmentation)", hp->crop_pad);
+    dit_source *s = calloc(1, sizeof *s);
+    if (!s) return moh_fail(err, MOH_E_NOMEM, "data: out of memory");
+    s->cfg = cfg;
+    s->perm_epoch = -1;
+    s->B = hp->batch_size;
+    s->accum = hp->grad_accum > 0 ? hp->grad_accum : 1;
+    s->eval_B = req->eval_batch > 0 ? req->eval_batch : hp->batch_size;
+    s->seed = hp->seed;
+    s->aug = (idx_augment){0, hp->hflip != 0};
+    const char *split = req->train ? "t10k" : (req->split ? req->split : "t10k");
+    snprintf(s->label, sizeof s->label, "%s/%s", req->path, split);
+    int rc = dit_schedule_init(&s->sch, cfg, err);
+    if (!rc && req->train) {
+        rc = idx_split_load(&s->train, req->path, "train", cfg->num_classes, err);
+        if (!rc) rc = check_split(cfg, &s->train, req->path, err);
+    }
+    if (!rc) rc = idx_split_load(&s->eval, req->path, split, cfg->num_classes, err);
+    if (!rc) rc = check_split(cfg, &s->eval, req->path, err);
+    if (!rc && req->train) {
+        s->n_train = hp->train_limit > 0 && hp->train_limit < s->train.n ? (int)hp->train_limit : s->train.n;
+        s->micro_per_epoch = s->n_train / s->B;
+        if (s->micro_per_epoch / s->accum < 1)
+            rc = moh_fail(err, MOH_E_ARG, "--batch-size %d x --grad-accum %d is more than the %d training images", s->B,
+                          s->accum, s->n_train);
+    }
+    if (!rc && req->train && s->eval.n > DIT_TRAIN_VAL) s->eval.n = DIT_TRAIN_VAL; /* (the arrays keep their size) */
+    if (!req->train && s->eval_B > s->eval.n && s->eval.n > 0) s->eval_B = s->eval.n;
+    const int cap = s->B > s->eval_B ? s->B : s->eval_B;
+    const size_t hw = (size_t)cfg->input_size * cfg->input_size;
+    if (!rc) {
+        s->perm = malloc(sizeof(int) * (size_t)(s->n_train > 0 ? s->n_train : 1));
+        s->idx = malloc(sizeof(int) * (size_t)cap);
+        s->lab = malloc(sizeof(int) * (size_t)cap);
+        s->t = malloc(sizeof(int) * (size_t)cap);
+        s->img = malloc(sizeof(float) * hw * (size_t)cap);
+        s->eps = malloc(sizeof(float) * hw * (size_t)cap);
+        if (!s->perm || !s->idx || !s->lab || !s->t || !s->img || !s->eps)
+            rc = moh_fail(err, MOH_E_NOMEM, "data: out of memory");
+    }
+    if (rc) {
+        dit_source_free(s);
+        return rc;
+    }
+    const long spe = s->micro_per_epoch / s->accum;
+    *eval = (batch_source){.self = s, .unit = "img", .seen_key = "images", .eval_unit = "images", .what = "images",
+                           .label = s->label, .examples_per_step = s->B, .steps_per_epoch = spe,
+                           .warmup_cap = spe, .next = src_next, .eval_items = src_eval_items,
+                           .eval_next = src_eval_next, .free = dit_source_free, .n_train = (size_t)s->n_train,
+                           .n_eval = (size_t)s->eval.n};
+    if (train) {
+        *train = *eval;
+        train->free = NULL;
+    }
+    return MOH_OK;
+}
+
+/* ---- metric: eps MSE at fixed (timestep, noise) per test image ------------------------------- */
+
+static void eval_add(const void *cfg, const void *acts, const moh_batch *b, int first, int count, model_eval *r) {
+    r->ce_sum += (double)((const dit_acts_f32 *)acts)->mse * count;
+    r->n += count;
+}
+static void eval_finish(const void *cfg, model_eval *r) {
+    r->loss = r->ce_sum / (double)r->n;
+    r->metric = r->loss;
+}
+static void eval_json(const model_eval *r, char *buf, size_t cap) {
+    snprintf(buf, cap, ", \"val_mse\": %.6f, \"val_n\": %ld", r->loss, r->n);
+}
+static void eval_brief(const model_eval *r, char *buf, size_t cap) {
+    snprintf(buf, cap, " | val mse %.4f (%ld)", r->metric, r->n);
+}
+
+static void eval_report(const model *m, const model_eval *r, const eval_context *ctx) {
+    if (ctx->json) {
+        printf("{\"val_mse\": %.6f, \"n\": %ld, \"lb_loss\": %.6f, \"split\": \"%s\", ", r->loss, r->n, r->lb_loss,
+               ctx->split);
+        model_print_head_share(m, r, true);
+        printf("}\n");
+        return;
+    }
+    printf("checkpoint %s on %s (%ld images)\n", ctx->checkpoint, ctx->src->label, r->n);
+    printf("noise-prediction MSE %.5f (one fixed timestep and noise per image) | lb %.3f (monitoring, not added)\n",
+           r->loss, r->lb_loss);
+    model_print_head_share(m, r, false);
+}
+
+static void describe(const void *cfg, size_t n, char *buf, size_t cap) {
+    const moh_dit_config *c = cfg;
+    snprintf(buf, cap, "DiT %.2fM, %dx%d patch %d, D %d, %d blocks", n / 1e6, c->input_size, c->input_size,
+             c->patch_size, c->hidden_size, c->depth);
+}
+
+/* Random x_t [B, C, H, W] in [-2, 2), labels in 0..num_classes (null included), timesteps, noise. */
+static int synthetic_batch(const void *cfg, int B, int T, uint64_t seed, moh_batch *out, void **buf, moh_error *err) {
+    const moh_dit_config *c = cfg;
+    const size_t n = (size_t)B * chw_of(c);
+    float *img = malloc(sizeof(float) * 2 * n + sizeof(int) * 2 * (size_t)B);
+    if (!img) return moh_fail(err, MOH_E_NOMEM, "synthetic batch: out of memory");
+    float *eps = img + n;
+    int *lab = (int *)(eps + n), *t = lab + B;
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) {
+        img[i] = (float)(4.0 * moh_rng_uniform01(&s) - 2.0);
+        eps[i] = (float)moh_rng_normal(&s);
+    }
+    for (int j = 0; j < B; j++) {
+        lab[j] = (int)(moh_rng_next(&s) % (uint64_t)(c->num_classes + 1));
+        t[j] = (int)(moh_rng_next(&s) % (uint64_t)c->diffusion_steps);
+    }
+    *buf = img;
+    *out = (moh_batch){.B = B, .images = img, .C = c->in_channels, .H = c->input_size, .W = c->input_size,
+                       .labels = lab, .timesteps = t, .noise = eps};
+    return MOH_OK;
+}
+
+static void image_shape(const void *cfg, int *C, int *H, int *W) {
+    const moh_dit_config *c = cfg;
+    *C = c->in_channels;
+    *H = *W = c->input_size;
+}
+static void image_norm(const void *cfg, int ch, double *mean, double *std) {
+    *mean = 0.5; /* pixel / 255 -> [-1, 1] */
+    *std = 0.5;
+}
+
+static int generate(const model *m, const image_gen_request *req, float *out, moh_error *err) {
+    return dit_sample(m->cfg, m->params, req, out, err);
+}
+
+const model_family dit_family = {
+    .model_type = "dit",
+    .task = "image-generation",
+    .summary = "class-conditional diffusion transformer (official DiT / MoH-DiT layout)",
+    .data_help = "a dir of MNIST-style IDX files: train-images-idx3-ubyte[.gz], train-labels-..., t10k-...",
+    .config_size = sizeof(moh_dit_config),
+    .describe = describe,
+    .config_parse = cfg_parse,
+    .config_to_json = cfg_json,
+    .num_layers = num_layers,
+    .attn = attn,
+    .attn_layer = attn_layer,
+    .tensors = tensors,
+    .params_new = params_new,
+    .params_free = params_free,
+    .init_random = init_random,
+    .acts_new = acts_new,
+    .acts_free = acts_free,
+    .forward = forward,
+    .backward = backward,
+    .router = router,
+    .tokens_per_example = tokens_per_example,
+    .train_defaults = train_defaults,
+    .unused_keys = "seq_len val_fraction",
+    .open_data = open_data,
+    .eval_add = eval_add,
+    .eval_finish = eval_finish,
+    .eval_json = eval_json,
+    .eval_brief = eval_brief,
+    .metric_name = "val eps MSE",
+    .eval_report = eval_report,
+    .default_sparse = false,
+    .image_shape = image_shape,
+    .image_norm = image_norm,
+    .short_name = "DiT",
+    .synthetic_batch = synthetic_batch,
+    .generate = generate,
+};

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# CLI test of the DiT job: `moh train` / `moh eval` / `moh sample` dispatch on a tiny MoH-DiT
+# config (model_type "dit", per-layer heads) with a small 8x8 IDX data set written here; the
+# checkpoint layout with the EMA (optimizer.safetensors ema.*, model.safetensors = the EMA weights);
+# resume after --stop-at-step giving the same files as an uninterrupted run; eval text and JSON;
+# sampling to PNG and IDX (seeded, independent of the batch size, DDPM and DDIM); one-line errors
+# with nothing written (class out of range, cfg < 0, steps 0, wrong image size, crop).
+#   tests/cli_dit.sh path/to/moh
+set -euo pipefail
+MOH=${1:-build/moh}
+MOH=$(cd "$(dirname "$MOH")" && pwd)/$(basename "$MOH")
+tmp=$(mktemp -d /tmp/moh_cli_dit.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# 256 train / 64 test images of 8x8: class k (0..3) is a bright column at x = 2 k
+python3 - "$tmp/data" <<'EOF'
+import os, random, struct, sys
+d = sys.argv[1]; os.makedirs(d)
+rnd = random.Random(7)
+def split(n):
+    imgs, labs = bytearray(), bytearray()
+    for i in range(n):
+        k = rnd.randrange(4); labs.append(k)
+        px = bytearray(rnd.randrange(30) for _ in range(64))
+        for y in range(8): px[y * 8 + 2 * k] = 220 + rnd.randrange(36)
+        imgs += px
+    return struct.pack('>IIII', 0x803, n, 8, 8) + imgs, struct.pack('>II', 0x801, n) + labs
+for name, n in (('train', 256), ('t10k', 64)):
+    i, l = split(n)
+    open(f'{d}/{name}-images-idx3-ubyte', 'wb').write(i)
+    open(f'{d}/{name}-labels-idx1-ubyte', 'wb').write(l)
+EOF
+cat >"$tmp/dit.json" <<'EOF'
+{"model_type": "dit", "input_size": 8, "patch_size": 2, "num_classes": 4, "hidden_size": 16, "depth": 2,
+ "num_heads": 4, "mlp_ratio": 2, "router": "learned", "shared_heads": [2, 4], "top_k": [1, 0],
+ "_comment": "cli test"}
+EOF
+common=(--config "$tmp/dit.json" --data "$tmp/data" --batch-size 16 --shards 2 --lr 2e-3 --ema-decay 0.9 --quiet)
+
+"$MOH" train "${common[@]}" --out "$tmp/a" --steps 12 || fail "train"
+for f in config.json model.safetensors optimizer.safetensors metrics.jsonl; do
+  [ -s "$tmp/a/$f" ] || fail "missing $f"
+done
+grep -Eq '"model_type":[[:space:]]*"dit"' "$tmp/a/config.json" || fail "config.json model_type"
+grep -q '"val_mse"' "$tmp/a/metrics.jsonl" || fail "val_mse in metrics"
+[ "$(wc -l <"$tmp/a/metrics.jsonl")" -eq 12 ] || fail "metrics.jsonl lines"
+
+# resume after a stop at step 5 reproduces the uninterrupted run: weights, moments, EMA
+"$MOH" train "${common[@]}" --out "$tmp/b" --steps 12 --stop-at-step 5 || fail "train --stop-at-step"
+"$MOH" train --data "$tmp/data" --out "$tmp/b" --resume --quiet || fail "resume"
+cmp -s "$tmp/a/model.safetensors" "$tmp/b/model.safetensors" || fail "resumed model.safetensors differs"
+
+# model.safetensors holds the EMA (ema.* of optimizer.safetensors), not the raw weights (param.*)
+python3 - "$tmp/a" "$tmp/b" <<'EOF' || fail "EMA layout, or the resumed moments / EMA differ"
+import json, struct, sys
+def load(p):
+    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+    h.pop('__metadata__', None); return {k: b[8 + n + v['data_offsets'][0]:8 + n + v['data_offsets'][1]] for k, v in h.items()}
+m = load(sys.argv[1] + '/model.safetensors'); o = load(sys.argv[1] + '/optimizer.safetensors')
+assert set(m) == {k[4:] for k in o if k.startswith('ema.')}, "ema.* tensors"
+assert all(m[k] == o['ema.' + k] for k in m), "model.safetensors is not the EMA"
+name = 'blocks.0.mlp.fc1.weight'
+assert m[name] != o['param.' + name], "EMA equals the raw weights"
+assert 'blocks.0.attn.wg.weight' in m and 'blocks.1.attn.wg.weight' not in m and 'blocks.1.attn.wg_1.weight' in m
+assert load(sys.argv[2] + '/optimizer.safetensors') == o, "resumed param / m / v / ema tensors differ"
+EOF
+
+# eval, text and JSON
+"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/data" >"$tmp/eval.txt" 2>/dev/null || fail "eval"
+grep -q "noise-prediction MSE" "$tmp/eval.txt" || fail "eval text"
+"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/data" --json 2>/dev/null >"$tmp/eval.json" || fail "eval --json"
+python3 - "$tmp/eval.json" <<'EOF' || fail "eval json contents"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["n"] == 64 and 0 < r["val_mse"] < 2, r
+assert len(r["head_share"]) == 2 and abs(sum(r["head_share"][0]) - 3.0) < 1e-6  # 2 shared + top-1
+assert r["head_share"][1] == [1.0] * 4  # all heads shared (soft reweighting)
+EOF
+
+# sampling: PNG grid (4 rows of 3, 2-pixel gaps) and IDX (+ labels), seeded and batch-independent
+"$MOH" sample --checkpoint "$tmp/a" --n 3 --steps 20 --cfg 2 --out "$tmp/g.png" \
+  --out-idx "$tmp/s-images-idx3-ubyte" 2>"$tmp/s.err" || fail "sample: $(cat "$tmp/s.err")"
+grep -q "12 images (4 classes x 3)" "$tmp/s.err" || fail "sample summary: $(cat "$tmp/s.err")"
+"$MOH" sample --checkpoint "$tmp/a" --n 3 --steps 20 --cfg 2 --batch 5 --out-idx "$tmp/t-images-idx3-ubyte" 2>/dev/null || fail "sample --batch 5"
+cmp -s "$tmp/s-images-idx3-ubyte" "$tmp/t-images-idx3-ubyte" || fail "samples depend on the batch size"
+"$MOH" sample --checkpoint "$tmp/a" --class 2 --n 2 --sampler ddim --steps 10 --seed 9 --out-idx "$tmp/d.idx" 2>/dev/null || fail "ddim"
+python3 - "$tmp" <<'EOF' || fail "sample files"
+import struct, sys
+t = sys.argv[1]
+p = open(t + '/g.png', 'rb').read()
+assert p[:8] == b'\x89PNG\r\n\x1a\n' and struct.unpack('>II', p[16:24]) == (3 * 10 + 2, 4 * 10 + 2), p[16:24]
+i = open(t + '/s-images-idx3-ubyte', 'rb').read(); l = open(t + '/s-labels-idx1-ubyte', 'rb').read()
+assert struct.unpack('>IIII', i[:16]) == (0x803, 12, 8, 8) and len(i) == 16 + 12 * 64
+assert struct.unpack('>II', l[:8]) == (0x801, 12) and list(l[8:]) == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
+assert len(set(i[16:])) > 20, "samples are not images"
+d = open(t + '/d.idx', 'rb').read(); dl = open(t + '/d.idx.labels', 'rb').read()
+assert struct.unpack('>IIII', d[:16]) == (0x803, 2, 8, 8) and list(dl[8:]) == [2, 2]
+EOF
+
+# one-line errors; nothing written
+expect_err() { # expected-text, then the command
+  local want=$1; shift
+  if "$@" >"$tmp/o" 2>"$tmp/e"; then fail "accepted: $*"; fi
+  [ "$(wc -l <"$tmp/e")" -eq 1 ] || fail "not one line for $*: $(cat "$tmp/e")"
+  grep -q -- "$want" "$tmp/e" || fail "message for $*: $(cat "$tmp/e") (expected '$want')"
+}
+s=(sample --checkpoint "$tmp/a" --n 1 --steps 2 --out "$tmp/x.png" --out-idx "$tmp/x.idx")
+expect_err "expected 0..3 or all" "$MOH" "${s[@]}" --class 4
+expect_err "expected 0..3 or all" "$MOH" "${s[@]}" --class -1
+expect_err "cfg" "$MOH" "${s[@]}" --cfg -1
+expect_err "steps" "$MOH" "${s[@]}" --steps 0
+expect_err "expected 1..1000" "$MOH" "${s[@]}" --steps 1001
+expect_err "folder does not exist" "$MOH" sample --checkpoint "$tmp/a" --out "$tmp/nodir/x.png"
+expect_err "give --out" "$MOH" sample --checkpoint "$tmp/a"
+[ ! -e "$tmp/x.png" ] && [ ! -e "$tmp/x.idx" ] || fail "a failed sample wrote a file"
+sed 's/"input_size": 8/"input_size": 12/' "$tmp/dit.json" >"$tmp/dit12.json"
+expect_err "images are 8x8, config input_size is 12" "$MOH" train --config "$tmp/dit12.json" --data "$tmp/data" --out "$tmp/c" --steps 2 --quiet
+expect_err "crop-pad" "$MOH" train "${common[@]}" --out "$tmp/c" --steps 2 --crop-pad 1
+[ ! -e "$tmp/c" ] || fail "a failed train created its --out"
+echo "cli_dit: ok"
