@@ -39,12 +39,21 @@ help:
 	@echo "make asan     the same tests under AddressSanitizer + UBSan"
 	@echo "make install  install moh, libmoh.a, moh.h and the configs under PREFIX (default /usr/local)"
 	@echo "make fuzz     run every fuzz target for FUZZ_SECONDS (needs clang)"
-	@echo "make interop  LM and ViT checkpoints against transformers, timm and the PyTorch references"
+	@echo "make interop  LM and ViT checkpoints against transformers, timm and the PyTorch references,"
+	@echo "              and SmolLM2 against transformers (PYTHON=path/to/venv/bin/python)"
 
 # The decoder LM and the ViT against PyTorch through the CLI: moh train/eval checkpoints, logits and
 # first-step gradients compared with transformers / timm (dense) and tools/ref/lm_ref.py,
-# vit_ref.py (MoH). Needs python3 with torch, safetensors, transformers and timm.
-.PHONY: interop
+# vit_ref.py (MoH); then SmolLM2 (models/, tools/data/fetch_smollm2.sh) against transformers
+# loading the same GGUF: tokens, logits <= 1e-4, 64 greedy tokens (make interop-smollm2 alone).
+# Needs PYTHON (default python3) with torch, safetensors, transformers, timm, and for SmolLM2
+# gguf, numpy and accelerate.
+PYTHON ?= python3
+.PHONY: interop interop-smollm2
 interop: all
-	python3 tools/ref/interop_lm.py --moh $(BUILD)/moh
-	python3 tools/ref/interop_vit.py --moh $(BUILD)/moh
+	$(PYTHON) tools/ref/interop_lm.py --moh $(BUILD)/moh
+	$(PYTHON) tools/ref/interop_vit.py --moh $(BUILD)/moh
+	$(PYTHON) tools/ref/interop_smollm2.py --moh $(BUILD)/moh
+
+interop-smollm2: all
+	$(PYTHON) tools/ref/interop_smollm2.py --moh $(BUILD)/moh

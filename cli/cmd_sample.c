@@ -26,13 +26,39 @@ static uint64_t rng_next(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-/* Empties the cache and encodes tok[0..n) from position 0; logits are those after tok[n-1]. */
+/* Empties the cache and encodes tok[0..n) from position 0; logits are those after tok[n-1]; all
+ * (may be NULL) [n, V] gets the logits after every token. */
 static int encode(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, const int *tok, int n,
-                  float *logits, moh_error *err) {
+                  float *logits, float *all, moh_error *err) {
     lm_kv_reset(kv);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (lm_decode_step(cfg, p, kv, tok[i], logits, err)) return err->code;
+        if (all) memcpy(all + (size_t)i * cfg->vocab_size, logits, sizeof(float) * (size_t)cfg->vocab_size);
+    }
     return MOH_OK;
+}
+
+/* --dump-logits: the prompt's ids tok[0..n), the KV-cache logits after each (all [n, V]), the full
+ * forward pass's logits on the same ids (head-sparse path, as eval), and the generated ids. */
+static int dump_logits(const char *path, const moh_lm_config *cfg, const lm_params_f32 *p, const int *tok, int n,
+                       const float *all, const int *gen, int ngen, moh_error *err) {
+    const int V = cfg->vocab_size;
+    lm_acts_f32 a;
+    int rc = lm_acts_init_sparse_f32(&a, cfg, 1, n, err);
+    if (rc) return rc;
+    lm_forward_f32(cfg, p, &a, tok, NULL, 1, n);
+    float *ft = malloc(sizeof(float) * (size_t)(n + ngen + 1));
+    if (!ft) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
+    if (!rc) {
+        for (int i = 0; i < n; i++) ft[i] = (float)tok[i];
+        for (int i = 0; i < ngen; i++) ft[n + i] = (float)gen[i];
+        const moh_st_entry e[4] = {{"tokens", 2, {1, n}, ft}, {"logits", 3, {1, n, V}, all},
+                                   {"logits_forward", 3, {1, n, V}, a.logits}, {"generated", 2, {1, ngen}, ft + n}};
+        rc = moh_st_write(path, e, 4, err);
+    }
+    free(ft);
+    lm_acts_free_f32(&a);
+    return rc;
 }
 
 int cmd_sample(int argc, char **argv) {
@@ -45,7 +71,7 @@ int cmd_sample(int argc, char **argv) {
             !strcmp(f0->task, "image-generation"))
             return cmd_sample_image(argc, argv);
     }
-    const char *ckpt = NULL, *prompt = "", *full = "slide";
+    const char *ckpt = NULL, *prompt = "", *full = "slide", *dump = NULL;
     int max_tokens = 256, top_k = 0;
     double temp = 0.8, top_p = 0.95;
     uint64_t seed = 1;
@@ -58,10 +84,11 @@ int cmd_sample(int argc, char **argv) {
         {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: of those, keep the smallest set with probability >= P (default 0.95)", false, ARG_IN_OC(0, 1)},
         {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false, ARG_ANY},
         {"--context-full", ARG_CHOICE, &full, "slide|stop", "when the context is full: slide (re-encode its last half and go on; default) or stop", false, ARG_ANY},
+        {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write the prompt's ids (tokens [1, n]), the logits after each from the KV cache (logits [1, n, V]) and from the full forward pass (logits_forward), and the generated ids (generated [1, g]) as safetensors", false, ARG_ANY},
     };
     int rc = args_parse("sample", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint DIR [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
-                        "                  [--seed S] [--context-full slide|stop]",
+                        "                  [--seed S] [--context-full slide|stop] [--dump-logits FILE]",
                         "Prints the prompt and its continuation to stdout, and speed and the share of\n"
                         "attention heads computed to stderr.\n"
                         "Sampling order (as transformers' generate()): logits / temperature, softmax;\n"
@@ -104,6 +131,8 @@ int cmd_sample(int argc, char **argv) {
     int *hist = malloc(sizeof(int) * (size_t)N);
     int status = 1;
     uint8_t *piece = NULL; /* a decoded token (BPE models) */
+    float *all = NULL;     /* --dump-logits: the prompt's ids and logits [n, V], the generated ids */
+    int *ptok = NULL, *gen_ids = NULL, gen_cap = 0;
     if (!logits || !c || !hist || lm_kv_init(&kv, &cfg, N, &err)) {
         fprintf(stderr, "moh sample: %s\n", err.msg[0] ? err.msg : "out of memory");
         free(logits);
@@ -145,7 +174,13 @@ int cmd_sample(int argc, char **argv) {
         moh_fail(&err, MOH_E_NOMEM, "out of memory");
         goto fail;
     }
-    if (encode(&cfg, &p, &kv, hist, n, logits, &err)) goto fail;
+    const int nprompt = n;
+    if (dump && (!(all = malloc(sizeof(float) * (size_t)n * cfg.vocab_size)) || !(ptok = malloc(sizeof(int) * (size_t)n)))) {
+        moh_fail(&err, MOH_E_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (ptok) memcpy(ptok, hist, sizeof(int) * (size_t)n);
+    if (encode(&cfg, &p, &kv, hist, n, logits, all, &err)) goto fail;
     const int keep = N / 2 > 0 ? N / 2 : 1;
     int gen = 0, slides = 0;
     bool stopped = false;
@@ -160,6 +195,16 @@ int cmd_sample(int argc, char **argv) {
             }
         const int nk = lm_sample_keep(logits, cfg.vocab_size, temp, top_k, top_p, c);
         const int tok = lm_sample_pick(c, nk, (double)(rng_next(&seed) >> 11) / 9007199254740992.0);
+        if (dump && gen == gen_cap) {
+            gen_cap = gen_cap ? 2 * gen_cap : 256;
+            int *g = realloc(gen_ids, sizeof(int) * (size_t)gen_cap);
+            if (!g) {
+                moh_fail(&err, MOH_E_NOMEM, "out of memory");
+                goto fail;
+            }
+            gen_ids = g;
+        }
+        if (dump) gen_ids[gen] = tok;
         if (tok == m.eos_id) { /* the model's end of text */
             gen++;
             break;
@@ -187,7 +232,7 @@ int cmd_sample(int argc, char **argv) {
         memmove(hist, hist + (N - keep + 1), sizeof(int) * (size_t)(keep - 1));
         hist[keep - 1] = tok;
         n = keep;
-        if (encode(&cfg, &p, &kv, hist, n, logits, &err)) goto fail;
+        if (encode(&cfg, &p, &kv, hist, n, logits, NULL, &err)) goto fail;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (bpe) fwrite(piece, 1, bpe_stream_flush(&stream, piece), stdout);
@@ -202,12 +247,16 @@ int cmd_sample(int argc, char **argv) {
     fprintf(stderr, "[%d %s%s in %.2f s, %.1f tok/s; attention heads computed: %.1f%% of %ld%s]\n",
             gen, bpe ? "token" : "byte", gen == 1 ? "" : "s", s, s > 0 ? gen / s : 0.0,
             kv.heads_total ? 100.0 * kv.heads_run / kv.heads_total : 0.0, kv.heads_total, re);
+    if (dump && dump_logits(dump, &cfg, &p, ptok, nprompt, all, gen_ids, gen, &err)) goto fail;
     status = 0;
     goto done;
 fail:
     fprintf(stderr, "moh sample: %s\n", err.msg);
 done:
     free(piece);
+    free(all);
+    free(ptok);
+    free(gen_ids);
     lm_kv_free(&kv);
     free(logits);
     free(c);

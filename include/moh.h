@@ -127,6 +127,27 @@ typedef enum moh_router {
     MOH_ROUTER_QUERY_NORM = 2, /* parameter-free, ||q_i|| / std, softmax, top-k, binary (spec §3) */
 } moh_router;
 
+/* Hugging Face `rope_scaling` of LLaMA-family configs (transformers modeling_rope_utils.py):
+ * the per-pair inverse frequency inv_j = 1 / theta^(2j/d) is rescaled, positions are unchanged.
+ * DEFAULT: inv_j. LINEAR: inv_j / factor (positions divided by factor). LLAMA3
+ * (_compute_llama3_parameters): wavelength w_j = 2 pi / inv_j; w_j < original / high_freq_factor
+ * keeps inv_j, w_j > original / low_freq_factor gives inv_j / factor, between them a linear blend
+ * with s = (original / w_j - low_freq_factor) / (high_freq_factor - low_freq_factor):
+ * (1 - s) inv_j / factor + s inv_j. All zero: no scaling. */
+typedef enum moh_rope_type {
+    MOH_ROPE_DEFAULT = 0, /* "default", null or absent */
+    MOH_ROPE_LINEAR = 1,  /* "linear": factor */
+    MOH_ROPE_LLAMA3 = 2,  /* "llama3": factor, low/high_freq_factor, original_max_position_embeddings */
+} moh_rope_type;
+
+typedef struct moh_rope_scaling {
+    moh_rope_type type;
+    double factor;                        /* LINEAR, LLAMA3: > 0 */
+    double low_freq_factor;               /* LLAMA3: > 0 */
+    double high_freq_factor;              /* LLAMA3: > low_freq_factor */
+    int original_max_position_embeddings; /* LLAMA3: > 0, the pre-extension context */
+} moh_rope_scaling;
+
 typedef struct moh_attn_config {
     int hidden_size;       /* C */
     int n_heads;           /* h, query heads */
@@ -140,6 +161,7 @@ typedef struct moh_attn_config {
     bool proj_bias;
     bool fused_qkv;        /* weight names: qkv/proj (ViT, DiT) or q_proj/k_proj/v_proj/o_proj */
     double rope_theta;     /* <= 0: no RoPE; else rotate-half RoPE with this base (spec §10) */
+    moh_rope_scaling rope_scaling; /* with rope_theta > 0: the inverse frequencies' rescaling */
     double load_balance_coef; /* beta */
     bool straight_through; /* query_norm only: backward passes dL/dg of each selected routed head
                             * to its softmax score (spec §10); false: binary gates are constants */
@@ -171,6 +193,7 @@ typedef struct moh_lm_config {
     int max_position_embeddings; /* default training/eval context T */
     double rms_norm_eps;
     double rope_theta;
+    moh_rope_scaling rope_scaling; /* HF rope_scaling (default: none) */
     bool tie_word_embeddings;
     int shared_heads;            /* h_s */
     int top_k;                   /* K routed heads per token */
@@ -187,9 +210,12 @@ typedef struct moh_lm_config {
  * rope_theta 10000, tie_word_embeddings false, router "learned", shared_heads 0, top_k 0,
  * load_balance_coef 0.01. Standard HF keys moh does not use are accepted: architectures,
  * model_type, torch_dtype, attention_dropout, initializer_range, bos/eos/pad_token_id,
- * pretraining_tp, use_cache, transformers_version, and hidden_act / attention_bias / mlp_bias /
- * rope_scaling when they match moh ("silu", false, false, null); keys starting with "_" or
- * "comment" are annotations. Any other key is an error naming it. Errors name label, field, value,
+ * pretraining_tp, use_cache, transformers_version, and hidden_act / attention_bias / mlp_bias
+ * when they match moh ("silu", false, false). rope_scaling: null, or an object with "rope_type"
+ * (or the older "type") "default", "linear" (factor) or "llama3" (factor, low_freq_factor,
+ * high_freq_factor, original_max_position_embeddings); other types and keys are errors.
+ * transformers 5's rope_parameters (the same object plus rope_theta) is read the same way. Keys
+ * starting with "_" or "comment" are annotations. Any other key is an error naming it. Errors name label, field, value,
  * expectation: MOH_E_FORMAT (JSON syntax) / MOH_E_CONFIG; on error cfg is zeroed. */
 int moh_lm_config_parse_json(moh_lm_config *cfg, const char *text, size_t len, const char *label,
                              moh_error *err);

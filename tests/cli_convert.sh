@@ -60,6 +60,20 @@ check "cmp -s '$T/dense/model.safetensors' '$T/dense2/model.safetensors'" "dense
 # the exported byte vocabulary reads back as bytes, and sample runs on the .gguf
 check "[ \"\$('$MOH' tokenize --model '$T/dense.gguf' --text 'ab c')\" = '97 98 32 99' ]" "tokenize on the exported gguf: $("$MOH" tokenize --model "$T/dense.gguf" --text 'ab c' 2>&1)"
 check "'$MOH' sample --checkpoint '$T/dense.gguf' --prompt ab --max-tokens 5 --seed 1 2>/dev/null | grep -q '^ab'" "sample on a .gguf"
+# sample --dump-logits: the prompt's ids, its logits from the KV cache and from the full forward (equal
+# to float rounding), and the greedy ids (the first is the argmax of the last prompt position)
+"$MOH" sample --checkpoint "$FIX/tiny-llama.gguf" --prompt abc --max-tokens 4 --temperature 0 --dump-logits "$T/dl.st" > /dev/null 2>&1 || bad "sample --dump-logits"
+check "python3 - '$T/dl.st' <<'PY'
+import json, struct, sys, array
+f = open(sys.argv[1], 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n)); d = f.read()
+def t(k):
+    x = array.array('f'); x.frombytes(d[h[k]['data_offsets'][0]:h[k]['data_offsets'][1]]); return h[k]['shape'], list(x)
+(st, tok), (sl, kv), (sf, fw), (sg, gen) = t('tokens'), t('logits'), t('logits_forward'), t('generated')
+assert st == [1, 3] and tok == [97, 98, 99] and sl == sf == [1, 3, 260] and sg == [1, 4], (st, tok, sl, sf, sg)
+assert max(abs(a - b) for a, b in zip(kv, fw)) <= 1e-5 * max(abs(a) for a in fw)
+last = kv[2 * 260:]
+assert gen[0] == last.index(max(last)), (gen, last.index(max(last)))
+PY" "sample --dump-logits: wrong contents"
 out=$("$MOH" convert --model "$T/moh" --out "$T/moh.gguf" 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q 'llama.cpp runs dense multi-head attention only' <<<\"\$out\" && [ ! -e '$T/moh.gguf' ]" "MoH export: rc $rc: $out"
 out=$("$MOH" convert --model "$T/a" --out "$T/a.gguf" 2>&1); rc=$?
@@ -84,6 +98,18 @@ printf '%s\nhi\n' "$long" | "$MOH" chat --model "$CHAT" --max-tokens 3 > "$T/c3.
 check "[ $rc -eq 0 ] && grep -q 'would pass the context of 64 tokens' '$T/c3.err' && [ \$(wc -l < '$T/c3.out') -eq 1 ]" "chat past the context: rc $rc: $(cat "$T/c3.err")"
 out=$(echo hi | "$MOH" chat --model "$FIX/tiny-llama.gguf" 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q 'is not a ChatML chat model' <<<\"\$out\"" "chat on a model without ChatML: rc $rc: $out"
+# rope_scaling (tests/fixtures/lm_rope): a folder written back keeps it; GGUF export refuses it in one
+# line; a type moh does not implement is a one-line error naming config.json and the field
+ROPE=$(cd "$(dirname "$0")" && pwd)/fixtures/lm_rope/llama3
+"$MOH" convert --model "$ROPE" --out "$T/rope" > /dev/null || bad "rope_scaling folder -> folder"
+check "python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))[\"rope_scaling\"]; sys.exit(r != {\"rope_type\": \"llama3\", \"factor\": 4, \"low_freq_factor\": 1, \"high_freq_factor\": 4, \"original_max_position_embeddings\": 32})' '$T/rope/config.json'" "the written config.json lost rope_scaling: $(grep -A6 rope_scaling "$T/rope/config.json")"
+out=$("$MOH" convert --model "$T/rope" --out "$T/rope.gguf" 2>&1); rc=$?
+check "[ $rc -eq 1 ] && [ \$(wc -l <<<\"\$out\") -eq 1 ] && grep -q 'rope_scaling is \"llama3\"' <<<\"\$out\" && [ ! -e '$T/rope.gguf' ]" "rope_scaling export to GGUF: rc $rc: $out"
+mkdir -p "$T/yarn"
+cp "$ROPE/model.safetensors" "$T/yarn/"
+sed 's/"llama3"/"yarn"/' "$ROPE/config.json" > "$T/yarn/config.json"
+out=$("$MOH" convert --model "$T/yarn" --out "$T/yarn2" 2>&1); rc=$?
+check "[ $rc -eq 1 ] && [ \$(wc -l <<<\"\$out\") -eq 1 ] && grep -q \"config.json: field 'rope_scaling.rope_type': expected \\\"default\\\", \\\"linear\\\" or \\\"llama3\\\".*got \\\"yarn\\\"\" <<<\"\$out\"" "yarn rope_scaling: rc $rc: $out"
 
 # A BPE model's folder keeps its tokenizer: convert writes tokenizer.json + tokenizer_config.json,
 # the folder tokenizes and chats as the .gguf does (the template's default system prompt kept)

@@ -133,6 +133,7 @@ static int same_attn(const moh_attn_config *a, const moh_attn_config *b) {
            a->shared_heads == b->shared_heads && a->top_k == b->top_k && a->router == b->router &&
            a->causal == b->causal && a->qkv_bias == b->qkv_bias && a->proj_bias == b->proj_bias &&
            a->fused_qkv == b->fused_qkv && a->rope_theta == b->rope_theta &&
+           !memcmp(&a->rope_scaling, &b->rope_scaling, sizeof a->rope_scaling) &&
            a->load_balance_coef == b->load_balance_coef && a->straight_through == b->straight_through;
 }
 
@@ -143,6 +144,7 @@ static int same_cfg(const moh_lm_config *a, const moh_lm_config *b) {
            a->intermediate_size == b->intermediate_size && a->vocab_size == b->vocab_size &&
            a->max_position_embeddings == b->max_position_embeddings &&
            a->rms_norm_eps == b->rms_norm_eps && a->rope_theta == b->rope_theta &&
+           !memcmp(&a->rope_scaling, &b->rope_scaling, sizeof a->rope_scaling) &&
            a->tie_word_embeddings == b->tie_word_embeddings && a->shared_heads == b->shared_heads &&
            a->top_k == b->top_k && a->router == b->router &&
            a->load_balance_coef == b->load_balance_coef &&
@@ -289,6 +291,123 @@ static void test_hf_keys(test_ctx *t) {
     CHECK(t, c.hidden_size == 256 && c.top_k == 4, "HF keys ignored");
 }
 
+/* HF rope_scaling: llama3, linear, default and null parse (with "rope_type" or the older "type")
+ * and round trip; every malformed one is a one-line error naming the field. */
+static void test_rope_scaling(test_ctx *t) {
+    const int C = MOH_E_CONFIG;
+    moh_lm_config c;
+    const char *l3 = "{\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+                     "\"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}";
+    expect_ok(t, &c, "rope_theta", "500000.0", "rope_scaling", l3, NULL);
+    CHECK(t, c.rope_scaling.type == MOH_ROPE_LLAMA3 && c.rope_scaling.factor == 8.0 &&
+                 c.rope_scaling.low_freq_factor == 1.0 && c.rope_scaling.high_freq_factor == 4.0 &&
+                 c.rope_scaling.original_max_position_embeddings == 8192 &&
+                 !memcmp(&c.attn.rope_scaling, &c.rope_scaling, sizeof c.rope_scaling),
+          "llama3 fields and the derived attn config");
+    check_round_trip(t, &c, "llama3");
+    char *json = moh_lm_config_to_json(&c);
+    CHECK(t, json && strstr(json, "\"rope_type\":\t\"llama3\"") && strstr(json, "\"original_max_position_embeddings\":\t8192"),
+          "to_json writes HF's rope_scaling keys: %s", json ? json : "(null)");
+    free(json);
+    expect_ok(t, &c, "rope_scaling", "{\"type\": \"linear\", \"factor\": 2.5}", NULL);
+    CHECK(t, c.rope_scaling.type == MOH_ROPE_LINEAR && c.rope_scaling.factor == 2.5, "linear via 'type'");
+    check_round_trip(t, &c, "linear");
+    expect_ok(t, &c, "rope_scaling", "{\"rope_type\": \"linear\", \"type\": \"linear\", \"factor\": 4}", NULL);
+    CHECK(t, c.rope_scaling.type == MOH_ROPE_LINEAR && c.rope_scaling.factor == 4.0, "both keys, same type");
+    expect_ok(t, &c, "rope_scaling", "{\"rope_type\": \"default\"}", NULL);
+    CHECK(t, c.rope_scaling.type == MOH_ROPE_DEFAULT, "default");
+    json = moh_lm_config_to_json(&c);
+    CHECK(t, json && !strstr(json, "rope_scaling"), "no rope_scaling key without scaling");
+    free(json);
+    expect_ok(t, &c, "rope_scaling", "null", NULL);
+    CHECK(t, c.rope_scaling.type == MOH_ROPE_DEFAULT && c.attn.rope_scaling.type == MOH_ROPE_DEFAULT, "null");
+
+    /* transformers 5 writes rope_parameters, rope_theta inside */
+    expect_ok(t, &c, "rope_parameters", "{\"rope_theta\": 100000.0, \"rope_type\": \"default\"}", NULL);
+    CHECK(t, c.rope_theta == 100000.0 && c.attn.rope_theta == 100000.0 && c.rope_scaling.type == MOH_ROPE_DEFAULT,
+          "rope_parameters default: theta %g", c.rope_theta);
+    expect_ok(t, &c, "rope_theta", "500000", "rope_parameters",
+              "{\"factor\": 8.0, \"high_freq_factor\": 4.0, \"low_freq_factor\": 1.0, "
+              "\"original_max_position_embeddings\": 8192, \"rope_theta\": 500000.0, \"rope_type\": \"llama3\"}", NULL);
+    CHECK(t, c.rope_theta == 500000.0 && c.rope_scaling.type == MOH_ROPE_LLAMA3 && c.rope_scaling.factor == 8.0,
+          "rope_parameters llama3");
+    check_round_trip(t, &c, "rope_parameters llama3");
+    expect_bad(t, C, "rope_theta", "10000", "rope_parameters", "{\"rope_theta\": 500000, \"rope_type\": \"default\"}",
+               NULL, "field 'rope_parameters.rope_theta'", "5e+05", "10000", NULL);
+    expect_bad(t, C, "rope_parameters", "{\"rope_theta\": 500000, \"rope_type\": \"yarn\", \"factor\": 4}", NULL,
+               "field 'rope_parameters.rope_type'", "\"yarn\"", "\"llama3\"", NULL);
+    expect_bad(t, C, "rope_parameters", "{\"rope_theta\": 500000, \"rope_type\": \"default\", "
+               "\"partial_rotary_factor\": 0.5}", NULL, "unknown field 'partial_rotary_factor'", "rope_parameters", NULL);
+    expect_bad(t, C, "rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 2}", "rope_parameters",
+               "{\"rope_type\": \"default\"}", NULL, "'rope_scaling' and 'rope_parameters'", NULL);
+
+    /* types moh does not implement: config.json, the field, the accepted values */
+    static const char *const other[] = {"dynamic", "yarn", "longrope", "su", "mrope", "LLAMA3"};
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
+        char v[128], got[32];
+        snprintf(v, sizeof v, "{\"rope_type\": \"%s\", \"factor\": 2.0}", other[i]);
+        snprintf(got, sizeof got, "\"%s\"", other[i]);
+        expect_bad(t, C, "rope_scaling", v, NULL, "field 'rope_scaling.rope_type'", got, "\"default\"",
+                   "\"linear\"", "\"llama3\"", NULL);
+    }
+    expect_bad(t, C, "rope_scaling", "{\"type\": \"dynamic\", \"factor\": 2.0}", NULL,
+               "field 'rope_scaling.type'", "\"dynamic\"", "\"llama3\"", NULL);
+    expect_bad(t, C, "rope_scaling", "{\"rope_type\": 3}", NULL, "field 'rope_scaling.rope_type'", "3", NULL);
+    expect_bad(t, C, "rope_scaling", "{\"factor\": 2.0}", NULL, "missing field 'rope_scaling.rope_type'", NULL);
+    expect_bad(t, C, "rope_scaling", "{\"rope_type\": \"linear\", \"type\": \"llama3\", \"factor\": 2}",
+               NULL, "'rope_scaling.rope_type'", "'rope_scaling.type'", "disagree", NULL);
+    expect_bad(t, C, "rope_scaling", "\"linear\"", NULL, "field 'rope_scaling'", "\"linear\"", NULL);
+    expect_bad(t, C, "rope_scaling", "[1]", NULL, "field 'rope_scaling'", NULL);
+    expect_bad(t, C, "rope_scaling", "{\"rope_type\": \"linear\"}", NULL,
+               "missing field 'rope_scaling.factor'", "\"linear\"", NULL);
+    expect_bad(t, C, "rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 2, \"beta_fast\": 32}", NULL,
+               "unknown field 'beta_fast'", "rope_scaling", NULL);
+    expect_bad(t, C, "rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 2, \"low_freq_factor\": 1}",
+               NULL, "field 'rope_scaling.low_freq_factor'", "\"linear\"", NULL);
+    expect_bad(t, C, "rope_scaling", "{\"rope_type\": \"default\", \"factor\": 2}", NULL,
+               "field 'rope_scaling.factor'", "\"default\"", NULL);
+    expect_bad(t, C, "rope_scaling", "{\"rope_type\": \"linear\", \"factor\": \"2\"}", NULL,
+               "field 'rope_scaling.factor'", "finite number", NULL);
+    expect_bad(t, C, "rope_scaling", "{\"rope_type\": \"linear\", \"factor\": -2}", NULL,
+               "field 'rope_scaling.factor'", "> 0", "-2", NULL);
+    expect_bad(t, C, "rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 0}", NULL,
+               "field 'rope_scaling.factor'", "> 0", NULL);
+    expect_bad(t, C, "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+               "\"high_freq_factor\": 4}", NULL, "missing field 'rope_scaling.original_max_position_embeddings'",
+               "\"llama3\"", NULL);
+    /* llama3 parameters out of range: low, high, original -> the field and what it expects */
+    static const struct { const char *low, *high, *orig, *field, *want; } l3_bad[] = {
+        {"4", "4", "8192", "field 'rope_scaling.high_freq_factor'", "> low_freq_factor 4"},
+        {"0", "4", "8192", "field 'rope_scaling.low_freq_factor'", "> 0"},
+        {"1", "4", "0", "field 'rope_scaling.original_max_position_embeddings'", "> 0"},
+        {"1", "4", "81.5", "field 'rope_scaling.original_max_position_embeddings'", "integer"},
+    };
+    for (size_t i = 0; i < sizeof l3_bad / sizeof l3_bad[0]; i++) {
+        char v[256];
+        snprintf(v, sizeof v, "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": %s, "
+                 "\"high_freq_factor\": %s, \"original_max_position_embeddings\": %s}", l3_bad[i].low, l3_bad[i].high,
+                 l3_bad[i].orig);
+        expect_bad(t, C, "rope_scaling", v, NULL, l3_bad[i].field, l3_bad[i].want, NULL);
+    }
+
+    /* a struct built in code is validated too */
+    moh_attn_config a;
+    moh_attn_config_default(&a);
+    a.hidden_size = 64;
+    a.n_heads = a.n_kv_heads = 4;
+    a.head_dim = 16;
+    a.rope_scaling.type = MOH_ROPE_LINEAR;
+    a.rope_scaling.factor = 2;
+    moh_error err = {0};
+    CHECK(t, moh_attn_config_validate(&a, LABEL, &err) == MOH_E_CONFIG && strstr(err.msg, "rope_theta"),
+          "scaling without RoPE: %s", err.msg);
+    a.rope_theta = 10000;
+    CHECK(t, moh_attn_config_validate(&a, LABEL, &err) == MOH_OK, "linear: %s", err.msg);
+    a.rope_scaling.type = (moh_rope_type)7;
+    CHECK(t, moh_attn_config_validate(&a, LABEL, &err) == MOH_E_CONFIG && strstr(err.msg, "rope_scaling.rope_type"),
+          "unknown enum value: %s", err.msg);
+}
+
 static void test_invalid(test_ctx *t) {
     const int F = MOH_E_FORMAT, C = MOH_E_CONFIG;
     /* syntax and shape of the document */
@@ -367,8 +486,6 @@ static void test_invalid(test_ctx *t) {
     expect_bad(t, C, "attention_bias", "true", NULL, "field 'attention_bias'", "false", NULL);
     expect_bad(t, C, "mlp_bias", "true", NULL, "field 'mlp_bias'", "false", NULL);
     expect_bad(t, C, "mlp_bias", "\"no\"", NULL, "field 'mlp_bias'", NULL);
-    expect_bad(t, C, "rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 2.0}", NULL,
-               "field 'rope_scaling'", "null", NULL);
 
     /* arguments */
     moh_lm_config c;
@@ -430,6 +547,7 @@ int main(void) {
     test_defaults(&t);
     test_hf_keys(&t);
     test_invalid(&t);
+    test_rope_scaling(&t);
     test_round_trip_struct(&t);
     test_query_norm(&t);
     return test_finish("test_lm_config", &t);

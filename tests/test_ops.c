@@ -1,6 +1,7 @@
 /* Core ops (src/ops): for every op, a float64 central-difference gradient check of the analytic
  * _f64 backward, agreement of the _f32 instantiation with _f64 (forward and backward), exact known
  * values, accumulation (+=) and NULL gradients. Prints the error achieved by every check. */
+#include "attn/attn.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -513,23 +514,52 @@ static void test_embedding(void) {
 
 /* ============================================ rope ============================================ */
 
-typedef struct rope_ctx { double *x, *y, *rw; const int *pos; int T, stride, H, D; double theta; long n; } rope_ctx;
+typedef struct rope_ctx { double *x, *y, *rw; const int *pos; int T, stride, H; const moh_attn_config *a; long n; } rope_ctx;
 static double rope_loss(void *p) {
     rope_ctx *c = p;
     memcpy(c->y, c->x, (size_t)c->n * sizeof(double));
-    rope_forward_f64(c->y, c->T, c->stride, c->H, c->D, c->pos, c->theta);
+    rope_forward_f64(c->y, c->T, c->stride, c->H, c->pos, c->a);
     return dot(c->y, c->rw, c->n);
 }
 
-static void test_rope(int D) {
+/* transformers' inverse frequency of pair j, written out in double (modeling_rope_utils.py) */
+static double hf_inv_freq(const moh_attn_config *a, int j) {
+    const double inv = 1.0 / pow(a->rope_theta, 2.0 * j / a->head_dim);
+    const moh_rope_scaling *s = &a->rope_scaling;
+    if (s->type == MOH_ROPE_LINEAR) return inv / s->factor;
+    if (s->type != MOH_ROPE_LLAMA3) return inv;
+    const double wl = 2 * 3.14159265358979323846 / inv, old = s->original_max_position_embeddings;
+    const double scaled = wl > old / s->low_freq_factor ? inv / s->factor : inv;
+    if (wl < old / s->high_freq_factor || wl > old / s->low_freq_factor) return scaled;
+    const double sm = (old / wl - s->low_freq_factor) / (s->high_freq_factor - s->low_freq_factor);
+    return (1 - sm) * scaled / s->factor + sm * scaled;
+}
+
+/* D = 16, theta 10000: wavelengths 6.3, 19.9, 62.8, ... so with original 32 and factors 1 / 4
+ * (band edges 8 and 32) pair 0 is high frequency, pair 1 in the smooth band, pairs 2+ low. */
+static moh_attn_config rope_cfg(int D, moh_rope_type type) {
+    moh_attn_config a;
+    moh_attn_config_default(&a);
+    a.head_dim = D;
+    a.rope_theta = 10000.0;
+    a.rope_scaling.type = type;
+    a.rope_scaling.factor = type == MOH_ROPE_LINEAR ? 2.5 : 4.0;
+    a.rope_scaling.low_freq_factor = 1.0;
+    a.rope_scaling.high_freq_factor = 4.0;
+    a.rope_scaling.original_max_position_embeddings = 32;
+    return a;
+}
+
+static void test_rope(int D, moh_rope_type type) {
     const int Tn = 5, H = 3, stride = H * D + 5; /* 5 untouched values after each row's heads */
     static const int pos[5] = {0, 7, 3, 40, 1};
     const long n = (long)Tn * stride;
-    char op[40];
-    snprintf(op, sizeof op, "rope head_dim=%d", D);
-    rope_ctx c = {rnd(n, -1, 1), zeros(n), rnd(n, -1, 1), pos, Tn, stride, H, D, 10000.0, n};
+    const moh_attn_config a = rope_cfg(D, type);
+    char op[48];
+    snprintf(op, sizeof op, "rope %s head_dim=%d", attn_rope_type_name(type), D);
+    rope_ctx c = {rnd(n, -1, 1), zeros(n), rnd(n, -1, 1), pos, Tn, stride, H, &a, n};
     double *g = copy(c.rw, n);
-    rope_backward_f64(g, Tn, stride, H, D, pos, c.theta); /* in place: dx = R^T dy */
+    rope_backward_f64(g, Tn, stride, H, pos, &a); /* in place: dx = R^T dy */
     report(op, "fd dx (whole buffer, gaps too)", fd_err(rope_loss, &c, c.x, n, g), TOL_FD);
     rope_loss(&c);
 
@@ -540,26 +570,45 @@ static void test_rope(int D) {
         for (int i = H * D; i < stride; i++) err = fmax(err, fabs(c.y[(long)t * stride + i] - c.x[(long)t * stride + i]));
     report(op, "known: pos=0 and gaps untouched", err, 0.0);
     err = 0.0;
+    for (int j = 0; j < D / 2; j++) err = fmax(err, fabs(rope_inv_freq_f64(&a, j) / hf_inv_freq(&a, j) - 1));
+    report(op, "known: f64 inv_freq = HF's formula", err, 1e-15);
+    err = 0.0;
+    for (int j = 0; j < D / 2; j++) err = fmax(err, fabs(rope_inv_freq_f32(&a, j) / hf_inv_freq(&a, j) - 1));
+    report(op, "f32 inv_freq vs HF's formula", err, 2e-6);
+    err = 0.0;
     for (int t = 0; t < Tn; t++)
         for (int h = 0; h < H; h++)
             for (int j = 0; j < D / 2; j++) {
                 const double *x = c.x + (long)t * stride + h * D, *y = c.y + (long)t * stride + h * D;
-                double ang = pos[t] * (1.0 / pow(10000.0, 2.0 * j / D));
+                double ang = pos[t] * hf_inv_freq(&a, j);
                 double y1 = x[j] * cos(ang) - x[j + D / 2] * sin(ang);
                 double y2 = x[j + D / 2] * cos(ang) + x[j] * sin(ang);
                 err = fmax(err, fmax(fabs(y[j] - y1), fabs(y[j + D / 2] - y2)));
             }
     report(op, "known: f64 = x*cos + rotate_half(x)*sin", err, 1e-14);
     double *back = copy(c.y, n);
-    rope_backward_f64(back, Tn, stride, H, D, pos, c.theta);
+    rope_backward_f64(back, Tn, stride, H, pos, &a);
     report(op, "backward(forward(x)) = x", test_rel_err_f64(back, c.x, n), 1e-15);
 
     float *y32 = f32(c.x, n), *g32 = f32(c.rw, n);
-    rope_forward_f32(y32, Tn, stride, H, D, pos, c.theta);
+    rope_forward_f32(y32, Tn, stride, H, pos, &a);
     report(op, "f32 vs f64 forward", rel32(y32, c.y, n), TOL_F32);
-    rope_backward_f32(g32, Tn, stride, H, D, pos, c.theta);
+    rope_backward_f32(g32, Tn, stride, H, pos, &a);
     report(op, "f32 vs f64 backward", rel32(g32, g, n), TOL_F32);
-    rope_backward_f64(NULL, Tn, stride, H, D, pos, c.theta);
+    rope_backward_f64(NULL, Tn, stride, H, pos, &a);
+}
+
+/* The three llama3 bands at D = 16 (rope_cfg): pair 0 keeps the default frequency, pair 1 lies
+ * strictly between inv / factor and inv, pairs 2..7 are inv / factor; linear is inv / factor. */
+static void test_rope_bands(void) {
+    const moh_attn_config d = rope_cfg(16, MOH_ROPE_DEFAULT), l3 = rope_cfg(16, MOH_ROPE_LLAMA3),
+                          lin = rope_cfg(16, MOH_ROPE_LINEAR);
+    double err = fabs(rope_inv_freq_f64(&l3, 0) - rope_inv_freq_f64(&d, 0));
+    for (int j = 2; j < 8; j++) err = fmax(err, fabs(rope_inv_freq_f64(&l3, j) - rope_inv_freq_f64(&d, j) / 4.0));
+    for (int j = 0; j < 8; j++) err = fmax(err, fabs(rope_inv_freq_f64(&lin, j) - rope_inv_freq_f64(&d, j) / 2.5));
+    report("rope llama3/linear", "known: bands (pair 0 kept, 2+ and linear /f)", err, 1e-18);
+    const double m = rope_inv_freq_f64(&l3, 1), lo = rope_inv_freq_f64(&d, 1) / 4.0, hi = rope_inv_freq_f64(&d, 1);
+    report("rope llama3", "known: pair 1 strictly inside (inv/4, inv)", m > lo * 1.01 && m < hi * 0.99 ? 0.0 : 1.0, 0.0);
 }
 
 /* ================================ large sizes: OpenMP paths =================================== */
@@ -593,6 +642,7 @@ static void par_layout(void) {
     static void run_all_##sfx(real *o, const real *x, const real *x2, const real *w, const real *b, \
                               const real *g) {                                                      \
         const long *s = sec_off, n = (long)PM * PC;                                                 \
+        const moh_attn_config par_rope = rope_cfg(PD, MOH_ROPE_LLAMA3);                             \
         layernorm_forward_##sfx(o + s[0], o + s[1], o + s[2], x, w, b, PM, PC, (real)1e-5);         \
         layernorm_backward_##sfx(o + s[3], o + s[4], o + s[5], g, x, w, o + s[1], o + s[2], PM, PC); \
         rmsnorm_forward_##sfx(o + s[6], o + s[7], x, w, PM, PC, (real)1e-6);                        \
@@ -614,8 +664,8 @@ static void par_layout(void) {
         real *rf = o + s[26], *rb = rf + (long)PM * PSTRIDE;                                        \
         memcpy(rf, x, (size_t)PM * PSTRIDE * sizeof(real));                                         \
         memcpy(rb, g, (size_t)PM * PSTRIDE * sizeof(real));                                         \
-        rope_forward_##sfx(rf, PM, PSTRIDE, PH, PD, par_pos, 10000.0);                              \
-        rope_backward_##sfx(rb, PM, PSTRIDE, PH, PD, par_pos, 10000.0);                             \
+        rope_forward_##sfx(rf, PM, PSTRIDE, PH, par_pos, &par_rope);                                \
+        rope_backward_##sfx(rb, PM, PSTRIDE, PH, par_pos, &par_rope);                               \
     }
 DEFINE_RUN_ALL(float, f32)
 DEFINE_RUN_ALL(double, f64)
@@ -682,8 +732,11 @@ int main(void) {
     test_cross_entropy(0.0);
     test_cross_entropy(0.1);
     test_embedding();
-    test_rope(6);
-    test_rope(8);
+    test_rope(6, MOH_ROPE_DEFAULT);
+    test_rope(8, MOH_ROPE_DEFAULT);
+    test_rope(16, MOH_ROPE_LINEAR);
+    test_rope(16, MOH_ROPE_LLAMA3);
+    test_rope_bands();
     test_parallel();
     free_all();
     return test_finish("test_ops", &T);

@@ -102,7 +102,11 @@ static void test_rope(void) {
     int *pos = calloc(RN, sizeof(int));
     if (x && ref && pos) {
         for (int t = 0; t < RN; t++) pos[t] = t;
-        rope_forward_f32(x, RN, RH * RD, RH, RD, pos, ROPE_THETA);
+        moh_attn_config a;
+        moh_attn_config_default(&a);
+        a.head_dim = RD;
+        a.rope_theta = ROPE_THETA;
+        rope_forward_f32(x, RN, RH * RD, RH, pos, &a);
         report("rope (HF, pos 0..299)", test_rel_err_f32(x, ref, (long)RN * RH * RD));
     }
     free(x), free(ref), free(pos);

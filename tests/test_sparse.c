@@ -2,7 +2,7 @@
  * attn_backward_f32, the definition): forward y, gates, lb_loss and backward dx plus every
  * parameter gradient agree to 1e-5 relative on configs covering N = 1, N not a multiple of the
  * tile sizes, heads no token selects, top_k = E, h_s = 0, GQA, causal and bidirectional, RoPE on
- * and off, all routers, biases and B > 1; the portable kernels agree too; results are bitwise the
+ * and off (and with rope_scaling llama3 / linear), all routers, biases and B > 1; the portable kernels agree too; results are bitwise the
  * same for 1 and 2 threads; the cache size is linear in N. */
 #include <math.h>
 #include <omp.h>
@@ -24,7 +24,7 @@ typedef struct sp_case {
     bool ste; /* query_norm: straight-through estimator (spec §10) */
 } sp_case;
 
-static moh_attn_config make_cfg(const sp_case *sc) {
+static moh_attn_config make_cfg(const sp_case *sc, const moh_rope_scaling *scaling) {
     moh_attn_config c;
     moh_attn_config_default(&c);
     c.hidden_size = sc->C;
@@ -38,6 +38,7 @@ static moh_attn_config make_cfg(const sp_case *sc) {
     c.qkv_bias = sc->qkv_bias;
     c.proj_bias = sc->proj_bias;
     c.rope_theta = sc->rope;
+    if (scaling) c.rope_scaling = *scaling;
     c.load_balance_coef = sc->beta;
     c.straight_through = sc->ste;
     return c;
@@ -139,8 +140,9 @@ static double compare_paths(test_ctx *ctx, const char *name, const moh_attn_conf
     return worst;
 }
 
-static double run_case(test_ctx *ctx, const sp_case *sc, uint64_t seed, bool check_threads) {
-    moh_attn_config cfg = make_cfg(sc);
+static double run_case(test_ctx *ctx, const sp_case *sc, uint64_t seed, bool check_threads,
+                       const moh_rope_scaling *scaling) {
+    moh_attn_config cfg = make_cfg(sc, scaling);
     moh_error err;
     CHECK(ctx, moh_attn_config_validate(&cfg, sc->name, &err) == MOH_OK, "%s: invalid: %s", sc->name, err.msg);
     const int B = sc->B, N = sc->N, C = sc->C, h = sc->h;
@@ -519,7 +521,14 @@ int main(void) {
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
     double worst = 0.0;
-    for (int i = 0; i < n; i++) worst = fmax(worst, run_case(&ctx, &cases[i], 0x9E3779B97F4A7C15ULL + 7919u * (unsigned)i, i % 3 == 0));
+    for (int i = 0; i < n; i++) worst = fmax(worst, run_case(&ctx, &cases[i], 0x9E3779B97F4A7C15ULL + 7919u * (unsigned)i, i % 3 == 0, NULL));
+    /* HF rope_scaling: d = 16, original context 32, so llama3 has pairs in all three bands */
+    const moh_rope_scaling scalings[2] = {{MOH_ROPE_LLAMA3, 4.0, 1.0, 4.0, 32}, {MOH_ROPE_LINEAR, 2.5, 0, 0, 0}};
+    const sp_case scaled[2] = {
+        {"learned GQA causal rope llama3",     32, 8, 2, 16, 2, 3, L, true,  true, true, 1e4,   0.01, 2, 100, -1, false},
+        {"none causal rope linear",            32, 4, 2, 16, 0, 0, D, true,  false, false, 1e4, 0.01, 1, 200, -1, false},
+    };
+    for (int i = 0; i < 2; i++) worst = fmax(worst, run_case(&ctx, &scaled[i], 0x51ED270B27ULL + (unsigned)i, i == 0, &scalings[i]));
     printf("  worst relative error over all cases: %.2e (limit 1e-5)\n", worst);
     memory_test(&ctx);
     decode_test(&ctx);

@@ -68,7 +68,7 @@ void F(attn_forward)(const moh_attn_config *cfg, const F(attn_params) *prm, cons
     F(router_forward)(cfg, prm, x, c->qkv, T, c);
     if (cfg->rope_theta > 0) {
         for (int t = 0; t < T; t++) c->pos[t] = t % N;
-        F(rope_forward)(c->qkv, T, qd, h + hkv, d, c->pos, cfg->rope_theta);
+        F(rope_forward)(c->qkv, T, qd, h + hkv, c->pos, cfg);
     }
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
@@ -147,7 +147,7 @@ void F(attn_backward)(const moh_attn_config *cfg, const F(attn_params) *prm,
             }
         }
     }
-    if (cfg->rope_theta > 0) F(rope_backward)(dqkv, T, qd, h + hkv, d, c->pos, cfg->rope_theta);
+    if (cfg->rope_theta > 0) F(rope_backward)(dqkv, T, qd, h + hkv, c->pos, cfg);
     F(router_backward)(cfg, prm, g, c, dgates, lb_scale, dx, dqkv, T);
     F(linear_backward)(dx, g->w_qkv, g->b_qkv, dqkv, c->x, prm->w_qkv, T, C, qd);
 }

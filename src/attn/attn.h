@@ -17,6 +17,8 @@ int attn_router_width(const moh_attn_config *c);
 int attn_qkv_dim(const moh_attn_config *c);
 /* The router's config-file name: "none", "learned" or "query_norm" ("none" for any other value). */
 const char *attn_router_name(moh_router r);
+/* The rope_scaling type's config-file name: "default", "linear" or "llama3" (NULL for any other). */
+const char *attn_rope_type_name(moh_rope_type t);
 
 /* A named float32 tensor of a layer, as it appears in a checkpoint (spec §10 names). */
 #define ATTN_MAX_TENSORS 16

@@ -11,6 +11,10 @@ const char *attn_router_name(moh_router r) {
     return r == MOH_ROUTER_LEARNED ? "learned" : r == MOH_ROUTER_QUERY_NORM ? "query_norm" : "none";
 }
 
+const char *attn_rope_type_name(moh_rope_type t) {
+    return t == MOH_ROPE_DEFAULT ? "default" : t == MOH_ROPE_LINEAR ? "linear" : t == MOH_ROPE_LLAMA3 ? "llama3" : NULL;
+}
+
 #define real float
 #define F(x) x##_f32
 #include "router_impl.h"

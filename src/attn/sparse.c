@@ -167,15 +167,15 @@ size_t sparse_cache_bytes(const moh_attn_config *cfg, int B, int N, int nthreads
 static void rope_tables(sparse_cache *c, const moh_attn_config *cfg, int N) {
     if (!c->rope_cos) return;
     const int d = cfg->head_dim, half = d / 2;
-    /* exactly ops' rope: inv_freq_j = 1 / theta^(2j/d) and angle = n * inv_freq_j in float */
-    for (int n = 0; n < N; n++)
-        for (int j = 0; j < half; j++) {
-            const float e = (float)(2 * j) / (float)d;
-            const float inv = 1.0f / powf((float)cfg->rope_theta, e);
+    /* exactly ops' rope: its inv_freq_j (theta and rope scaling), angle = n * inv_freq_j in float */
+    for (int j = 0; j < half; j++) {
+        const float inv = rope_inv_freq_f32(cfg, j);
+        for (int n = 0; n < N; n++) {
             const float ang = (float)n * inv;
             c->rope_cos[(size_t)n * half + j] = cosf(ang);
             c->rope_sin[(size_t)n * half + j] = sinf(ang);
         }
+    }
 }
 
 int sparse_cache_init(sparse_cache *c, const moh_attn_config *cfg, int B, int N, moh_error *err) {

@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 void moh_attn_config_default(moh_attn_config *c) {
@@ -32,6 +33,34 @@ void moh_attn_config_default(moh_attn_config *c) {
     c->rope_theta = 0.0;
     c->load_balance_coef = 0.0;
     c->straight_through = false;
+}
+
+/* The rope_scaling fields its type uses (moh.h; transformers' rope_config_validation, with its
+ * warnings made errors). */
+static int rope_scaling_validate(const moh_attn_config *c, const char *label, moh_error *err) {
+    const moh_rope_scaling *s = &c->rope_scaling;
+    if (s->type == MOH_ROPE_DEFAULT) return MOH_OK;
+    const char *name = attn_rope_type_name(s->type);
+    if (!name)
+        return moh_fail(err, MOH_E_CONFIG, "%s: field 'rope_scaling.rope_type': got %d, expected "
+                        "\"default\", \"linear\" or \"llama3\"", label, (int)s->type);
+    if (!(c->rope_theta > 0))
+        return moh_fail(err, MOH_E_CONFIG, "%s: field 'rope_scaling': rope_type \"%s\" needs RoPE, but "
+                        "rope_theta is %g (expected > 0)", label, name, c->rope_theta);
+    if (!(s->factor > 0) || isinf(s->factor))
+        return moh_fail(err, MOH_E_CONFIG, "%s: field 'rope_scaling.factor': got %g, expected a finite "
+                        "number > 0", label, s->factor);
+    if (s->type != MOH_ROPE_LLAMA3) return MOH_OK;
+    if (!(s->low_freq_factor > 0) || isinf(s->low_freq_factor))
+        return moh_fail(err, MOH_E_CONFIG, "%s: field 'rope_scaling.low_freq_factor': got %g, expected a "
+                        "finite number > 0", label, s->low_freq_factor);
+    if (!(s->high_freq_factor > s->low_freq_factor) || isinf(s->high_freq_factor))
+        return moh_fail(err, MOH_E_CONFIG, "%s: field 'rope_scaling.high_freq_factor': got %g, expected a "
+                        "finite number > low_freq_factor %g", label, s->high_freq_factor, s->low_freq_factor);
+    if (s->original_max_position_embeddings <= 0)
+        return moh_fail(err, MOH_E_CONFIG, "%s: field 'rope_scaling.original_max_position_embeddings': "
+                        "got %d, expected an integer > 0", label, s->original_max_position_embeddings);
+    return MOH_OK;
 }
 
 int moh_attn_config_validate(const moh_attn_config *c, const char *label, moh_error *err) {
@@ -67,6 +96,8 @@ int moh_attn_config_validate(const moh_attn_config *c, const char *label, moh_er
                         "%s: field 'head_dim': got %d, expected an even number because RoPE is on "
                         "(rope_theta %g)",
                         label, c->head_dim, c->rope_theta);
+    const int rrc = rope_scaling_validate(c, label, err);
+    if (rrc != MOH_OK) return rrc;
     if (!(c->load_balance_coef >= 0.0) || isinf(c->load_balance_coef))
         return moh_fail(err, MOH_E_CONFIG,
                         "%s: field 'load_balance_coef': got %g, expected a finite number >= 0",
@@ -272,6 +303,7 @@ enum {
     L_ATTN_BIAS,
     L_MLP_BIAS,
     L_ROPE_SCALING,
+    L_ROPE_PARAMS,
     L_ARCH,
     L_MODEL_TYPE,
     L_TORCH_DTYPE,
@@ -291,12 +323,75 @@ static const char *const LM_KEYS[L_COUNT] = {
     "intermediate_size", "rms_norm_eps", "rope_theta", "vocab_size", "max_position_embeddings",
     "tie_word_embeddings", "router", "shared_heads", "top_k", "load_balance_coef",
     /* HF LlamaConfig keys that moh does not use */
-    "hidden_act", "attention_bias", "mlp_bias", "rope_scaling", "architectures", "model_type",
+    "hidden_act", "attention_bias", "mlp_bias", "rope_scaling", "rope_parameters", "architectures", "model_type",
     "torch_dtype", "attention_dropout", "initializer_range", "bos_token_id", "eos_token_id",
     "pad_token_id", "pretraining_tp", "use_cache", "transformers_version",
     /* moh, after the HF keys so that the enum above stays in file order */
     "straight_through",
 };
+
+/* HF rope_scaling, or transformers 5's rope_parameters (the same keys plus rope_theta); obj names
+ * which. Absent or null: no scaling. The type comes from "rope_type" or the older "type" (the
+ * two must agree); each type takes exactly its own keys. A rope_theta inside the object replaces
+ * *theta (transformers 5's order); one that contradicts a top-level rope_theta (theta_given) is
+ * refused. Ranges are checked by moh_attn_config_validate. */
+static int rope_scaling_from_json(const json_reader *rd, const cJSON *j, const char *obj,
+                                  bool theta_given, moh_rope_scaling *s, double *theta) {
+    enum { R_TYPE, R_OLD_TYPE, R_THETA, R_FACTOR, R_LOW, R_HIGH, R_ORIG, R_COUNT };
+    static const char *const keys[R_COUNT] = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor",
+                                              "high_freq_factor", "original_max_position_embeddings"};
+    static const char *const types[3] = {"default", "linear", "llama3"};
+    /* the keys each type needs, in keys[] order from R_FACTOR */
+    static const bool used[3][R_COUNT - R_FACTOR] = {{0, 0, 0, 0}, {1, 0, 0, 0}, {1, 1, 1, 1}};
+    char v[JSON_SHOW_BUF], w[JSON_SHOW_BUF], example[128], expected[200], field[R_COUNT][80];
+    const cJSON *f[R_COUNT];
+    memset(s, 0, sizeof *s);
+    if (!j || cJSON_IsNull(j)) return MOH_OK;
+    snprintf(example, sizeof example, "(or null) for field '%s', e.g. {\"rope_type\": \"llama3\", ...}", obj);
+    snprintf(expected, sizeof expected, "in '%s': expected rope_type (or type), rope_theta, factor, "
+             "low_freq_factor, high_freq_factor, original_max_position_embeddings", obj);
+    int rc = json_object_fields(rd, j, keys, R_COUNT, f, example, expected);
+    if (rc != MOH_OK) return rc;
+    for (int k = 0; k < R_COUNT; k++) snprintf(field[k], sizeof field[k], "%s.%s", obj, keys[k]);
+    const int tk = f[R_OLD_TYPE] ? R_OLD_TYPE : R_TYPE;
+    if (!f[tk])
+        return moh_fail(rd->err, MOH_E_CONFIG, "%s: missing field '%s' (expected \"default\", \"linear\" "
+                        "or \"llama3\")", rd->label, field[R_TYPE]);
+    if (f[R_TYPE] && f[R_OLD_TYPE] &&
+        !(cJSON_IsString(f[R_TYPE]) && cJSON_IsString(f[R_OLD_TYPE]) &&
+          strcmp(f[R_TYPE]->valuestring, f[R_OLD_TYPE]->valuestring) == 0))
+        return moh_fail(rd->err, MOH_E_CONFIG, "%s: fields '%s' %s and '%s' %s disagree, expected one type",
+                        rd->label, field[R_TYPE], json_show_value(rd, v, f[R_TYPE]), field[R_OLD_TYPE],
+                        json_show_value(rd, w, f[R_OLD_TYPE]));
+    int t = 0;
+    if ((rc = json_get_choice(rd, f[tk], field[tk], types, 3,
+                              "\"default\", \"linear\" or \"llama3\" (the RoPE scalings moh implements)", &t)))
+        return rc;
+    for (int k = R_FACTOR; k < R_COUNT; k++) {
+        if (!used[t][k - R_FACTOR] && f[k])
+            return moh_fail(rd->err, MOH_E_CONFIG, "%s: field '%s': not a parameter of rope_type "
+                            "\"%s\" (expected it absent)", rd->label, field[k], types[t]);
+        if (used[t][k - R_FACTOR] && !f[k])
+            return moh_fail(rd->err, MOH_E_CONFIG, "%s: missing field '%s', which rope_type \"%s\" "
+                            "needs", rd->label, field[k], types[t]);
+    }
+    if (f[R_THETA]) {
+        double th = 0;
+        if ((rc = json_get_number(rd, f[R_THETA], field[R_THETA], &th))) return rc;
+        if (theta_given && th != *theta)
+            return moh_fail(rd->err, MOH_E_CONFIG, "%s: field '%s' is %s but rope_theta is %g, expected "
+                            "one value", rd->label, field[R_THETA], json_show_value(rd, v, f[R_THETA]), *theta);
+        *theta = th;
+    }
+    s->type = (moh_rope_type)t;
+    double *const num[3] = {&s->factor, &s->low_freq_factor, &s->high_freq_factor};
+    for (int k = R_FACTOR; k < R_ORIG; k++)
+        if (f[k] && (rc = json_get_number(rd, f[k], field[k], num[k - R_FACTOR]))) return rc;
+    if (f[R_ORIG] && (rc = json_get_int(rd, f[R_ORIG], field[R_ORIG], 1, INT_MAX,
+                                        &s->original_max_position_embeddings)))
+        return rc;
+    return MOH_OK;
+}
 
 static int lm_from_json(void *out, const cJSON *root, const json_reader *rd) {
     moh_lm_config *c = out;
@@ -328,11 +423,6 @@ static int lm_from_json(void *out, const cJSON *root, const json_reader *rd) {
                             LM_KEYS[no_bias[i]], i == 0 ? "attention" : "MLP",
                             json_show_value(rd, v, b));
     }
-    if (f[L_ROPE_SCALING] && !cJSON_IsNull(f[L_ROPE_SCALING]))
-        return moh_fail(err, MOH_E_CONFIG,
-                        "%s: field 'rope_scaling': expected null (moh implements plain RoPE), got %s",
-                        label, json_show_value(rd, v, f[L_ROPE_SCALING]));
-
     memset(c, 0, sizeof *c);
     c->rms_norm_eps = 1e-6;
     c->rope_theta = 10000.0;
@@ -361,6 +451,14 @@ static int lm_from_json(void *out, const cJSON *root, const json_reader *rd) {
     if (f[L_EPS] && (rc = json_get_number(rd, f[L_EPS], "rms_norm_eps", &c->rms_norm_eps)))
         return rc;
     if (f[L_ROPE] && (rc = json_get_number(rd, f[L_ROPE], "rope_theta", &c->rope_theta)))
+        return rc;
+    const bool scaling = f[L_ROPE_SCALING] && !cJSON_IsNull(f[L_ROPE_SCALING]);
+    if (scaling && f[L_ROPE_PARAMS] && !cJSON_IsNull(f[L_ROPE_PARAMS]))
+        return moh_fail(err, MOH_E_CONFIG, "%s: fields 'rope_scaling' and 'rope_parameters' are both given, "
+                        "expected one of them", label);
+    if ((rc = rope_scaling_from_json(rd, f[scaling ? L_ROPE_SCALING : L_ROPE_PARAMS],
+                                     scaling ? "rope_scaling" : "rope_parameters", f[L_ROPE] != NULL,
+                                     &c->rope_scaling, &c->rope_theta)))
         return rc;
     if (f[L_TIE] &&
         (rc = json_get_bool(rd, f[L_TIE], "tie_word_embeddings", &c->tie_word_embeddings)))

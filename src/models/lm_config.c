@@ -46,6 +46,7 @@ int moh_lm_config_finalize(moh_lm_config *c, const char *label, moh_error *err) 
     a->causal = true;
     a->fused_qkv = false;
     a->rope_theta = c->rope_theta;
+    a->rope_scaling = c->rope_scaling;
     a->load_balance_coef = c->load_balance_coef;
     a->straight_through = c->straight_through;
     if (c->router != MOH_ROUTER_NONE && c->top_k < 1)
@@ -72,6 +73,17 @@ char *moh_lm_config_to_json(const moh_lm_config *c) {
     cJSON_AddNumberToObject(j, "max_position_embeddings", c->max_position_embeddings);
     cJSON_AddItemToObject(j, "rms_norm_eps", json_exact_number(c->rms_norm_eps));
     cJSON_AddItemToObject(j, "rope_theta", json_exact_number(c->rope_theta));
+    const moh_rope_scaling *rs = &c->rope_scaling;
+    if (rs->type != MOH_ROPE_DEFAULT) { /* HF's keys for the type; none: no rope_scaling key */
+        cJSON *r = cJSON_AddObjectToObject(j, "rope_scaling");
+        cJSON_AddStringToObject(r, "rope_type", attn_rope_type_name(rs->type));
+        cJSON_AddItemToObject(r, "factor", json_exact_number(rs->factor));
+        if (rs->type == MOH_ROPE_LLAMA3) {
+            cJSON_AddItemToObject(r, "low_freq_factor", json_exact_number(rs->low_freq_factor));
+            cJSON_AddItemToObject(r, "high_freq_factor", json_exact_number(rs->high_freq_factor));
+            cJSON_AddNumberToObject(r, "original_max_position_embeddings", rs->original_max_position_embeddings);
+        }
+    }
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_word_embeddings);
     cJSON_AddBoolToObject(j, "attention_bias", false);
     cJSON_AddBoolToObject(j, "mlp_bias", false);

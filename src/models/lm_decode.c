@@ -108,7 +108,7 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
             linear_forward_f32(kv->qkv, kv->xn, b->attn.w_qkv, b->attn.b_qkv, 1, C, qd);
             router_forward_f32(a, &b->attn, kv->xn, kv->qkv, 1, &kv->router);
         }
-        if (a->rope_theta > 0) rope_forward_f32(kv->qkv, 1, qd, h + hkv, d, &pos, a->rope_theta);
+        if (a->rope_theta > 0) rope_forward_f32(kv->qkv, 1, qd, h + hkv, &pos, a);
         for (int g = 0; g < hkv; g++) { /* head-major: each head's keys are one contiguous stream */
             memcpy(K + ((size_t)g * kv->max_T + pos) * d, kv->qkv + (size_t)(h + g) * d, sizeof(float) * d);
             memcpy(V + ((size_t)g * kv->max_T + pos) * d, kv->qkv + (size_t)(h + hkv + g) * d, sizeof(float) * d);

@@ -400,8 +400,10 @@ static int dump_logits(const model *m, batch_source *src, const char *path, moh_
 
 static void describe(const void *cfg, size_t n, char *buf, size_t cap) {
     const moh_lm_config *c = cfg;
-    snprintf(buf, cap, "LM %.2fM, hidden %d, %d layers, vocab %d, context %d", n / 1e6, c->hidden_size,
-             c->num_hidden_layers, c->vocab_size, c->max_position_embeddings);
+    snprintf(buf, cap, "LM %.2fM, hidden %d, %d layers, vocab %d, context %d%s%s", n / 1e6, c->hidden_size,
+             c->num_hidden_layers, c->vocab_size, c->max_position_embeddings,
+             c->rope_scaling.type != MOH_ROPE_DEFAULT ? ", rope_scaling " : "",
+             c->rope_scaling.type != MOH_ROPE_DEFAULT ? attn_rope_type_name(c->rope_scaling.type) : "");
 }
 
 static int max_seq_len(const void *cfg) { return ((const moh_lm_config *)cfg)->max_position_embeddings; }

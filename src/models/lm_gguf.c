@@ -84,8 +84,8 @@ int lm_gguf_config(const moh_gguf *g, const char *path, moh_lm_config *cfg, moh_
         size_t sl = 0;
         if (moh_gguf_get_str(g, "llama.rope.scaling.type", &st, &sl, err)) return err ? err->code : MOH_E_FORMAT;
         if (!(sl == 4 && !memcmp(st, "none", 4)))
-            return moh_fail(err, MOH_E_CONFIG, "%s: llama.rope.scaling.type is '%.*s', expected none (RoPE scaling is "
-                            "not supported yet)", path, (int)(sl < 32 ? sl : 32), st);
+            return moh_fail(err, MOH_E_CONFIG, "%s: llama.rope.scaling.type is '%.*s', expected none (moh reads RoPE "
+                            "scaling from a Hugging Face config.json, not from GGUF)", path, (int)(sl < 32 ? sl : 32), st);
     }
     long L, C, I, h, hkv, ctx, d;
     double eps, theta;
@@ -203,6 +203,10 @@ int lm_gguf_export(const moh_lm_config *cfg, const float *data, const char *path
         return moh_fail(err, MOH_E_ARG, "%s: the checkpoint routes heads (router %s, %d shared + top-%d of %d): llama.cpp "
                         "runs dense multi-head attention only, so a MoH model cannot be exported to GGUF", path,
                         attn_router_name(cfg->router), cfg->shared_heads, cfg->top_k, cfg->num_attention_heads);
+    if (cfg->rope_scaling.type != MOH_ROPE_DEFAULT)
+        return moh_fail(err, MOH_E_ARG, "%s: the checkpoint's rope_scaling is \"%s\": moh writes no "
+                        "llama.rope.scaling.* keys or rope_freqs.weight, so llama.cpp would run it unscaled; expected a "
+                        "model without rope_scaling", path, attn_rope_type_name(cfg->rope_scaling.type));
     if (cfg->vocab_size < 256)
         return moh_fail(err, MOH_E_ARG, "%s: vocab_size %d, expected >= 256 (the byte vocabulary)", path, cfg->vocab_size);
     moh_gguf_writer *w = NULL;

@@ -3,6 +3,7 @@
 #ifndef MOH_OPS_H
 #define MOH_OPS_H
 #include "gemm.h"
+#include "moh.h"
 
 #define real float
 #define F(x) x##_f32

@@ -49,11 +49,16 @@ void F(cross_entropy_backward)(real *dlogits, const real *probs, const int *targ
 void F(embedding_forward)(real *out, const int *ids, const real *table, int M, int C);
 void F(embedding_backward)(real *dtable, const real *dout, const int *ids, int M, int C);
 
-/* RoPE, rotate-half (HF LLaMA): in place on x viewed as T rows of n_heads * head_dim values
+/* RoPE, rotate-half (HF LLaMA): in place on x viewed as T rows of n_heads * a->head_dim values
  * starting every row_stride elements; row t has position pos[t]. Pairs (j, j + head_dim/2),
- * inv_freq_j = 1 / theta^(2j/head_dim), angle = pos * inv_freq_j, computed in `real` precision
- * like HF's float32 path. head_dim must be even. backward applies the inverse rotation in place. */
-void F(rope_forward)(real *x, int T, int row_stride, int n_heads, int head_dim, const int *pos,
-                     double theta);
-void F(rope_backward)(real *dx, int T, int row_stride, int n_heads, int head_dim, const int *pos,
-                      double theta);
+ * angle = pos * rope_inv_freq(a, j), computed in `real` precision like HF's float32 path.
+ * a->head_dim must be even and a->rope_theta > 0. backward applies the inverse rotation in place. */
+void F(rope_forward)(real *x, int T, int row_stride, int n_heads, const int *pos,
+                     const moh_attn_config *a);
+void F(rope_backward)(real *dx, int T, int row_stride, int n_heads, const int *pos,
+                      const moh_attn_config *a);
+/* Inverse frequency of pair j (0 <= j < head_dim / 2) of a's RoPE: 1 / theta^(2j/head_dim),
+ * rescaled by a->rope_scaling (moh.h; transformers' _compute_default_rope_parameters,
+ * _compute_linear_scaling_rope_parameters, _compute_llama3_parameters). Every RoPE path (reference,
+ * head-sparse tables, KV-cache decode) takes its frequencies from here. */
+real F(rope_inv_freq)(const moh_attn_config *a, int j);

@@ -345,29 +345,41 @@ void F(embedding_backward)(real *dtable, const real *dout, const int *ids, int M
 
 /* ---------------------------------------------------------------------------------------------- */
 
-/* HF: inv_freq = 1 / theta ** (arange(0, d, 2).float() / d), all in `real`. */
-static inline real F(rope_inv_freq)(int j, int head_dim, double theta) {
-    real e = (real)(2 * j) / (real)head_dim;
-    return (real)1 / F(r_pow)((real)theta, e);
+/* HF's inverse frequencies (modeling_rope_utils.py), each operation in `real` as torch does in
+ * float32: inv = 1 / theta ** (2j / d); wavelength = reciprocal(inv) * 2 pi; the Python scalars
+ * (factor, the band edges) rounded to `real` as torch rounds them. */
+real F(rope_inv_freq)(const moh_attn_config *a, int j) {
+    const real e = (real)(2 * j) / (real)a->head_dim;
+    const real inv = (real)1 / F(r_pow)((real)a->rope_theta, e);
+    const moh_rope_scaling *s = &a->rope_scaling;
+    if (s->type == MOH_ROPE_LINEAR) return inv / (real)s->factor;
+    if (s->type != MOH_ROPE_LLAMA3) return inv;
+    const double old = s->original_max_position_embeddings;
+    const real factor = (real)s->factor, wavelen = ((real)1 / inv) * (real)6.283185307179586;
+    if (wavelen > (real)(old / s->low_freq_factor)) return inv / factor;  /* low frequency */
+    if (wavelen < (real)(old / s->high_freq_factor)) return inv;          /* high frequency */
+    const real smooth = (((real)1 / wavelen) * (real)old - (real)s->low_freq_factor) /
+                        (real)(s->high_freq_factor - s->low_freq_factor);
+    return ((real)1 - smooth) * inv / factor + smooth * inv;
 }
 
 /* sign = +1: forward rotation; -1: its inverse (transpose). */
-static void F(rope_apply)(real *x, int T, int row_stride, int n_heads, int head_dim, const int *pos,
-                          double theta, int sign) {
-    int half = head_dim / 2;
+static void F(rope_apply)(real *x, int T, int row_stride, int n_heads, const int *pos,
+                          const moh_attn_config *a, int sign) {
+    const int half = a->head_dim / 2;
     enum { INV_CACHE = 512 };
     real inv[INV_CACHE];
-    for (int j = 0; j < half && j < INV_CACHE; j++) inv[j] = F(rope_inv_freq)(j, head_dim, theta);
-#pragma omp parallel for if ((long)T * n_heads * head_dim >= 32768) schedule(static)
+    for (int j = 0; j < half && j < INV_CACHE; j++) inv[j] = F(rope_inv_freq)(a, j);
+#pragma omp parallel for if ((long)T * n_heads * a->head_dim >= 32768) schedule(static)
     for (int t = 0; t < T; t++) {
         real *row = x + (long)t * row_stride;
         real p = (real)pos[t];
         for (int j = 0; j < half; j++) {
-            real ang = p * (j < INV_CACHE ? inv[j] : F(rope_inv_freq)(j, head_dim, theta));
+            real ang = p * (j < INV_CACHE ? inv[j] : F(rope_inv_freq)(a, j));
             real c = F(r_cos)(ang), s = F(r_sin)(ang);
             if (sign < 0) s = -s;
             for (int h = 0; h < n_heads; h++) {
-                real *q = row + (long)h * head_dim;
+                real *q = row + (long)h * a->head_dim;
                 real x1 = q[j], x2 = q[j + half];
                 /* q*cos + rotate_half(q)*sin, rotate_half(q) = cat(-x2, x1) */
                 q[j] = x1 * c + (-x2) * s;
@@ -377,13 +389,13 @@ static void F(rope_apply)(real *x, int T, int row_stride, int n_heads, int head_
     }
 }
 
-void F(rope_forward)(real *x, int T, int row_stride, int n_heads, int head_dim, const int *pos,
-                     double theta) {
-    F(rope_apply)(x, T, row_stride, n_heads, head_dim, pos, theta, 1);
+void F(rope_forward)(real *x, int T, int row_stride, int n_heads, const int *pos,
+                     const moh_attn_config *a) {
+    F(rope_apply)(x, T, row_stride, n_heads, pos, a, 1);
 }
 
-void F(rope_backward)(real *dx, int T, int row_stride, int n_heads, int head_dim, const int *pos,
-                      double theta) {
+void F(rope_backward)(real *dx, int T, int row_stride, int n_heads, const int *pos,
+                      const moh_attn_config *a) {
     if (!dx) return;
-    F(rope_apply)(dx, T, row_stride, n_heads, head_dim, pos, theta, -1);
+    F(rope_apply)(dx, T, row_stride, n_heads, pos, a, -1);
 }

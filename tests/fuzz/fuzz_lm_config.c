@@ -15,9 +15,17 @@ static int close_to(double a, double b) {
     return a == b || fabs(a - b) <= 4.5e-16 * fmax(fabs(a), fabs(b));
 }
 
+static int same_rope(const moh_rope_scaling *a, const moh_rope_scaling *b) {
+    return a->type == b->type && close_to(a->factor, b->factor) &&
+           close_to(a->low_freq_factor, b->low_freq_factor) &&
+           close_to(a->high_freq_factor, b->high_freq_factor) &&
+           a->original_max_position_embeddings == b->original_max_position_embeddings;
+}
+
 static int same(const moh_lm_config *a, const moh_lm_config *b) {
     const moh_attn_config *x = &a->attn, *y = &b->attn;
-    return a->hidden_size == b->hidden_size && a->num_hidden_layers == b->num_hidden_layers &&
+    return same_rope(&a->rope_scaling, &b->rope_scaling) && same_rope(&x->rope_scaling, &y->rope_scaling) &&
+           a->hidden_size == b->hidden_size && a->num_hidden_layers == b->num_hidden_layers &&
            a->num_attention_heads == b->num_attention_heads &&
            a->num_key_value_heads == b->num_key_value_heads && a->head_dim == b->head_dim &&
            a->intermediate_size == b->intermediate_size && a->vocab_size == b->vocab_size &&
