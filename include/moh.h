@@ -197,7 +197,8 @@ typedef struct moh_lm_config {
     bool tie_word_embeddings;
     int shared_heads;            /* h_s */
     int top_k;                   /* K routed heads per token */
-    moh_router router;           /* learned (default), none (dense MHA twin) or query_norm
+    moh_router router;           /* learned, none (dense MHA twin) or query_norm; default none
+                                  * for a config without MoH keys (plain HF LLaMA), else learned
                                   * (converted pretrained models, spec §3) */
     double load_balance_coef;    /* beta, default 0.01 */
     bool straight_through;       /* query_norm: train through the STE (default true, spec §10) */
@@ -207,7 +208,7 @@ typedef struct moh_lm_config {
 /* Parses and validates config.json (HF LlamaConfig fields plus shared_heads, top_k, router,
  * load_balance_coef), then calls moh_lm_config_finalize, which fills cfg->attn. Defaults:
  * num_key_value_heads = heads, head_dim = hidden / heads (absent or null), rms_norm_eps 1e-6,
- * rope_theta 10000, tie_word_embeddings false, router "learned", shared_heads 0, top_k 0,
+ * rope_theta 10000, tie_word_embeddings false, router "none" when no MoH key is given (a plain HF LLaMA config) else "learned", shared_heads 0, top_k 0,
  * load_balance_coef 0.01. Standard HF keys moh does not use are accepted: architectures,
  * model_type, torch_dtype, attention_dropout, initializer_range, bos/eos/pad_token_id,
  * pretraining_tp, use_cache, transformers_version, and hidden_act / attention_bias / mlp_bias

@@ -539,6 +539,11 @@ static void test_query_norm(test_ctx *t) {
     check_round_trip(t, &c, "query_norm without STE");
     expect_ok(t, &c, NULL);
     CHECK(t, !c.straight_through && !c.attn.straight_through, "learned router: no STE");
+    /* a plain HF LlamaConfig (no MoH key) is the dense model; top_k alone means the learned router */
+    expect_ok(t, &c, "router", NULL, "shared_heads", NULL, "top_k", NULL, NULL);
+    CHECK(t, c.router == MOH_ROUTER_NONE && c.attn.router == MOH_ROUTER_NONE, "no MoH key: router %d, want none", c.router);
+    expect_ok(t, &c, "router", NULL, "shared_heads", NULL, NULL);
+    CHECK(t, c.router == MOH_ROUTER_LEARNED, "top_k without router: router %d, want learned", c.router);
 }
 
 int main(void) {

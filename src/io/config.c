@@ -427,7 +427,9 @@ static int lm_from_json(void *out, const cJSON *root, const json_reader *rd) {
     c->rms_norm_eps = 1e-6;
     c->rope_theta = 10000.0;
     c->tie_word_embeddings = false;
-    c->router = MOH_ROUTER_LEARNED;
+    /* A plain HF LlamaConfig (no MoH key) is the dense model it describes; MoH keys without a
+     * router mean moh's default learned router. */
+    c->router = f[L_SHARED] || f[L_TOPK] ? MOH_ROUTER_LEARNED : MOH_ROUTER_NONE;
     c->load_balance_coef = 0.01;
 
     /* Required sizes. */
