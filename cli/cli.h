@@ -12,11 +12,20 @@ int cmd_eval(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
 /* moh sample on an image-generation checkpoint (cmd_sample hands it over). */
 int cmd_sample_image(int argc, char **argv);
+/* moh eval --classifier on an image-generation checkpoint (cmd_eval hands it over). */
+int cmd_eval_image(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_analyze(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+
+/* Classes of an image-generation model (DiT): rows of its label table minus the null class; 0 if
+ * it has none. */
+struct model;
+int cli_image_classes(const struct model *m);
+/* A generated pixel in [-1, 1] as a byte 0..255 (rounded, clipped), as PNG and IDX files hold it. */
+unsigned char cli_pixel_byte(float v);
 
 /* A config given as a file path, or as a NAME found as configs/NAME.json in the working directory
  * or beside the executable (../configs, or ../share/moh/configs once installed). Writes the path

@@ -1,6 +1,7 @@
 /* moh eval: the family's metric of a checkpoint on data (bits per byte of a text file for a
- * language model, top-1 accuracy and the confusion matrix of an IDX split for a ViT, ...), with
- * per-layer head-activation shares (model.h: model_evaluate, eval_report). */
+ * language model, top-1 accuracy and the confusion matrix of an IDX split for a ViT, the
+ * noise-prediction MSE of a DiT), with per-layer head-activation shares (model.h: model_evaluate,
+ * eval_report). The sample-quality options (--classifier, ...) go to cmd_eval_image.c. */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,7 +13,19 @@
 #include "models/model.h"
 #include "train/checkpoint.h"
 
+/* true when argv holds an option of `moh eval --classifier` (sample quality of a DiT) */
+static bool sample_quality_args(int argc, char **argv) {
+    static const char *const opts[] = {"--classifier", "--samples", "--real", "--cfg", "--sampler", "--steps", "--seed"};
+    for (int i = 1; i < argc; i++)
+        for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
+            const size_t len = strlen(opts[k]);
+            if (!strncmp(argv[i], opts[k], len) && (argv[i][len] == '\0' || argv[i][len] == '=')) return true;
+        }
+    return false;
+}
+
 int cmd_eval(int argc, char **argv) {
+    if (sample_quality_args(argc, argv)) return cmd_eval_image(argc, argv);
     const char *ckpt = NULL, *data = NULL, *dump = NULL, *split = NULL;
     double val_fraction = NAN;
     int T = 0, B = 0;
@@ -44,7 +57,9 @@ int cmd_eval(int argc, char **argv) {
                         "mean/std in config.json), per-class accuracy (recall), the confusion matrix (rows:\n"
                         "true class, columns: predicted), the plain mean cross-entropy in nats (ce_loss,\n"
                         "without the training label smoothing).\n"
-                        "Both: each head's activation share per layer. Long runs print progress (rate, ETA)\n"
+                        "dit: noise-prediction MSE at one fixed (timestep, noise) per test image; sample\n"
+                        "quality (class accuracy, FID under a moh ViT): moh eval --classifier CLF --help.\n"
+                        "All: each head's activation share per layer. Long runs print progress (rate, ETA)\n"
                         "to stderr; stdout holds only the result.\n");
     if (rc) return rc == 1 ? 0 : rc;
     if (sparse && reference) {

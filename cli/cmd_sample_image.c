@@ -28,9 +28,18 @@ static bool parent_exists(const char *path) {
     return stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
-static uint8_t to_byte(float v) { /* [-1, 1] -> 0..255 */
+uint8_t cli_pixel_byte(float v) {
     const double x = (v + 1.0) * 127.5 + 0.5;
     return (uint8_t)(x < 0 ? 0 : x > 255 ? 255 : x);
+}
+
+int cli_image_classes(const model *m) {
+    int K = 0, nt = 0; /* the label table has num_classes + 1 rows (the null class last) */
+    model_tensor *ts = model_tensors(m, &nt);
+    for (int i = 0; ts && i < nt; i++)
+        if (strstr(ts[i].name, "embedding_table")) K = (int)ts[i].shape[0] - 1;
+    free(ts);
+    return K;
 }
 
 int cmd_sample_image(int argc, char **argv) {
@@ -86,11 +95,7 @@ int cmd_sample_image(int argc, char **argv) {
     }
     int C = 0, H = 0, W = 0;
     m.fam->image_shape(m.cfg, &C, &H, &W);
-    int K = 0, nt = 0; /* classes: the label table has num_classes + 1 rows (the null class last) */
-    model_tensor *ts = model_tensors(&m, &nt);
-    for (int i = 0; ts && i < nt; i++)
-        if (strstr(ts[i].name, "embedding_table")) K = (int)ts[i].shape[0] - 1;
-    free(ts);
+    const int K = cli_image_classes(&m);
     int c0 = 0, nc = K;
     if (strcmp(cls, "all")) {
         char *end = NULL;
@@ -135,7 +140,7 @@ int cmd_sample_image(int argc, char **argv) {
         status = rc == MOH_E_ARG ? 2 : 1;
     }
     uint8_t *lab8 = bytes + chw * (size_t)total;
-    for (size_t q = 0; !status && q < chw * (size_t)total; q++) bytes[q] = to_byte(img[q]);
+    for (size_t q = 0; !status && q < chw * (size_t)total; q++) bytes[q] = cli_pixel_byte(img[q]);
     for (long i = 0; i < total; i++) lab8[i] = (uint8_t)labels[i];
     if (!status && out) { /* grid: nc rows x n columns, 2-pixel gaps; channel 0 (grey) */
         const int gap = 2, GW = n * (W + gap) + gap, GH = nc * (H + gap) + gap;

@@ -230,7 +230,7 @@ static void test_accumulator(test_ctx *ctx) {
     CHECK(ctx, mkdtemp(dir) != NULL, "mkdtemp");
     const int li[1] = {5};
     const char *names[C] = {"cat \"zero\"", "one,two"};
-    an_meta meta = {"lm", "ckpt", "learned", 1, "data", "note", li, names};
+    an_meta meta = {"lm", "ckpt", "learned", 1, "data", "note", li, names, NULL, NULL};
     CHECK(ctx, an_write_outputs(dir, &meta, &an, &r, &meta, &r, &err) == MOH_OK, "an_write_outputs: %s", err.msg);
     const char *files[] = {"analysis.json", "density.csv", "scores.csv", "effective_rank.csv", "similarity.csv",
                            "head_pairs.csv", "load_final_layer.png", "heatmap_layer05.png", "scores_layer05.png",

@@ -613,6 +613,13 @@ static int write_json(const char *dir, const an_meta *m, const analysis *an, con
     jstr(f, m->router);
     fprintf(f, ", \"heads\": %d, \"shared_heads\": %d, \"routed_heads\": %d, \"top_k\": %d, \"head_dim\": %d},\n",
             h, s->shared, s->routed, m->top_k, s->head_dim);
+    if (m->layer_shared && m->layer_top_k) { /* per analysed layer (the model line has the widest) */
+        fputs("  \"layer_heads\": [", f);
+        for (int l = 0; l < L; l++)
+            fprintf(f, "%s{\"layer\": %d, \"shared_heads\": %d, \"top_k\": %d}", l ? ", " : "", m->layer_index[l],
+                    m->layer_shared[l], m->layer_top_k[l]);
+        fputs("],\n", f);
+    }
     fputs("  \"data\": {\"source\": ", f);
     jstr(f, m->data);
     fputs(", \"note\": ", f);

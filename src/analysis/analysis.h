@@ -153,6 +153,9 @@ typedef struct an_meta {
     const char *data_note;    /* how tokens were drawn */
     const int *layer_index;   /* [L] model layer of each slot */
     const char *const *categories; /* [C] */
+    /* Optional (layers that differ in heads, DiT): shared heads and top-k of each slot's layer [L];
+     * NULL: every layer has shared = the shape's, top_k = top_k above. */
+    const int *layer_shared, *layer_top_k;
 } an_meta;
 
 /* Writes dir/analysis.json and the CSV tables dir/density.csv, dir/scores.csv,

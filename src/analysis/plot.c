@@ -194,7 +194,7 @@ static double legend_width(cairo_t *cr, const char *const *labels, int n, double
 
 static int plot_load(const char *dir, const an_meta *m, const an_result *r, moh_error *err) {
     const an_shape *s = &r->s;
-    const int L = s->layers, h = s->heads, hs = s->shared, C = s->categories;
+    const int L = s->layers, h = s->heads, C = s->categories;
     const int n = C < 12 ? C : 12;
     const int cols = n <= 4 ? n : n <= 6 ? 3 : n <= 8 ? 4 : 5, rows = (n + cols - 1) / cols;
     const double pw = 250, ph = 185, top = 78, left = 20;
@@ -202,13 +202,15 @@ static int plot_load(const char *dir, const an_meta *m, const an_result *r, moh_
     cairo_surface_t *surf;
     cairo_t *cr = canvas(W, H, &surf);
     const an_layer_result *y = &r->layer[L - 1];
+    const int kf = m->layer_top_k ? m->layer_top_k[L - 1] : m->top_k;            /* the final layer's */
+    const int ef = m->layer_shared ? h - m->layer_shared[L - 1] : s->routed;
     char buf[256];
     set_rgb(cr, INK);
     snprintf(buf, sizeof buf, "Head load per category, layer %d (%s)", m->layer_index[L - 1],
              m->model_type);
     text(cr, W / 2.0, 14, buf, 17, true, 0.5, 0, 0);
     snprintf(buf, sizeof buf, "share of the category's tokens that select each head; dashed: K/E = %d/%d%s",
-             m->top_k, s->routed, C > n ? "; first 12 categories shown" : "");
+             kf, ef, C > n ? "; first 12 categories shown" : "");
     text(cr, W / 2.0, 38, buf, 12, false, 0.5, 0, 0);
     const char *lab[2] = {"shared heads (always on)", "routed heads"};
     const rgb col[2] = {GREY, PALETTE[0]};
@@ -223,17 +225,17 @@ static int plot_load(const char *dir, const an_meta *m, const an_result *r, moh_
         for (int i = 0; i < h; i++) {
             const double v = y->density[(size_t)i * C + k];
             if (isfinite(v)) rect(cr, f.x + i * bw + bw * 0.12, fy(&f, v), bw * 0.76, f.y + f.h - fy(&f, v),
-                                  i < hs ? GREY : PALETTE[0]);
+                                  i < h - ef ? GREY : PALETTE[0]);
             snprintf(buf, sizeof buf, "%d", i);
             set_rgb(cr, INK);
             text(cr, f.x + (i + 0.5) * bw, f.y + f.h + 4, buf, 9.5, false, 0.5, 0, 0);
         }
-        if (s->routed > 0) {
-            const double u = fy(&f, (double)m->top_k / s->routed);
+        if (ef > 0 && kf > 0) {
+            const double u = fy(&f, (double)kf / ef);
             cairo_save(cr);
             const double dash[2] = {4, 3};
             cairo_set_dash(cr, dash, 2, 0);
-            line(cr, f.x + hs * bw, u, f.x + f.w, u, INK, 0.8);
+            line(cr, f.x + (h - ef) * bw, u, f.x + f.w, u, INK, 0.8);
             cairo_restore(cr);
         }
         if (pr == rows - 1 || k + cols >= n) {
@@ -258,11 +260,12 @@ static int plot_heatmap(const char *dir, const an_meta *m, const an_result *r, i
         if (w > maxlab) maxlab = w;
     }
     char sub[256], shared[64];
-    if (hs == 0) snprintf(shared, sizeof shared, "no shared heads");
-    else if (hs == 1) snprintf(shared, sizeof shared, "shared head 0 always on");
-    else snprintf(shared, sizeof shared, "shared heads 0-%d always on", hs - 1);
+    const int hl = m->layer_shared ? m->layer_shared[l] : hs, kl = m->layer_top_k ? m->layer_top_k[l] : m->top_k;
+    if (hl == 0) snprintf(shared, sizeof shared, "no shared heads");
+    else if (hl == 1) snprintf(shared, sizeof shared, "shared head 0 always on");
+    else snprintf(shared, sizeof shared, "shared heads 0-%d always on", hl - 1);
     snprintf(sub, sizeof sub, "colour: share of the category's tokens that select the head (top-%d of %d routed; %s)",
-             m->top_k, E, shared);
+             kl, s->heads - hl, shared);
     const double subw = text_width(mc, sub, 11);
     cairo_destroy(mc);
     cairo_surface_destroy(tmp);

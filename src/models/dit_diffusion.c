@@ -4,6 +4,7 @@
 
 #include <fenv.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,28 +71,51 @@ void dit_q_sample(const dit_schedule *s, int t, const float *eps, float *x, int 
 
 static double clip1(double v) { return v < -1.0 ? -1.0 : v > 1.0 ? 1.0 : v; }
 
-/* the model as a dit_eps_fn */
+/* the model as a dit_eps_fn: the rows split over n threads, each with its own activations (a
+ * row's prediction does not depend on the other rows, so the result does not depend on n) */
+#define DIT_SAMPLE_MAX_THREADS 64
 typedef struct model_eps {
     const moh_dit_config *cfg;
     const dit_params_f32 *p;
-    dit_acts_f32 a;
+    int n;                                  /* threads (activation sets) */
+    dit_acts_f32 a[DIT_SAMPLE_MAX_THREADS];
+    float *out;                             /* [rows, C, H, W] */
 } model_eps;
 
 static const float *model_eps_fn(void *ctx, const float *x, const int *t, const int *y, int m) {
     model_eps *me = ctx;
-    dit_forward_f32(me->cfg, me->p, &me->a, x, t, y, NULL, m);
-    return me->a.out;
+    const size_t chw = (size_t)me->cfg->in_channels * me->cfg->input_size * me->cfg->input_size;
+    const int n = me->n < m ? me->n : m;
+#pragma omp parallel for schedule(static, 1) num_threads(n) if (n > 1)
+    for (int s = 0; s < n; s++) {
+        const int lo = (int)((long)m * s / n), hi = (int)((long)m * (s + 1) / n);
+        dit_forward_f32(me->cfg, me->p, &me->a[s], x + (size_t)lo * chw, t + lo, y + lo, NULL, hi - lo);
+        memcpy(me->out + (size_t)lo * chw, me->a[s].out, sizeof(float) * chw * (size_t)(hi - lo));
+    }
+    return me->out;
 }
 
 int dit_sample(const moh_dit_config *cfg, const dit_params_f32 *p, const image_gen_request *req, float *out,
                moh_error *err) {
     const bool guided = req->cfg_scale != 1.0;
-    const int nb = req->batch < req->n ? req->batch : (req->n > 0 ? req->n : 1);
-    model_eps me = {cfg, p, {0}};
-    int rc = req->batch < 1 ? moh_fail(err, MOH_E_ARG, "batch %d, expected >= 1", req->batch)
-                            : dit_acts_init_f32(&me.a, cfg, guided ? 2 * nb : nb, req->sparse, err);
-    if (!rc) rc = dit_sample_with(cfg, model_eps_fn, &me, req, out, err);
-    dit_acts_free_f32(&me.a);
+    const int nb = req->batch < req->n ? req->batch : (req->n > 0 ? req->n : 1), rows = guided ? 2 * nb : nb;
+    int nt = omp_get_max_threads();
+    if (nt > DIT_SAMPLE_MAX_THREADS) nt = DIT_SAMPLE_MAX_THREADS;
+    if (nt > rows) nt = rows;
+    if (nt < 1) nt = 1;
+    model_eps *me = calloc(1, sizeof *me);
+    if (!me) return moh_fail(err, MOH_E_NOMEM, "sample: out of memory");
+    *me = (model_eps){.cfg = cfg, .p = p};
+    const size_t chw = (size_t)cfg->in_channels * cfg->input_size * cfg->input_size;
+    int rc = req->batch < 1 ? moh_fail(err, MOH_E_ARG, "batch %d, expected >= 1", req->batch) : MOH_OK;
+    for (; !rc && me->n < nt; me->n++) /* thread s gets at most ceil(rows / nt) rows */
+        rc = dit_acts_init_f32(&me->a[me->n], cfg, (rows + nt - 1) / nt, req->sparse, err);
+    if (!rc && !(me->out = malloc(sizeof(float) * chw * (size_t)rows)))
+        rc = moh_fail(err, MOH_E_NOMEM, "sample: out of memory");
+    if (!rc) rc = dit_sample_with(cfg, model_eps_fn, me, req, out, err);
+    for (int s = 0; s < me->n; s++) dit_acts_free_f32(&me->a[s]);
+    free(me->out);
+    free(me);
     return rc;
 }
 

@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "data/idx.h"
 #include "models/dit.h"
+#include "models/dit_analysis.h"
 #include "models/dit_diffusion.h"
 #include "models/model.h"
 
@@ -376,5 +377,6 @@ const model_family dit_family = {
     .image_norm = image_norm,
     .short_name = "DiT",
     .synthetic_batch = synthetic_batch,
+    .open_analysis = dit_open_analysis,
     .generate = generate,
 };

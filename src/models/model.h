@@ -281,6 +281,10 @@ struct model_family {
      * [count T, V] (text) or [count, K] (images). */
     int (*num_outputs)(const void *cfg);
     const float *(*logits)(const void *acts);
+    /* Optional (classifiers; NULL: none): the penultimate features of the last forward in acts,
+     * [count, *dim] row-major (ViT: the pooled token after its final norm, the head's input). The
+     * feature space of the sample-quality metric of `moh eval --classifier`. */
+    const float *(*features)(const void *cfg, const void *acts, int *dim);
     bool default_sparse;     /* attention on the head-sparse path unless asked otherwise */
     /* Optional: a model from a GGUF file (llama.cpp's format) whose general.architecture is
      * gguf_arch: config from its metadata, weights dequantised (g: an io/gguf.h moh_gguf). */

@@ -437,6 +437,10 @@ static int synthetic_batch(const void *cfg, int B, int T, uint64_t seed, moh_bat
 
 static int num_outputs(const void *cfg) { return ((const moh_vit_config *)cfg)->num_classes; }
 static const float *logits(const void *acts) { return ((const vit_acts_f32 *)acts)->logits; }
+static const float *features(const void *cfg, const void *acts, int *dim) {
+    *dim = ((const moh_vit_config *)cfg)->embed_dim;
+    return ((const vit_acts_f32 *)acts)->fnorm;
+}
 static void image_shape(const void *cfg, int *C, int *H, int *W) {
     const moh_vit_config *c = cfg;
     *C = c->in_chans;
@@ -484,6 +488,7 @@ const model_family vit_family = {
     .default_sparse = false,
     .num_outputs = num_outputs,
     .logits = logits,
+    .features = features,
     .image_shape = image_shape,
     .image_norm = image_norm,
     .short_name = "ViT",
