@@ -39,12 +39,24 @@ help:
 	@echo "make asan     the same tests under AddressSanitizer + UBSan"
 	@echo "make install  install moh, libmoh.a, moh.h and the configs under PREFIX (default /usr/local)"
 	@echo "make fuzz     run every fuzz target for FUZZ_SECONDS (needs clang)"
-	@echo "make interop  LM and ViT checkpoints against transformers, timm and the PyTorch references"
+	@echo "make interop  LM and ViT checkpoints against transformers, timm and the PyTorch references,"
+	@echo "              and interop-llamacpp"
+	@echo "make interop-llamacpp  SmolLM2 GGUF -> moh -> GGUF F32 in llama.cpp: tokens, logits, greedy"
 
 # The decoder LM and the ViT against PyTorch through the CLI: moh train/eval checkpoints, logits and
 # first-step gradients compared with transformers / timm (dense) and tools/ref/lm_ref.py,
 # vit_ref.py (MoH). Needs python3 with torch, safetensors, transformers and timm.
 .PHONY: interop
-interop: all
+interop: all interop-llamacpp
 	python3 tools/ref/interop_lm.py --moh $(BUILD)/moh
 	python3 tools/ref/interop_vit.py --moh $(BUILD)/moh
+
+# SmolLM2 round trip in llama.cpp (tools/ref/roundtrip_llamacpp.py): the GGUF (Q4_1) -> moh -> GGUF
+# (F32, with its tokenizer); llama.cpp tokenizes the export as the original, its logits on the
+# export equal moh's on the original (<= 1e-4 relative), greedy continuations identical. Needs
+# $(SMOLLM2) (tools/data/fetch_smollm2.sh) and $(PYTHON) with numpy and llama-cpp-python.
+PYTHON ?= python3
+SMOLLM2 ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+.PHONY: interop-llamacpp
+interop-llamacpp: all
+	$(PYTHON) tools/ref/roundtrip_llamacpp.py --moh $(BUILD)/moh --model $(SMOLLM2)

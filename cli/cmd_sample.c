@@ -25,17 +25,32 @@ static uint64_t rng_next(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-/* Empties the cache and encodes tok[0..n) from position 0; logits are those after tok[n-1]. */
+/* Empties the cache and encodes tok[0..n) from position 0; logits are those after tok[n-1]. all
+ * (may be NULL) gets the logits after every token, [n, V]. */
 static int encode(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, const int *tok, int n,
-                  float *logits, moh_error *err) {
+                  float *logits, float *all, moh_error *err) {
     lm_kv_reset(kv);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (lm_decode_step(cfg, p, kv, tok[i], logits, err)) return err->code;
+        if (all) memcpy(all + (size_t)i * cfg->vocab_size, logits, sizeof(float) * (size_t)cfg->vocab_size);
+    }
     return MOH_OK;
 }
 
+/* safetensors at path: "tokens" [1, n] (ids as float32) and "logits" [1, n, V], the next-token
+ * logits after each token. */
+static int dump_logits(const char *path, const int *tok, int n, const float *all, int V, moh_error *err) {
+    float *ft = malloc(sizeof(float) * (size_t)n);
+    if (!ft) return moh_fail(err, MOH_E_NOMEM, "--dump-logits: out of memory");
+    for (int i = 0; i < n; i++) ft[i] = (float)tok[i];
+    const moh_st_entry e[2] = {{"tokens", 2, {1, n}, ft}, {"logits", 3, {1, n, V}, all}};
+    const int rc = moh_st_write(path, e, 2, err);
+    free(ft);
+    return rc;
+}
+
 int cmd_sample(int argc, char **argv) {
-    const char *ckpt = NULL, *prompt = "", *full = "slide";
+    const char *ckpt = NULL, *prompt = "", *full = "slide", *dump = NULL;
     int max_tokens = 256, top_k = 0;
     double temp = 0.8, top_p = 0.95;
     uint64_t seed = 1;
@@ -48,10 +63,11 @@ int cmd_sample(int argc, char **argv) {
         {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: of those, keep the smallest set with probability >= P (default 0.95)", false, ARG_IN_OC(0, 1)},
         {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false, ARG_ANY},
         {"--context-full", ARG_CHOICE, &full, "slide|stop", "when the context is full: slide (re-encode its last half and go on; default) or stop", false, ARG_ANY},
+        {"--dump-logits", ARG_STR, &dump, "FILE", "write the prompt's tokens [1, T] and the logits after each [1, T, V] (safetensors, float32)", false, ARG_ANY},
     };
     int rc = args_parse("sample", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint DIR [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
-                        "                  [--seed S] [--context-full slide|stop]",
+                        "                  [--seed S] [--context-full slide|stop] [--dump-logits FILE]",
                         "Prints the prompt and its continuation to stdout, and speed and the share of\n"
                         "attention heads computed to stderr.\n"
                         "Sampling order (as transformers' generate()): logits / temperature, softmax;\n"
@@ -135,7 +151,13 @@ int cmd_sample(int argc, char **argv) {
         moh_fail(&err, MOH_E_NOMEM, "out of memory");
         goto fail;
     }
-    if (encode(&cfg, &p, &kv, hist, n, logits, &err)) goto fail;
+    if (dump) { /* the prompt's logits at every position, for comparisons with other engines */
+        float *all = malloc(sizeof(float) * (size_t)n * cfg.vocab_size);
+        int drc = all ? encode(&cfg, &p, &kv, hist, n, logits, all, &err) : moh_fail(&err, MOH_E_NOMEM, "out of memory");
+        if (!drc) drc = dump_logits(dump, hist, n, all, cfg.vocab_size, &err);
+        free(all);
+        if (drc) goto fail;
+    } else if (encode(&cfg, &p, &kv, hist, n, logits, NULL, &err)) goto fail;
     const int keep = N / 2 > 0 ? N / 2 : 1;
     int gen = 0, slides = 0;
     bool stopped = false;
@@ -177,7 +199,7 @@ int cmd_sample(int argc, char **argv) {
         memmove(hist, hist + (N - keep + 1), sizeof(int) * (size_t)(keep - 1));
         hist[keep - 1] = tok;
         n = keep;
-        if (encode(&cfg, &p, &kv, hist, n, logits, &err)) goto fail;
+        if (encode(&cfg, &p, &kv, hist, n, logits, NULL, &err)) goto fail;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (bpe) fwrite(piece, 1, bpe_stream_flush(&stream, piece), stdout);
