@@ -40,20 +40,28 @@ help:
 	@echo "make install  install moh, libmoh.a, moh.h and the configs under PREFIX (default /usr/local)"
 	@echo "make fuzz     run every fuzz target for FUZZ_SECONDS (needs clang)"
 	@echo "make interop  LM and ViT checkpoints against transformers, timm and the PyTorch references,"
-	@echo "              and SmolLM2 against transformers (PYTHON=path/to/venv/bin/python)"
+	@echo "              and SmolLM2 against transformers (PYTHON=path/to/venv/bin/python), and interop-llamacpp"
+	@echo "make interop-llamacpp  SmolLM2 GGUF -> moh -> GGUF F32 in llama.cpp: tokens, logits, greedy"
 
 # The decoder LM and the ViT against PyTorch through the CLI: moh train/eval checkpoints, logits and
 # first-step gradients compared with transformers / timm (dense) and tools/ref/lm_ref.py,
 # vit_ref.py (MoH); then SmolLM2 (models/, tools/data/fetch_smollm2.sh) against transformers
-# loading the same GGUF: tokens, logits <= 1e-4, 64 greedy tokens (make interop-smollm2 alone).
-# Needs PYTHON (default python3) with torch, safetensors, transformers, timm, and for SmolLM2
-# gguf, numpy and accelerate.
+# loading the same GGUF: tokens, logits <= 1e-4, 64 greedy tokens (make interop-smollm2 alone), and
+# the round trip through llama.cpp (interop-llamacpp). Needs PYTHON (default python3) with torch,
+# safetensors, transformers, timm, and for SmolLM2 gguf, numpy, accelerate and llama-cpp-python.
 PYTHON ?= python3
-.PHONY: interop interop-smollm2
-interop: all
+SMOLLM2 ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+.PHONY: interop interop-smollm2 interop-llamacpp
+interop: all interop-llamacpp
 	$(PYTHON) tools/ref/interop_lm.py --moh $(BUILD)/moh
 	$(PYTHON) tools/ref/interop_vit.py --moh $(BUILD)/moh
 	$(PYTHON) tools/ref/interop_smollm2.py --moh $(BUILD)/moh
 
 interop-smollm2: all
 	$(PYTHON) tools/ref/interop_smollm2.py --moh $(BUILD)/moh
+
+# SmolLM2 round trip in llama.cpp (tools/ref/roundtrip_llamacpp.py): the GGUF (Q4_1) -> moh -> GGUF
+# (F32, with its tokenizer); llama.cpp tokenizes the export as the original, its logits on the
+# export equal moh's on the original (<= 1e-4 relative), greedy continuations identical.
+interop-llamacpp: all
+	$(PYTHON) tools/ref/roundtrip_llamacpp.py --moh $(BUILD)/moh --model $(SMOLLM2)

@@ -24,6 +24,7 @@
 #include "../cli/args.h"
 #include "attn/sparse.h"
 #include "bench.h"
+#include "core/rng.h"
 
 #define BA_MAX_N 16
 #define BA_MAX_ACT 8
@@ -56,15 +57,9 @@ typedef struct ba_run {
     double phase[SPARSE_NPHASE];
 } ba_run;
 
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
 /* Uniform with standard deviation sd. */
 static float rng_sd(uint64_t *s, double sd) {
-    const double u = (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0;
+    const double u = (double)(moh_rng_next(s) >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0;
     return (float)(u * sd * 1.7320508075688772);
 }
 

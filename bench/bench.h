@@ -5,6 +5,7 @@
 #ifndef MOH_BENCH_H
 #define MOH_BENCH_H
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 /* `moh bench attention|decode|train`: argc/argv start at the benchmark name. Exit codes as the
@@ -12,6 +13,23 @@
 int bench_attention(int argc, char **argv);
 int bench_decode(int argc, char **argv);
 int bench_train(int argc, char **argv);
+
+/* `moh bench decode --model PATH ...` (bench/decode_model.c; bench_decode parses the options). */
+#define BDM_MAX_CTX 8
+#define BDM_MAX_MODELS 4
+typedef struct bdm_opts {
+    const char *models[BDM_MAX_MODELS]; /* .gguf files, Hugging Face folders or moh checkpoints */
+    int nmodels;
+    int ctxs[BDM_MAX_CTX];              /* prompt lengths in tokens */
+    int nc;
+    int tokens;                         /* new tokens decoded after each prompt */
+    int repeats;                        /* 1..64 */
+    uint64_t seed;                      /* prompt ids: splitmix64(seed) % vocab */
+    const char *text;                   /* or the tokens of this file, repeated (NULL: random) */
+    bool json, profile;                 /* JSON rows; per-phase times (text: a table per row) */
+} bdm_opts;
+/* Prefill and decode tokens/s of each model (prints the table); 0 ok, 1 runtime error. */
+int bench_decode_models(const bdm_opts *o);
 
 /* Timing statistics of one configuration: n samples in seconds. */
 typedef struct bench_stats {

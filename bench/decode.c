@@ -1,4 +1,7 @@
-/* `moh bench decode`: tokens/s of KV-cache generation (src/models/lm_decode.c: per token, K and V
+/* `moh bench decode`: tokens/s of KV-cache generation. With --model PATH, a loaded model's prefill
+ * and decode (bench/decode_model.c); without, synthetic models as follows.
+ *
+ * Synthetic models: tokens/s of KV-cache generation (src/models/lm_decode.c: per token, K and V
  * appended for every KV head, attention only for the heads the token's router selects), dense MHA
  * against MoH at 75 % and 50 % active heads, at several context lengths.
  *
@@ -14,10 +17,9 @@
 #include "../cli/args.h"
 #include "../cli/cli.h"
 #include "bench.h"
+#include "core/rng.h"
 #include "models/lm_decode.h"
 #include "models/model.h"
-
-#define BD_MAX_CTX 8
 
 typedef struct bd_model {
     const char *name;
@@ -41,13 +43,6 @@ typedef struct bd_run {
     double t[64];
     long run0, total0;
 } bd_run;
-
-static uint64_t bd_rng(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
 
 static int bd_init(bd_run *r, const bd_model *m, int hs, int k, int ctx, moh_error *err) {
     memset(r, 0, sizeof *r);
@@ -77,8 +72,8 @@ static int bd_init(bd_run *r, const bd_model *m, int hs, int k, int ctx, moh_err
     uint64_t s = 42;
     const size_t n = (size_t)m->L * ctx * c->attn.n_kv_heads * m->d;
     for (size_t i = 0; i < n; i++) {
-        r->kv.k[i] = (float)((int64_t)(bd_rng(&s) >> 40) - (1 << 23)) * (1.0f / (1 << 23));
-        r->kv.v[i] = (float)((int64_t)(bd_rng(&s) >> 40) - (1 << 23)) * (1.0f / (1 << 23));
+        r->kv.k[i] = (float)((int64_t)(moh_rng_next(&s) >> 40) - (1 << 23)) * (1.0f / (1 << 23));
+        r->kv.v[i] = (float)((int64_t)(moh_rng_next(&s) >> 40) - (1 << 23)) * (1.0f / (1 << 23));
     }
     return MOH_OK;
 }
@@ -128,29 +123,85 @@ static int bd_steps(bd_run *r, int ctx, int tokens, moh_error *err) {
     return MOH_OK;
 }
 
+static bool bd_synthetic_name(const char *s) { return !strcmp(s, "small") || !strcmp(s, "llm") || !strcmp(s, "all"); }
+
 int bench_decode(int argc, char **argv) {
     struct {
-        bool json;
-        const char *model, *context, *config;
-        int tokens, repeats;
-    } a = {false, "all", "512,2048,8192", NULL, 32, 3};
+        bool json, profile;
+        const char *model, *context, *config, *text;
+        int tokens, repeats, threads;
+        uint64_t seed;
+    } a = {false, false, "all", NULL, NULL, NULL, -1, 3, 0, 1};
     const arg_spec specs[] = {
         {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false, ARG_ANY},
-        {"--model", ARG_CHOICE, &a.model, "small|llm|all", "small: configs/moh-75 geometry (256 wide, 6 layers, 8 heads); llm: 1024 wide, 4 layers, 16 heads (default all)", false, ARG_ANY},
-        {"--context", ARG_STR, &a.context, "N,N,...", "context lengths (default 512,2048,8192)", false, ARG_ANY},
+        {"--model", ARG_STR, &a.model, "small|llm|all|PATH", "small: configs/moh-75 geometry (256 wide, 6 layers, 8 heads); llm: 1024 wide, 4 layers, 16 heads (default all); or a model to load: a .gguf, a Hugging Face folder, a moh checkpoint (up to 4 --model PATH: ratios to the first)", false, ARG_ANY},
+        {"--context", ARG_STR, &a.context, "N,N,...", "context lengths (default 512,2048,8192; with --model PATH: prompt lengths, default 512,2048)", false, ARG_ANY},
         {"--config", ARG_STR, &a.config, "NAME|FILE", "an LM config (configs/ name or path): decode its geometry instead of --model", false, ARG_ANY},
-        {"--tokens", ARG_INT, &a.tokens, "T", "timed decode steps per repeat (default 32)", false, ARG_GE(1)},
-        {"--repeats", ARG_INT, &a.repeats, "R", "repeats, interleaved over the configurations (default 3, max 64)", false, ARG_IN(1, 64)},
+        {"--tokens", ARG_INT, &a.tokens, "T", "timed decode steps per repeat (default 32; with --model PATH: new tokens after each prompt, default 128)", false, ARG_GE(1)},
+        {"--repeats", ARG_INT, &a.repeats, "R", "repeats, interleaved over the configurations or models (default 3, max 64)", false, ARG_IN(1, 64)},
+        {"--threads", ARG_INT, &a.threads, "N", "OpenMP threads (default: OMP_NUM_THREADS, else every core)", false, ARG_IN(1, 1024)},
+        {"--seed", ARG_U64, &a.seed, "S", "--model PATH: prompt ids uniform over the vocabulary from splitmix64(S) (default 1)", false, ARG_ANY},
+        {"--text", ARG_STR, &a.text, "FILE", "--model PATH: the prompt is FILE's tokens (the model's tokenizer, or bytes), repeated", false, ARG_ANY},
+        {"--profile", ARG_FLAG, &a.profile, NULL, "--model PATH: time per phase (qkv, attention, wo, mlp, lm_head, other) of prefill and decode", false, ARG_ANY},
     };
     int prc = args_parse("bench decode", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                         "[--json] [--model small|llm|all | --config NAME] [--context 512,2048,8192] [--tokens T] [--repeats R]",
-                         "KV-cache decoding tokens/s: dense MHA (router none) vs MoH with 75% and 50% of the heads\nactive (learned router; skipped heads run no attention and no W_O term).\n");
+                         "[--json] [--model small|llm|all | --config NAME] [--context 512,2048,8192] [--tokens T] [--repeats R]\n"
+                         "                        [--threads N]\n"
+                         "       moh bench decode --model PATH [--model PATH2 ...] [--context 512,2048] [--tokens 128] [--repeats R]\n"
+                         "                        [--threads N] [--seed S | --text FILE] [--profile] [--json]",
+                         "Synthetic models: KV-cache decoding tokens/s, dense MHA (router none) vs MoH with 75% and\n"
+                         "50% of the heads active (learned router; skipped heads run no attention and no W_O term).\n"
+                         "--model PATH: a loaded model (weights dequantised to float32 once). Per prompt length:\n"
+                         "prefill tokens/s (the prompt in one batched forward on the head-sparse attention path,\n"
+                         "filling the KV cache) and decode tokens/s (T new tokens, greedy, KV-cache steps). With\n"
+                         "several --model, the runs are interleaved and each is also given as a ratio to the first.\n");
     if (prc) return prc == 1 ? 0 : prc;
-    int ctxs[BD_MAX_CTX];
-    const int nc = bench_parse_ints(a.context, ctxs, BD_MAX_CTX);
-    if (nc < 1) {
-        fprintf(stderr, "moh bench decode: --context '%s': expected up to %d comma-separated integers 1..16777216\n", a.context, BD_MAX_CTX);
+    if (a.threads > 0) omp_set_num_threads(a.threads);
+    bdm_opts mo = {.tokens = a.tokens > 0 ? a.tokens : 128, .repeats = a.repeats, .seed = a.seed, .text = a.text,
+                   .json = a.json, .profile = a.profile};
+    for (int i = 1; i + 1 < argc; i++) { /* every --model value (args_parse keeps the last) */
+        if (strcmp(argv[i], "--model")) continue;
+        if (mo.nmodels == BDM_MAX_MODELS) {
+            fprintf(stderr, "moh bench decode: --model given more than %d times\n", BDM_MAX_MODELS);
+            return 2;
+        }
+        mo.models[mo.nmodels++] = argv[++i];
+    }
+    int nsyn = 0;
+    const char *syn = NULL;
+    for (int i = 0; i < mo.nmodels; i++)
+        if (bd_synthetic_name(mo.models[i])) {
+            nsyn++;
+            syn = mo.models[i];
+        }
+    if (nsyn && mo.nmodels > 1) {
+        fprintf(stderr, "moh bench decode: --model %s is a synthetic model: give it once, or give only paths "
+                        "(a folder named like it: ./%s)\n", syn, syn);
         return 2;
+    }
+    const bool loaded = mo.nmodels > 0 && !nsyn;
+    if (loaded && a.config) {
+        fprintf(stderr, "moh bench decode: --config and --model %s: give one (a config's geometry, or a model to load)\n",
+                mo.models[0]);
+        return 2;
+    }
+    if (!loaded && (a.text || a.profile || args_value(argc, argv, "--seed"))) {
+        fprintf(stderr, "moh bench decode: %s applies to --model PATH (a loaded model) only\n",
+                a.text ? "--text" : a.profile ? "--profile" : "--seed");
+        return 2;
+    }
+    if (!a.context) a.context = loaded ? "512,2048" : "512,2048,8192";
+    if (a.tokens < 0) a.tokens = 32;
+    int ctxs[BDM_MAX_CTX];
+    const int nc = bench_parse_ints(a.context, ctxs, BDM_MAX_CTX);
+    if (nc < 1) {
+        fprintf(stderr, "moh bench decode: --context '%s': expected up to %d comma-separated integers 1..16777216\n", a.context, BDM_MAX_CTX);
+        return 2;
+    }
+    if (loaded) {
+        memcpy(mo.ctxs, ctxs, sizeof ctxs);
+        mo.nc = nc;
+        return bench_decode_models(&mo);
     }
     bd_model models[2] = {BD_MODELS[0], BD_MODELS[1]};
     int nm = (int)(sizeof BD_MODELS / sizeof BD_MODELS[0]);

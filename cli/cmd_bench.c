@@ -10,7 +10,8 @@ int cmd_bench(int argc, char **argv) {
         "usage: moh bench <attention|decode|train> [options]   (moh bench <name> --help)\n\n"
         "  attention  one MoH attention layer, dense MHA vs MoH at several active-head shares:\n"
         "             ms, GFLOP/s, speedup, ideal speedup, efficiency, memory\n"
-        "  decode     tokens/s of KV-cache generation at contexts 512, 2048, 8192\n"
+        "  decode     tokens/s of KV-cache generation at contexts 512, 2048, 8192; with --model PATH, a\n"
+        "             loaded model's prefill and decode tokens/s (a .gguf, a Hugging Face folder, a checkpoint)\n"
         "  train      training tokens/s of any model family (forward + backward + AdamW), dense vs MoH configs\n";
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fputs(usage, argc < 2 ? stderr : stdout);

@@ -9,7 +9,7 @@
 #include "cli.h"
 #include "core/fsutil.h"
 #include "models/model.h"
-#include "text/bpe_gguf.h"
+#include "io/gguf.h"
 #include "train/checkpoint.h"
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -39,9 +39,11 @@ int cmd_convert(int argc, char **argv) {
                         "--model PATH --out FILE.gguf|DIR [--outtype f32|f16] [--to-moh [--router R] [--shared-heads S] [--top-k K]]",
                         "GGUF input: LLaMA-architecture files (llama.cpp's names and metadata; F32, F16,\n"
                         "BF16 and the Q4/Q5/Q8 and K quant types, dequantised to float32). GGUF output: a\n"
-                        "dense model (router \"none\") with the byte vocabulary; llama.cpp cannot run head\n"
-                        "routing, so a MoH checkpoint is refused. A folder output holds the weights only\n"
-                        "(no optimizer state): moh eval / sample read it.\n"
+                        "dense model (router \"none\") with its vocabulary: the model's byte-level BPE\n"
+                        "(tokens, merges, pre-tokenizer; from a GGUF input also its special token ids and\n"
+                        "chat template), or the byte vocabulary; llama.cpp cannot run head routing, so a\n"
+                        "MoH checkpoint is refused. A folder output holds the weights only (no optimizer\n"
+                        "state): moh eval / sample read it.\n"
                         "--to-moh (docs/continue-tuning.md): the dense model's heads become h_s shared + top-K of\n"
                         "h - h_s routed per token; every weight is kept; the query-norm router has no weights\n"
                         "(it ranks heads by ||q||), the learned one gets wg, wg_0, wg_1 initialised so that the\n"
@@ -98,13 +100,15 @@ int cmd_convert(int argc, char **argv) {
     if (ends_with(out, ".gguf")) {
         if (stat(out, &so) == 0) /* never over an existing file (the input, say) */
             rc = moh_fail(&err, MOH_E_ARG, "%s already exists: give a new --out", out);
-        else if (m.tokenizer && !bpe_is_bytes(m.tokenizer))
-            rc = moh_fail(&err, MOH_E_ARG, "%s has a BPE vocabulary of %d tokens; GGUF export writes the byte vocabulary "
-                          "only (BPE export comes next): convert to a folder instead", in, bpe_n_tokens(m.tokenizer));
         else if (!m.fam->to_gguf)
             rc = moh_fail(&err, MOH_E_ARG, "%s is a %s (model_type \"%s\"), which has no GGUF form", in, m.fam->summary,
                           m.fam->model_type);
-        else rc = m.fam->to_gguf(&m, out, !strcmp(outtype, "f16"), &err);
+        else { /* from a GGUF: its tokenizer extras (special ids, chat template) go along */
+            moh_gguf *src = NULL;
+            if (ends_with(in, ".gguf")) rc = moh_gguf_open(&src, in, &err);
+            if (!rc) rc = m.fam->to_gguf(&m, out, !strcmp(outtype, "f16"), src, &err);
+            moh_gguf_close(src);
+        }
     } else {
         struct stat sb;
         char path[PATH_MAX + 32];

@@ -63,6 +63,12 @@ expect analyze-batch "+--batch-size 0 is out of range" "!--seq-len" \
   -- "$MOH" analyze --checkpoint "$T/none" --data "$T/none.txt:x" --out "$T/an" --batch-size 0 --seq-len 5
 expect bench-repeats "+--repeats 0 is out of range: expected 1 <= R <= 64" "!--context" "!--tokens" \
   -- "$MOH" bench decode --repeats 0
+expect bench-synthetic-twice "+--model small is a synthetic model: give it once, or give only paths" \
+  -- "$MOH" bench decode --model small --model "$T/a.gguf"
+expect bench-text-synthetic "+--text applies to --model PATH (a loaded model) only" \
+  -- "$MOH" bench decode --model llm --text "$T/t.txt"
+expect bench-config-model "+--config and --model $T/a.gguf: give one" \
+  -- "$MOH" bench decode --model "$T/a.gguf" --config moh-75
 expect layer-path "+--path 'refrence' is not one of sparse|reference; did you mean 'reference'?" \
   -- "$MOH" layer --config a --weights b --input c --output d --path refrence
 

@@ -4,7 +4,9 @@
 # with byte-identical weights (q/k rows permuted and back), the folder's weights equal the
 # fixture's HF-layout ones, an F16 file holds the weights to F16 precision, a trained byte LM
 # exports and reads back, a MoH checkpoint is refused in one line, and eval runs on the GGUF; a BPE
-# model's folder keeps its tokenizer, and moh train --init continue-tunes it on BPE text.
+# model's folder keeps its tokenizer, moh train --init continue-tunes it on BPE text, and the model
+# (tiny-chat.gguf) exports GGUF -> GGUF with its tokenizer: same ids, logits and chat;
+# `moh bench decode --model` runs on both.
 #   tests/cli_convert.sh path/to/moh
 set -uo pipefail
 MOH=${1:-build/moh}
@@ -146,6 +148,55 @@ out=$("$MOH" train --init "$CHAT" --resume $TR --out "$T/ft" 2>&1); rc=$?
 check "[ $rc -eq 2 ] && grep -q 'excludes --resume' <<<\"\$out\"" "train --init --resume: rc $rc: $out"
 out=$("$MOH" train --init "$CHAT" $TR --out "$T/ft4" --seq-len 65 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q 'more than the context' <<<\"\$out\"" "train --init past the context: rc $rc: $out"
+# GGUF -> GGUF of a BPE model: the tokenizer goes along (tokens, merges, types, pre-tokenizer, special
+# ids, chat template), so the exported file tokenizes, computes and chats as the original does
+"$MOH" convert --model "$CHAT" --out "$T/chat2.gguf" > /dev/null || bad "bpe gguf -> gguf"
+for text in '<|im_start|>user hi there 123<|im_end|>' 'hello again, the world' ''; do
+  check "[ \"\$('$MOH' tokenize --model '$T/chat2.gguf' --text '$text' --json)\" = \"\$('$MOH' tokenize --model '$CHAT' --text '$text' --json)\" ]" "exported bpe gguf tokenizes '$text' otherwise"
+done
+"$MOH" sample --checkpoint "$CHAT" --prompt '<|im_start|>user hi there<|im_end|>' --max-tokens 0 --dump-logits "$T/l1.st" > /dev/null 2>&1 || bad "sample --dump-logits"
+"$MOH" sample --checkpoint "$T/chat2.gguf" --prompt '<|im_start|>user hi there<|im_end|>' --max-tokens 0 --dump-logits "$T/l2.st" > /dev/null 2>&1 || bad "sample --dump-logits on the export"
+check "[ -s '$T/l1.st' ] && cmp -s '$T/l1.st' '$T/l2.st'" "exported bpe gguf: other tokens or logits"
+check "python3 - '$CHAT' '$T/chat2.gguf' <<'PY'
+import struct, sys
+def kvs(p):  # the metadata of a GGUF v3 file (gguf.h layout), values as Python objects
+    f = open(p, 'rb'); assert f.read(4) == b'GGUF'; f.read(4)
+    _, nkv = struct.unpack('<QQ', f.read(16))
+    S = {0: 'B', 1: 'b', 2: 'H', 3: 'h', 4: 'I', 5: 'i', 6: 'f', 7: '?', 10: 'Q', 11: 'q', 12: 'd'}
+    def s(): return f.read(struct.unpack('<Q', f.read(8))[0]).decode()
+    def val(t):
+        if t == 8: return s()
+        if t == 9:
+            et, n = struct.unpack('<IQ', f.read(12)); return [val(et) for _ in range(n)]
+        c = S[t]; return struct.unpack('<' + c, f.read(struct.calcsize(c)))[0]
+    out = {}
+    for _ in range(nkv):
+        k = s(); out[k] = val(struct.unpack('<I', f.read(4))[0])
+    return out
+a, b = kvs(sys.argv[1]), kvs(sys.argv[2])
+ta = {k: v for k, v in a.items() if k.startswith('tokenizer.')}
+tb = {k: v for k, v in b.items() if k.startswith('tokenizer.')}
+assert ta == tb, sorted(k for k in set(ta) | set(tb) if ta.get(k) != tb.get(k))
+PY" "exported bpe gguf: tokenizer metadata differs from the original's"
+printf 'hi there\nhello again\n' | "$MOH" chat --model "$T/chat2.gguf" --max-tokens 5 --seed 3 > "$T/c4.out" 2>/dev/null
+printf 'hi there\nhello again\n' | "$MOH" chat --model "$CHAT" --max-tokens 5 --seed 3 > "$T/c5.out" 2>/dev/null
+check "[ -s '$T/c4.out' ] && cmp -s '$T/c4.out' '$T/c5.out'" "exported bpe gguf chats otherwise"
+# moh bench decode --model: two loaded models interleaved, prompts cut to the context, JSON rows
+"$MOH" bench decode --model "$CHAT" --model "$T/chat2.gguf" --context 16,100 --tokens 4 --repeats 2 --threads 1 \
+  --json > "$T/bd.json" 2> "$T/bd.err"; rc=$?
+check "[ $rc -eq 0 ] && grep -q 'context 100 + 4 new tokens passes max_position_embeddings 64: prompt of 60 tokens' '$T/bd.err' && python3 - '$T/bd.json' <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert [(x['context'], x['prompt']) for x in r] == [(16, 16), (16, 16), (100, 60), (100, 60)], r
+assert all(x['prefill_tokens_per_s'] > 0 and x['decode_tokens_per_s'] > 0 and x['heads_active'] == 1.0 and
+           x['threads'] == 1 and x['new_tokens'] == 4 for x in r), r
+assert r[0]['prefill_ratio'] == 1.0 and r[0]['decode_ratio'] == 1.0, r
+for k in ('prefill', 'decode'):  # each ratio is the model's tokens/s over the first model's
+    assert abs(r[1][k + '_ratio'] - r[1][k + '_tokens_per_s'] / r[0][k + '_tokens_per_s']) < 2e-3 * r[1][k + '_ratio'], r
+assert r[0]['prompt_hash'] == r[1]['prompt_hash'] != r[2]['prompt_hash'] == r[3]['prompt_hash'], r
+PY" "bench decode --model: rc $rc: $(cat "$T/bd.err")"
+"$MOH" bench decode --model "$CHAT" --context 8 --tokens 2 --repeats 1 --text "$T/t.txt" --profile > "$T/bd.txt" 2>/dev/null
+check "grep -q 'tokens of $T/t.txt, repeated' '$T/bd.txt' && grep -q '^  lm_head' '$T/bd.txt'" "bench decode --text --profile: $(cat "$T/bd.txt")"
 
 echo "cli_convert: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,5 +1,7 @@
 /* KV-cache decoding (lm_decode_step, which skips unselected heads) gives the same next-token
- * logits as the full causal forward pass at every position, dense and MoH, with GQA. */
+ * logits as the full causal forward pass at every position, dense and MoH, with GQA. A batched
+ * prefill (lm_prefill: head-sparse attention) of a prompt leaves the cache as token-by-token
+ * decoding does, and decoding after it gives the same logits. */
 #include <math.h>
 #include <string.h>
 
@@ -14,7 +16,7 @@ static void run(test_ctx *ctx, const char *name, moh_router router, int hkv, boo
     c.num_key_value_heads = hkv;
     c.intermediate_size = 48;
     c.vocab_size = 256;
-    c.max_position_embeddings = 64;
+    c.max_position_embeddings = 160;
     c.rms_norm_eps = 1e-5;
     c.rope_theta = 10000;
     c.tie_word_embeddings = tied;
@@ -27,12 +29,12 @@ static void run(test_ctx *ctx, const char *name, moh_router router, int hkv, boo
     lm_params_f32 p;
     lm_acts_f32 a;
     lm_kv_cache kv;
-    const int T = 37;
+    const int T = 150; /* > SPARSE_BK: the prefill's key tiles and query tiles span several blocks */
     CHECK(ctx, lm_params_init_f32(&p, &c, &err) == MOH_OK, "%s", err.msg);
     lm_params_init_random(&c, &p, 11, 0.2);
     CHECK(ctx, lm_acts_init_f32(&a, &c, 1, T, &err) == MOH_OK, "%s", err.msg);
     CHECK(ctx, lm_kv_init(&kv, &c, T, &err) == MOH_OK, "%s", err.msg);
-    int tok[37];
+    int tok[150];
     test_rng rng = {99};
     for (int t = 0; t < T; t++) tok[t] = (int)(test_rng_u64(&rng) % 256);
     lm_forward_f32(&c, &p, &a, tok, NULL, 1, T);
@@ -47,9 +49,44 @@ static void run(test_ctx *ctx, const char *name, moh_router router, int hkv, boo
     const double share = (double)kv.heads_run / (double)kv.heads_total;
     if (router == MOH_ROUTER_NONE) CHECK(ctx, share == 1.0, "%s: dense must run every head", name);
     else CHECK(ctx, fabs(share - 5.0 / 8.0) < 1e-12, "%s: ran %.3f of heads, want 5/8", name, share);
+    /* prefill of the first n0 tokens, then decoding: the same cache and logits */
+    const int n0 = 133;
+    lm_kv_cache kv2;
+    lm_prefill_ws ws;
+    CHECK(ctx, lm_kv_init(&kv2, &c, T, &err) == MOH_OK, "%s", err.msg);
+    CHECK(ctx, lm_prefill_init(&ws, &c, n0, &err) == MOH_OK, "%s", err.msg);
+    CHECK(ctx, lm_decode_step(&c, &p, &kv2, tok[0], logits, &err) == MOH_OK, "%s", err.msg); /* emptied by prefill */
+    CHECK(ctx, lm_prefill(&c, &p, &kv2, &ws, tok, n0, logits, &err) == MOH_OK, "%s", err.msg);
+    double pworst = test_rel_err_f32(logits, a.logits + (size_t)(n0 - 1) * 256, 256);
+    CHECK(ctx, kv2.pos == n0, "%s: prefill left pos %d, want %d", name, kv2.pos, n0);
+    const int kvd = c.num_key_value_heads * c.head_dim;
+    double cworst = 0.0;
+    for (int l = 0; l < c.num_hidden_layers; l++)
+        for (int g = 0; g < c.num_key_value_heads; g++) {
+            const size_t off = ((size_t)l * T * kvd) + (size_t)g * T * c.head_dim, len = (size_t)n0 * c.head_dim;
+            const double ek = test_rel_err_f32(kv2.k + off, kv.k + off, (long)len);
+            const double ev = test_rel_err_f32(kv2.v + off, kv.v + off, (long)len);
+            cworst = ek > cworst ? ek : cworst;
+            cworst = ev > cworst ? ev : cworst;
+        }
+    for (int t = n0; t < T; t++) {
+        CHECK(ctx, lm_decode_step(&c, &p, &kv2, tok[t], logits, &err) == MOH_OK, "%s", err.msg);
+        const double e = test_rel_err_f32(logits, a.logits + (size_t)t * 256, 256);
+        pworst = e > pworst ? e : pworst;
+    }
+    CHECK(ctx, cworst < 1e-5, "%s: prefill K/V differ from token-by-token decoding: rel %.3g", name, cworst);
+    CHECK(ctx, pworst < 1e-4, "%s: logits after prefill differ from the full forward: rel %.3g", name, pworst);
+    const double pshare = (double)kv2.heads_run / (double)kv2.heads_total;
+    CHECK(ctx, fabs(pshare - share) < 1e-12, "%s: prefill + decode ran %.4f of heads, decode %.4f", name, pshare, share);
+    CHECK(ctx, lm_prefill(&c, &p, &kv2, &ws, tok, n0 + 1, logits, &err) == MOH_E_ARG, "%s: prefill past the workspace must refuse", name);
+    tok[3] = 256;
+    CHECK(ctx, lm_prefill(&c, &p, &kv2, &ws, tok, n0, logits, &err) == MOH_E_ARG, "%s: prefill of a token out of range must refuse", name);
+    lm_prefill_free(&ws);
+    lm_kv_free(&kv2);
     CHECK(ctx, lm_decode_step(&c, &p, &kv, 1, logits, &err) == MOH_E_ARG, "%s: a full cache must refuse", name);
     CHECK(ctx, (lm_kv_reset(&kv), lm_decode_step(&c, &p, &kv, 300, logits, &err)) == MOH_E_ARG, "%s: token out of range must refuse", name);
-    printf("  %-14s worst rel err %.2e, heads run %.3f\n", name, worst, share);
+    printf("  %-14s worst rel err %.2e (after prefill %.2e, cache %.2e), heads run %.3f\n", name, worst, pworst,
+           cworst, share);
     lm_kv_free(&kv);
     lm_acts_free_f32(&a);
     lm_params_free_f32(&p);
@@ -60,5 +97,6 @@ int main(void) {
     run(&ctx, "dense", MOH_ROUTER_NONE, 8, false);
     run(&ctx, "moh", MOH_ROUTER_LEARNED, 8, false);
     run(&ctx, "moh_gqa_tied", MOH_ROUTER_LEARNED, 2, true);
+    run(&ctx, "query_norm_gqa", MOH_ROUTER_QUERY_NORM, 2, true);
     return test_finish("test_lm_decode", &ctx);
 }

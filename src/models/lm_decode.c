@@ -7,6 +7,18 @@
 
 #include "attn/sparse.h"
 
+const char *lm_phase_name(int i) {
+    static const char *const names[LM_NPHASE] = {"qkv", "attention", "wo", "mlp", "lm_head", "other"};
+    return i >= 0 && i < LM_NPHASE ? names[i] : "?";
+}
+
+/* Adds the time since t to ph[i]; returns now. */
+static double lap(double *ph, int i, double t) {
+    const double now = omp_get_wtime();
+    ph[i] += now - t;
+    return now;
+}
+
 /* out[r] = b[r] + w[r, :] . x for r < rows (w row-major [rows, C]); b may be NULL. */
 static void gemv_rows(float *out, const float *w, const float *b, const float *x, int rows, int C) {
 #pragma omp parallel for schedule(static) if ((long)rows * C >= 262144)
@@ -86,12 +98,14 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
         return moh_fail(err, MOH_E_ARG, "KV cache full: %d tokens (raise the context)", kv->max_T);
     if (token < 0 || token >= cfg->vocab_size)
         return moh_fail(err, MOH_E_ARG, "token %d out of range [0, %d)", token, cfg->vocab_size);
+    double *ph = kv->phase_s, t = omp_get_wtime();
     embedding_forward_f32(kv->x, &token, p->embed, 1, C);
     float rstd;
     for (int l = 0; l < L; l++) {
         const lm_block_f32 *b = &p->blocks[l];
         float *K = kv->k + ((size_t)l * kv->max_T) * kvd, *V = kv->v + ((size_t)l * kv->max_T) * kvd;
         rmsnorm_forward_f32(kv->xn, &rstd, kv->x, b->ln1, 1, C, eps);
+        t = lap(ph, LM_PH_OTHER, t);
         if (a->router == MOH_ROUTER_LEARNED) {
             /* the learned router reads x only: route first, then K and V for every KV head and
              * q only for the selected heads (spec §10) */
@@ -113,6 +127,7 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
             memcpy(K + ((size_t)g * kv->max_T + pos) * d, kv->qkv + (size_t)(h + g) * d, sizeof(float) * d);
             memcpy(V + ((size_t)g * kv->max_T + pos) * d, kv->qkv + (size_t)(h + hkv + g) * d, sizeof(float) * d);
         }
+        t = lap(ph, LM_PH_QKV, t);
         /* attention of the selected heads only (spec §10), one task per head */
         int run = 0;
         for (int i = 0; i < h; i++) run += kv->router.gates[i] != 0.0f;
@@ -130,18 +145,106 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
             sparse_decode_attend_f32(kv->qkv + (size_t)i * d, K + (size_t)kvh * kv->max_T * d,
                                      V + (size_t)kvh * kv->max_T * d, d, pos + 1, d, g, kv->scores + (size_t)i * kv->max_T, og);
         }
+        t = lap(ph, LM_PH_ATTN, t);
         if (run < h) wo_selected(kv->tmp, b->attn.w_o, b->attn.b_o, kv->og, kv->router.gates, C, h, d);
         else linear_forward_f32(kv->tmp, kv->og, b->attn.w_o, b->attn.b_o, 1, h * d, C);
+        t = lap(ph, LM_PH_WO, t);
         for (int c = 0; c < C; c++) kv->x[c] += kv->tmp[c];
         rmsnorm_forward_f32(kv->xn, &rstd, kv->x, b->ln2, 1, C, eps);
+        t = lap(ph, LM_PH_OTHER, t);
         linear_forward_f32(kv->gate, kv->xn, b->w_gate, NULL, 1, C, I);
         linear_forward_f32(kv->up, kv->xn, b->w_up, NULL, 1, C, I);
         swiglu_forward_f32(kv->gate, kv->gate, kv->up, I);
         linear_forward_f32(kv->tmp, kv->gate, b->w_down, NULL, 1, I, C);
+        t = lap(ph, LM_PH_MLP, t);
         for (int c = 0; c < C; c++) kv->x[c] += kv->tmp[c];
     }
+    t = lap(ph, LM_PH_OTHER, t);
     rmsnorm_forward_f32(kv->xn, &rstd, kv->x, p->norm, 1, C, eps);
     linear_forward_f32(logits, kv->xn, p->lm_head, NULL, 1, C, cfg->vocab_size);
+    lap(ph, LM_PH_HEAD, t);
     kv->pos++;
+    return MOH_OK;
+}
+
+int lm_prefill_init(lm_prefill_ws *w, const moh_lm_config *cfg, int max_n, moh_error *err) {
+    memset(w, 0, sizeof *w);
+    if (max_n < 1) return moh_fail(err, MOH_E_ARG, "prefill: %d tokens, expected >= 1", max_n);
+    const size_t n = (size_t)max_n, C = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size;
+    w->block = malloc(sizeof(float) * (3 * n * C + 2 * n * I + n));
+    if (!w->block) return moh_fail(err, MOH_E_NOMEM, "prefill: cannot allocate activations for %d tokens", max_n);
+    w->x = w->block;
+    w->xn = w->x + n * C;
+    w->y = w->xn + n * C;
+    w->gate = w->y + n * C;
+    w->up = w->gate + n * I;
+    w->rstd = w->up + n * I;
+    if (sparse_cache_init(&w->sc, &cfg->attn, 1, max_n, err)) {
+        free(w->block);
+        w->block = NULL;
+        return err->code;
+    }
+    w->max_n = max_n;
+    return MOH_OK;
+}
+
+void lm_prefill_free(lm_prefill_ws *w) {
+    if (w->block) sparse_cache_free(&w->sc);
+    free(w->block);
+    memset(w, 0, sizeof *w);
+}
+
+int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, lm_prefill_ws *w,
+               const int *tok, int n, float *logits, moh_error *err) {
+    const moh_attn_config *a = &cfg->attn;
+    const int L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size;
+    const int hkv = a->n_kv_heads, d = a->head_dim, kvd = hkv * d;
+    const float eps = (float)cfg->rms_norm_eps;
+    if (n < 1 || n > w->max_n || n > kv->max_T)
+        return moh_fail(err, MOH_E_ARG, "prefill: %d tokens, expected 1..%d (workspace) and <= %d (KV cache)", n,
+                        w->max_n, kv->max_T);
+    for (int i = 0; i < n; i++)
+        if (tok[i] < 0 || tok[i] >= cfg->vocab_size)
+            return moh_fail(err, MOH_E_ARG, "prefill: token %d at position %d out of range [0, %d)", tok[i], i,
+                            cfg->vocab_size);
+    lm_kv_reset(kv);
+    double *ph = kv->phase_s, t = omp_get_wtime();
+    const size_t nC = (size_t)n * C;
+    float *x = w->x, *xn = w->xn, *y = w->y, *rstd = w->rstd;
+    embedding_forward_f32(x, tok, p->embed, n, C);
+    for (int l = 0; l < L; l++) {
+        const lm_block_f32 *b = &p->blocks[l];
+        rmsnorm_forward_f32(xn, rstd, x, b->ln1, n, C, eps);
+        t = lap(ph, LM_PH_OTHER, t);
+        const double a0 = w->sc.phase_s[SPARSE_PH_ATTN], o0 = w->sc.phase_s[SPARSE_PH_WO];
+        sparse_forward_f32(a, &b->attn, xn, 1, n, y, &w->sc);
+        /* K (after RoPE) and V of every KV head: the sparse cache holds them head-major [h_kv, n, d] */
+        float *K = kv->k + (size_t)l * kv->max_T * kvd, *V = kv->v + (size_t)l * kv->max_T * kvd;
+        for (int g = 0; g < hkv; g++) {
+            memcpy(K + (size_t)g * kv->max_T * d, w->sc.kh + (size_t)g * n * d, sizeof(float) * (size_t)n * d);
+            memcpy(V + (size_t)g * kv->max_T * d, w->sc.vh + (size_t)g * n * d, sizeof(float) * (size_t)n * d);
+        }
+        kv->heads_run += sparse_pairs(a, &w->sc);
+        kv->heads_total += (long)n * a->n_heads;
+        const double now = omp_get_wtime();
+        ph[LM_PH_ATTN] += w->sc.phase_s[SPARSE_PH_ATTN] - a0;
+        ph[LM_PH_WO] += w->sc.phase_s[SPARSE_PH_WO] - o0;
+        ph[LM_PH_QKV] += (now - t) - (w->sc.phase_s[SPARSE_PH_ATTN] - a0) - (w->sc.phase_s[SPARSE_PH_WO] - o0);
+        t = now;
+        for (size_t i = 0; i < nC; i++) x[i] += y[i];
+        rmsnorm_forward_f32(xn, rstd, x, b->ln2, n, C, eps);
+        t = lap(ph, LM_PH_OTHER, t);
+        linear_forward_f32(w->gate, xn, b->w_gate, NULL, n, C, I);
+        linear_forward_f32(w->up, xn, b->w_up, NULL, n, C, I);
+        swiglu_forward_f32(w->gate, w->gate, w->up, (long)n * I);
+        linear_forward_f32(y, w->gate, b->w_down, NULL, n, I, C);
+        t = lap(ph, LM_PH_MLP, t);
+        for (size_t i = 0; i < nC; i++) x[i] += y[i];
+    }
+    t = lap(ph, LM_PH_OTHER, t);
+    rmsnorm_forward_f32(xn, rstd, x + (size_t)(n - 1) * C, p->norm, 1, C, eps);
+    linear_forward_f32(logits, xn, p->lm_head, NULL, 1, C, cfg->vocab_size);
+    lap(ph, LM_PH_HEAD, t);
+    kv->pos = n;
     return MOH_OK;
 }

@@ -7,7 +7,7 @@
  * hparams and tensors). */
 #include "models/lm_gguf.h"
 
-#include "text/bpe.h"
+#include "text/bpe_gguf.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -198,7 +198,8 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
     return rc;
 }
 
-int lm_gguf_export(const moh_lm_config *cfg, const float *data, const char *path, bool f16, moh_error *err) {
+int lm_gguf_export(const moh_lm_config *cfg, const float *data, const bpe_tok *tok, int eos_id, const moh_gguf *from,
+                   const char *path, bool f16, moh_error *err) {
     if (cfg->router != MOH_ROUTER_NONE)
         return moh_fail(err, MOH_E_ARG, "%s: the checkpoint routes heads (router %s, %d shared + top-%d of %d): llama.cpp "
                         "runs dense multi-head attention only, so a MoH model cannot be exported to GGUF", path,
@@ -207,7 +208,11 @@ int lm_gguf_export(const moh_lm_config *cfg, const float *data, const char *path
         return moh_fail(err, MOH_E_ARG, "%s: the checkpoint's rope_scaling is \"%s\": moh writes no "
                         "llama.rope.scaling.* keys or rope_freqs.weight, so llama.cpp would run it unscaled; expected a "
                         "model without rope_scaling", path, attn_rope_type_name(cfg->rope_scaling.type));
-    if (cfg->vocab_size < 256)
+    const bool bpe = tok && !bpe_is_bytes(tok);
+    if (bpe && bpe_n_tokens(tok) != cfg->vocab_size)
+        return moh_fail(err, MOH_E_ARG, "%s: the tokenizer has %d tokens, expected vocab_size %d", path, bpe_n_tokens(tok),
+                        cfg->vocab_size);
+    if (!bpe && cfg->vocab_size < 256)
         return moh_fail(err, MOH_E_ARG, "%s: vocab_size %d, expected >= 256 (the byte vocabulary)", path, cfg->vocab_size);
     moh_gguf_writer *w = NULL;
     int rc = moh_gguf_writer_new(&w, err);
@@ -215,10 +220,11 @@ int lm_gguf_export(const moh_lm_config *cfg, const float *data, const char *path
     int nt = 0;
     model_tensor *ts = lm_tensors_named(cfg, MODEL_NAMES_GGUF, &nt);
     float **perm = calloc((size_t)(nt > 0 ? nt : 1), sizeof *perm);
-    char (*tok)[16] = calloc((size_t)cfg->vocab_size, sizeof *tok);
-    const char **toks = calloc((size_t)cfg->vocab_size, sizeof *toks);
-    int32_t *types = calloc((size_t)cfg->vocab_size, sizeof *types);
-    if (!ts || !perm || !tok || !toks || !types) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
+    const size_t nb = bpe ? 1 : (size_t)cfg->vocab_size; /* byte vocabulary arrays */
+    char (*bt)[16] = calloc(nb, sizeof *bt);
+    const char **toks = calloc(nb, sizeof *toks);
+    int32_t *types = calloc(nb, sizeof *types);
+    if (!ts || !perm || !bt || !toks || !types) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
     if (!rc) { /* the llama.* metadata llama.cpp's loader reads (convert_hf_to_gguf.py LlamaModel) */
         moh_gguf_add_str(w, "general.architecture", "llama");
         moh_gguf_add_str(w, "general.name", "moh");
@@ -235,12 +241,15 @@ int lm_gguf_export(const moh_lm_config *cfg, const float *data, const char *path
         moh_gguf_add_f32(w, "llama.attention.layer_norm_rms_epsilon", (float)cfg->rms_norm_eps);
         moh_gguf_add_f32(w, "llama.rope.freq_base", (float)cfg->rope_theta);
         moh_gguf_add_u32(w, "llama.vocab_size", (uint32_t)cfg->vocab_size);
+    }
+    if (!rc && bpe) rc = bpe_to_gguf(tok, eos_id, from, w, err);
+    else if (!rc) {
         /* the byte vocabulary as a byte-level BPE without merges: token b is byte b (GPT-2's
          * byte-to-unicode spelling), so llama.cpp's gpt2 tokenizer gives moh's ids */
         for (int v = 0; v < cfg->vocab_size; v++) {
-            if (v < 256) bpe_byte_spelling(v, tok[v]);
-            else snprintf(tok[v], sizeof tok[v], "<x%d>", v - 256);
-            toks[v] = tok[v];
+            if (v < 256) bpe_byte_spelling(v, bt[v]);
+            else snprintf(bt[v], sizeof bt[v], "<x%d>", v - 256);
+            toks[v] = bt[v];
             types[v] = v < 256 ? 1 : 5; /* normal; unused */
         }
         moh_gguf_add_str(w, "tokenizer.ggml.model", "gpt2");
@@ -274,7 +283,7 @@ int lm_gguf_export(const moh_lm_config *cfg, const float *data, const char *path
     for (int i = 0; perm && i < nt; i++) free(perm[i]);
     free(perm);
     free(ts);
-    free(tok);
+    free(bt);
     free(toks);
     free(types);
     moh_gguf_writer_free(w);

@@ -290,8 +290,10 @@ struct model_family {
      * gguf_arch: config from its metadata, weights dequantised (g: an io/gguf.h moh_gguf). */
     const char *gguf_arch;
     int (*from_gguf)(model *m, const void *g, const char *path, moh_error *err);
-    /* Optional: writes m as a GGUF file llama.cpp runs (f16: matrices in F16). */
-    int (*to_gguf)(const model *m, const char *path, bool f16, moh_error *err);
+    /* Optional: writes m as a GGUF file llama.cpp runs (f16: matrices in F16), with its tokenizer;
+     * src: the GGUF m was read from (an io/gguf.h moh_gguf; its special token ids and chat template
+     * are carried), or NULL. */
+    int (*to_gguf)(const model *m, const char *path, bool f16, const void *src, moh_error *err);
     /* optimizer.safetensors "format" of moh 0.1 for this family (still loaded), or NULL */
     const char *legacy_optimizer_format;
     const char *short_name;  /* the family in messages: "LM", "ViT" */

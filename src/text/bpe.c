@@ -1087,3 +1087,47 @@ char *bpe_tokenizer_config_json(const bpe_tok *t, int eos_id, const char *chat_t
     cJSON_Delete(j);
     return s;
 }
+
+/* ---- accessors for writers ---- */
+
+bpe_pre bpe_pre_kind(const bpe_tok *t) { return t->pre; }
+
+bool bpe_is_added(const bpe_tok *t, int id) {
+    for (int i = 0; i < t->n_added; i++)
+        if (t->added[i] == id) return true;
+    return false;
+}
+
+int bpe_merge_ids(const bpe_tok *t, int **left, int **right, int *n, moh_error *err) {
+    *left = *right = NULL;
+    *n = 0;
+    /* ranks are < the spec's merge count and unique (a repeat keeps its first rank): place each
+     * entry at its rank, then close the gaps */
+    int max_rank = -1;
+    for (size_t i = 0; i < t->merge_cap; i++)
+        if (t->merges[i].key && t->merges[i].rank > max_rank) max_rank = t->merges[i].rank;
+    if (max_rank < 0) return MOH_OK;
+    int *l = malloc(sizeof(int) * (size_t)(max_rank + 1)), *r = malloc(sizeof(int) * (size_t)(max_rank + 1));
+    if (!l || !r) {
+        free(l);
+        free(r);
+        return moh_fail(err, MOH_E_NOMEM, "tokenizer merges: out of memory");
+    }
+    for (int k = 0; k <= max_rank; k++) l[k] = -1;
+    for (size_t i = 0; i < t->merge_cap; i++)
+        if (t->merges[i].key) {
+            const uint64_t key = t->merges[i].key - 1;
+            l[t->merges[i].rank] = (int)(uint32_t)(key >> 32);
+            r[t->merges[i].rank] = (int)(uint32_t)key;
+        }
+    int m = 0;
+    for (int k = 0; k <= max_rank; k++)
+        if (l[k] >= 0) {
+            l[m] = l[k];
+            r[m++] = r[k];
+        }
+    *left = l;
+    *right = r;
+    *n = m;
+    return MOH_OK;
+}

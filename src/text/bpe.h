@@ -134,4 +134,14 @@ int bpe_stream_push(const bpe_tok *t, bpe_stream *s, int id, uint8_t *out, size_
  * count (0..3) and empties s. */
 size_t bpe_stream_flush(bpe_stream *s, uint8_t out[4]);
 
+/* ---- what writers of other formats read (GGUF export: bpe_gguf.h) ---- */
+/* The pre-tokenizer t was created with (BPE_PRE_CUSTOM: regexes from a tokenizer.json). */
+bpe_pre bpe_pre_kind(const bpe_tok *t);
+/* true when id is an added token (matched literally before BPE). */
+bool bpe_is_added(const bpe_tok *t, int id);
+/* The merges in rank order as token-id pairs (*left)[i] (*right)[i], i < *n (malloc'd, caller
+ * frees both; NULL when *n == 0). A merge given twice appears once, at its first rank.
+ * MOH_E_NOMEM. */
+int bpe_merge_ids(const bpe_tok *t, int **left, int **right, int *n, moh_error *err);
+
 #endif

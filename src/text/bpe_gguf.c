@@ -1,6 +1,7 @@
 /* The byte-level BPE tokenizer of a GGUF file (llama.cpp's tokenizer.ggml.* metadata): tokens in
  * id order, merges "A B" by rank, the pre-tokenizer by llama.cpp's `pre` name, and the control
- * (token_type 3) and user-defined (4) tokens matched before BPE, as llama-vocab.cpp loads them. */
+ * (token_type 3) and user-defined (4) tokens matched before BPE, as llama-vocab.cpp loads them;
+ * and the same metadata written back (bpe_to_gguf). */
 #include "text/bpe_gguf.h"
 
 #include <stdio.h>
@@ -63,6 +64,118 @@ int bpe_from_gguf(bpe_tok **out, const moh_gguf *g, const char *path, moh_error 
     free(merges);
     free(added);
     free(pre_name);
+    return rc;
+}
+
+/* Copies key from src to w when src has it as a u32, i32, bool or string (other types: left out). */
+static int copy_key(const moh_gguf *src, moh_gguf_writer *w, const char *key, moh_error *err) {
+    const int64_t i = moh_gguf_find_key(src, key);
+    if (i < 0) return MOH_OK;
+    int rc = MOH_OK;
+    switch (moh_gguf_kv_type(src, i)) {
+    case MOH_GGUF_U32: {
+        uint32_t v = 0;
+        if (!(rc = moh_gguf_get_u32(src, key, &v, err))) moh_gguf_add_u32(w, key, v);
+        break;
+    }
+    case MOH_GGUF_I32: {
+        int32_t v = 0;
+        if (!(rc = moh_gguf_get_i32(src, key, &v, err))) moh_gguf_add_i32(w, key, v);
+        break;
+    }
+    case MOH_GGUF_BOOL: {
+        bool v = false;
+        if (!(rc = moh_gguf_get_bool(src, key, &v, err))) moh_gguf_add_bool(w, key, v);
+        break;
+    }
+    case MOH_GGUF_STRING: {
+        const char *v = NULL;
+        size_t n = 0;
+        if ((rc = moh_gguf_get_str(src, key, &v, &n, err))) break;
+        char *z = malloc(n + 1);
+        if (!z) return moh_fail(err, MOH_E_NOMEM, "tokenizer export: out of memory");
+        memcpy(z, v, n);
+        z[n] = '\0';
+        moh_gguf_add_str(w, key, z);
+        free(z);
+        break;
+    }
+    default: break;
+    }
+    return rc;
+}
+
+int bpe_to_gguf(const bpe_tok *t, int eos_id, const moh_gguf *src, moh_gguf_writer *w, moh_error *err) {
+    static const char *const pre_names[] = {[BPE_PRE_GPT2] = "gpt2", [BPE_PRE_SMOLLM] = "smollm",
+                                            [BPE_PRE_LLAMA3] = "llama-bpe", [BPE_PRE_CUSTOM] = NULL};
+    const bool src_pre = src && moh_gguf_find_key(src, "tokenizer.ggml.pre") >= 0;
+    const bpe_pre kind = bpe_pre_kind(t);
+    if (!src_pre && !pre_names[kind])
+        return moh_fail(err, MOH_E_ARG, "tokenizer export: the pre-tokenizer is a tokenizer.json's own regex list; llama.cpp "
+                        "knows pre-tokenizers by name only (gpt2, smollm, llama-bpe)");
+    const int n = bpe_n_tokens(t);
+    const bool src_types = src && moh_gguf_find_key(src, "tokenizer.ggml.token_type") >= 0;
+    uint64_t nst = 0;
+    moh_gguf_type et = MOH_GGUF_U8;
+    if (src_types && moh_gguf_get_arr(src, "tokenizer.ggml.token_type", &et, &nst, err)) return err->code;
+    const char **toks = calloc((size_t)n, sizeof *toks);
+    char (*unused)[24] = NULL;
+    int32_t *types = calloc((size_t)n, sizeof *types);
+    int *ml = NULL, *mr = NULL, nm = 0, rc = MOH_OK, n_unused = 0;
+    const char **merges = NULL;
+    char *mbuf = NULL;
+    for (int i = 0; i < n; i++) n_unused += bpe_token_str(t, i) == NULL;
+    if (!toks || !types || !(unused = calloc((size_t)n_unused + 1, sizeof *unused)))
+        rc = moh_fail(err, MOH_E_NOMEM, "tokenizer export: out of memory");
+    for (int i = 0, u = 0; !rc && i < n; i++) {
+        toks[i] = bpe_token_str(t, i);
+        types[i] = 1; /* LLAMA_TOKEN_TYPE_NORMAL */
+        if (!toks[i]) { /* no token with this id: a placeholder llama.cpp never produces */
+            snprintf(unused[u], sizeof unused[u], "[UNUSED_%d]", i);
+            toks[i] = unused[u++];
+            types[i] = 5; /* UNUSED */
+        } else if (bpe_is_added(t, i)) {
+            int32_t st = 3;
+            if (src_types && et == MOH_GGUF_I32 && (uint64_t)i < nst &&
+                (rc = moh_gguf_get_arr_i32(src, "tokenizer.ggml.token_type", (uint64_t)i, &st, err)))
+                break;
+            types[i] = st == 4 ? 4 : 3; /* USER_DEFINED as given, else CONTROL */
+        }
+    }
+    if (!rc) rc = bpe_merge_ids(t, &ml, &mr, &nm, err);
+    size_t mbytes = 0;
+    for (int i = 0; !rc && i < nm; i++) mbytes += strlen(toks[ml[i]]) + strlen(toks[mr[i]]) + 2;
+    if (!rc && (!(merges = calloc((size_t)nm + 1, sizeof *merges)) || !(mbuf = malloc(mbytes + 1))))
+        rc = moh_fail(err, MOH_E_NOMEM, "tokenizer export: out of memory");
+    for (int i = 0, off = 0; !rc && i < nm; i++) {
+        merges[i] = mbuf + off;
+        off += sprintf(mbuf + off, "%s %s", toks[ml[i]], toks[mr[i]]) + 1;
+    }
+    if (!rc) {
+        moh_gguf_add_str(w, "tokenizer.ggml.model", "gpt2");
+        if (src_pre) rc = copy_key(src, w, "tokenizer.ggml.pre", err);
+        else moh_gguf_add_str(w, "tokenizer.ggml.pre", pre_names[kind]);
+        moh_gguf_add_arr_str(w, "tokenizer.ggml.tokens", toks, (uint64_t)n);
+        moh_gguf_add_arr_i32(w, "tokenizer.ggml.token_type", types, (uint64_t)n);
+        moh_gguf_add_arr_str(w, "tokenizer.ggml.merges", merges, (uint64_t)nm);
+    }
+    static const char *const extras[] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                                         "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.seperator_token_id",
+                                         "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
+                                         "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_space_prefix",
+                                         "tokenizer.chat_template"};
+    for (size_t k = 0; !rc && src && k < sizeof extras / sizeof extras[0]; k++) rc = copy_key(src, w, extras[k], err);
+    if (!rc && !src) {
+        if (eos_id >= 0) moh_gguf_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos_id);
+        moh_gguf_add_bool(w, "tokenizer.ggml.add_bos_token", false);
+    }
+    free(toks);
+    free(unused);
+    free(types);
+    free(ml);
+    free(mr);
+    free(merges);
+    free(mbuf);
     return rc;
 }
 
