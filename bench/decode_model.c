@@ -186,7 +186,7 @@ int bench_decode_models(const bdm_opts *o) {
     for (int k = 0; k < o->nmodels && !status; k++) { /* warm-up: kernels, page faults */
         double a, b;
         const int n = runs[k].plen[0] < 64 ? runs[k].plen[0] : 64;
-        status = bdm_once(&runs[k], n, 2, &a, &b, NULL, NULL, &err);
+        status = bdm_once(&runs[k], n, o->tokens < 2 ? o->tokens : 2, &a, &b, NULL, NULL, &err);
     }
     for (int rep = 0; rep < o->repeats && !status; rep++)
         for (int c = 0; c < o->nc && !status; c++) {

@@ -31,7 +31,7 @@ int cmd_convert(int argc, char **argv) {
         {"--router", ARG_CHOICE, &router, "query_norm|learned", "with --to-moh: the router (default query_norm, parameter-free)", false, ARG_ANY},
         {"--shared-heads", ARG_INT, &shared, "S", "with --to-moh: the first S query heads of every layer are shared (default h/2)", false, ARG_GE(0)},
         {"--top-k", ARG_INT, &top_k, "K", "with --to-moh: routed heads per token (default half of the h - S routed heads)", false, ARG_GE(1)},
-        {"--router-std", ARG_DOUBLE, &router_std, "X", "with --router learned: std of the initial wg rows (default 1e-3)", false, ARG_GE(0)},
+        {"--router-std", ARG_DOUBLE, &router_std, "X", "with --router learned: std of the initial wg rows (default 1e-3)", false, ARG_IN(0, 1)},
         {"--no-straight-through", ARG_FLAG, &no_ste, NULL, "with --router query_norm: binary gates constant in backward", false, ARG_ANY},
         {"--seed", ARG_U64, &seed, "N", "with --router learned: initialisation seed (default 1)", false, ARG_ANY},
     };
@@ -51,10 +51,30 @@ int cmd_convert(int argc, char **argv) {
     if (rc) return rc == 1 ? 0 : rc;
     const bool moh_opts = args_value(argc, argv, "--router") || shared >= 0 || top_k >= 0 ||
                           args_value(argc, argv, "--router-std") || no_ste || args_value(argc, argv, "--seed");
-    if (moh_opts && !to_moh) {
-        fprintf(stderr, "moh convert: --router, --shared-heads, --top-k, --router-std, --seed and "
-                        "--no-straight-through need --to-moh\n");
+    const bool learned = !strcmp(router, "learned"), gguf_out = ends_with(out, ".gguf");
+    const char *bad = NULL;
+    if (moh_opts && !to_moh)
+        bad = "--router, --shared-heads, --top-k, --router-std, --seed and --no-straight-through need --to-moh";
+    else if (learned && no_ste)
+        bad = "--no-straight-through is for --router query_norm (the learned router has no straight-through estimator)";
+    else if (!learned && (args_value(argc, argv, "--router-std") || args_value(argc, argv, "--seed")))
+        bad = "--router-std and --seed initialise the learned router's weights: they need --router learned";
+    else if (!gguf_out && args_value(argc, argv, "--outtype"))
+        bad = "--outtype is the GGUF tensor type: a folder output is always F32 (give --out FILE.gguf)";
+    else if (gguf_out && to_moh)
+        bad = "--to-moh writes a folder: llama.cpp cannot run head routing (give --out DIR)";
+    if (bad) {
+        fprintf(stderr, "moh convert: %s\n", bad);
         return 2;
+    }
+    /* never over an existing model (the input, say): checked before any work */
+    struct stat so;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    if (gguf_out ? stat(out, &so) == 0 : stat(path, &so) == 0) {
+        fprintf(stderr, "moh convert: %s already %s: give a new --out\n", out,
+                gguf_out ? "exists" : "holds a model (model.safetensors)");
+        return 1;
     }
     moh_error err = {0};
     model m;
@@ -62,45 +82,47 @@ int cmd_convert(int argc, char **argv) {
         fprintf(stderr, "moh convert: %s\n", err.msg);
         return 1;
     }
+    char summary[512] = "";
     if (to_moh) {
         const moh_attn_config *a = model_attn(&m);
-        const int h = a->n_heads, S = shared >= 0 ? shared : h / 2;
-        model_routing r = {.router = !strcmp(router, "learned") ? MOH_ROUTER_LEARNED : MOH_ROUTER_QUERY_NORM,
+        const int h = a->n_heads, hkv = a->n_kv_heads, S = shared >= 0 ? shared : h / 2;
+        model_routing r = {.router = learned ? MOH_ROUTER_LEARNED : MOH_ROUTER_QUERY_NORM,
                            .shared_heads = S, .top_k = top_k >= 0 ? top_k : (h - S + 1) / 2,
                            .straight_through = !no_ste, .router_std = router_std, .seed = seed};
-        if (S >= h) {
-            fprintf(stderr, "moh convert: --shared-heads %d: expected 0..%d (the model has %d query heads; at "
-                            "least one must be routed)\n", S, h - 1, h);
-            model_free(&m);
-            return 2;
-        }
-        if (r.top_k > h - S) {
-            fprintf(stderr, "moh convert: --top-k %d: expected 1..%d (%d query heads - %d shared)\n", r.top_k,
-                    h - S, h, S);
-            model_free(&m);
-            return 2;
-        }
+        bool usage = true; /* a bad option (exit 2), else a model that cannot be converted (exit 1) */
+        if (r.router == MOH_ROUTER_QUERY_NORM && strcmp(m.fam->model_type, "llama"))
+            rc = moh_fail(&err, MOH_E_ARG, "a %s: the query-norm router is the recipe for pretrained language "
+                          "models (model_type \"llama\"); use --router learned", m.fam->summary);
+        else if (S >= h)
+            rc = moh_fail(&err, MOH_E_ARG, "--shared-heads %d: expected 0..%d (the model has %d query heads; at "
+                          "least one must be routed)", S, h - 1, h);
+        else if (r.top_k > h - S)
+            rc = moh_fail(&err, MOH_E_ARG, "--top-k %d: expected 1..%d (%d query heads - %d shared)", r.top_k,
+                          h - S, h, S);
         model conv;
-        rc = model_convert_routing(&m, &r, &conv, &err);
+        if (!rc) usage = false;
+        if (!rc && (rc = model_convert_routing(&m, &r, &conv, &err)) == MOH_OK) {
+            model_free(&m);
+            m = conv;
+        }
         if (rc) {
             fprintf(stderr, "moh convert: %s: %s\n", in, err.msg);
             model_free(&m);
-            return 1;
+            return usage ? 2 : 1;
         }
-        model_free(&m);
-        m = conv;
-        const int hkv = model_attn(&m)->n_kv_heads, grp = h / hkv;
-        printf("MoH: %d shared + top-%d of %d routed query heads per token: %d/%d = %.1f%% of heads computed; "
-               "router %s%s; %d of %d KV groups serve shared heads only (always read)\n",
-               S, r.top_k, h - S, S + r.top_k, h, 100.0 * (S + r.top_k) / h, router,
-               r.router == MOH_ROUTER_QUERY_NORM ? (r.straight_through ? " (straight-through)" : " (constant gates)") : "",
-               S / grp, hkv);
+        const int n = snprintf(summary, sizeof summary, "MoH: %d shared + top-%d of %d routed heads per token: %d/%d = "
+                               "%.1f%% of heads computed; router %s%s", S, r.top_k, h - S, S + r.top_k, h,
+                               100.0 * (S + r.top_k) / h, router, r.router == MOH_ROUTER_QUERY_NORM ?
+                               (r.straight_through ? " (straight-through)" : " (constant gates)") : "");
+        if (hkv < h && n > 0 && (size_t)n < sizeof summary)
+            snprintf(summary + n, sizeof summary - (size_t)n, "; %d of %d KV groups serve shared heads only "
+                     "(always read)", S / (h / hkv), hkv);
+        if (r.top_k == h - S)
+            fprintf(stderr, "moh convert: note: --top-k %d selects every routed head: the model computes every head, "
+                            "as the dense one\n", r.top_k);
     }
-    struct stat so;
-    if (ends_with(out, ".gguf")) {
-        if (stat(out, &so) == 0) /* never over an existing file (the input, say) */
-            rc = moh_fail(&err, MOH_E_ARG, "%s already exists: give a new --out", out);
-        else if (!m.fam->to_gguf)
+    if (gguf_out) {
+        if (!m.fam->to_gguf)
             rc = moh_fail(&err, MOH_E_ARG, "%s is a %s (model_type \"%s\"), which has no GGUF form", in, m.fam->summary,
                           m.fam->model_type);
         else { /* from a GGUF: its tokenizer extras (special ids, chat template) go along */
@@ -110,13 +132,9 @@ int cmd_convert(int argc, char **argv) {
             moh_gguf_close(src);
         }
     } else {
-        struct stat sb;
-        char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/model.safetensors", out);
-        if (stat(path, &sb) == 0)
-            rc = moh_fail(&err, MOH_E_ARG, "%s already holds a model (model.safetensors): give a new --out", out);
-        else rc = checkpoint_save(out, &m, NULL, NULL, NULL, &err);
+        rc = checkpoint_save(out, &m, NULL, NULL, NULL, &err);
     }
+    if (!rc && summary[0]) printf("%s\n", summary);
     if (!rc) printf("wrote %s (%s, %zu parameters) from %s\n", out, m.fam->model_type, m.n, in);
     model_free(&m);
     if (rc) {

@@ -34,11 +34,11 @@ int cmd_eval(int argc, char **argv) {
     const arg_spec specs[] = {
         {"--checkpoint", ARG_STR, &ckpt, "PATH", "checkpoint dir (config.json + model.safetensors, tokenizer.json for BPE models), Hugging Face folder or .gguf; its model_type picks the family", true, ARG_ANY},
         {"--data", ARG_STR, &data, "PATH", "llama: a text file (a prepared dir: its val.txt); vit: an IDX dir", true, ARG_ANY},
-        {"--seq-len", ARG_INT, &T, "T", "text: context per chunk, at most the config's max_position_embeddings (the default)", false, ARG_GE(1)},
+        {"--seq-len", ARG_INT, &T, "T", "text: context per chunk, at most the config's max_position_embeddings (default: that, at most 1024)", false, ARG_GE(1)},
         {"--split", ARG_STR, &split, "NAME", "text: all (the whole file, default) or val (its held-out tail as training splits it, by --val-fraction); images: file prefix t10k (test, default) or train", false, ARG_ANY},
         {"--val-fraction", ARG_DOUBLE, &val_fraction, "F", "text, --split val: the held-out tail of the file (default 0.1, as moh train)", false, ARG_IN_OO(0, 1)},
         {"--limit", ARG_LONG, &limit, "N", "evaluate about the first N items (predictions, images) only, in whole batches (text: whole chunks of T, so up to B T - 1 more; default all)", false, ARG_GE(0)},
-        {"--batch-size", ARG_INT, &B, "B", "examples per forward pass (default: llama 8, vit 256; does not change the result)", false, ARG_IN(1, 65536)},
+        {"--batch-size", ARG_INT, &B, "B", "examples per forward pass (default: llama 8 or fewer, at most 2048 tokens, vit 256; does not change the result, only memory)", false, ARG_IN(1, 65536)},
         {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (the default for llama; same results to ~1e-5)", false, ARG_ANY},
         {"--reference-attention", ARG_FLAG, &reference, NULL, "every head computed then gated (the default for vit)", false, ARG_ANY},
         {"--json", ARG_FLAG, &json, NULL, "print one JSON object (llama: val_loss, bits_per_byte, tokens, bytes, vocab, split, head_share, layer_head_share; vit: accuracy, per_class, confusion, ce_loss, head_share, layer_head_share)", false, ARG_ANY},
@@ -84,7 +84,11 @@ int cmd_eval(int argc, char **argv) {
         moh_fail(&err, MOH_E_ARG, "--val-fraction applies to text with --split val only");
         goto fail;
     }
-    if (B <= 0) B = text ? 8 : 256;
+    if (text && T <= 0) { /* the config's context, at most 1024 (a pretrained model's 8192 rarely fits) */
+        const int ctx_T = m.fam->max_seq_len(m.cfg);
+        hp.seq_len = T = ctx_T < 1024 ? ctx_T : 1024;
+    }
+    if (B <= 0) B = text ? (2048 / T > 8 ? 8 : 2048 / T > 1 ? 2048 / T : 1) : 256;
     hp.batch_size = B;
     snprintf(label, sizeof label, "the checkpoint %s", ckpt);
     const data_request req = {.path = data, .hp = &hp, .eval_batch = B, .train = false, .split = split,

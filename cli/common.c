@@ -29,10 +29,13 @@ static void config_dirs(char dirs[CONFIG_DIRS][PATH_MAX]) {
     }
     snprintf(dirs[0], PATH_MAX, "configs");
     dirs[1][0] = dirs[2][0] = 0;
-    if (n > 0 && strlen(exe) + 32 < PATH_MAX) {
-        snprintf(dirs[1], PATH_MAX, "%s/../configs", exe);
-        snprintf(dirs[2], PATH_MAX, "%s/../share/moh/configs", exe);
-    }
+    static const char *const rel[2] = {"/../configs", "/../share/moh/configs"};
+    const size_t len = n > 0 ? strlen(exe) : 0;
+    for (int i = 0; i < 2 && n > 0; i++) /* the checked length keeps -Wformat-truncation quiet */
+        if (len + strlen(rel[i]) < PATH_MAX) {
+            memcpy(dirs[1 + i], exe, len);
+            memcpy(dirs[1 + i] + len, rel[i], strlen(rel[i]) + 1);
+        }
 }
 
 bool cli_resolve_config(const char *name, char *out, size_t cap) {

@@ -211,7 +211,8 @@ typedef struct moh_lm_config {
  * rope_theta 10000, tie_word_embeddings false, router "none" when no MoH key is given (a plain HF LLaMA config) else "learned", shared_heads 0, top_k 0,
  * load_balance_coef 0.01. Standard HF keys moh does not use are accepted: architectures,
  * model_type, torch_dtype, attention_dropout, initializer_range, bos/eos/pad_token_id,
- * pretraining_tp, use_cache, transformers_version, and hidden_act / attention_bias / mlp_bias
+ * pretraining_tp, use_cache, transformers_version, dtype, is_llama_config, transformers.js_config
+ * (SmolLM2), rope_interleaved when false, and hidden_act / attention_bias / mlp_bias
  * when they match moh ("silu", false, false). rope_scaling: null, or an object with "rope_type"
  * (or the older "type") "default", "linear" (factor) or "llama3" (factor, low_freq_factor,
  * high_freq_factor, original_max_position_embeddings); other types and keys are errors.

@@ -61,7 +61,16 @@ expect_fail 2 "expected 0..3" "$MOH" convert --model "$FIX" --out "$T/x2" --to-m
 expect_fail 2 "expected 1..2" "$MOH" convert --model "$FIX" --out "$T/x3" --to-moh --shared-heads 2 --top-k 3
 expect_fail 2 "query_norm|learned" "$MOH" convert --model "$FIX" --out "$T/x4" --to-moh --router topk
 expect_fail 1 "already routes" "$MOH" convert --model "$T/qn" --out "$T/x5" --to-moh
-check "[[ ! -e '$T/x1' && ! -e '$T/x2' && ! -e '$T/x3' && ! -e '$T/x5/model.safetensors' ]]" "a refused conversion wrote something"
+VIT=$(cd "$(dirname "$0")" && pwd)/fixtures/vit/dense_token
+expect_fail 2 "recipe for pretrained language models" "$MOH" convert --model "$VIT" --out "$T/x6" --to-moh
+"$MOH" convert --model "$VIT" --out "$T/vit-moh" --to-moh --router learned --shared-heads 1 --top-k 1 > /dev/null || bad "a ViT converts with the learned router"
+expect_fail 2 "writes a folder" "$MOH" convert --model "$FIX" --out "$T/x7.gguf" --to-moh
+expect_fail 2 "always F32" "$MOH" convert --model "$FIX" --out "$T/x8" --outtype f16
+expect_fail 2 "expected 0 <= X <= 1" "$MOH" convert --model "$FIX" --out "$T/x9" --to-moh --router learned --router-std 1e300
+expect_fail 2 "is for --router query_norm" "$MOH" convert --model "$FIX" --out "$T/x9" --to-moh --router learned --no-straight-through
+expect_fail 2 "need --router learned" "$MOH" convert --model "$FIX" --out "$T/x9" --to-moh --seed 3
+expect_fail 1 "already holds a model" "$MOH" convert --model "$FIX" --out "$T/qn" --to-moh
+check "[[ ! -e '$T/x1' && ! -e '$T/x2' && ! -e '$T/x3' && ! -e '$T/x5/model.safetensors' && ! -e '$T/x6' && ! -e '$T/x7.gguf' && ! -e '$T/x8' && ! -e '$T/x9' ]]" "a refused conversion wrote something"
 
 echo "cli_continue_tuning: $pass passed, $fail failed"
 [[ $fail -eq 0 ]]

@@ -524,6 +524,35 @@ static void test_round_trip_struct(test_ctx *t) {
     check_round_trip(t, &c, "odd values");
 }
 
+/* The config.json of HuggingFaceTB/SmolLM2-135M-Instruct as published (keys and values), which
+ * moh must load as the dense model; rope_interleaved true is refused. */
+static void test_smollm2_hf(test_ctx *t) {
+    static const char *cfg =
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0, "
+        "\"bos_token_id\": 1, \"eos_token_id\": 2, \"hidden_act\": \"silu\", \"hidden_size\": 576, "
+        "\"initializer_range\": 0.041666666666666664, \"intermediate_size\": 1536, \"is_llama_config\": true, "
+        "\"max_position_embeddings\": 8192, \"mlp_bias\": false, \"model_type\": \"llama\", "
+        "\"num_attention_heads\": 9, \"num_hidden_layers\": 30, \"num_key_value_heads\": 3, "
+        "\"pad_token_id\": 2, \"pretraining_tp\": 1, \"rms_norm_eps\": 1e-05, \"rope_interleaved\": false, "
+        "\"rope_scaling\": null, \"rope_theta\": 100000, \"tie_word_embeddings\": true, "
+        "\"torch_dtype\": \"bfloat16\", \"transformers.js_config\": {\"kv_cache_dtype\": {\"q4f16\": \"float16\", "
+        "\"fp16\": \"float16\"}}, \"transformers_version\": \"4.42.3\", \"use_cache\": true, \"vocab_size\": 49152}";
+    moh_lm_config c;
+    moh_error err = {0};
+    int rc = parse(&c, cfg, &err);
+    CHECK(t, rc == MOH_OK && c.router == MOH_ROUTER_NONE && c.num_key_value_heads == 3 && c.head_dim == 64 &&
+          c.tie_word_embeddings && c.rope_theta == 100000, "SmolLM2's HF config: rc %d %s", rc, err.msg);
+    char bad[2048];
+    snprintf(bad, sizeof bad, "%s", cfg);
+    char *p = strstr(bad, "\"rope_interleaved\": false");
+    memcpy(p + strlen("\"rope_interleaved\": "), "true ", 5);
+    const char *const words[] = {"field 'rope_interleaved'", "rotate", NULL};
+    check_msg(t, "rope_interleaved true", parse(&c, bad, &err), MOH_E_CONFIG, &err, words);
+    rc = parse(&c, "{\"hidden_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"intermediate_size\": 8, "
+                   "\"vocab_size\": 256, \"max_position_embeddings\": 8, \"dtype\": \"float32\"}", &err);
+    CHECK(t, rc == MOH_OK, "transformers 5's 'dtype' key: %s", err.msg);
+}
+
 /* Query-norm router (converted pretrained models, issue 11): straight-through by default,
  * switchable, carried into the attention config and through config.json. */
 static void test_query_norm(test_ctx *t) {
@@ -555,5 +584,6 @@ int main(void) {
     test_rope_scaling(&t);
     test_round_trip_struct(&t);
     test_query_norm(&t);
+    test_smollm2_hf(&t);
     return test_finish("test_lm_config", &t);
 }

@@ -315,6 +315,10 @@ enum {
     L_PRETRAINING_TP,
     L_USE_CACHE,
     L_TF_VERSION,
+    L_DTYPE,
+    L_IS_LLAMA,
+    L_ROPE_INTERLEAVED,
+    L_TFJS,
     L_STE,
     L_COUNT
 };
@@ -325,7 +329,8 @@ static const char *const LM_KEYS[L_COUNT] = {
     /* HF LlamaConfig keys that moh does not use */
     "hidden_act", "attention_bias", "mlp_bias", "rope_scaling", "rope_parameters", "architectures", "model_type",
     "torch_dtype", "attention_dropout", "initializer_range", "bos_token_id", "eos_token_id",
-    "pad_token_id", "pretraining_tp", "use_cache", "transformers_version",
+    "pad_token_id", "pretraining_tp", "use_cache", "transformers_version", "dtype",
+    "is_llama_config", "rope_interleaved", "transformers.js_config",
     /* moh, after the HF keys so that the enum above stays in file order */
     "straight_through",
 };
@@ -409,6 +414,11 @@ static int lm_from_json(void *out, const cJSON *root, const json_reader *rd) {
     if (rc != MOH_OK) return rc;
 
     /* HF keys: accepted when they describe what moh computes, refused when they would change it. */
+    if (f[L_ROPE_INTERLEAVED] && !cJSON_IsFalse(f[L_ROPE_INTERLEAVED]))
+        return moh_fail(err, MOH_E_CONFIG,
+                        "%s: field 'rope_interleaved': expected false (moh's RoPE rotates halves, as HF "
+                        "LLaMA; interleaved pairs are not implemented), got %s",
+                        label, json_show_value(rd, v, f[L_ROPE_INTERLEAVED]));
     if (f[L_HIDDEN_ACT] &&
         !(cJSON_IsString(f[L_HIDDEN_ACT]) && strcmp(f[L_HIDDEN_ACT]->valuestring, "silu") == 0))
         return moh_fail(err, MOH_E_CONFIG,

@@ -54,7 +54,8 @@ static int F(lm_acts_alloc)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int 
     a->attn = calloc(L, sizeof *a->attn);
     if (!a->block || !a->attn) {
         F(lm_acts_free)(a);
-        return moh_fail(err, MOH_E_NOMEM, "model: cannot allocate activations for B=%d T=%d (%zu MiB)",
+        return moh_fail(err, MOH_E_NOMEM, "model: cannot allocate activations for B=%d T=%d (%zu MiB): lower "
+                        "--batch-size or --seq-len",
                         B, T, (total * sizeof(real)) >> 20);
     }
     real *cur = a->block;

@@ -79,10 +79,18 @@ static bool key_unused(const model_family *fam, const char *key) {
  * line's. On resume a flag contradicting a saved value is applied with a note ('a' keys) or
  * refused ('r' keys); keys an older checkpoint does not record take the flag or the default, with
  * a note. */
-static int merge_hparams(const train_options *o, const model_family *fam, train_state *st, train_keys_present present,
-                         moh_error *err) {
+static int merge_hparams(const train_options *o, const model_family *fam, int max_T, train_state *st,
+                         train_keys_present present, moh_error *err) {
     train_hparams hp;
     fam->train_defaults(&hp);
+    if (o->init_path && !o->resume) {
+        /* continue-tuning a pretrained model: fine-tuning defaults, not those of training from
+         * scratch (a from-scratch lr wrecks pretrained weights; the model's whole context is
+         * rarely affordable) */
+        hp.lr = 5e-5;
+        hp.batch_size = 4;
+        if (max_T > 0) hp.seq_len = max_T < 512 ? max_T : 512;
+    }
     int nk = 0;
     const train_key *keys = train_state_keys(&nk);
     char missing[512] = "";
@@ -244,7 +252,8 @@ static int setup(trainer *tr, moh_error *err) {
     if (o->resume && (rc = checkpoint_load_optimizer_ema(o->out_dir, m, m->data, tr->m1, tr->m2, tr->ema, &ema_found,
                                                          &tr->st, &present, err)))
         return rc;
-    if ((rc = merge_hparams(o, fam, &tr->st, present, err))) return rc;
+    const int max_T = fam->max_seq_len ? fam->max_seq_len(m->cfg) : 0;
+    if ((rc = merge_hparams(o, fam, max_T, &tr->st, present, err))) return rc;
     const train_hparams *hp = &tr->st.hp;
     if (!(hp->ema_decay >= 0 && hp->ema_decay < 1))
         return moh_fail(err, MOH_E_ARG, "--ema-decay is %g, expected a number in [0, 1) (0 = no EMA)", hp->ema_decay);
