@@ -157,7 +157,7 @@ done
 "$MOH" sample --checkpoint "$CHAT" --prompt '<|im_start|>user hi there<|im_end|>' --max-tokens 0 --dump-logits "$T/l1.st" > /dev/null 2>&1 || bad "sample --dump-logits"
 "$MOH" sample --checkpoint "$T/chat2.gguf" --prompt '<|im_start|>user hi there<|im_end|>' --max-tokens 0 --dump-logits "$T/l2.st" > /dev/null 2>&1 || bad "sample --dump-logits on the export"
 check "[ -s '$T/l1.st' ] && cmp -s '$T/l1.st' '$T/l2.st'" "exported bpe gguf: other tokens or logits"
-check "python3 - '$CHAT' '$T/chat2.gguf' <<'PY'
+cat > "$T/kvs.py" <<'PY'
 import struct, sys
 def kvs(p):  # the metadata of a GGUF v3 file (gguf.h layout), values as Python objects
     f = open(p, 'rb'); assert f.read(4) == b'GGUF'; f.read(4)
@@ -171,16 +171,46 @@ def kvs(p):  # the metadata of a GGUF v3 file (gguf.h layout), values as Python 
         c = S[t]; return struct.unpack('<' + c, f.read(struct.calcsize(c)))[0]
     out = {}
     for _ in range(nkv):
-        k = s(); out[k] = val(struct.unpack('<I', f.read(4))[0])
+        k = s(); out[k] = (struct.unpack('<I', f.read(4))[0], None); out[k] = (out[k][0], val(out[k][0]))
     return out
+# argv: original, export[, KEY=JSON ...]: the export's tokenizer.* keys (types and values) are the
+# original's plus the given ones
 a, b = kvs(sys.argv[1]), kvs(sys.argv[2])
 ta = {k: v for k, v in a.items() if k.startswith('tokenizer.')}
 tb = {k: v for k, v in b.items() if k.startswith('tokenizer.')}
+import json
+for kv in sys.argv[3:]:
+    k, v = kv.split('=', 1); ta[k] = (7 if isinstance(json.loads(v), bool) else 4, json.loads(v))
 assert ta == tb, sorted(k for k in set(ta) | set(tb) if ta.get(k) != tb.get(k))
-PY" "exported bpe gguf: tokenizer metadata differs from the original's"
+PY
+check "python3 '$T/kvs.py' '$CHAT' '$T/chat2.gguf'" "exported bpe gguf: tokenizer metadata differs from the original's"
 printf 'hi there\nhello again\n' | "$MOH" chat --model "$T/chat2.gguf" --max-tokens 5 --seed 3 > "$T/c4.out" 2>/dev/null
 printf 'hi there\nhello again\n' | "$MOH" chat --model "$CHAT" --max-tokens 5 --seed 3 > "$T/c5.out" 2>/dev/null
 check "[ -s '$T/c4.out' ] && cmp -s '$T/c4.out' '$T/c5.out'" "exported bpe gguf chats otherwise"
+# GGUF -> folder -> GGUF: the folder's tokenizer.json (Digits + ByteLevel) is llama.cpp's "smollm",
+# eos and chat template come from its tokenizer_config.json; the same ids, logits, chat and
+# tokenizer metadata (add_bos_token false added: the folder's post_processor adds no BOS)
+"$MOH" convert --model "$T/chatdir" --out "$T/chat3.gguf" > /dev/null 2> "$T/c3.err" || bad "bpe folder -> gguf: $(cat "$T/c3.err")"
+for text in '<|im_start|>user hi there 123<|im_end|>' 'héllo 😀 again, the world'; do
+  check "[ \"\$('$MOH' tokenize --model '$T/chat3.gguf' --text '$text' --json)\" = \"\$('$MOH' tokenize --model '$CHAT' --text '$text' --json)\" ]" "folder -> gguf tokenizes '$text' otherwise"
+done
+"$MOH" sample --checkpoint "$T/chat3.gguf" --prompt '<|im_start|>user hi there<|im_end|>' --max-tokens 0 --dump-logits "$T/l3.st" > /dev/null 2>&1 || bad "sample --dump-logits on the folder export"
+check "cmp -s '$T/l1.st' '$T/l3.st'" "folder -> gguf: other tokens or logits"
+check "python3 '$T/kvs.py' '$CHAT' '$T/chat3.gguf' tokenizer.ggml.add_bos_token=false" "folder -> gguf: tokenizer metadata differs from the original's"
+printf 'hi there\nhello again\n' | "$MOH" chat --model "$T/chat3.gguf" --max-tokens 5 --seed 3 > "$T/c6.out" 2>/dev/null
+check "[ -s '$T/c6.out' ] && cmp -s '$T/c6.out' '$T/c5.out'" "folder -> gguf chats otherwise"
+# a pre_tokenizer that is no named one (a Split regex of its own) is refused, naming the file
+cp -r "$T/chatdir" "$T/customdir"
+python3 - "$T/customdir/tokenizer.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j['pre_tokenizer'] = {'type': 'Sequence', 'pretokenizers': [
+    {'type': 'Split', 'pattern': {'Regex': '\\s+'}, 'behavior': 'Isolated', 'invert': False},
+    {'type': 'ByteLevel', 'add_prefix_space': False, 'trim_offsets': True, 'use_regex': False}]}
+json.dump(j, open(sys.argv[1], 'w'))
+PY
+out=$("$MOH" convert --model "$T/customdir" --out "$T/custom.gguf" 2>&1); rc=$?
+check "[ $rc -eq 1 ] && [ \$(wc -l <<<\"\$out\") -eq 1 ] && grep -q 'customdir/tokenizer.json: the pre_tokenizer is a regex list of its own' <<<\"\$out\" && [ ! -e '$T/custom.gguf' ]" "custom pre-tokenizer export: rc $rc: $out"
 # moh bench decode --model: two loaded models interleaved, prompts cut to the context, JSON rows
 "$MOH" bench decode --model "$CHAT" --model "$T/chat2.gguf" --context 16,100 --tokens 4 --repeats 2 --threads 1 \
   --json > "$T/bd.json" 2> "$T/bd.err"; rc=$?

@@ -445,7 +445,7 @@ static int from_gguf(model *m, const void *gg, const char *path, moh_error *err)
 }
 
 static int to_gguf(const model *m, const char *path, bool f16, const void *src, moh_error *err) {
-    return lm_gguf_export(m->cfg, m->data, m->tokenizer, m->eos_id, src, path, f16, err);
+    return lm_gguf_export(m->cfg, m->data, m->tokenizer, m->eos_id, m->chat_template, src, path, f16, err);
 }
 
 const model_family lm_family = {

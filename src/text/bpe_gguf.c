@@ -105,14 +105,17 @@ static int copy_key(const moh_gguf *src, moh_gguf_writer *w, const char *key, mo
     return rc;
 }
 
-int bpe_to_gguf(const bpe_tok *t, int eos_id, const moh_gguf *src, moh_gguf_writer *w, moh_error *err) {
-    static const char *const pre_names[] = {[BPE_PRE_GPT2] = "gpt2", [BPE_PRE_SMOLLM] = "smollm",
+int bpe_to_gguf(const bpe_tok *t, int eos_id, const char *chat_template, const moh_gguf *src, moh_gguf_writer *w,
+                moh_error *err) {
+    static const char *const pre_names[] = {[BPE_PRE_GPT2] = "gpt-2", [BPE_PRE_SMOLLM] = "smollm",
                                             [BPE_PRE_LLAMA3] = "llama-bpe", [BPE_PRE_CUSTOM] = NULL};
     const bool src_pre = src && moh_gguf_find_key(src, "tokenizer.ggml.pre") >= 0;
     const bpe_pre kind = bpe_pre_kind(t);
     if (!src_pre && !pre_names[kind])
-        return moh_fail(err, MOH_E_ARG, "tokenizer export: the pre-tokenizer is a tokenizer.json's own regex list; llama.cpp "
-                        "knows pre-tokenizers by name only (gpt2, smollm, llama-bpe)");
+        return moh_fail(err, MOH_E_ARG, "%s: the pre_tokenizer is a regex list of its own; llama.cpp knows pre-tokenizers by "
+                        "name only (gpt-2: ByteLevel; smollm: Digits individual_digits + ByteLevel; llama-bpe: Split with "
+                        "the LLaMA-3 regex + ByteLevel use_regex false, ignore_merges)",
+                        bpe_source(t) ? bpe_source(t) : "tokenizer export");
     const int n = bpe_n_tokens(t);
     const bool src_types = src && moh_gguf_find_key(src, "tokenizer.ggml.token_type") >= 0;
     uint64_t nst = 0;
@@ -166,8 +169,9 @@ int bpe_to_gguf(const bpe_tok *t, int eos_id, const moh_gguf *src, moh_gguf_writ
                                          "tokenizer.chat_template"};
     for (size_t k = 0; !rc && src && k < sizeof extras / sizeof extras[0]; k++) rc = copy_key(src, w, extras[k], err);
     if (!rc && !src) {
-        if (eos_id >= 0) moh_gguf_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos_id);
+        if (eos_id >= 0 && eos_id < n) moh_gguf_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos_id);
         moh_gguf_add_bool(w, "tokenizer.ggml.add_bos_token", false);
+        if (chat_template) moh_gguf_add_str(w, "tokenizer.chat_template", chat_template);
     }
     free(toks);
     free(unused);
