@@ -77,6 +77,11 @@ int cmd_chat(int argc, char **argv) {
         fprintf(stderr, "moh chat: %s\n", err.msg);
         return 1;
     }
+    if (model_check_text_vocab(&m, path, &err)) {
+        fprintf(stderr, "moh chat: %s\n", err.msg);
+        model_free(&m);
+        return 1;
+    }
     const bpe_tok *tok = m.tokenizer;
     const int im_start = tok ? bpe_token_id(tok, "<|im_start|>") : -1, im_end = tok ? bpe_token_id(tok, "<|im_end|>") : -1;
     if (strcmp(m.fam->task, "text-generation") || im_start < 0 || im_end < 0) {

@@ -95,6 +95,7 @@ int cmd_tokenize(int argc, char **argv) {
     if (m.tokenizer) {
         if (bpe_encode(m.tokenizer, src, len, !no_special, &ids, &n, &err)) goto fail;
     } else if (m.fam && !strcmp(m.fam->task, "text-generation")) { /* moh's byte models */
+        if (model_check_text_vocab(&m, path, &err)) goto fail;
         if (!(ids = malloc(sizeof(int) * (len ? len : 1)))) {
             moh_fail(&err, MOH_E_NOMEM, "out of memory");
             goto fail;
