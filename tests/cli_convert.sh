@@ -203,6 +203,23 @@ check "python3 '$T/kvs.py' '$CHAT' '$T/chat2.gguf'" "exported bpe gguf: tokenize
 printf 'hi there\nhello again\n' | "$MOH" chat --model "$T/chat2.gguf" --max-tokens 5 --seed 3 > "$T/c4.out" 2>/dev/null
 printf 'hi there\nhello again\n' | "$MOH" chat --model "$CHAT" --max-tokens 5 --seed 3 > "$T/c5.out" 2>/dev/null
 check "[ -s '$T/c4.out' ] && cmp -s '$T/c4.out' '$T/c5.out'" "exported bpe gguf chats otherwise"
+# tokenize --json: valid JSON whose pieces are the vocabulary's byte-level spelling (HF's
+# convert_ids_to_tokens; a byte model's bytes spelled the same way): undone, they give the text
+for m in "$CHAT" "$T/chatdir" "$T/dense"; do
+  check "'$MOH' tokenize --model '$m' --text 'héllo 😀 <|im_end|> ok' --json | python3 -c '
+import json, sys
+bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256)); cs = bs[:]; n = 0
+for b in range(256):
+    if b not in bs: bs.append(b); cs.append(256 + n); n += 1
+dec = {chr(c): b for b, c in zip(bs, cs)}
+j = json.load(sys.stdin); p = j[\"pieces\"]; assert len(p) == len(j[\"ids\"]) and any(len(x) > 1 for x in p[:-1]) or \"dense\" in sys.argv[1], p
+out = b\"\".join(x.encode() if x == \"<|im_end|>\" else bytes(dec[c] for c in x) for x in p)
+assert out == \"héllo 😀 <|im_end|> ok\".encode(), (out, p)
+' '$m'" "tokenize --json on $m: invalid JSON or pieces"
+done
+# --save-tokenizer never writes over a tokenizer.json
+out=$("$MOH" tokenize --model "$CHAT" --save-tokenizer "$T/chatdir" 2>&1); rc=$?
+check "[ $rc -eq 1 ] && [ \$(wc -l <<<\"\$out\") -eq 1 ] && grep -q 'chatdir already holds a tokenizer (tokenizer.json)' <<<\"\$out\"" "save-tokenizer over a tokenizer.json: rc $rc: $out"
 # GGUF -> folder -> GGUF: the folder's tokenizer.json (Digits + ByteLevel) is llama.cpp's "smollm",
 # eos and chat template come from its tokenizer_config.json; the same ids, logits, chat and
 # tokenizer metadata (add_bos_token false added: the folder's post_processor adds no BOS)

@@ -99,6 +99,11 @@ static int utf8_next(const uint8_t *s, size_t n, unsigned *cp) {
     return len;
 }
 
+int bpe_utf8_len(const uint8_t *s, size_t n) {
+    unsigned cp;
+    return utf8_next(s, n, &cp);
+}
+
 /* Bytes of a byte-level token string s (each character one byte of the table) into out (room for
  * strlen(s)); their count, or -1 when s has a character outside the table. */
 static long byte_level_decode(const uint8_t cp_to_byte[324], const char *s, uint8_t *out) {

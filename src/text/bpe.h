@@ -107,6 +107,10 @@ size_t bpe_max_token_bytes(const bpe_tok *t);
  * NUL-terminated UTF-8 string in out. */
 void bpe_byte_spelling(int b, char out[4]);
 
+/* Length (1..4) of the valid UTF-8 character at s[0..n), or 0 when s starts with an invalid or
+ * incomplete one (overlong forms, surrogates and code points past U+10FFFF are invalid). */
+int bpe_utf8_len(const uint8_t *s, size_t n);
+
 /* Encodes text[0..len) (any bytes) into *ids[*n_ids] (malloc'd, caller frees; NULL when
  * *n_ids == 0). parse_added: match added tokens (HF's behaviour); false encodes their text as
  * ordinary bytes. MOH_E_NOMEM; MOH_E_ARG for len > INT_MAX; MOH_E_FORMAT when PCRE2 gives up on
