@@ -104,6 +104,15 @@ check "cmp -s '$T/c1.out' '$T/c2.out'" "chat: the same seed gave other replies"
 long=$(printf 'word %.0s' $(seq 60))
 printf '%s\nhi\n' "$long" | "$MOH" chat --model "$CHAT" --max-tokens 3 > "$T/c3.out" 2> "$T/c3.err"; rc=$?
 check "[ $rc -eq 0 ] && grep -q 'would pass the context of 64 tokens' '$T/c3.err' && [ \$(wc -l < '$T/c3.out') -eq 1 ]" "chat past the context: rc $rc: $(cat "$T/c3.err")"
+# a line longer than 64 KiB is one turn (one refusal, one reply), and a long --system is kept whole:
+# the refused turn's token count is that of the whole ChatML text
+python3 -c "print('word ' * 14000); print('hi')" | "$MOH" chat --model "$CHAT" --max-tokens 3 > "$T/c7.out" 2> "$T/c7.err"; rc=$?
+check "[ $rc -eq 0 ] && [ \$(grep -c 'would pass the context' '$T/c7.err') -eq 1 ] && [ \$(wc -l < '$T/c7.out') -eq 1 ]" "chat: a 70 kB line: rc $rc, $(grep -c 'would pass' "$T/c7.err") refusals, $(wc -l < "$T/c7.out") replies"
+sys=$(python3 -c "print('ab ' * 1400, end='')")
+echo hi | "$MOH" chat --model "$CHAT" --system "$sys" --max-tokens 3 > /dev/null 2> "$T/c8.err"
+printf '<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n' "$sys" > "$T/turn.txt"
+want=$("$MOH" tokenize --model "$CHAT" --file "$T/turn.txt" | wc -w)
+check "grep -q \"this turn ($want tokens)\" '$T/c8.err'" "chat --system of 4200 bytes cut: want $want tokens: $(cat "$T/c8.err")"
 out=$(echo hi | "$MOH" chat --model "$T/dense.gguf" 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q 'is not a ChatML chat model' <<<\"\$out\"" "chat on a model without ChatML: rc $rc: $out"
 out=$(echo hi | "$MOH" chat --model "$FIX/tiny-llama.gguf" 2>&1); rc=$?
