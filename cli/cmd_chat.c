@@ -77,6 +77,11 @@ int cmd_chat(int argc, char **argv) {
         fprintf(stderr, "moh chat: %s\n", err.msg);
         return 1;
     }
+    if (model_check_text_vocab(&m, path, &err)) {
+        fprintf(stderr, "moh chat: %s\n", err.msg);
+        model_free(&m);
+        return 1;
+    }
     const bpe_tok *tok = m.tokenizer;
     const int im_start = tok ? bpe_token_id(tok, "<|im_start|>") : -1, im_end = tok ? bpe_token_id(tok, "<|im_end|>") : -1;
     if (strcmp(m.fam->task, "text-generation") || im_start < 0 || im_end < 0) {
@@ -93,11 +98,12 @@ int cmd_chat(int argc, char **argv) {
     lm_cand *cand = malloc(sizeof(lm_cand) * (size_t)V);
     const size_t cap = bpe_max_token_bytes(tok) + 4;
     uint8_t *piece = malloc(cap);
-    char *line = malloc(1 << 16), *turn = malloc((1 << 16) + 4096);
+    char *line = NULL, *turn = NULL; /* a whole stdin line (getline), its ChatML turn */
+    size_t line_cap = 0;
     lm_kv_cache kv;
     int status = 1;
     bool have_kv = false;
-    if (!sys || !logits || !cand || !piece || !line || !turn) {
+    if (!sys || !logits || !cand || !piece) {
         moh_fail(&err, MOH_E_NOMEM, "out of memory");
         goto fail;
     }
@@ -107,8 +113,9 @@ int cmd_chat(int argc, char **argv) {
     if (tty) fprintf(stderr, "moh chat: %s, context %d tokens; /reset, /exit\n", path, N);
     for (;;) {
         if (tty) fputs("> ", stderr);
-        if (!fgets(line, 1 << 16, stdin)) break;
-        size_t len = strlen(line);
+        ssize_t got = getline(&line, &line_cap, stdin);
+        if (got < 0) break;
+        size_t len = (size_t)got;
         while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
         if (!strcmp(line, "/exit")) break;
         if (!strcmp(line, "/reset")) {
@@ -117,9 +124,15 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         /* the turn's text in ChatML: the system block first in a conversation */
+        const size_t tcap = strlen(sys) + len + 96;
+        free(turn);
+        if (!(turn = malloc(tcap))) {
+            moh_fail(&err, MOH_E_NOMEM, "out of memory for a turn of %zu bytes", len);
+            goto fail;
+        }
         int n = 0;
-        if (kv.pos == 0 && *sys) n = snprintf(turn, (1 << 16) + 4096, "<|im_start|>system\n%.3000s<|im_end|>\n", sys);
-        snprintf(turn + n, (size_t)((1 << 16) + 4096 - n), "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", line);
+        if (kv.pos == 0 && *sys) n = snprintf(turn, tcap, "<|im_start|>system\n%s<|im_end|>\n", sys);
+        snprintf(turn + n, tcap - (size_t)n, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", line);
         int *ids = NULL;
         size_t nids = 0;
         if (bpe_encode(tok, (const uint8_t *)turn, strlen(turn), true, &ids, &nids, &err)) goto fail;

@@ -121,6 +121,11 @@ int cmd_sample(int argc, char **argv) {
         if (!dir) model_free(&m);
         return 1;
     }
+    if (model_check_text_vocab(&m, ckpt, &err)) {
+        fprintf(stderr, "moh sample: %s\n", err.msg);
+        model_free(&m);
+        return 1;
+    }
     const moh_lm_config cfg = *(const moh_lm_config *)m.cfg;
     const lm_params_f32 p = *(const lm_params_f32 *)m.params;
     const int N = cfg.max_position_embeddings, plen = (int)strlen(prompt);

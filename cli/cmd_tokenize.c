@@ -13,12 +13,18 @@
 #include <sys/stat.h>
 #include "train/checkpoint.h"
 
-static void json_bytes(const uint8_t *b, size_t n) {
+/* s as a JSON string: valid UTF-8 as it is, control characters escaped, an invalid byte as U+FFFD. */
+static void json_utf8(const char *s) {
+    const uint8_t *b = (const uint8_t *)s;
+    size_t n = strlen(s);
     putchar('"');
-    for (size_t i = 0; i < n; i++) {
-        if (b[i] == '"' || b[i] == '\\') printf("\\%c", b[i]);
+    for (size_t i = 0; i < n;) {
+        const int l = bpe_utf8_len(b + i, n - i);
+        if (l == 0) printf("\\ufffd");
+        else if (b[i] == '"' || b[i] == '\\') printf("\\%c", b[i]);
         else if (b[i] < 0x20 || b[i] == 0x7f) printf("\\u%04x", b[i]);
-        else putchar(b[i]);
+        else fwrite(b + i, 1, (size_t)l, stdout);
+        i += l ? (size_t)l : 1;
     }
     putchar('"');
 }
@@ -30,14 +36,18 @@ int cmd_tokenize(int argc, char **argv) {
         {"--model", ARG_STR, &path, "PATH", "a .gguf file with a tokenizer, a Hugging Face tokenizer.json, or a model folder (its tokenizer.json; bytes without one)", true, ARG_ANY},
         {"--text", ARG_STR, &text, "STR", "the text to tokenize", false, ARG_ANY},
         {"--file", ARG_STR, &file, "FILE", "a file to tokenize (instead of --text)", false, ARG_ANY},
-        {"--json", ARG_FLAG, &json, NULL, "one JSON object: ids and their pieces (the bytes of each token)", false, ARG_ANY},
+        {"--json", ARG_FLAG, &json, NULL, "one JSON object: ids and their pieces (each token as the vocabulary spells it)", false, ARG_ANY},
         {"--no-special", ARG_FLAG, &no_special, NULL, "encode special-token text (<|im_start|> ...) as ordinary text", false, ARG_ANY},
         {"--save-tokenizer", ARG_STR, &save, "DIR", "write the BPE tokenizer into DIR as Hugging Face's tokenizer.json and tokenizer_config.json (what moh checkpoints hold)", false, ARG_ANY},
     };
     int rc = args_parse("tokenize", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--model PATH (--text STR | --file FILE) [--json] | --model PATH --save-tokenizer DIR",
                         "Prints the ids separated by spaces (--json: {\"ids\": [...], \"pieces\": [...]}). Special\n"
-                        "and added tokens are matched before BPE, as Hugging Face's encode does.\n");
+                        "and added tokens are matched before BPE, as Hugging Face's encode does. The pieces are the\n"
+                        "tokens as Hugging Face's convert_ids_to_tokens gives them: the vocabulary's byte-level\n"
+                        "spelling (GPT-2's bytes_to_unicode: \"Ġthe\" for \" the\"; a byte model's bytes spelled\n"
+                        "the same way), added tokens as their text; always valid UTF-8. --save-tokenizer refuses\n"
+                        "a DIR that already holds a tokenizer.json.\n");
     if (rc) return rc == 1 ? 0 : rc;
     if ((text && file) || (!text && !file && !save)) {
         fprintf(stderr, "moh tokenize: give exactly one of --text and --file (or --save-tokenizer)\n");
@@ -83,6 +93,13 @@ int cmd_tokenize(int argc, char **argv) {
             moh_fail(&err, MOH_E_ARG, "%s has no BPE tokenizer to save (a byte model)", path);
             goto fail;
         }
+        char dst[PATH_MAX + 32];
+        snprintf(dst, sizeof dst, "%s/tokenizer.json", save);
+        if (stat(dst, &sb) == 0) {
+            moh_fail(&err, MOH_E_ARG, "%s already holds a tokenizer (tokenizer.json): give a new --save-tokenizer DIR",
+                     save);
+            goto fail;
+        }
         if (fs_mkdir_p(save, &err) || checkpoint_save_tokenizer(save, &m, &err)) goto fail;
         if (!text && !file) {
             model_free(&m);
@@ -95,6 +112,7 @@ int cmd_tokenize(int argc, char **argv) {
     if (m.tokenizer) {
         if (bpe_encode(m.tokenizer, src, len, !no_special, &ids, &n, &err)) goto fail;
     } else if (m.fam && !strcmp(m.fam->task, "text-generation")) { /* moh's byte models */
+        if (model_check_text_vocab(&m, path, &err)) goto fail;
         if (!(ids = malloc(sizeof(int) * (len ? len : 1)))) {
             moh_fail(&err, MOH_E_NOMEM, "out of memory");
             goto fail;
@@ -111,13 +129,11 @@ int cmd_tokenize(int argc, char **argv) {
     if (json) {
         printf("], \"pieces\": [");
         for (size_t i = 0; i < n; i++) {
-            const uint8_t *b = NULL;
-            size_t bl = 0;
-            uint8_t one = (uint8_t)ids[i];
-            if (m.tokenizer) bpe_token_bytes(m.tokenizer, ids[i], &b, &bl, &err);
-            else b = &one, bl = 1;
+            char one[4];
+            const char *piece = m.tokenizer ? bpe_token_str(m.tokenizer, ids[i]) : one;
+            if (!m.tokenizer) bpe_byte_spelling(ids[i], one);
             if (i) printf(", ");
-            json_bytes(b, bl);
+            json_utf8(piece ? piece : "");
         }
         printf("]}");
     }

@@ -45,9 +45,14 @@ a, b = read(sys.argv[1]), read(sys.argv[2])
 worst = max(abs(x - y) / max(abs(x), 1e-3) for k in a for x, y in zip(a[k], b[k]))
 assert 0 < worst < 1e-3, worst   # F16 rounding: relative error up to 2^-11 (and the file is not F32)
 PY" "f16 export: weights not within F16 precision"
-# eval reads a GGUF (byte tokens: the fixture's vocabulary holds the 256 bytes)
+# the fixture has 260 tokens and no tokenizer: not a byte model (256 tokens), so the commands that
+# read or write text refuse it in one line
 printf 'some text for the tiny model, long enough for a few chunks of context.\n%.0s' 1 2 3 4 > "$T/t.txt"
-check "'$MOH' eval --checkpoint '$FIX/tiny-llama.gguf' --data '$T/t.txt' --json | grep -q '\"bits_per_byte\"'" "eval on a .gguf"
+for cmd in "eval --checkpoint $FIX/tiny-llama.gguf --data $T/t.txt" "sample --checkpoint $FIX/tiny-llama.gguf --prompt ab" \
+           "tokenize --model $FIX/tiny-llama.gguf --text ab" "tokenize --model $T/a --text ab" "eval --checkpoint $T/a --data $T/t.txt"; do
+  out=$("$MOH" $cmd 2>&1); rc=$?
+  check "[ $rc -eq 1 ] && [ \$(wc -l <<<\"\$out\") -eq 1 ] && grep -q 'vocab_size 260 needs a tokenizer (tokenizer.* a byte model has 256 tokens)' <<<\"\$out\"" "$cmd: rc $rc: $out"
+done
 # a trained byte LM (dense) exports; a MoH one is refused
 cat > "$T/d.json" <<'J'
 {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 64,
@@ -59,21 +64,22 @@ sed 's/"router": "none"/"router": "learned", "shared_heads": 1, "top_k": 2/' "$T
 "$MOH" convert --model "$T/dense" --out "$T/dense.gguf" > /dev/null || bad "dense -> gguf"
 "$MOH" convert --model "$T/dense.gguf" --out "$T/dense2" > /dev/null || bad "dense gguf -> folder"
 check "cmp -s '$T/dense/model.safetensors' '$T/dense2/model.safetensors'" "dense byte LM round trip changed the weights"
-# the exported byte vocabulary reads back as bytes, and sample runs on the .gguf
+# the exported byte vocabulary reads back as bytes, and sample and eval run on the .gguf
+check "'$MOH' eval --checkpoint '$T/dense.gguf' --data '$T/t.txt' --json | grep -q '\"bits_per_byte\"'" "eval on a .gguf"
 check "[ \"\$('$MOH' tokenize --model '$T/dense.gguf' --text 'ab c')\" = '97 98 32 99' ]" "tokenize on the exported gguf: $("$MOH" tokenize --model "$T/dense.gguf" --text 'ab c' 2>&1)"
 check "'$MOH' sample --checkpoint '$T/dense.gguf' --prompt ab --max-tokens 5 --seed 1 2>/dev/null | grep -q '^ab'" "sample on a .gguf"
 # sample --dump-logits: the prompt's ids, its logits from the KV cache and from the full forward (equal
 # to float rounding), and the greedy ids (the first is the argmax of the last prompt position)
-"$MOH" sample --checkpoint "$FIX/tiny-llama.gguf" --prompt abc --max-tokens 4 --temperature 0 --dump-logits "$T/dl.st" > /dev/null 2>&1 || bad "sample --dump-logits"
+"$MOH" sample --checkpoint "$T/dense.gguf" --prompt abc --max-tokens 4 --temperature 0 --dump-logits "$T/dl.st" > /dev/null 2>&1 || bad "sample --dump-logits"
 check "python3 - '$T/dl.st' <<'PY'
 import json, struct, sys, array
 f = open(sys.argv[1], 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n)); d = f.read()
 def t(k):
     x = array.array('f'); x.frombytes(d[h[k]['data_offsets'][0]:h[k]['data_offsets'][1]]); return h[k]['shape'], list(x)
 (st, tok), (sl, kv), (sf, fw), (sg, gen) = t('tokens'), t('logits'), t('logits_forward'), t('generated')
-assert st == [1, 3] and tok == [97, 98, 99] and sl == sf == [1, 3, 260] and sg == [1, 4], (st, tok, sl, sf, sg)
+assert st == [1, 3] and tok == [97, 98, 99] and sl == sf == [1, 3, 256] and sg == [1, 4], (st, tok, sl, sf, sg)
 assert max(abs(a - b) for a, b in zip(kv, fw)) <= 1e-5 * max(abs(a) for a in fw)
-last = kv[2 * 260:]
+last = kv[2 * 256:]
 assert gen[0] == last.index(max(last)), (gen, last.index(max(last)))
 PY" "sample --dump-logits: wrong contents"
 out=$("$MOH" convert --model "$T/moh" --out "$T/moh.gguf" 2>&1); rc=$?
@@ -98,8 +104,19 @@ check "cmp -s '$T/c1.out' '$T/c2.out'" "chat: the same seed gave other replies"
 long=$(printf 'word %.0s' $(seq 60))
 printf '%s\nhi\n' "$long" | "$MOH" chat --model "$CHAT" --max-tokens 3 > "$T/c3.out" 2> "$T/c3.err"; rc=$?
 check "[ $rc -eq 0 ] && grep -q 'would pass the context of 64 tokens' '$T/c3.err' && [ \$(wc -l < '$T/c3.out') -eq 1 ]" "chat past the context: rc $rc: $(cat "$T/c3.err")"
-out=$(echo hi | "$MOH" chat --model "$FIX/tiny-llama.gguf" 2>&1); rc=$?
+# a line longer than 64 KiB is one turn (one refusal, one reply), and a long --system is kept whole:
+# the refused turn's token count is that of the whole ChatML text
+python3 -c "print('word ' * 14000); print('hi')" | "$MOH" chat --model "$CHAT" --max-tokens 3 > "$T/c7.out" 2> "$T/c7.err"; rc=$?
+check "[ $rc -eq 0 ] && [ \$(grep -c 'would pass the context' '$T/c7.err') -eq 1 ] && [ \$(wc -l < '$T/c7.out') -eq 1 ]" "chat: a 70 kB line: rc $rc, $(grep -c 'would pass' "$T/c7.err") refusals, $(wc -l < "$T/c7.out") replies"
+sys=$(python3 -c "print('ab ' * 1400, end='')")
+echo hi | "$MOH" chat --model "$CHAT" --system "$sys" --max-tokens 3 > /dev/null 2> "$T/c8.err"
+printf '<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n' "$sys" > "$T/turn.txt"
+want=$("$MOH" tokenize --model "$CHAT" --file "$T/turn.txt" | wc -w)
+check "grep -q \"this turn ($want tokens)\" '$T/c8.err'" "chat --system of 4200 bytes cut: want $want tokens: $(cat "$T/c8.err")"
+out=$(echo hi | "$MOH" chat --model "$T/dense.gguf" 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q 'is not a ChatML chat model' <<<\"\$out\"" "chat on a model without ChatML: rc $rc: $out"
+out=$(echo hi | "$MOH" chat --model "$FIX/tiny-llama.gguf" 2>&1); rc=$?
+check "[ $rc -eq 1 ] && [ \$(wc -l <<<\"\$out\") -eq 1 ] && grep -q 'vocab_size 260 needs a tokenizer' <<<\"\$out\"" "chat on a model of 260 tokens without tokenizer: rc $rc: $out"
 # rope_scaling (tests/fixtures/lm_rope): a folder written back keeps it; GGUF export refuses it in one
 # line; a type moh does not implement is a one-line error naming config.json and the field
 ROPE=$(cd "$(dirname "$0")" && pwd)/fixtures/lm_rope/llama3
@@ -142,6 +159,14 @@ assert e['tokens'] == last['val_tokens'] and e['bytes'] == last['val_bytes'], (e
 assert abs(e['bits_per_byte'] - last['val_bpb']) < 1e-5, (e['bits_per_byte'], last['val_bpb'])
 assert len(e['layer_head_share']) == len(e['head_share']) == 1
 PY" "eval --split val differs from the trainer's final validation: $(cat "$T/ft.json")"
+# without its tokenizer.json the BPE checkpoint is not a byte model: resume refuses it in one line
+cp -r "$T/ft" "$T/ftnotok" && rm "$T/ftnotok/tokenizer.json"
+out=$("$MOH" train --resume --out "$T/ftnotok" $TR --steps 6 2>&1); rc=$?
+check "[ $rc -eq 1 ] && [ \$(wc -l <<<\"\$out\") -eq 1 ] && grep -q 'ftnotok: vocab_size [0-9]* needs a tokenizer (tokenizer.json; a byte model has 256 tokens)' <<<\"\$out\"" "train --resume without tokenizer.json: rc $rc: $out"
+# a byte model saved into a folder that held a BPE model's tokenizer files: they go
+mkdir -p "$T/stale" && cp "$T/ft/tokenizer.json" "$T/ft/tokenizer_config.json" "$T/stale/"
+"$MOH" convert --model "$T/dense" --out "$T/stale" > /dev/null 2>&1 || bad "convert a byte model into a folder with tokenizer files"
+check "[ ! -e '$T/stale/tokenizer.json' ] && [ ! -e '$T/stale/tokenizer_config.json' ] && [ \"\$('$MOH' tokenize --model '$T/stale' --text 'ab')\" = '97 98' ]" "stale tokenizer files kept in a byte model's checkpoint"
 out=$("$MOH" train --init "$CHAT" --config "$T/d.json" $TR --out "$T/ft3" 2>&1); rc=$?
 check "[ $rc -eq 2 ] && grep -q 'it excludes --config' <<<\"\$out\" && [ ! -e '$T/ft3' ]" "train --init --config: rc $rc: $out"
 out=$("$MOH" train --init "$CHAT" --resume $TR --out "$T/ft" 2>&1); rc=$?
@@ -157,7 +182,7 @@ done
 "$MOH" sample --checkpoint "$CHAT" --prompt '<|im_start|>user hi there<|im_end|>' --max-tokens 0 --dump-logits "$T/l1.st" > /dev/null 2>&1 || bad "sample --dump-logits"
 "$MOH" sample --checkpoint "$T/chat2.gguf" --prompt '<|im_start|>user hi there<|im_end|>' --max-tokens 0 --dump-logits "$T/l2.st" > /dev/null 2>&1 || bad "sample --dump-logits on the export"
 check "[ -s '$T/l1.st' ] && cmp -s '$T/l1.st' '$T/l2.st'" "exported bpe gguf: other tokens or logits"
-check "python3 - '$CHAT' '$T/chat2.gguf' <<'PY'
+cat > "$T/kvs.py" <<'PY'
 import struct, sys
 def kvs(p):  # the metadata of a GGUF v3 file (gguf.h layout), values as Python objects
     f = open(p, 'rb'); assert f.read(4) == b'GGUF'; f.read(4)
@@ -171,16 +196,63 @@ def kvs(p):  # the metadata of a GGUF v3 file (gguf.h layout), values as Python 
         c = S[t]; return struct.unpack('<' + c, f.read(struct.calcsize(c)))[0]
     out = {}
     for _ in range(nkv):
-        k = s(); out[k] = val(struct.unpack('<I', f.read(4))[0])
+        k = s(); out[k] = (struct.unpack('<I', f.read(4))[0], None); out[k] = (out[k][0], val(out[k][0]))
     return out
+# argv: original, export[, KEY=JSON ...]: the export's tokenizer.* keys (types and values) are the
+# original's plus the given ones
 a, b = kvs(sys.argv[1]), kvs(sys.argv[2])
 ta = {k: v for k, v in a.items() if k.startswith('tokenizer.')}
 tb = {k: v for k, v in b.items() if k.startswith('tokenizer.')}
+import json
+for kv in sys.argv[3:]:
+    k, v = kv.split('=', 1); ta[k] = (7 if isinstance(json.loads(v), bool) else 4, json.loads(v))
 assert ta == tb, sorted(k for k in set(ta) | set(tb) if ta.get(k) != tb.get(k))
-PY" "exported bpe gguf: tokenizer metadata differs from the original's"
+PY
+check "python3 '$T/kvs.py' '$CHAT' '$T/chat2.gguf'" "exported bpe gguf: tokenizer metadata differs from the original's"
 printf 'hi there\nhello again\n' | "$MOH" chat --model "$T/chat2.gguf" --max-tokens 5 --seed 3 > "$T/c4.out" 2>/dev/null
 printf 'hi there\nhello again\n' | "$MOH" chat --model "$CHAT" --max-tokens 5 --seed 3 > "$T/c5.out" 2>/dev/null
 check "[ -s '$T/c4.out' ] && cmp -s '$T/c4.out' '$T/c5.out'" "exported bpe gguf chats otherwise"
+# tokenize --json: valid JSON whose pieces are the vocabulary's byte-level spelling (HF's
+# convert_ids_to_tokens; a byte model's bytes spelled the same way): undone, they give the text
+for m in "$CHAT" "$T/chatdir" "$T/dense"; do
+  check "'$MOH' tokenize --model '$m' --text 'héllo 😀 <|im_end|> ok' --json | python3 -c '
+import json, sys
+bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256)); cs = bs[:]; n = 0
+for b in range(256):
+    if b not in bs: bs.append(b); cs.append(256 + n); n += 1
+dec = {chr(c): b for b, c in zip(bs, cs)}
+j = json.load(sys.stdin); p = j[\"pieces\"]; assert len(p) == len(j[\"ids\"]) and any(len(x) > 1 for x in p[:-1]) or \"dense\" in sys.argv[1], p
+out = b\"\".join(x.encode() if x == \"<|im_end|>\" else bytes(dec[c] for c in x) for x in p)
+assert out == \"héllo 😀 <|im_end|> ok\".encode(), (out, p)
+' '$m'" "tokenize --json on $m: invalid JSON or pieces"
+done
+# --save-tokenizer never writes over a tokenizer.json
+out=$("$MOH" tokenize --model "$CHAT" --save-tokenizer "$T/chatdir" 2>&1); rc=$?
+check "[ $rc -eq 1 ] && [ \$(wc -l <<<\"\$out\") -eq 1 ] && grep -q 'chatdir already holds a tokenizer (tokenizer.json)' <<<\"\$out\"" "save-tokenizer over a tokenizer.json: rc $rc: $out"
+# GGUF -> folder -> GGUF: the folder's tokenizer.json (Digits + ByteLevel) is llama.cpp's "smollm",
+# eos and chat template come from its tokenizer_config.json; the same ids, logits, chat and
+# tokenizer metadata (add_bos_token false added: the folder's post_processor adds no BOS)
+"$MOH" convert --model "$T/chatdir" --out "$T/chat3.gguf" > /dev/null 2> "$T/c3.err" || bad "bpe folder -> gguf: $(cat "$T/c3.err")"
+for text in '<|im_start|>user hi there 123<|im_end|>' 'héllo 😀 again, the world'; do
+  check "[ \"\$('$MOH' tokenize --model '$T/chat3.gguf' --text '$text' --json)\" = \"\$('$MOH' tokenize --model '$CHAT' --text '$text' --json)\" ]" "folder -> gguf tokenizes '$text' otherwise"
+done
+"$MOH" sample --checkpoint "$T/chat3.gguf" --prompt '<|im_start|>user hi there<|im_end|>' --max-tokens 0 --dump-logits "$T/l3.st" > /dev/null 2>&1 || bad "sample --dump-logits on the folder export"
+check "cmp -s '$T/l1.st' '$T/l3.st'" "folder -> gguf: other tokens or logits"
+check "python3 '$T/kvs.py' '$CHAT' '$T/chat3.gguf' tokenizer.ggml.add_bos_token=false" "folder -> gguf: tokenizer metadata differs from the original's"
+printf 'hi there\nhello again\n' | "$MOH" chat --model "$T/chat3.gguf" --max-tokens 5 --seed 3 > "$T/c6.out" 2>/dev/null
+check "[ -s '$T/c6.out' ] && cmp -s '$T/c6.out' '$T/c5.out'" "folder -> gguf chats otherwise"
+# a pre_tokenizer that is no named one (a Split regex of its own) is refused, naming the file
+cp -r "$T/chatdir" "$T/customdir"
+python3 - "$T/customdir/tokenizer.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j['pre_tokenizer'] = {'type': 'Sequence', 'pretokenizers': [
+    {'type': 'Split', 'pattern': {'Regex': '\\s+'}, 'behavior': 'Isolated', 'invert': False},
+    {'type': 'ByteLevel', 'add_prefix_space': False, 'trim_offsets': True, 'use_regex': False}]}
+json.dump(j, open(sys.argv[1], 'w'))
+PY
+out=$("$MOH" convert --model "$T/customdir" --out "$T/custom.gguf" 2>&1); rc=$?
+check "[ $rc -eq 1 ] && [ \$(wc -l <<<\"\$out\") -eq 1 ] && grep -q 'customdir/tokenizer.json: the pre_tokenizer is a regex list of its own' <<<\"\$out\" && [ ! -e '$T/custom.gguf' ]" "custom pre-tokenizer export: rc $rc: $out"
 # moh bench decode --model: two loaded models interleaved, prompts cut to the context, JSON rows
 "$MOH" bench decode --model "$CHAT" --model "$T/chat2.gguf" --context 16,100 --tokens 4 --repeats 2 --threads 1 \
   --json > "$T/bd.json" 2> "$T/bd.err"; rc=$?

@@ -10,6 +10,7 @@
 #include "core/fsutil.h"
 #include "test_util.h"
 #include "text/bpe.h"
+#include "text/bpe_gguf.h"
 
 #define FIX "tests/fixtures/bpe/"
 static const char *const VARIANTS[] = {"smollm", "gpt2", "llama3"};
@@ -171,6 +172,12 @@ static void test_write_tokenizer_json(test_ctx *t) {
         CHECK(t, js && strstr(js, pre[v]), "%s: pre-tokenizer not written as expected (%s)", VARIANTS[v], pre[v]);
         CHECK(t, js && strstr(js, v == 2 ? "\"ignore_merges\":true" : "\"ignore_merges\":false"), "%s: ignore_merges",
               VARIANTS[v]);
+        /* the reference's and moh's pre_tokenizer forms both read back as the named pre-tokenizer
+         * (what a GGUF export writes by name) */
+        static const bpe_pre kind[] = {BPE_PRE_SMOLLM, BPE_PRE_GPT2, BPE_PRE_LLAMA3};
+        CHECK(t, bpe_pre_kind(tok) == kind[v] && (!back || bpe_pre_kind(back) == kind[v]),
+              "%s: pre-tokenizer read as kind %d / %d, expected %d", VARIANTS[v], (int)bpe_pre_kind(tok),
+              back ? (int)bpe_pre_kind(back) : -1, (int)kind[v]);
         free(js);
         free(js2);
         bpe_free(back);
@@ -401,6 +408,7 @@ static void test_merge_order(test_ctx *t) {
     CHECK(t, bpe_pre_from_name("smollm", &pre, &im, &err) == MOH_OK && pre == BPE_PRE_SMOLLM && !im,
           "smollm");
     CHECK(t, bpe_pre_from_name("gpt2", &pre, &im, &err) == MOH_OK && pre == BPE_PRE_GPT2, "gpt2");
+    CHECK(t, bpe_pre_from_name("gpt-2", &pre, &im, &err) == MOH_OK && pre == BPE_PRE_GPT2 && !im, "gpt-2");
     CHECK(t, bpe_pre_from_name("qwen9", &pre, &im, &err) == MOH_E_CONFIG && strstr(err.msg, "qwen9"),
           "unknown pre: %s", err.msg);
 }
@@ -458,10 +466,54 @@ static void test_json_errors(test_ctx *t) {
           "missing file: %s", err.msg);
 }
 
+/* A tokenizer.json pre_tokenizer that equals no named one stays a regex list of its own, and the
+ * GGUF export refuses it in one line naming the file; the named forms export by name. */
+static void test_custom_pre_export(test_ctx *t) {
+    static const struct {
+        const char *pre;
+        int rc;
+        const char *name; /* tokenizer.ggml.pre written, or NULL */
+    } cases[] = {
+        {"{\"type\":\"ByteLevel\",\"add_prefix_space\":false}", MOH_OK, "gpt-2"},
+        {"{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\",\"individual_digits\":true},"
+         "{\"type\":\"ByteLevel\",\"use_regex\":true}]}", MOH_OK, "smollm"},
+        {"{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\",\"individual_digits\":false},"
+         "{\"type\":\"ByteLevel\"}]}", MOH_E_ARG, NULL},
+        {"{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\s+\"},"
+         "\"behavior\":\"Isolated\"},{\"type\":\"ByteLevel\",\"use_regex\":false}]}", MOH_E_ARG, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char js[1024];
+        snprintf(js, sizeof js, "{\"model\":{\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]},"
+                 "\"pre_tokenizer\":%s}", cases[i].pre);
+        moh_error err = {0};
+        bpe_tok *tok = NULL;
+        moh_gguf_writer *w = NULL;
+        CHECK(t, bpe_from_tokenizer_json(&tok, js, strlen(js), "dir/tokenizer.json", &err) == MOH_OK, "case %zu: %s", i,
+              err.msg);
+        CHECK(t, moh_gguf_writer_new(&w, &err) == MOH_OK, "writer: %s", err.msg);
+        if (!tok || !w) {
+            bpe_free(tok);
+            moh_gguf_writer_free(w);
+            continue;
+        }
+        const int rc = bpe_to_gguf(tok, -1, NULL, NULL, w, &err);
+        CHECK(t, rc == cases[i].rc, "case %zu: export rc %d, expected %d (%s)", i, rc, cases[i].rc, err.msg);
+        if (rc)
+            CHECK(t, !strncmp(err.msg, "dir/tokenizer.json: ", 20) && strstr(err.msg, "by name") && !strchr(err.msg, '\n'),
+                  "case %zu: message %s", i, err.msg);
+        CHECK(t, !cases[i].name || bpe_pre_kind(tok) == (i == 0 ? BPE_PRE_GPT2 : BPE_PRE_SMOLLM), "case %zu: kind %d", i,
+              (int)bpe_pre_kind(tok));
+        bpe_free(tok);
+        moh_gguf_writer_free(w);
+    }
+}
+
 int main(void) {
     test_ctx t = {0};
     test_reference(&t);
     test_write_tokenizer_json(&t);
+    test_custom_pre_export(&t);
     test_tokenizer_config(&t);
     test_added_and_invalid(&t);
     test_merge_order(&t);

@@ -226,6 +226,86 @@ static void tokenizer(test_ctx *ctx) {
     moh_gguf_close(g);
 }
 
+/* Tokenizer metadata as llama.cpp's loader takes it (llama-vocab.cpp impl::load): a special-token
+ * id that is not u32, a flag that is not bool, a pre that is not a string are refused in one line
+ * naming the key; an id >= n_tokens, a token_type outside the enum and a chat template that is
+ * not a string are ignored (the types are ordinary tokens; the template is not exported). */
+static void tokenizer_metadata(test_ctx *ctx) {
+    static const char *const toks[] = {"a", "b", "ab", "<s>"}, *const merges[] = {"a b"};
+    enum { OK_RANGE, OK_TEMPLATE, BAD_EOS, BAD_PAD, BAD_FLAG, BAD_PRE, N_CASES };
+    char path[] = "/tmp/moh_tokmeta_XXXXXX";
+    const int fd = mkstemp(path);
+    CHECK(ctx, fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    uint64_t rng = 91;
+    for (int c = 0; c < N_CASES; c++) {
+        moh_error err = {0};
+        moh_gguf_writer *w = NULL;
+        if (moh_gguf_writer_new(&w, &err)) break;
+        /* types of a, b, ab: random values outside CONTROL / USER_DEFINED (in the enum or not) */
+        static const int32_t odd[] = {-7, 0, 1, 2, 5, 6, 7, 99, 1 << 20};
+        int32_t types[4] = {0, 0, 0, 3};
+        for (int i = 0; i < 3; i++) types[i] = odd[moh_rng_next(&rng) % (sizeof odd / sizeof *odd)];
+        moh_gguf_add_str(w, "tokenizer.ggml.model", "gpt2");
+        if (c == BAD_PRE) moh_gguf_add_u32(w, "tokenizer.ggml.pre", 2);
+        else moh_gguf_add_str(w, "tokenizer.ggml.pre", "smollm");
+        moh_gguf_add_arr_str(w, "tokenizer.ggml.tokens", toks, 4);
+        moh_gguf_add_arr_i32(w, "tokenizer.ggml.token_type", types, 4);
+        moh_gguf_add_arr_str(w, "tokenizer.ggml.merges", merges, 1);
+        if (c == OK_RANGE) {
+            moh_gguf_add_u32(w, "tokenizer.ggml.bos_token_id", 4);
+            moh_gguf_add_u32(w, "tokenizer.ggml.eos_token_id", 1u << 31);
+        }
+        if (c == OK_TEMPLATE) moh_gguf_add_u32(w, "tokenizer.chat_template", 7);
+        if (c == BAD_EOS) moh_gguf_add_i32(w, "tokenizer.ggml.eos_token_id", 3);
+        if (c == BAD_PAD) moh_gguf_add_str(w, "tokenizer.ggml.padding_token_id", "3");
+        if (c == BAD_FLAG) moh_gguf_add_u32(w, "tokenizer.ggml.add_bos_token", 1);
+        int rc = moh_gguf_write(w, path, &err);
+        moh_gguf_writer_free(w);
+        moh_gguf *g = NULL;
+        bpe_tok *t = NULL;
+        if (!rc) rc = moh_gguf_open(&g, path, &err);
+        CHECK(ctx, rc == MOH_OK, "case %d: write / open: %s", c, err.msg);
+        if (rc) break;
+        rc = bpe_from_gguf(&t, g, "meta.gguf", &err);
+        if (c < BAD_EOS) {
+            CHECK(ctx, rc == MOH_OK, "case %d: %s", c, err.msg);
+            int *ids = NULL;
+            size_t n = 0;
+            CHECK(ctx, t && !bpe_encode(t, (const uint8_t *)"ab<s>a", 6, true, &ids, &n, &err) && n == 3 && ids[0] == 2 &&
+                  ids[1] == 3 && ids[2] == 0, "case %d (types %d %d %d): ids %zu", c, types[0], types[1], types[2], n);
+            free(ids);
+            moh_gguf_writer *w2 = NULL; /* the export keeps the out-of-range ids, drops a non-text template */
+            if (t && !moh_gguf_writer_new(&w2, &err)) {
+                CHECK(ctx, bpe_to_gguf(t, -1, NULL, g, w2, &err) == MOH_OK && moh_gguf_write(w2, path, &err) == MOH_OK,
+                      "case %d: export: %s", c, err.msg);
+                moh_gguf_writer_free(w2);
+                moh_gguf *g2 = NULL;
+                uint32_t eos = 0;
+                if (!moh_gguf_open(&g2, path, &err)) {
+                    CHECK(ctx, moh_gguf_find_key(g2, "tokenizer.chat_template") < 0, "case %d: template exported", c);
+                    CHECK(ctx, c != OK_RANGE || (!moh_gguf_get_u32(g2, "tokenizer.ggml.eos_token_id", &eos, &err) &&
+                                                 eos == 1u << 31), "case %d: eos id not kept", c);
+                    moh_gguf_close(g2);
+                }
+            }
+        } else {
+            static const char *const key[] = {[BAD_EOS] = "tokenizer.ggml.eos_token_id u32",
+                                              [BAD_PAD] = "tokenizer.ggml.padding_token_id u32",
+                                              [BAD_FLAG] = "tokenizer.ggml.add_bos_token bool",
+                                              [BAD_PRE] = "tokenizer.ggml.pre string"};
+            char k[64], ty[16];
+            sscanf(key[c], "%63s %15s", k, ty);
+            CHECK(ctx, rc == MOH_E_FORMAT && !t && !strncmp(err.msg, "meta.gguf: ", 11) && strstr(err.msg, k) &&
+                  strstr(err.msg, ty) && !strchr(err.msg, '\n'), "case %d: rc %d: %s", c, rc, err.msg);
+        }
+        bpe_free(t);
+        moh_gguf_close(g);
+    }
+    remove(path);
+}
+
 /* Bits per byte of a BPE model, as moh eval computes it (open_data's token chunks, model_evaluate
  * over shards of 2 rows), equals a hand computation: the text tokenized once, cut into chunks of
  * T + 1 ids, each chunk's predictions scored from its own forward's logits with a float64
@@ -319,6 +399,7 @@ int main(void) {
     errors(&ctx);
     sharded(&ctx);
     tokenizer(&ctx);
+    tokenizer_metadata(&ctx);
     bits_per_byte(&ctx);
     return test_finish("test_lm_gguf", &ctx);
 }

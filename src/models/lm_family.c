@@ -235,6 +235,8 @@ static int open_data(model *m, const data_request *req, batch_source *train, bat
     if (!bpe && cfg->vocab_size < 256)
         return moh_fail(err, MOH_E_CONFIG, "%s: field 'vocab_size' is %d, expected >= 256 (moh's text data is "
                         "bytes, token ids 0..255)", req->model_label, cfg->vocab_size);
+    int rc0 = model_check_text_vocab(m, req->model_label, err);
+    if (rc0) return rc0;
     const int T = hp->seq_len > 0 ? hp->seq_len : cfg->max_position_embeddings;
     if (T > cfg->max_position_embeddings) /* positions the model is not built for */
         return moh_fail(err, MOH_E_ARG, "--seq-len is %d, more than the context of %s (max_position_embeddings %d; "
@@ -445,7 +447,7 @@ static int from_gguf(model *m, const void *gg, const char *path, moh_error *err)
 }
 
 static int to_gguf(const model *m, const char *path, bool f16, const void *src, moh_error *err) {
-    return lm_gguf_export(m->cfg, m->data, m->tokenizer, m->eos_id, src, path, f16, err);
+    return lm_gguf_export(m->cfg, m->data, m->tokenizer, m->eos_id, m->chat_template, src, path, f16, err);
 }
 
 const model_family lm_family = {

@@ -198,8 +198,8 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
     return rc;
 }
 
-int lm_gguf_export(const moh_lm_config *cfg, const float *data, const bpe_tok *tok, int eos_id, const moh_gguf *from,
-                   const char *path, bool f16, moh_error *err) {
+int lm_gguf_export(const moh_lm_config *cfg, const float *data, const bpe_tok *tok, int eos_id,
+                   const char *chat_template, const moh_gguf *from, const char *path, bool f16, moh_error *err) {
     if (cfg->router != MOH_ROUTER_NONE)
         return moh_fail(err, MOH_E_ARG, "%s: the checkpoint routes heads (router %s, %d shared + top-%d of %d): llama.cpp "
                         "runs dense multi-head attention only, so a MoH model cannot be exported to GGUF", path,
@@ -242,7 +242,7 @@ int lm_gguf_export(const moh_lm_config *cfg, const float *data, const bpe_tok *t
         moh_gguf_add_f32(w, "llama.rope.freq_base", (float)cfg->rope_theta);
         moh_gguf_add_u32(w, "llama.vocab_size", (uint32_t)cfg->vocab_size);
     }
-    if (!rc && bpe) rc = bpe_to_gguf(tok, eos_id, from, w, err);
+    if (!rc && bpe) rc = bpe_to_gguf(tok, eos_id, chat_template, from, w, err);
     else if (!rc) {
         /* the byte vocabulary as a byte-level BPE without merges: token b is byte b (GPT-2's
          * byte-to-unicode spelling), so llama.cpp's gpt2 tokenizer gives moh's ids */

@@ -23,11 +23,11 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
 /* Writes a dense LM (router "none") as a GGUF that llama.cpp runs: the llama.* metadata, the
  * weights under llama.cpp's names (F32, or with f16 the matrices in F16 and the norms F32), attn_q /
  * attn_k rows in ggml's RoPE order, no output.weight when tied, and the vocabulary: tok's BPE
- * (bpe_to_gguf: tokens, types, merges, pre, eos_id; the special ids and chat template from
- * `from`, the GGUF the model was read from, or NULL), or without one (tok NULL or the byte
+ * (bpe_to_gguf: tokens, types, merges, pre; the special ids and chat template from `from`, the
+ * GGUF the model was read from, or when NULL eos_id and chat_template (may be NULL)), or without one (tok NULL or the byte
  * vocabulary) the bytes as a byte-level BPE without merges (token b = byte b in GPT-2's
  * byte-to-unicode spelling; ids >= 256 "<xN>", unused). MOH_E_ARG for a MoH model (llama.cpp has
  * no head routing) or a tokenizer whose size is not vocab_size, MOH_E_IO / NOMEM. */
-int lm_gguf_export(const moh_lm_config *cfg, const float *data, const bpe_tok *tok, int eos_id, const moh_gguf *from,
-                   const char *path, bool f16, moh_error *err);
+int lm_gguf_export(const moh_lm_config *cfg, const float *data, const bpe_tok *tok, int eos_id,
+                   const char *chat_template, const moh_gguf *from, const char *path, bool f16, moh_error *err);
 #endif

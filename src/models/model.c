@@ -79,6 +79,16 @@ int model_family_of_dir(const char *dir, const model_family **fam, moh_error *er
     return rc;
 }
 
+int model_check_text_vocab(const model *m, const char *label, moh_error *err) {
+    if (m->tokenizer || !m->fam || strcmp(m->fam->task, "text-generation") || !m->fam->num_outputs) return MOH_OK;
+    const int V = m->fam->num_outputs(m->cfg);
+    if (V == 256) return MOH_OK;
+    const size_t n = strlen(label);
+    const bool gguf = n >= 5 && !strcmp(label + n - 5, ".gguf");
+    return moh_fail(err, MOH_E_CONFIG, "%s: vocab_size %d needs a tokenizer (%s; a byte model has 256 tokens)", label, V,
+                    gguf ? "tokenizer.ggml.* metadata" : "tokenizer.json");
+}
+
 void model_free(model *m) {
     bpe_free(m->tokenizer);
     free(m->chat_template);

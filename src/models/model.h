@@ -347,6 +347,13 @@ int model_from_config_text(model *m, const char *text, size_t len, const char *l
 /* Reads and parses a config.json file into a new model with zeroed params. */
 int model_from_config_file(model *m, const char *path, moh_error *err);
 void model_free(model *m);
+/* Whether m reads and writes text as bytes or BPE ids is decided by m->tokenizer alone; without one
+ * a text model (task "text-generation") must have the 256 byte tokens. MOH_E_CONFIG for a text
+ * model with no tokenizer and vocab_size != 256: "label: vocab_size V needs a tokenizer
+ * (tokenizer.json; a byte model has 256 tokens)" (a BPE folder that lost its tokenizer.json; for a
+ * label ending in .gguf: tokenizer.ggml.* metadata).
+ * MOH_OK for other families and models with a tokenizer. */
+int model_check_text_vocab(const model *m, const char *label, moh_error *err);
 /* The registry of m's tensors (MODEL_NAMES_CHECKPOINT); NULL on OOM. Caller frees. */
 model_tensor *model_tensors(const model *m, int *n);
 int model_num_layers(const model *m);

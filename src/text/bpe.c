@@ -51,6 +51,7 @@ struct bpe_tok {
     bool ignore_merges;
     bpe_pre pre;                  /* the pre-tokenizer as given (written back by the writer) */
     char *pattern[BPE_MAX_REGEX]; /* BPE_PRE_CUSTOM: the regexes as given (owned) */
+    char *source;                 /* spec.source (owned), or NULL */
 };
 
 /* ---- GPT-2 byte <-> unicode table ---- */
@@ -96,6 +97,11 @@ static int utf8_next(const uint8_t *s, size_t n, unsigned *cp) {
     if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
     *cp = v;
     return len;
+}
+
+int bpe_utf8_len(const uint8_t *s, size_t n) {
+    unsigned cp;
+    return utf8_next(s, n, &cp);
 }
 
 /* Bytes of a byte-level token string s (each character one byte of the table) into out (room for
@@ -162,7 +168,7 @@ static const merge_ent *merge_find(const bpe_tok *t, int a, int b) {
 
 int bpe_pre_from_name(const char *name, bpe_pre *pre, bool *ignore_merges, moh_error *err) {
     *ignore_merges = false;
-    if (!strcmp(name, "gpt2") || !strcmp(name, "default")) *pre = BPE_PRE_GPT2;
+    if (!strcmp(name, "gpt-2") || !strcmp(name, "gpt2") || !strcmp(name, "default")) *pre = BPE_PRE_GPT2;
     else if (!strcmp(name, "smollm") || !strcmp(name, "starcoder") || !strcmp(name, "refact"))
         *pre = BPE_PRE_SMOLLM;
     else if (!strcmp(name, "llama-bpe") || !strcmp(name, "llama3")) {
@@ -171,7 +177,7 @@ int bpe_pre_from_name(const char *name, bpe_pre *pre, bool *ignore_merges, moh_e
     } else {
         char q[96];
         return moh_fail(err, MOH_E_CONFIG,
-                        "tokenizer pre-tokenizer '%s' not supported (expected gpt2, smollm, "
+                        "tokenizer pre-tokenizer '%s' not supported (expected gpt-2, smollm, "
                         "starcoder, refact, llama-bpe)",
                         json_quote(q, sizeof q, name, 64, 16));
     }
@@ -193,6 +199,7 @@ void bpe_free(bpe_tok *t) {
     free(t->added);
     for (int i = 0; i < t->n_re; i++) pcre2_code_free(t->re[i]);
     for (int i = 0; i < BPE_MAX_REGEX; i++) free(t->pattern[i]);
+    free(t->source);
     free(t);
 }
 
@@ -363,6 +370,10 @@ int bpe_create(bpe_tok **out, const bpe_spec *spec, moh_error *err) {
     }
     t->ignore_merges = spec->ignore_merges;
     t->pre = spec->pre;
+    if (spec->source && !(t->source = strdup(spec->source))) {
+        rc = moh_fail(err, MOH_E_NOMEM, "bpe_create: out of memory");
+        goto fail;
+    }
     switch (spec->pre) {
     case BPE_PRE_GPT2: rc = compile_re(t, GPT2_RE, err); break;
     case BPE_PRE_SMOLLM:
@@ -736,6 +747,20 @@ static int tj_pre(const cJSON *j, bpe_spec *spec, const char *label, moh_error *
                     label, json_quote(q, sizeof q, ty, 64, 16));
 }
 
+/* A regex list that is one of the named pre-tokenizers (what llama.cpp knows by name) becomes
+ * that name: gpt2 = ByteLevel(use_regex); smollm = Digits(individual) + ByteLevel(use_regex);
+ * llama-bpe = Split(LLaMA-3 regex) + ByteLevel(use_regex false) with ignore_merges. The regexes
+ * compiled are the same either way. */
+static void tj_named_pre(bpe_spec *spec) {
+    const char *const *r = spec->pre_regex;
+    const int n = spec->n_regex;
+    if (spec->ignore_merges) {
+        if (n == 1 && !strcmp(r[0], LLAMA3_RE)) spec->pre = BPE_PRE_LLAMA3;
+    } else if (n == 1 && !strcmp(r[0], GPT2_RE)) spec->pre = BPE_PRE_GPT2;
+    else if (n == 2 && !strcmp(r[0], DIGIT_RE) && !strcmp(r[1], GPT2_RE)) spec->pre = BPE_PRE_SMOLLM;
+    if (spec->pre != BPE_PRE_CUSTOM) spec->n_regex = 0;
+}
+
 static int tj_build(bpe_tok **out, const cJSON *root, const char *label, moh_error *err) {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (!cJSON_IsObject(model)) return tj_fail(label, err, "expected an object \"model\"");
@@ -853,6 +878,8 @@ static int tj_build(bpe_tok **out, const cJSON *root, const char *label, moh_err
     spec.ignore_merges = cJSON_IsTrue(im);
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
     if (pre && !cJSON_IsNull(pre) && (rc = tj_pre(pre, &spec, label, err))) goto done;
+    tj_named_pre(&spec);
+    spec.source = label;
     rc = bpe_create(out, &spec, err);
     if (rc && err && strncmp(err->msg, label, strlen(label)) != 0) {
         char tmp[sizeof err->msg];
@@ -1091,6 +1118,8 @@ char *bpe_tokenizer_config_json(const bpe_tok *t, int eos_id, const char *chat_t
 /* ---- accessors for writers ---- */
 
 bpe_pre bpe_pre_kind(const bpe_tok *t) { return t->pre; }
+
+const char *bpe_source(const bpe_tok *t) { return t->source; }
 
 bool bpe_is_added(const bpe_tok *t, int id) {
     for (int i = 0; i < t->n_added; i++)

@@ -17,7 +17,7 @@
 
 typedef struct bpe_tok bpe_tok;
 
-/* Pre-tokenizers by llama.cpp's `tokenizer.ggml.pre` name: "gpt2" (GPT-2 regex), "smollm" (every
+/* Pre-tokenizers by llama.cpp's `tokenizer.ggml.pre` name: "gpt-2" (GPT-2 regex; also "gpt2"), "smollm" (every
  * \p{N} isolated, then the GPT-2 regex; also "starcoder", "refact"), "llama-bpe" (LLaMA-3 regex;
  * also "llama3"). BPE_PRE_CUSTOM: the regexes in bpe_spec.pre_regex. */
 typedef enum bpe_pre { BPE_PRE_GPT2, BPE_PRE_SMOLLM, BPE_PRE_LLAMA3, BPE_PRE_CUSTOM } bpe_pre;
@@ -44,6 +44,7 @@ typedef struct bpe_spec {
     const char *pre_regex[BPE_MAX_REGEX];
     int n_regex;
     bool ignore_merges;
+    const char *source; /* where the tokenizer came from, for messages (a file path), or NULL */
 } bpe_spec;
 
 /* Maps a `tokenizer.ggml.pre` name to *pre (ignore_merges: true for LLaMA-3). Unknown names:
@@ -106,6 +107,10 @@ size_t bpe_max_token_bytes(const bpe_tok *t);
  * NUL-terminated UTF-8 string in out. */
 void bpe_byte_spelling(int b, char out[4]);
 
+/* Length (1..4) of the valid UTF-8 character at s[0..n), or 0 when s starts with an invalid or
+ * incomplete one (overlong forms, surrogates and code points past U+10FFFF are invalid). */
+int bpe_utf8_len(const uint8_t *s, size_t n);
+
 /* Encodes text[0..len) (any bytes) into *ids[*n_ids] (malloc'd, caller frees; NULL when
  * *n_ids == 0). parse_added: match added tokens (HF's behaviour); false encodes their text as
  * ordinary bytes. MOH_E_NOMEM; MOH_E_ARG for len > INT_MAX; MOH_E_FORMAT when PCRE2 gives up on
@@ -135,8 +140,11 @@ int bpe_stream_push(const bpe_tok *t, bpe_stream *s, int id, uint8_t *out, size_
 size_t bpe_stream_flush(bpe_stream *s, uint8_t out[4]);
 
 /* ---- what writers of other formats read (GGUF export: bpe_gguf.h) ---- */
-/* The pre-tokenizer t was created with (BPE_PRE_CUSTOM: regexes from a tokenizer.json). */
+/* The pre-tokenizer t was created with (a tokenizer.json whose pre_tokenizer equals a named one,
+ * as bpe_to_tokenizer_json writes them, gives that name; BPE_PRE_CUSTOM: other regex lists). */
 bpe_pre bpe_pre_kind(const bpe_tok *t);
+/* bpe_spec.source (the tokenizer.json path when read from one), or NULL. */
+const char *bpe_source(const bpe_tok *t);
 /* true when id is an added token (matched literally before BPE). */
 bool bpe_is_added(const bpe_tok *t, int id);
 /* The merges in rank order as token-id pairs (*left)[i] (*right)[i], i < *n (malloc'd, caller

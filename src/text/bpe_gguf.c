@@ -8,6 +8,42 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The special-token id keys llama-vocab.cpp reads as u32 (impl::load, special_token_types). */
+static const char *const ID_KEYS[] = {
+    "tokenizer.ggml.bos_token_id",     "tokenizer.ggml.eos_token_id",     "tokenizer.ggml.eot_token_id",
+    "tokenizer.ggml.eom_token_id",     "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.seperator_token_id",
+    "tokenizer.ggml.padding_token_id", "tokenizer.ggml.mask_token_id",    "tokenizer.ggml.fim_pre_token_id",
+    "tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.fim_pad_token_id",
+    "tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_sep_token_id", "tokenizer.ggml.prefix_token_id",
+    "tokenizer.ggml.suffix_token_id",  "tokenizer.ggml.middle_token_id"};
+/* The flags it reads as bool. */
+static const char *const BOOL_KEYS[] = {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
+                                        "tokenizer.ggml.add_sep_token", "tokenizer.ggml.add_space_prefix",
+                                        "tokenizer.ggml.remove_extra_whitespaces"};
+
+/* llama.cpp's get_key refuses a key of another type ("key has wrong type"): the same here. An id
+ * >= n_tokens it ignores with a warning (keeping its default), and so does moh (the eos id is
+ * dropped where it is read). */
+static int check_key_types(const moh_gguf *g, const char *path, moh_error *err) {
+    for (int k = 0; k < 2; k++) {
+        const char *const *keys = k ? BOOL_KEYS : ID_KEYS;
+        const size_t n = k ? sizeof BOOL_KEYS / sizeof *BOOL_KEYS : sizeof ID_KEYS / sizeof *ID_KEYS;
+        const moh_gguf_type want = k ? MOH_GGUF_BOOL : MOH_GGUF_U32;
+        for (size_t i = 0; i < n; i++) {
+            const int64_t at = moh_gguf_find_key(g, keys[i]);
+            if (at >= 0 && moh_gguf_kv_type(g, at) != want)
+                return moh_fail(err, MOH_E_FORMAT, "%s: %s is %s, expected %s (%s, as llama.cpp reads it)", path, keys[i],
+                                moh_gguf_type_str(moh_gguf_kv_type(g, at)), moh_gguf_type_str(want),
+                                k ? "a flag" : "a token id 0..n_tokens-1");
+        }
+    }
+    const int64_t at = moh_gguf_find_key(g, "tokenizer.ggml.pre");
+    if (at >= 0 && moh_gguf_kv_type(g, at) != MOH_GGUF_STRING)
+        return moh_fail(err, MOH_E_FORMAT, "%s: tokenizer.ggml.pre is %s, expected a string (a pre-tokenizer name)", path,
+                        moh_gguf_type_str(moh_gguf_kv_type(g, at)));
+    return MOH_OK;
+}
+
 int bpe_from_gguf(bpe_tok **out, const moh_gguf *g, const char *path, moh_error *err) {
     *out = NULL;
     const char *model = NULL, *pre = "default";
@@ -17,6 +53,7 @@ int bpe_from_gguf(bpe_tok **out, const moh_gguf *g, const char *path, moh_error 
     if (ml != 4 || memcmp(model, "gpt2", 4))
         return moh_fail(err, MOH_E_CONFIG, "%s: tokenizer.ggml.model is '%.*s', expected 'gpt2' (byte-level BPE; the "
                         "others are not supported yet)", path, (int)(ml < 32 ? ml : 32), model);
+    if ((rc = check_key_types(g, path, err))) return rc;
     if (moh_gguf_find_key(g, "tokenizer.ggml.pre") >= 0 && (rc = moh_gguf_get_str(g, "tokenizer.ggml.pre", &pre, &pl, err)))
         return rc;
     moh_gguf_type et;
@@ -105,14 +142,17 @@ static int copy_key(const moh_gguf *src, moh_gguf_writer *w, const char *key, mo
     return rc;
 }
 
-int bpe_to_gguf(const bpe_tok *t, int eos_id, const moh_gguf *src, moh_gguf_writer *w, moh_error *err) {
-    static const char *const pre_names[] = {[BPE_PRE_GPT2] = "gpt2", [BPE_PRE_SMOLLM] = "smollm",
+int bpe_to_gguf(const bpe_tok *t, int eos_id, const char *chat_template, const moh_gguf *src, moh_gguf_writer *w,
+                moh_error *err) {
+    static const char *const pre_names[] = {[BPE_PRE_GPT2] = "gpt-2", [BPE_PRE_SMOLLM] = "smollm",
                                             [BPE_PRE_LLAMA3] = "llama-bpe", [BPE_PRE_CUSTOM] = NULL};
     const bool src_pre = src && moh_gguf_find_key(src, "tokenizer.ggml.pre") >= 0;
     const bpe_pre kind = bpe_pre_kind(t);
     if (!src_pre && !pre_names[kind])
-        return moh_fail(err, MOH_E_ARG, "tokenizer export: the pre-tokenizer is a tokenizer.json's own regex list; llama.cpp "
-                        "knows pre-tokenizers by name only (gpt2, smollm, llama-bpe)");
+        return moh_fail(err, MOH_E_ARG, "%s: the pre_tokenizer is a regex list of its own; llama.cpp knows pre-tokenizers by "
+                        "name only (gpt-2: ByteLevel; smollm: Digits individual_digits + ByteLevel; llama-bpe: Split with "
+                        "the LLaMA-3 regex + ByteLevel use_regex false, ignore_merges)",
+                        bpe_source(t) ? bpe_source(t) : "tokenizer export");
     const int n = bpe_n_tokens(t);
     const bool src_types = src && moh_gguf_find_key(src, "tokenizer.ggml.token_type") >= 0;
     uint64_t nst = 0;
@@ -164,10 +204,15 @@ int bpe_to_gguf(const bpe_tok *t, int eos_id, const moh_gguf *src, moh_gguf_writ
                                          "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
                                          "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_space_prefix",
                                          "tokenizer.chat_template"};
-    for (size_t k = 0; !rc && src && k < sizeof extras / sizeof extras[0]; k++) rc = copy_key(src, w, extras[k], err);
+    for (size_t k = 0; !rc && src && k < sizeof extras / sizeof extras[0]; k++) {
+        const int64_t at = moh_gguf_find_key(src, extras[k]);
+        const bool ct = !strcmp(extras[k], "tokenizer.chat_template"); /* text only (another type: dropped) */
+        if (at >= 0 && (!ct || moh_gguf_kv_type(src, at) == MOH_GGUF_STRING)) rc = copy_key(src, w, extras[k], err);
+    }
     if (!rc && !src) {
-        if (eos_id >= 0) moh_gguf_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos_id);
+        if (eos_id >= 0 && eos_id < n) moh_gguf_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos_id);
         moh_gguf_add_bool(w, "tokenizer.ggml.add_bos_token", false);
+        if (chat_template) moh_gguf_add_str(w, "tokenizer.chat_template", chat_template);
     }
     free(toks);
     free(unused);

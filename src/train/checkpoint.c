@@ -10,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/fsutil.h"
 #include "io/gguf.h"
@@ -212,6 +213,14 @@ int checkpoint_save_ema(const char *dir, const model *m, const float *m1, const 
         join(path, sizeof path, dir, "config.json");
         rc = fs_write_atomic(path, json, strlen(json), err);
         free(json);
+    }
+    /* a byte model: a tokenizer left in dir (of a BPE model saved there before) would make it read
+     * as BPE; removed once the model is written */
+    static const char *const tok_files[] = {"tokenizer.json", "tokenizer_config.json"};
+    for (int i = 0; !rc && !m->tokenizer && i < 2; i++) {
+        join(path, sizeof path, dir, tok_files[i]);
+        if (unlink(path) != 0 && errno != ENOENT)
+            rc = moh_fail(err, MOH_E_IO, "%s: cannot remove the stale tokenizer file: %s", path, strerror(errno));
     }
 out:
     free(ts);

@@ -52,7 +52,9 @@ const train_key *train_state_keys(int *n);
 int train_state_key_index(const char *key);
 
 /* Writes config.json and model.safetensors into dir (created if absent), and, when m1/m2 (AdamW
- * moments, m->n floats each) and st are given, optimizer.safetensors. MOH_OK or MOH_E_IO /
+ * moments, m->n floats each) and st are given, optimizer.safetensors; m's tokenizer files
+ * (checkpoint_save_tokenizer), or for a model without a tokenizer removes tokenizer.json and
+ * tokenizer_config.json left in dir (after the model is written). MOH_OK or MOH_E_IO /
  * MOH_E_NOMEM naming the file. */
 int checkpoint_save(const char *dir, const model *m, const float *m1, const float *m2, const train_state *st,
                     moh_error *err);

@@ -126,6 +126,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             free(back);
         }
         free(ids);
+        /* the export with g as the source: its extras copied (any types) or a one-line error */
+        moh_gguf_writer *w = NULL;
+        if (moh_gguf_writer_new(&w, &err) == MOH_OK) {
+            rc = bpe_to_gguf(tok, 0, "t", g, w, &err);
+            if (rc != MOH_OK) check_msg(&err, rc);
+            moh_gguf_writer_free(w);
+        }
         bpe_free(tok);
     }
     moh_gguf_close(g);
