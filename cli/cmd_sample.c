@@ -64,6 +64,7 @@ static int dump_logits(const char *path, const moh_lm_config *cfg, const lm_para
 int cmd_sample(int argc, char **argv) {
     { /* an image-generation checkpoint (DiT) takes the image options */
         const char *dir0 = args_value(argc, argv, "--checkpoint");
+        if (!dir0) dir0 = args_value(argc, argv, "--model");
         const model_family *f0 = NULL;
         moh_error e0 = {0};
         struct stat s0;
@@ -71,23 +72,24 @@ int cmd_sample(int argc, char **argv) {
             !strcmp(f0->task, "image-generation"))
             return cmd_sample_image(argc, argv);
     }
-    const char *ckpt = NULL, *prompt = "", *full = "slide", *dump = NULL;
+    const char *ckpt = NULL, *model_path = NULL, *prompt = "", *full = "slide", *dump = NULL;
     int max_tokens = 256, top_k = 0;
     double temp = 0.8, top_p = 0.95;
     uint64_t seed = 1;
     const arg_spec specs[] = {
-        {"--checkpoint", ARG_STR, &ckpt, "DIR", "checkpoint dir (config.json + model.safetensors)", true, ARG_ANY},
-        {"--prompt", ARG_STR, &prompt, "TEXT", "text to continue (bytes; default empty: starts after a newline)", false, ARG_ANY},
-        {"--max-tokens", ARG_INT, &max_tokens, "N", "bytes to generate (default 256)", false, ARG_IN(0, 1000000000)},
+        {"--checkpoint", ARG_STR, &ckpt, "PATH", "a moh checkpoint / Hugging Face folder or a .gguf (text models; a DiT takes the image options: moh sample --checkpoint DIT --help)", false, ARG_ANY},
+        {"--model", ARG_STR, &model_path, "PATH", "the same as --checkpoint", false, ARG_ANY},
+        {"--prompt", ARG_STR, &prompt, "TEXT", "text to continue (tokenized with the model's BPE, or bytes; default empty: starts after a newline)", false, ARG_ANY},
+        {"--max-tokens", ARG_INT, &max_tokens, "N", "tokens to generate (bytes for a byte model; default 256; a BPE model also stops at its end-of-text token)", false, ARG_IN(0, 1000000000)},
         {"--temperature", ARG_DOUBLE, &temp, "T", "softmax temperature (default 0.8; 0 = greedy)", false, ARG_GE(0)},
-        {"--top-k", ARG_INT, &top_k, "K", "keep the K most likely bytes (default 0 = all)", false, ARG_GE(0)},
+        {"--top-k", ARG_INT, &top_k, "K", "keep the K most likely tokens (default 0 = all)", false, ARG_GE(0)},
         {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: of those, keep the smallest set with probability >= P (default 0.95)", false, ARG_IN_OC(0, 1)},
         {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false, ARG_ANY},
         {"--context-full", ARG_CHOICE, &full, "slide|stop", "when the context is full: slide (re-encode its last half and go on; default) or stop", false, ARG_ANY},
         {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write the prompt's ids (tokens [1, n]), the logits after each from the KV cache (logits [1, n, V]) and from the full forward pass (logits_forward), and the generated ids (generated [1, g]) as safetensors", false, ARG_ANY},
     };
     int rc = args_parse("sample", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                        "--checkpoint DIR [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
+                        "--checkpoint PATH [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
                         "                  [--seed S] [--context-full slide|stop] [--dump-logits FILE]",
                         "Prints the prompt and its continuation to stdout, and speed and the share of\n"
                         "attention heads computed to stderr.\n"
@@ -100,6 +102,12 @@ int cmd_sample(int argc, char **argv) {
                         "stop ends generation there (a line on stderr; exit 0). A prompt longer than N\n"
                         "bytes: slide encodes its last N bytes (with a note), stop refuses it.\n");
     if (rc) return rc == 1 ? 0 : rc;
+    if (!ckpt == !model_path) {
+        fprintf(stderr, "moh sample: %s\n", ckpt ? "--checkpoint and --model are the same option: give one"
+                                                 : "missing required option --checkpoint (or --model)");
+        return 2;
+    }
+    if (!ckpt) ckpt = model_path;
     const bool slide = !strcmp(full, "slide");
     moh_error err = {0};
     const model_family *fam = NULL;
