@@ -16,12 +16,12 @@ typedef struct subcommand {
 } subcommand;
 
 static const subcommand SUBCOMMANDS[] = {
-    {"train", cmd_train, "train a MoH (or dense) LM on text, or a ViT on an IDX image folder"},
-    {"eval", cmd_eval, "LM: val loss, bits per byte, head shares; ViT: accuracy, per class, confusion"},
-    {"sample", cmd_sample, "generate text from a checkpoint (KV cache, only selected heads run)"},
+    {"train", cmd_train, "train any family: a MoH (or dense) LM on text (--init: continue-tune a pretrained one), a ViT or a DiT on IDX images"},
+    {"eval", cmd_eval, "LM: bits per byte, head shares; ViT: accuracy, confusion; DiT: noise MSE, or class accuracy and FID of samples"},
+    {"sample", cmd_sample, "generate text (KV cache, only selected heads run; .gguf, folders), or DiT images as a PNG grid"},
     {"chat", cmd_chat, "chat with a ChatML instruct model (.gguf: SmolLM2-Instruct, Qwen), streaming"},
     {"tokenize", cmd_tokenize, "the token ids of a text under a model's vocabulary (BPE from a GGUF, or bytes)"},
-    {"convert", cmd_convert, "a model between moh / Hugging Face folders and GGUF (llama.cpp) files"},
+    {"convert", cmd_convert, "a model between moh / Hugging Face folders and GGUF (llama.cpp) files; --to-moh: MHA -> MoH"},
     {"analyze", cmd_analyze, "head load, routing scores, head similarity and rank over labelled data"},
     {"layer", cmd_layer, "run one MoH attention layer on safetensors inputs (parity with PyTorch)"},
     {"bench", cmd_bench, "benchmarks: attention layer, KV-cache decode, training of any model family (dense vs MoH)"},
