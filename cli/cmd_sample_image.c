@@ -170,10 +170,13 @@ int cmd_sample_image(int argc, char **argv) {
         fprintf(stderr, "moh sample: %s\n", err.msg);
         status = 1;
     }
-    if (!status)
+    if (!status) {
         fprintf(stderr, "moh sample: %ld images (%d class%s x %d) in %.1f s (%.2f img/s), %s %d steps, cfg %g, seed %llu\n",
                 total, nc, nc == 1 ? "" : "es", n, secs, total / secs, ddim ? "DDIM" : "DDPM", steps, cfg,
                 (unsigned long long)seed);
+        if (out) printf("wrote %s (one row per class)\n", out);
+        if (out_idx) printf("wrote %s and its labels\n", out_idx);
+    }
     free(labels);
     free(img);
     free(bytes);
