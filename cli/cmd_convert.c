@@ -12,11 +12,6 @@
 #include "io/gguf.h"
 #include "train/checkpoint.h"
 
-static bool ends_with(const char *s, const char *suffix) {
-    const size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && !strcmp(s + n - k, suffix);
-}
-
 int cmd_convert(int argc, char **argv) {
     const char *in = NULL, *out = NULL, *outtype = "f32", *router = "query_norm";
     bool to_moh = false, no_ste = false;
@@ -51,7 +46,7 @@ int cmd_convert(int argc, char **argv) {
     if (rc) return rc == 1 ? 0 : rc;
     const bool moh_opts = args_value(argc, argv, "--router") || shared >= 0 || top_k >= 0 ||
                           args_value(argc, argv, "--router-std") || no_ste || args_value(argc, argv, "--seed");
-    const bool learned = !strcmp(router, "learned"), gguf_out = ends_with(out, ".gguf");
+    const bool learned = !strcmp(router, "learned"), gguf_out = fs_has_suffix(out, ".gguf");
     const char *bad = NULL;
     if (moh_opts && !to_moh)
         bad = "--router, --shared-heads, --top-k, --router-std, --seed and --no-straight-through need --to-moh";
@@ -127,7 +122,7 @@ int cmd_convert(int argc, char **argv) {
                           m.fam->model_type);
         else { /* from a GGUF: its tokenizer extras (special ids, chat template) go along */
             moh_gguf *src = NULL;
-            if (ends_with(in, ".gguf")) rc = moh_gguf_open(&src, in, &err);
+            if (fs_has_suffix(in, ".gguf")) rc = moh_gguf_open(&src, in, &err);
             if (!rc) rc = m.fam->to_gguf(&m, out, !strcmp(outtype, "f16"), src, &err);
             moh_gguf_close(src);
         }

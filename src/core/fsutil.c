@@ -150,3 +150,8 @@ int fs_remove_stale_tmp(const char *dir) {
     closedir(d);
     return removed;
 }
+
+bool fs_has_suffix(const char *s, const char *suffix) {
+    const size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}

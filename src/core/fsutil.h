@@ -1,6 +1,7 @@
 /* Small file-system helpers: atomic whole-file writes and mkdir -p. */
 #ifndef MOH_FSUTIL_H
 #define MOH_FSUTIL_H
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -18,6 +19,8 @@ int fs_remove_stale_tmp(const char *dir);
 /* fopen(path, "rb") that never blocks on a FIFO or device (O_NONBLOCK open; callers then fstat and
  * reject what is not a regular file). NULL with errno set on failure. */
 FILE *fs_fopen_read(const char *path);
+/* True when string s ends with suffix (file extensions: ".gguf"; tensor names: "wg.weight"). */
+bool fs_has_suffix(const char *s, const char *suffix);
 /* Reads a whole file (<= max_bytes) into a NUL-terminated malloc'd buffer. MOH_E_IO on error. */
 char *fs_read_file(const char *path, size_t max_bytes, size_t *len, moh_error *err);
 #endif

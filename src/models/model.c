@@ -83,8 +83,7 @@ int model_check_text_vocab(const model *m, const char *label, moh_error *err) {
     if (m->tokenizer || !m->fam || strcmp(m->fam->task, "text-generation") || !m->fam->num_outputs) return MOH_OK;
     const int V = m->fam->num_outputs(m->cfg);
     if (V == 256) return MOH_OK;
-    const size_t n = strlen(label);
-    const bool gguf = n >= 5 && !strcmp(label + n - 5, ".gguf");
+    const bool gguf = fs_has_suffix(label, ".gguf");
     return moh_fail(err, MOH_E_CONFIG, "%s: vocab_size %d needs a tokenizer (%s; a byte model has 256 tokens)", label, V,
                     gguf ? "tokenizer.ggml.* metadata" : "tokenizer.json");
 }
@@ -127,11 +126,6 @@ int model_from_config_file(model *m, const char *path, moh_error *err) {
     return rc;
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-    const size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && !strcmp(s + n - k, suffix);
-}
-
 int model_convert_routing(model *src, const model_routing *r, model *dst, moh_error *err) {
     memset(dst, 0, sizeof *dst);
     dst->eos_id = -1;
@@ -167,9 +161,9 @@ int model_convert_routing(model *src, const model_routing *r, model *dst, moh_er
         while (k < ns && strcmp(ts[k].name, td[i].name)) k++;
         if (k < ns && ts[k].numel == td[i].numel) {
             memcpy(out, src->data + ts[k].offset, sizeof(float) * td[i].numel);
-        } else if (k == ns && ends_with(td[i].name, "wg.weight")) {
+        } else if (k == ns && fs_has_suffix(td[i].name, "wg.weight")) {
             for (size_t e = 0; e < td[i].numel; e++) out[e] = (float)(r->router_std * moh_rng_normal(&rng));
-        } else if (k == ns && (ends_with(td[i].name, "wg_0.weight") || ends_with(td[i].name, "wg_1.weight"))) {
+        } else if (k == ns && (fs_has_suffix(td[i].name, "wg_0.weight") || fs_has_suffix(td[i].name, "wg_1.weight"))) {
             memset(out, 0, sizeof(float) * td[i].numel);
         } else {
             rc = moh_fail(err, MOH_E_SHAPE, "model conversion: tensor %s %s", td[i].name,

@@ -346,10 +346,9 @@ int model_load(model *m, const char *dir, moh_error *err) {
 int model_open(model *m, const char *path, moh_error *err) {
     memset(m, 0, sizeof *m);
     struct stat sb;
-    const size_t n = strlen(path);
-    const bool gguf_name = n >= 5 && !strcmp(path + n - 5, ".gguf");
-    if (stat(path, &sb) != 0 && gguf_name) return moh_fail(err, MOH_E_IO, "%s: no such file", path);
-    if (stat(path, &sb) != 0 || S_ISDIR(sb.st_mode)) return model_load(m, path, err); /* names config.json */
+    const bool found = stat(path, &sb) == 0;
+    if (!found && fs_has_suffix(path, ".gguf")) return moh_fail(err, MOH_E_IO, "%s: no such file", path);
+    if (!found || S_ISDIR(sb.st_mode)) return model_load(m, path, err); /* names config.json */
     moh_gguf *g = NULL;
     int rc = moh_gguf_open(&g, path, err);
     if (rc) return rc;
