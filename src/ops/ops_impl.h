@@ -22,7 +22,6 @@ static inline real F(r_exp)(real x) { return sizeof(real) == sizeof(float) ? (re
 static inline real F(r_log)(real x) { return sizeof(real) == sizeof(float) ? (real)logf((float)x) : (real)log((double)x); }
 static inline real F(r_sqrt)(real x) { return sizeof(real) == sizeof(float) ? (real)sqrtf((float)x) : (real)sqrt((double)x); }
 static inline real F(r_erf)(real x) { return sizeof(real) == sizeof(float) ? (real)erff((float)x) : (real)erf((double)x); }
-static inline real F(r_tanh)(real x) { return sizeof(real) == sizeof(float) ? (real)tanhf((float)x) : (real)tanh((double)x); }
 static inline real F(r_cos)(real x) { return sizeof(real) == sizeof(float) ? (real)cosf((float)x) : (real)cos((double)x); }
 static inline real F(r_sin)(real x) { return sizeof(real) == sizeof(float) ? (real)sinf((float)x) : (real)sin((double)x); }
 static inline real F(r_pow)(real x, real y) { return sizeof(real) == sizeof(float) ? (real)powf((float)x, (float)y) : (real)pow((double)x, (double)y); }
@@ -181,23 +180,27 @@ void F(gelu_erf_backward)(real *dinp, const real *dout, const real *inp, long n)
     }
 }
 
+/* 0.5 x (1 + tanh(u)) computed as x sigmoid(2u): the same function, through exp instead of
+ * libm's tanh (which goes through expm1 and took 60% of a DiT forward). */
 void F(gelu_tanh_forward)(real *out, const real *inp, long n) {
 #pragma omp parallel for if (n >= 65536) schedule(static)
     for (long i = 0; i < n; i++) {
         real x = inp[i];
-        real t = F(r_tanh)((real)MOH_GELU_K0 * (x + (real)MOH_GELU_K1 * x * x * x));
-        out[i] = (real)0.5 * x * ((real)1 + t);
+        real u = (real)MOH_GELU_K0 * (x + (real)MOH_GELU_K1 * x * x * x);
+        out[i] = x / ((real)1 + F(r_exp)((real)-2 * u));
     }
 }
 
+/* d/dx [x s(2u)] = s + 2 x s (1 - s) u', s = sigmoid(2u) (= (1 + tanh u) / 2). */
 void F(gelu_tanh_backward)(real *dinp, const real *dout, const real *inp, long n) {
     if (!dinp) return;
 #pragma omp parallel for if (n >= 65536) schedule(static)
     for (long i = 0; i < n; i++) {
         real x = inp[i];
-        real t = F(r_tanh)((real)MOH_GELU_K0 * (x + (real)MOH_GELU_K1 * x * x * x));
+        real u = (real)MOH_GELU_K0 * (x + (real)MOH_GELU_K1 * x * x * x);
+        real sg = (real)1 / ((real)1 + F(r_exp)((real)-2 * u));
         real du = (real)MOH_GELU_K0 * ((real)1 + (real)(3 * MOH_GELU_K1) * x * x);
-        dinp[i] += dout[i] * ((real)0.5 * ((real)1 + t) + (real)0.5 * x * ((real)1 - t * t) * du);
+        dinp[i] += dout[i] * (sg + (real)2 * x * sg * ((real)1 - sg) * du);
     }
 }
 
