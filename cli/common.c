@@ -199,3 +199,5 @@ void eval_progress_end(eval_progress *pg, long total) {
     train_fmt_time(el, sizeof el, train_now_s() - pg->t0);
     fprintf(stderr, "%s: 100%% (%ld %s) in %s\n", pg->cmd ? pg->cmd : "moh eval", total, pg->unit, el);
 }
+
+bool cli_precision_bf16(const char *value) { return value && !strcmp(value, "bf16"); }

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "attn/sparse_kernels.h"
+#include "ops/bf16.h"
 
 /* Clock of the phase timers (a build may substitute a CPU-time clock for profiling). */
 #ifndef SP_CLOCK
@@ -492,7 +493,8 @@ static void fwd_router_step(const void *arg, int t0, int t1, sp_tws *w) {
     const int C = cfg->hidden_size, hd = cfg->n_heads * cfg->head_dim, qd = attn_qkv_dim(cfg);
     const int T = x->B * x->N;
     if (cfg->router == MOH_ROUTER_QUERY_NORM) {
-        linear_forward_f32(c->qkv, x->x, x->prm->w_qkv, x->prm->b_qkv, T, C, qd);
+        if (c->bf16) bf16_linear_forward(c->bf16, c->qkv, x->x, x->prm->w_qkv, x->prm->b_qkv, T, C, qd);
+        else linear_forward_f32(c->qkv, x->x, x->prm->w_qkv, x->prm->b_qkv, T, C, qd);
         for (int t = 0; t < T; t++) memcpy(c->rc.q_pre + (size_t)t * hd, c->qkv + (size_t)t * qd, sizeof(float) * hd);
     }
     router_forward_f32(cfg, x->prm, x->x, c->qkv, T, &c->rc);
@@ -504,8 +506,12 @@ static void fwd_kv_gemm_step(const void *arg, int t0, int t1, sp_tws *w) {
     const sp_ctx *x = arg;
     const int C = x->cfg->hidden_size, hd = x->cfg->n_heads * x->cfg->head_dim;
     const int kvd = x->cfg->n_kv_heads * x->cfg->head_dim;
-    gemm_f32(false, true, x->B * x->N, 2 * kvd, C, 1.0f, x->x, C, x->prm->w_qkv + (size_t)hd * C, C, 0.0f,
-             x->c->kv, 2 * kvd);
+    if (x->c->bf16)
+        bf16_gemm(x->c->bf16, false, true, x->B * x->N, 2 * kvd, C, x->x, C, x->prm->w_qkv + (size_t)hd * C, C,
+                  0.0f, x->c->kv, 2 * kvd);
+    else
+        gemm_f32(false, true, x->B * x->N, 2 * kvd, C, 1.0f, x->x, C, x->prm->w_qkv + (size_t)hd * C, C, 0.0f,
+                 x->c->kv, 2 * kvd);
 }
 
 /* Tasks: (b, KV head g, key tile). K, V rows (+ bias, RoPE on K) from the projection buffer into
@@ -908,12 +914,15 @@ static void bwd_proj_step(const void *arg, int t0, int t1, sp_tws *w) {
     const attn_params_f32 *g = x->g;
     const int C = cfg->hidden_size, hd = cfg->n_heads * cfg->head_dim, T = x->B * x->N;
     const int kvd = cfg->n_kv_heads * cfg->head_dim;
+    bf16_ctx *b16 = x->c->bf16;
     if (cfg->router == MOH_ROUTER_QUERY_NORM) {
-        linear_backward_f32(x->dx, g->w_qkv, g->b_qkv, x->c->dqkv, x->x, x->prm->w_qkv, T, C, attn_qkv_dim(cfg));
+        if (b16) bf16_linear_backward(b16, x->dx, g->w_qkv, g->b_qkv, x->c->dqkv, x->x, x->prm->w_qkv, T, C, attn_qkv_dim(cfg));
+        else linear_backward_f32(x->dx, g->w_qkv, g->b_qkv, x->c->dqkv, x->x, x->prm->w_qkv, T, C, attn_qkv_dim(cfg));
         return;
     }
-    linear_backward_f32(x->dx, g->w_qkv ? g->w_qkv + (size_t)hd * C : NULL, g->b_qkv ? g->b_qkv + hd : NULL,
-                        x->c->kv, x->x, x->prm->w_qkv + (size_t)hd * C, T, C, 2 * kvd);
+    float *gw = g->w_qkv ? g->w_qkv + (size_t)hd * C : NULL, *gb = g->b_qkv ? g->b_qkv + hd : NULL;
+    if (b16) bf16_linear_backward(b16, x->dx, gw, gb, x->c->kv, x->x, x->prm->w_qkv + (size_t)hd * C, T, C, 2 * kvd);
+    else linear_backward_f32(x->dx, gw, gb, x->c->kv, x->x, x->prm->w_qkv + (size_t)hd * C, T, C, 2 * kvd);
 }
 
 /* Tasks: heads. db_q^i += sum of the head's dQ rows, in pair order. */

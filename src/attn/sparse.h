@@ -58,6 +58,10 @@ typedef struct sparse_cache {
     int B, N;            /* shapes of the last forward */
     int nthreads;        /* OpenMP threads the per-thread scratch was sized for */
     bool avx512;         /* use the AVX-512 kernels (set at init from the CPU; tests may clear it) */
+    struct bf16_ctx *bf16; /* bf16 compute (ops/bf16.h, borrowed; NULL: fp32): dense projections
+                          * through its bf16 GEMMs, attention tiles in bf16 when bf16_tiles */
+    bool bf16_tiles;     /* QK^T and PV tiles with bf16 inputs, fp32 accumulation (vdpbf16ps;
+                          * set with bf16 when the CPU has AVX512-BF16) */
     const float *x;      /* [T, C] input of the last forward, borrowed from the caller */
     attn_cache_f32 rc;   /* router activations only: gates [T, h], p, mask, r, ... (att == NULL) */
     float *dgates;       /* [T, h] backward: dL/dgate, 0 for pairs not selected */
