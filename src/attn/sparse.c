@@ -60,6 +60,7 @@ typedef struct sp_tws {
     int *nv;
     const float **pa, **pb, **pb2, **pb3, **pa2, **sa, **dsa;
     float **pc, **sc, **dsc;
+    uint16_t *qb, *pbf; /* bf16 tiles: query rows [BQ, 2 ceil(d/2)], probabilities [SP_MR, BK] */
 } sp_tws;
 
 static int sp_dpad(const moh_attn_config *cfg) { return round16(cfg->head_dim); }
@@ -207,7 +208,34 @@ int sparse_cache_init(sparse_cache *c, const moh_attn_config *cfg, int B, int N,
     return MOH_OK;
 }
 
+int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, bf16_ctx *ctx, moh_error *err) {
+    const bool tiles = ctx && bf16_detect().avx512_bf16;
+    if (tiles && !c->bblock) {
+        const size_t d2 = 2 * (size_t)((cfg->head_dim + 1) / 2), dp = (size_t)sp_dpad(cfg);
+        const size_t tiles_n = (size_t)c->maxB * cfg->n_kv_heads * sp_nkt(c->maxN);
+        const size_t nk = tiles_n * d2 * SPARSE_BK, nv = tiles_n * SPARSE_BK * dp;
+        const size_t bws_n = ((size_t)SPARSE_BQ * d2 + (size_t)SP_MR * SPARSE_BK + 31) & ~(size_t)31;
+        uint16_t *blk = calloc(nk + nv + (size_t)c->nthreads * bws_n, sizeof(uint16_t));
+        if (!blk) return moh_fail(err, MOH_E_NOMEM, "sparse attention: cannot allocate the bf16 key/value tiles");
+        c->bblock = blk;
+        c->ktb = blk;
+        c->vtb = blk + nk;
+        c->bws = blk + nk + nv;
+        c->bws_n = bws_n;
+    }
+    if (!tiles && c->bblock) {
+        free(c->bblock);
+        c->bblock = NULL;
+        c->ktb = c->vtb = c->bws = NULL;
+        c->bws_n = 0;
+    }
+    c->bf16 = ctx;
+    c->bf16_tiles = tiles;
+    return MOH_OK;
+}
+
 void sparse_cache_free(sparse_cache *c) {
+    free(c->bblock);
     free(c->block);
     memset(c, 0, sizeof *c);
 }
@@ -249,6 +277,8 @@ static sp_tws tws_get(const sparse_cache *c, const moh_attn_config *cfg, int tid
         w.dsc[r] = w.ds + (size_t)r * SPARSE_BK;
         w.dsa[r] = w.dsc[r];
     }
+    w.qb = c->bws ? c->bws + (size_t)tid * c->bws_n : NULL;
+    w.pbf = w.qb ? w.qb + (size_t)SPARSE_BQ * 2 * ((cfg->head_dim + 1) / 2) : NULL;
     return w;
 }
 
@@ -514,6 +544,23 @@ static void fwd_kv_gemm_step(const void *arg, int t0, int t1, sp_tws *w) {
                  x->c->kv, 2 * kvd);
 }
 
+/* The bf16 key and value tiles of (b, KV head g, key tile kt) with nk keys, from kh / vh: keys
+ * pair-interleaved over dimensions, values over keys; zero past nk and d. */
+static void kv_tile_bf16(sparse_cache *c, const moh_attn_config *cfg, int b, int g, int kt, int nk, int N) {
+    const int hkv = cfg->n_kv_heads, d = cfg->head_dim, d2 = (d + 1) / 2, dp = sp_dpad(cfg), nkt = sp_nkt(N);
+    const size_t tile = ((size_t)b * hkv + g) * nkt + kt, hb = ((size_t)b * hkv + g) * N;
+    uint16_t *kb = c->ktb + tile * (size_t)d2 * SPARSE_BK * 2, *vb = c->vtb + tile * (size_t)SPARSE_BK * dp;
+    const int j0 = kt * SPARSE_BK;
+    for (int jj = 0; jj < SPARSE_BK; jj++) {
+        const float *kr = jj < nk ? c->kh + (hb + j0 + jj) * d : NULL;
+        const float *vr = jj < nk ? c->vh + (hb + j0 + jj) * d : NULL;
+        for (int e = 0; e < 2 * d2; e++) /* K(e, j) at kb[(e / 2) BK 2 + 2 j + e % 2] */
+            kb[((size_t)(e / 2) * SPARSE_BK + jj) * 2 + (e & 1)] = kr && e < d ? bf16_round(kr[e]) : 0;
+        for (int e = 0; e < dp; e++) /* V(j, e) at vb[(j / 2) dp 2 + 2 e + j % 2] */
+            vb[((size_t)(jj / 2) * dp + e) * 2 + (jj & 1)] = vr && e < d ? bf16_round(vr[e]) : 0;
+    }
+}
+
 /* Tasks: (b, KV head g, key tile). K, V rows (+ bias, RoPE on K) from the projection buffer into
  * head-contiguous kh / vh [B, h_kv, N, d] and the transposed key tile kt. */
 static void kv_tile_task(const void *arg, int t0, int t1, sp_tws *w) {
@@ -541,6 +588,7 @@ static void kv_tile_task(const void *arg, int t0, int t1, sp_tws *w) {
             if (rope) rope_row(kr, c, j, d, 1);
             for (int e = 0; e < d; e++) ktile[(size_t)e * SPARSE_BK + jj] = kr[e];
         }
+        if (c->bf16_tiles) kv_tile_bf16(c, cfg, b, g, kt, nk, N);
     }
 }
 
@@ -575,6 +623,22 @@ static void fwd_q_task(const void *arg, int t0, int t1, sp_tws *w) {
     }
 }
 
+/* Rows rg .. rg + R of a query tile against key tile `tile` (nk keys) in bf16: S = q K^T
+ * (vdpbf16ps, fp32 sums), the fp32 online softmax, then oacc += bf16(P) V. */
+static void attn_fwd_rows_bf16(sparse_cache *c, sp_tws *w, size_t tile, int rg, int R, int nk, int d, int dp,
+                               float cl2) {
+    const int d2 = (d + 1) / 2, nk2 = (nk + 1) / 2;
+    const uint16_t *kb = c->ktb + tile * (size_t)d2 * SPARSE_BK * 2, *vb = c->vtb + tile * (size_t)SPARSE_BK * dp;
+    sp_mm_bf16(true, R, nk, d2, w->qb + (size_t)rg * 2 * d2, 2 * d2, kb, 2 * SPARSE_BK, w->sc, false);
+    sp_fwd_softmax(c->avx512, R, nk, w->sc, w->nv, cl2, w->m + rg, w->l + 16 * rg, w->pc + rg, d);
+    for (int r = 0; r < R; r++) {
+        uint16_t *pr = w->pbf + (size_t)r * SPARSE_BK;
+        bf16_from_f32(pr, w->sc[r], (size_t)nk);
+        if (nk & 1) pr[nk] = 0;
+    }
+    sp_mm_bf16(true, R, d, nk2, w->pbf, SPARSE_BK, vb, 2 * dp, w->pc + rg, true);
+}
+
 /* One query tile: flash-attention forward over the key tiles; writes o, og = gate o, smax, lse. */
 static void attn_fwd_tile(const moh_attn_config *cfg, sparse_cache *c, sp_qtile qt, int N, sp_tws *w) {
     const int h = cfg->n_heads, hkv = cfg->n_kv_heads, d = cfg->head_dim, grp = h / hkv;
@@ -583,9 +647,15 @@ static void attn_fwd_tile(const moh_attn_config *cfg, sparse_cache *c, sp_qtile 
     const int *pos = c->pair_pos + p0;
     const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
     const size_t hb = (size_t)b * hkv + g;
-    const bool avx = c->avx512;
+    const bool avx = c->avx512, b16 = c->bf16_tiles;
+    const int d2 = (d + 1) / 2;
     for (int r = 0; r < nr; r++) {
         w->pa[r] = c->q + (size_t)(p0 + r) * d;
+        if (b16) {
+            uint16_t *qb = w->qb + (size_t)r * 2 * d2;
+            bf16_from_f32(qb, w->pa[r], (size_t)d);
+            if (d & 1) qb[d] = 0;
+        }
         w->pc[r] = w->oacc + (size_t)r * dp;
         memset(w->pc[r], 0, sizeof(float) * (size_t)d);
         w->m[r] = -INFINITY;
@@ -602,6 +672,10 @@ static void attn_fwd_tile(const moh_attn_config *cfg, sparse_cache *c, sp_qtile 
             const int R = imin(SP_MR, nr - rg);
             if (cfg->causal && pos[rg + R - 1] < j0) continue;
             for (int r = 0; r < R; r++) w->nv[r] = cfg->causal ? imin(nk, pos[rg + r] - j0 + 1) : nk;
+            if (b16) {
+                attn_fwd_rows_bf16(c, w, hb * nkt + kt, rg, R, nk, d, dp, cl2);
+                continue;
+            }
             sp_mm(avx, 0, R, nk, d, w->pa + rg, 0, w->pb, 0, w->sc, 0, false);
             sp_fwd_softmax(avx, R, nk, w->sc, w->nv, cl2, w->m + rg, w->l + 16 * rg, w->pc + rg, d);
             sp_mm(avx, 0, R, d, nk, w->sa, 0, w->pb2, 0, w->pc + rg, 0, true);

@@ -26,6 +26,7 @@
 #define MOH_ATTN_SPARSE_H
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "attn/attn.h"
 
@@ -95,6 +96,13 @@ typedef struct sparse_cache {
     size_t ws_floats;
     void **wptr;         /* [nthreads, 3, ptr_cap] per-thread pointer arrays of the kernels */
     int ptr_cap;
+    uint16_t *ktb;       /* bf16_tiles: [B, h_kv, nkt, ceil(d/2), SPARSE_BK, 2] keys of each tile,
+                          * pairs of dimensions interleaved (bf16) */
+    uint16_t *vtb;       /* bf16_tiles: [B, h_kv, nkt, SPARSE_BK / 2, round16(d), 2] values, pairs
+                          * of keys interleaved (bf16) */
+    uint16_t *bws;       /* bf16_tiles: [nthreads, bws_n] per-thread query rows and probabilities */
+    size_t bws_n;
+    void *bblock;        /* the bf16 buffers' allocation (sparse_cache_set_bf16) */
     double phase_s[SPARSE_NPHASE]; /* wall seconds per phase, accumulated (sparse_phase_name) */
     size_t bytes;        /* total bytes allocated (sparse_cache_bytes) */
     void *block;
@@ -115,6 +123,11 @@ size_t sparse_cache_bytes(const moh_attn_config *cfg, int B, int N, int nthreads
  * (allocation failed, or B N h d beyond 2^31). cfg must be valid (moh_attn_config_validate). */
 int sparse_cache_init(sparse_cache *c, const moh_attn_config *cfg, int B, int N, moh_error *err);
 void sparse_cache_free(sparse_cache *c);
+/* bf16 compute on c with the GEMM context ctx (NULL: fp32 again): the dense projections through
+ * ctx, and, when the CPU has AVX512-BF16, the forward's QK^T and PV tiles on bf16 copies of q, K,
+ * V and the probabilities with fp32 accumulation (softmax, max and sums in fp32; the backward
+ * recomputes in fp32). MOH_OK or MOH_E_NOMEM (c unchanged). */
+int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, struct bf16_ctx *ctx, moh_error *err);
 
 /* Head-sparse forward (spec §1): x [B, N, C] -> y [B, N, C]; fills c (gates in c->rc.gates [T, h],
  * c->rc.lb_loss). B <= c->maxB, N <= c->maxN. Same results as attn_forward_f32. */

@@ -101,7 +101,7 @@ int lm_acts_init_sparse_f32(lm_acts_f32 *a, const moh_lm_config *cfg, int B, int
     return MOH_OK;
 }
 
-int lm_acts_set_bf16_f32(lm_acts_f32 *a, const bf16_mirror *w, moh_error *err) {
+int lm_acts_set_bf16_f32(lm_acts_f32 *a, const moh_lm_config *cfg, const bf16_mirror *w, moh_error *err) {
     if (!w) {
         bf16_ctx_free(a->bf16);
         a->bf16 = NULL;
@@ -114,7 +114,10 @@ int lm_acts_set_bf16_f32(lm_acts_f32 *a, const bf16_mirror *w, moh_error *err) {
         a->bf16 = c;
     }
     sparse_cache *sp = a->sparse;
-    for (int l = 0; sp && l < a->n_sparse; l++) sp[l].bf16 = a->bf16;
+    for (int l = 0; sp && l < a->n_sparse; l++) {
+        const int rc = sparse_cache_set_bf16(&sp[l], &cfg->attn, a->bf16, err);
+        if (rc) return rc;
+    }
     return MOH_OK;
 }
 

@@ -69,8 +69,8 @@ static void acts_free(void *a) {
     free(a);
 }
 
-static int acts_set_bf16(void *acts, const bf16_mirror *w, moh_error *err) {
-    return lm_acts_set_bf16_f32(acts, w, err);
+static int acts_set_bf16(const void *cfg, void *acts, const bf16_mirror *w, moh_error *err) {
+    return lm_acts_set_bf16_f32(acts, cfg, w, err);
 }
 
 static double forward(const void *cfg, const void *params, void *acts, const moh_batch *b, int first, int count,

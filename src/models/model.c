@@ -278,7 +278,7 @@ int model_shards_set_precision(model_shards *w, const model *m, moh_precision p,
         if (rc) return rc;
     }
     for (int s = 0; m->fam->acts_set_bf16 && s < w->n; s++) {
-        const int rc = m->fam->acts_set_bf16(w->acts[s], bf ? &w->wbf16 : NULL, err);
+        const int rc = m->fam->acts_set_bf16(m->cfg, w->acts[s], bf ? &w->wbf16 : NULL, err);
         if (rc) return rc;
     }
     if (!bf) bf16_mirror_free(&w->wbf16);

@@ -238,7 +238,7 @@ struct model_family {
     /* Optional (NULL: the family computes in fp32 only): bf16 compute on acts with the bf16 copy
      * w of the parameter buffer (the caller keeps it in sync with the weights), fp32 again with
      * w == NULL. MOH_OK or MOH_E_NOMEM. */
-    int (*acts_set_bf16)(void *acts, const bf16_mirror *w, moh_error *err);
+    int (*acts_set_bf16)(const void *cfg, void *acts, const bf16_mirror *w, moh_error *err);
     /* Forward of examples [first, first + count) of b: returns the training loss (ce + beta lb);
      * *ce, *lb get its parts. train = false: the plain loss of evaluation (no label smoothing). */
     double (*forward)(const void *cfg, const void *params, void *acts, const moh_batch *b, int first,
