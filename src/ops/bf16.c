@@ -72,12 +72,6 @@ void precision_describe(moh_precision p, char *out, size_t cap) {
 
 /* ---- conversion ---------------------------------------------------------------------------- */
 
-uint16_t bf16_round(float x) {
-    union { float f; uint32_t u; } v = {.f = x};
-    if ((v.u & 0x7F800000u) == 0x7F800000u && (v.u & 0x007FFFFFu)) return (uint16_t)(v.u >> 16 | 0x0040u); /* NaN */
-    const uint32_t r = v.u + 0x7FFFu + (v.u >> 16 & 1u);
-    return (uint16_t)(r >> 16);
-}
 
 #if BF_X86
 BF_TARGET static void from_f32_avx(uint16_t *dst, const float *src, size_t n) {

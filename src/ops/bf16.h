@@ -42,7 +42,11 @@ void precision_describe(moh_precision p, char *out, size_t cap);
 void bf16_from_f32(uint16_t *dst, const float *src, size_t n);
 void bf16_to_f32(float *dst, const uint16_t *src, size_t n);
 /* One value, rounded to nearest even (the scalar reference of bf16_from_f32). */
-uint16_t bf16_round(float x);
+static inline uint16_t bf16_round(float x) {
+    union { float f; uint32_t u; } v = {.f = x};
+    if ((v.u & 0x7F800000u) == 0x7F800000u && (v.u & 0x007FFFFFu)) return (uint16_t)(v.u >> 16 | 0x0040u); /* NaN */
+    return (uint16_t)((v.u + 0x7FFFu + (v.u >> 16 & 1u)) >> 16);
+}
 static inline float bf16_value(uint16_t h) {
     union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
     return v.f;
