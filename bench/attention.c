@@ -217,14 +217,9 @@ int bench_attention(int argc, char **argv) {
     for (int i = 0; i < nS; i++)
         if (shares[i] < 1.0) group[ng++] = shares[i];
     /* precisions: the group in fp32, then (both) the same group in bf16: runs[g + ng] */
-    bool pr_fp32 = strcmp(a.precision, "bf16") != 0, pr_bf16 = strcmp(a.precision, "fp32") != 0;
-    char why[160], bfline[256] = "";
-    if (pr_bf16 && precision_resolve(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16) {
-        fprintf(stderr, "moh bench attention: --precision %s runs fp32 only: %s\n", a.precision, why);
-        pr_bf16 = false;
-        pr_fp32 = true;
-    }
-    if (pr_bf16) precision_describe(MOH_PRECISION_BF16, bfline, sizeof bfline);
+    bool pr_fp32, pr_bf16;
+    char bfline[256];
+    bench_precisions("attention", a.precision, &pr_fp32, &pr_bf16, bfline, sizeof bfline);
     const int npr = pr_fp32 && pr_bf16 ? 2 : 1, nrun = ng * npr;
 
     char cpu[256], gemm[256];

@@ -167,14 +167,9 @@ int bench_train(int argc, char **argv) {
     if (prc) return prc == 1 ? 0 : prc;
     const bool p_ref = !strcmp(a.path, "reference") || !strcmp(a.path, "both");
     const bool p_sp = !strcmp(a.path, "sparse") || !strcmp(a.path, "both");
-    bool pr_fp32 = strcmp(a.precision, "bf16") != 0, pr_bf16 = strcmp(a.precision, "fp32") != 0;
-    char why[160], bfline[256] = "";
-    if (pr_bf16 && precision_resolve(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16) {
-        fprintf(stderr, "moh bench train: --precision %s runs fp32 only: %s\n", a.precision, why);
-        pr_bf16 = false;
-        pr_fp32 = true;
-    }
-    if (pr_bf16) precision_describe(MOH_PRECISION_BF16, bfline, sizeof bfline);
+    bool pr_fp32, pr_bf16;
+    char bfline[256];
+    bench_precisions("train", a.precision, &pr_fp32, &pr_bf16, bfline, sizeof bfline);
     const bool want[4] = {p_ref && pr_fp32, p_sp && pr_fp32, p_ref && pr_bf16, p_sp && pr_bf16};
     char names[BT_MAX_CFG][64];
     int nn = 0;
