@@ -60,7 +60,8 @@ typedef struct sp_tws {
     int *nv;
     const float **pa, **pb, **pb2, **pb3, **pa2, **sa, **dsa;
     float **pc, **sc, **dsc;
-    uint16_t *qb, *pbf; /* bf16 tiles: query rows [BQ, 2 ceil(d/2)], probabilities [SP_MR, BK] */
+    uint16_t *pbf, *qb; /* bf16 tiles: probabilities [SP_MR, BK]; operand rows (queries
+                         * [BQ, 2 ceil(d/2)], gathered x [BQ, 2 ceil(C/2)], og [SP_TC, 2 ceil(d/2)]) */
 } sp_tws;
 
 static int sp_dpad(const moh_attn_config *cfg) { return round16(cfg->head_dim); }
@@ -214,19 +215,24 @@ int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, bf16_ctx 
         const size_t d2 = 2 * (size_t)((cfg->head_dim + 1) / 2), dp = (size_t)sp_dpad(cfg);
         const size_t tiles_n = (size_t)c->maxB * cfg->n_kv_heads * sp_nkt(c->maxN);
         const size_t nk = tiles_n * d2 * SPARSE_BK, nv = tiles_n * SPARSE_BK * dp;
-        const size_t bws_n = ((size_t)SPARSE_BQ * d2 + (size_t)SP_MR * SPARSE_BK + 31) & ~(size_t)31;
-        uint16_t *blk = calloc(nk + nv + (size_t)c->nthreads * bws_n, sizeof(uint16_t));
+        const size_t C2 = 2 * (size_t)((cfg->hidden_size + 1) / 2), hw = (size_t)cfg->n_heads * cfg->head_dim;
+        const size_t nwq = hw * C2, nwo = (size_t)cfg->n_heads * d2 * (size_t)cfg->hidden_size;
+        const size_t rows = (size_t)imax(SPARSE_BQ, SP_TC) * (C2 > d2 ? C2 : d2);
+        const size_t bws_n = ((size_t)SP_MR * SPARSE_BK + rows + 31) & ~(size_t)31;
+        uint16_t *blk = calloc(nk + nv + nwq + nwo + (size_t)c->nthreads * bws_n, sizeof(uint16_t));
         if (!blk) return moh_fail(err, MOH_E_NOMEM, "sparse attention: cannot allocate the bf16 key/value tiles");
         c->bblock = blk;
         c->ktb = blk;
         c->vtb = blk + nk;
-        c->bws = blk + nk + nv;
+        c->wqb = blk + nk + nv;
+        c->wob = c->wqb + nwq;
+        c->bws = c->wob + nwo;
         c->bws_n = bws_n;
     }
     if (!tiles && c->bblock) {
         free(c->bblock);
         c->bblock = NULL;
-        c->ktb = c->vtb = c->bws = NULL;
+        c->ktb = c->vtb = c->wqb = c->wob = c->bws = NULL;
         c->bws_n = 0;
     }
     c->bf16 = ctx;
@@ -277,8 +283,8 @@ static sp_tws tws_get(const sparse_cache *c, const moh_attn_config *cfg, int tid
         w.dsc[r] = w.ds + (size_t)r * SPARSE_BK;
         w.dsa[r] = w.dsc[r];
     }
-    w.qb = c->bws ? c->bws + (size_t)tid * c->bws_n : NULL;
-    w.pbf = w.qb ? w.qb + (size_t)SPARSE_BQ * 2 * ((cfg->head_dim + 1) / 2) : NULL;
+    w.pbf = c->bws ? c->bws + (size_t)tid * c->bws_n : NULL;
+    w.qb = w.pbf ? w.pbf + (size_t)SP_MR * SPARSE_BK : NULL;
     return w;
 }
 
@@ -418,6 +424,32 @@ static void pack_cd_task(const void *arg, int t0, int t1, sp_tws *w) {
 
 /* Tasks: heads. dst [h, ncb, d, SP_NR]: dst[i][cb][e][j] = A_i(e, cb SP_NR + j), 0 past C (B
  * operand of a product into C-wide rows, one [d, SP_NR] block per column block). */
+/* The bf16 weights of the forward (bf16_tiles), per head: W_q^i as [ceil(C/2), d, 2] (pairs of
+ * inputs), W_O^i as [ceil(d/2), C, 2] (pairs of head dims); zero padded. */
+typedef struct sp_pack16 {
+    const moh_attn_config *cfg;
+    sp_wview v;
+    uint16_t *dst;
+    bool wo; /* the W_O layout (else W_q) */
+} sp_pack16;
+static void pack_bf16_task(const void *arg, int t0, int t1, sp_tws *w) {
+    const sp_pack16 *a = arg;
+    const int C = a->cfg->hidden_size, d = a->cfg->head_dim, C2 = (C + 1) / 2, d2 = (d + 1) / 2;
+    const sp_wview v = a->v;
+    for (int i = t0; i < t1; i++) {
+        uint16_t *dst = a->dst + (size_t)i * (a->wo ? (size_t)d2 * 2 * C : (size_t)C2 * 2 * d);
+        for (int e = 0; e < 2 * d2; e++)
+            for (int k = 0; k < 2 * C2; k++) {
+                const uint16_t x = e < d && k < C ? bf16_round(v.w[(size_t)i * v.hs + (size_t)e * v.es + (size_t)k * v.ks]) : 0;
+                if (a->wo) {
+                    if (k < C) dst[((size_t)(e / 2) * C + k) * 2 + (e & 1)] = x;
+                } else if (e < d) {
+                    dst[((size_t)(k / 2) * d + e) * 2 + (k & 1)] = x;
+                }
+            }
+    }
+}
+
 static void pack_blk_task(const void *arg, int t0, int t1, sp_tws *w) {
     const sp_pack *a = arg;
     const int C = a->cfg->hidden_size, d = a->cfg->head_dim, ncb = sp_ncb(a->cfg);
@@ -438,6 +470,7 @@ typedef struct sp_scatter {
     float *dst;       /* [T, C] token rows */
     bool init;        /* set dst rows to bias (NULL: 0) first; else accumulate */
     const float *bias;
+    bool bf16;        /* src rows rounded to bf16 times c->wob (the forward's W_O in bf16) */
 } sp_scatter;
 
 /* Tasks: (b, chunk of SP_TC tokens). dst[t] (+)= sum over heads i in order of src_p W_i for the
@@ -464,6 +497,16 @@ static void scatter_task(const void *arg, int t0, int t1, sp_tws *w) {
             for (int r = 0; r < m; r++) {
                 w->pa[r] = a->src + (size_t)(off + lo + r) * d;
                 w->pc[r] = a->dst + ((size_t)b * N + pp[lo + r]) * C;
+            }
+            if (a->bf16) { /* rows of src are consecutive pairs: one bf16 block [m, 2 d2] */
+                const int d2 = (d + 1) / 2;
+                for (int r = 0; r < m; r++) {
+                    uint16_t *ob = w->qb + (size_t)r * 2 * d2;
+                    bf16_from_f32(ob, w->pa[r], (size_t)d);
+                    if (d & 1) ob[d] = 0;
+                }
+                sp_mm_bf16(true, m, C, d2, w->qb, 2 * d2, c->wob + (size_t)i * d2 * 2 * C, 2 * C, w->pc, true);
+                continue;
             }
             for (int cb = 0; cb < ncb; cb++) {
                 for (int e = 0; e < d; e++) w->pb[e] = c->wpack2 + (((size_t)i * ncb + cb) * d + e) * SP_NR;
@@ -610,7 +653,15 @@ static void fwd_q_task(const void *arg, int t0, int t1, sp_tws *w) {
             if (qnorm) memcpy(qr, c->qkv + t * qd + (size_t)q.i * d, sizeof(float) * d);
             else w->pa[r] = x->x + t * C;
         }
-        if (!qnorm) {
+        if (!qnorm && c->bf16_tiles) { /* gathered x rows in bf16 times W_q^i in bf16 */
+            const int C2 = (C + 1) / 2;
+            for (int r = 0; r < q.nr; r++) {
+                uint16_t *xb = w->qb + (size_t)r * 2 * C2;
+                bf16_from_f32(xb, w->pa[r], (size_t)C);
+                if (C & 1) xb[C] = 0;
+            }
+            sp_mm_bf16(true, q.nr, d, C2, w->qb, 2 * C2, c->wqb + (size_t)q.i * C2 * 2 * d, 2 * d, w->pc, false);
+        } else if (!qnorm) {
             for (int k = 0; k < C; k++) w->pb[k] = c->wpack1 + ((size_t)q.i * C + k) * d;
             sp_mm(c->avx512, 0, q.nr, d, C, w->pa, 0, w->pb, 0, w->pc, 0, false);
         }
@@ -724,7 +775,10 @@ void sparse_forward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm, 
     if (!qnorm) sp_run(c, cfg, SPARSE_PH_KV, fwd_kv_gemm_step, &cx, 1, SP_SERIAL);
     sp_run(c, cfg, SPARSE_PH_KV, kv_tile_task, &cx, B * cfg->n_kv_heads * nkt, SP_STATIC);
     /* 3. Q of the selected pairs */
-    if (!qnorm) {
+    if (!qnorm && c->bf16_tiles) {
+        const sp_pack16 pq = {cfg, wq_view(cfg, prm), c->wqb, false};
+        sp_run(c, cfg, SPARSE_PH_Q, pack_bf16_task, &pq, h, SP_STATIC);
+    } else if (!qnorm) {
         const sp_pack pq = {cfg, wq_view(cfg, prm), c->wpack1};
         sp_run(c, cfg, SPARSE_PH_Q, pack_cd_task, &pq, h, SP_STATIC);
     }
@@ -732,9 +786,14 @@ void sparse_forward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm, 
     /* 4. attention of the selected pairs (flash tiles), o, og = gate * o, lse */
     sp_run(c, cfg, SPARSE_PH_ATTN, fwd_attn_task, &cx, c->ntasks, SP_DYNAMIC);
     /* 5. y = b_o + sum_i og_i W_O^i, heads in order */
-    const sp_pack po = {cfg, wo_view(cfg, prm), c->wpack2};
-    sp_run(c, cfg, SPARSE_PH_WO, pack_blk_task, &po, h, SP_STATIC);
-    const sp_scatter sy = {&cx, c->og, y, true, prm->b_o};
+    if (c->bf16_tiles) {
+        const sp_pack16 po = {cfg, wo_view(cfg, prm), c->wob, true};
+        sp_run(c, cfg, SPARSE_PH_WO, pack_bf16_task, &po, h, SP_STATIC);
+    } else {
+        const sp_pack po = {cfg, wo_view(cfg, prm), c->wpack2};
+        sp_run(c, cfg, SPARSE_PH_WO, pack_blk_task, &po, h, SP_STATIC);
+    }
+    const sp_scatter sy = {&cx, c->og, y, true, prm->b_o, c->bf16_tiles};
     sp_run(c, cfg, SPARSE_PH_WO, scatter_task, &sy, scatter_tasks(&cx), SP_DYNAMIC);
 }
 
@@ -1072,7 +1131,7 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
     if (dx) { /* dx += dQ_i W_q^i, heads in order */
         const sp_pack pq = {cfg, wq_view(cfg, prm), c->wpack2};
         sp_run(c, cfg, SPARSE_PH_B_Q, pack_blk_task, &pq, h, SP_STATIC);
-        const sp_scatter sx = {&cx, c->dq, dx, false, NULL};
+        const sp_scatter sx = {&cx, c->dq, dx, false, NULL, false};
         sp_run(c, cfg, SPARSE_PH_B_Q, scatter_task, &sx, scatter_tasks(&cx), SP_DYNAMIC);
     }
     if (g->w_qkv) sp_run(c, cfg, SPARSE_PH_B_Q, bwd_dwq_task, &cx, h * sp_ncb(cfg), SP_DYNAMIC);

@@ -100,7 +100,9 @@ typedef struct sparse_cache {
                           * pairs of dimensions interleaved (bf16) */
     uint16_t *vtb;       /* bf16_tiles: [B, h_kv, nkt, SPARSE_BK / 2, round16(d), 2] values, pairs
                           * of keys interleaved (bf16) */
-    uint16_t *bws;       /* bf16_tiles: [nthreads, bws_n] per-thread query rows and probabilities */
+    uint16_t *wqb;       /* bf16_tiles: [h, ceil(C/2), d, 2] W_q^i, pairs of inputs interleaved */
+    uint16_t *wob;       /* bf16_tiles: [h, ceil(d/2), C, 2] W_O^i, pairs of head dims interleaved */
+    uint16_t *bws;       /* bf16_tiles: [nthreads, bws_n] per-thread probabilities and operand rows */
     size_t bws_n;
     void *bblock;        /* the bf16 buffers' allocation (sparse_cache_set_bf16) */
     double phase_s[SPARSE_NPHASE]; /* wall seconds per phase, accumulated (sparse_phase_name) */
@@ -124,9 +126,10 @@ size_t sparse_cache_bytes(const moh_attn_config *cfg, int B, int N, int nthreads
 int sparse_cache_init(sparse_cache *c, const moh_attn_config *cfg, int B, int N, moh_error *err);
 void sparse_cache_free(sparse_cache *c);
 /* bf16 compute on c with the GEMM context ctx (NULL: fp32 again): the dense projections through
- * ctx, and, when the CPU has AVX512-BF16, the forward's QK^T and PV tiles on bf16 copies of q, K,
- * V and the probabilities with fp32 accumulation (softmax, max and sums in fp32; the backward
- * recomputes in fp32). MOH_OK or MOH_E_NOMEM (c unchanged). */
+ * ctx, and, when the CPU has AVX512-BF16, the forward's gathered Q projection, QK^T and PV tiles
+ * and W_O scatter on bf16 copies of x, W_q, q, K, V, the probabilities, o and W_O with fp32
+ * accumulation (softmax, max and sums in fp32; the backward runs in fp32, recomputing the
+ * probabilities from the forward's max and log-sum-exp). MOH_OK or MOH_E_NOMEM (c unchanged). */
 int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, struct bf16_ctx *ctx, moh_error *err);
 
 /* Head-sparse forward (spec §1): x [B, N, C] -> y [B, N, C]; fills c (gates in c->rc.gates [T, h],
