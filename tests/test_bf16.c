@@ -129,7 +129,7 @@ typedef struct lay_case {
     int B, N;
 } lay_case;
 
-/* One head-sparse layer in bf16 (forward and backward tiles) against fp32: y, dx and every
+/* One head-sparse layer in bf16 (forward tiles, bf16 GEMMs) against fp32: y, dx and every
  * gradient block. */
 static void test_layer(test_ctx *ctx, const lay_case *lc) {
     moh_attn_config cfg;

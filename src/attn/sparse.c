@@ -62,7 +62,6 @@ typedef struct sp_tws {
     float **pc, **sc, **dsc;
     uint16_t *pbf, *qb; /* bf16 tiles: probabilities [SP_MR, BK]; operand rows (queries
                          * [BQ, 2 ceil(d/2)], gathered x [BQ, 2 ceil(C/2)], og [SP_TC, 2 ceil(d/2)]) */
-    uint16_t *bw;       /* bf16 backward tiles (sp_bwd16 layout) */
 } sp_tws;
 
 static int sp_dpad(const moh_attn_config *cfg) { return round16(cfg->head_dim); }
@@ -210,18 +209,6 @@ int sparse_cache_init(sparse_cache *c, const moh_attn_config *cfg, int B, int N,
     return MOH_OK;
 }
 
-/* Per-thread bf16 scratch (uint16 counts): operand rows of the forward (queries, gathered x, og),
- * and the backward tiles: q and dO rows [BQ, 2 ceil(d/2)] each, q and dO pair-interleaved over
- * rows [BQ, dp] each, P^T and dS^T [BK, BQ] each, dS rows [BQ, BK]. */
-static size_t sp_rows16(const moh_attn_config *cfg) {
-    const size_t C2 = 2 * (size_t)((cfg->hidden_size + 1) / 2), d2 = 2 * (size_t)((cfg->head_dim + 1) / 2);
-    return ((size_t)imax(SPARSE_BQ, SP_TC) * (C2 > d2 ? C2 : d2) + 31) & ~(size_t)31;
-}
-static size_t sp_bwd16_n(const moh_attn_config *cfg) {
-    const size_t d2 = 2 * (size_t)((cfg->head_dim + 1) / 2), dp = (size_t)sp_dpad(cfg);
-    return 2 * (size_t)SPARSE_BQ * d2 + 2 * (size_t)SPARSE_BQ * dp + 3 * (size_t)SPARSE_BK * SPARSE_BQ;
-}
-
 int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, bf16_ctx *ctx, moh_error *err) {
     const bool tiles = ctx && bf16_detect().avx512_bf16;
     if (tiles && !c->bblock) {
@@ -230,15 +217,14 @@ int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, bf16_ctx 
         const size_t nk = tiles_n * d2 * SPARSE_BK, nv = tiles_n * SPARSE_BK * dp;
         const size_t C2 = 2 * (size_t)((cfg->hidden_size + 1) / 2), hw = (size_t)cfg->n_heads * cfg->head_dim;
         const size_t nwq = hw * C2, nwo = (size_t)cfg->n_heads * d2 * (size_t)cfg->hidden_size;
-        const size_t bws_n = ((size_t)SP_MR * SPARSE_BK + sp_rows16(cfg) + sp_bwd16_n(cfg) + 31) & ~(size_t)31;
-        uint16_t *blk = calloc(2 * (nk + nv) + nwq + nwo + (size_t)c->nthreads * bws_n, sizeof(uint16_t));
+        const size_t rows = (size_t)imax(SPARSE_BQ, SP_TC) * (C2 > d2 ? C2 : d2);
+        const size_t bws_n = ((size_t)SP_MR * SPARSE_BK + rows + 31) & ~(size_t)31;
+        uint16_t *blk = calloc(nk + nv + nwq + nwo + (size_t)c->nthreads * bws_n, sizeof(uint16_t));
         if (!blk) return moh_fail(err, MOH_E_NOMEM, "sparse attention: cannot allocate the bf16 key/value tiles");
         c->bblock = blk;
         c->ktb = blk;
         c->vtb = blk + nk;
-        c->vtbt = blk + nk + nv;
-        c->ktbk = c->vtbt + nk;
-        c->wqb = c->ktbk + nv;
+        c->wqb = blk + nk + nv;
         c->wob = c->wqb + nwq;
         c->bws = c->wob + nwo;
         c->bws_n = bws_n;
@@ -246,7 +232,7 @@ int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, bf16_ctx 
     if (!tiles && c->bblock) {
         free(c->bblock);
         c->bblock = NULL;
-        c->ktb = c->vtb = c->vtbt = c->ktbk = c->wqb = c->wob = c->bws = NULL;
+        c->ktb = c->vtb = c->wqb = c->wob = c->bws = NULL;
         c->bws_n = 0;
     }
     c->bf16 = ctx;
@@ -299,7 +285,6 @@ static sp_tws tws_get(const sparse_cache *c, const moh_attn_config *cfg, int tid
     }
     w.pbf = c->bws ? c->bws + (size_t)tid * c->bws_n : NULL;
     w.qb = w.pbf ? w.pbf + (size_t)SP_MR * SPARSE_BK : NULL;
-    w.bw = w.qb ? w.qb + sp_rows16(cfg) : NULL;
     return w;
 }
 
@@ -607,22 +592,15 @@ static void fwd_kv_gemm_step(const void *arg, int t0, int t1, sp_tws *w) {
 static void kv_tile_bf16(sparse_cache *c, const moh_attn_config *cfg, int b, int g, int kt, int nk, int N) {
     const int hkv = cfg->n_kv_heads, d = cfg->head_dim, d2 = (d + 1) / 2, dp = sp_dpad(cfg), nkt = sp_nkt(N);
     const size_t tile = ((size_t)b * hkv + g) * nkt + kt, hb = ((size_t)b * hkv + g) * N;
-    const size_t ko = tile * (size_t)d2 * SPARSE_BK * 2, vo = tile * (size_t)SPARSE_BK * dp;
-    uint16_t *kb = c->ktb + ko, *vbt = c->vtbt + ko, *vb = c->vtb + vo, *kbk = c->ktbk + vo;
+    uint16_t *kb = c->ktb + tile * (size_t)d2 * SPARSE_BK * 2, *vb = c->vtb + tile * (size_t)SPARSE_BK * dp;
     const int j0 = kt * SPARSE_BK;
     for (int jj = 0; jj < SPARSE_BK; jj++) {
         const float *kr = jj < nk ? c->kh + (hb + j0 + jj) * d : NULL;
         const float *vr = jj < nk ? c->vh + (hb + j0 + jj) * d : NULL;
-        for (int e = 0; e < 2 * d2; e++) { /* X(e, j) at [(e / 2) BK 2 + 2 j + e % 2]: kb, vbt */
-            const size_t at = ((size_t)(e / 2) * SPARSE_BK + jj) * 2 + (e & 1);
-            kb[at] = kr && e < d ? bf16_round(kr[e]) : 0;
-            vbt[at] = vr && e < d ? bf16_round(vr[e]) : 0;
-        }
-        for (int e = 0; e < dp; e++) { /* X(j, e) at [(j / 2) dp 2 + 2 e + j % 2]: vb, kbk */
-            const size_t at = ((size_t)(jj / 2) * dp + e) * 2 + (jj & 1);
-            vb[at] = vr && e < d ? bf16_round(vr[e]) : 0;
-            kbk[at] = kr && e < d ? bf16_round(kr[e]) : 0;
-        }
+        for (int e = 0; e < 2 * d2; e++) /* K(e, j) at kb[(e / 2) BK 2 + 2 j + e % 2] */
+            kb[((size_t)(e / 2) * SPARSE_BK + jj) * 2 + (e & 1)] = kr && e < d ? bf16_round(kr[e]) : 0;
+        for (int e = 0; e < dp; e++) /* V(j, e) at vb[(j / 2) dp 2 + 2 e + j % 2] */
+            vb[((size_t)(jj / 2) * dp + e) * 2 + (jj & 1)] = vr && e < d ? bf16_round(vr[e]) : 0;
     }
 }
 
@@ -841,49 +819,6 @@ static int part_bound(const moh_attn_config *cfg, int N, int p, int np) {
 
 /* dK, dV of key tiles [kt0, kt1) of KV head g in batch row b, and the matching part of dQ of every
  * query head of the group (into dq, a [P, d] buffer of this part). */
-/* One query block (rows w->pa: q, w->pa2: dO, w->pc: dQ, nv set) against key tile `tile` (nk keys)
- * in bf16: S = Q K^T and dP = dO V^T, P and dS in fp32 (sp_bwd_ds), then dV += P^T dO,
- * dK += dS^T Q and dQ += dS K, every product on bf16 operands with fp32 accumulation. */
-static void attn_bwd_rows_bf16(sparse_cache *c, sp_tws *w, size_t tile, int nr, int nk, int d, int dp, float cl2,
-                               float scale, int p0, float *const *dkrow, float *const *dvrow) {
-    const int d2 = (d + 1) / 2, nr2 = (nr + 1) / 2, nk2 = (nk + 1) / 2;
-    uint16_t *bq = w->bw, *bdo = bq + (size_t)SPARSE_BQ * 2 * d2, *vq = bdo + (size_t)SPARSE_BQ * 2 * d2;
-    uint16_t *vdo = vq + (size_t)SPARSE_BQ * dp, *pt = vdo + (size_t)SPARSE_BQ * dp;
-    uint16_t *dst = pt + (size_t)SPARSE_BK * SPARSE_BQ, *dsb = dst + (size_t)SPARSE_BK * SPARSE_BQ;
-    for (int r = 0; r < nr + (nr & 1); r++) { /* rows, and rows pair-interleaved (a zero row pads) */
-        for (int e = 0; e < 2 * d2; e++) {
-            const uint16_t qv = r < nr && e < d ? bf16_round(w->pa[r][e]) : 0;
-            const uint16_t ov = r < nr && e < d ? bf16_round(w->pa2[r][e]) : 0;
-            if (r < nr) {
-                bq[(size_t)r * 2 * d2 + e] = qv;
-                bdo[(size_t)r * 2 * d2 + e] = ov;
-            }
-            if (e < d) {
-                vq[((size_t)(r / 2) * dp + e) * 2 + (r & 1)] = qv;
-                vdo[((size_t)(r / 2) * dp + e) * 2 + (r & 1)] = ov;
-            }
-        }
-    }
-    const size_t ko = tile * (size_t)d2 * SPARSE_BK * 2, vo = tile * (size_t)SPARSE_BK * dp;
-    sp_mm_bf16(true, nr, nk, d2, bq, 2 * d2, c->ktb + ko, 2 * SPARSE_BK, w->sc, false);
-    sp_mm_bf16(true, nr, nk, d2, bdo, 2 * d2, c->vtbt + ko, 2 * SPARSE_BK, w->dsc, false);
-    sp_bwd_ds(c->avx512, nr, nk, w->sc, w->dsc, w->nv, cl2, scale, c->smax + p0, c->lse + p0, c->ddot + p0);
-    for (int j = 0; j < nk; j++) { /* P^T, dS^T: pairs of query rows; dS rows: pairs of keys */
-        uint16_t *ptj = pt + (size_t)j * 2 * nr2, *dsj = dst + (size_t)j * 2 * nr2;
-        for (int r = 0; r < nr; r++) {
-            ptj[r] = bf16_round(w->sc[r][j]);
-            dsj[r] = bf16_round(w->dsc[r][j]);
-            dsb[(size_t)r * SPARSE_BK + j] = dsj[r];
-        }
-        if (nr & 1) ptj[nr] = dsj[nr] = 0;
-    }
-    if (nk & 1)
-        for (int r = 0; r < nr; r++) dsb[(size_t)r * SPARSE_BK + nk] = 0;
-    sp_mm_bf16(true, nk, d, nr2, pt, 2 * nr2, vdo, 2 * dp, dvrow, true);
-    sp_mm_bf16(true, nk, d, nr2, dst, 2 * nr2, vq, 2 * dp, dkrow, true);
-    sp_mm_bf16(true, nr, d, nk2, dsb, SPARSE_BK, c->ktbk + vo, 2 * dp, w->pc, true);
-}
-
 static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, int g, int kt0,
                           int kt1, float *dq, int N, sp_tws *w) {
     const int h = cfg->n_heads, hkv = cfg->n_kv_heads, d = cfg->head_dim, grp = h / hkv;
@@ -921,10 +856,6 @@ static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, in
                     w->pa2[r] = c->dout + (size_t)(p0 + r) * d;
                     w->pc[r] = dq + (size_t)(p0 + r) * d;
                     w->nv[r] = cfg->causal ? imin(nk, pos[rb + r] - j0 + 1) : nk;
-                }
-                if (c->bf16_tiles) {
-                    attn_bwd_rows_bf16(c, w, hb * nkt + kt, nr, nk, d, dp, cl2, scale, p0, dkrow, dvrow);
-                    continue;
                 }
                 /* S = Q K^T, dP = dO V^T, then P and dS in place */
                 sp_mm(avx, 0, nr, nk, d, w->pa, 0, w->pb, 0, w->sc, 0, false);
