@@ -62,6 +62,8 @@ typedef struct sp_tws {
     float **pc, **sc, **dsc;
     uint16_t *pbf, *qb; /* bf16 tiles: probabilities [SP_MR, BK]; operand rows (queries
                          * [BQ, 2 ceil(d/2)], gathered x [BQ, 2 ceil(C/2)], og [SP_TC, 2 ceil(d/2)]) */
+    uint16_t *bw;       /* bf16 backward: P and dS pair-interleaved over rows [BQ / 2, BK, 2] each,
+                         * dS rows [BQ, BK] */
 } sp_tws;
 
 static int sp_dpad(const moh_attn_config *cfg) { return round16(cfg->head_dim); }
@@ -209,6 +211,12 @@ int sparse_cache_init(sparse_cache *c, const moh_attn_config *cfg, int B, int N,
     return MOH_OK;
 }
 
+/* Per-thread bf16 operand rows of the forward (uint16 count): queries, gathered x, og. */
+static size_t sp_rows16(const moh_attn_config *cfg) {
+    const size_t C2 = 2 * (size_t)((cfg->hidden_size + 1) / 2), d2 = 2 * (size_t)((cfg->head_dim + 1) / 2);
+    return ((size_t)imax(SPARSE_BQ, SP_TC) * (C2 > d2 ? C2 : d2) + 31) & ~(size_t)31;
+}
+
 int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, bf16_ctx *ctx, moh_error *err) {
     const bool tiles = ctx && bf16_detect().avx512_bf16;
     if (tiles && !c->bblock) {
@@ -217,14 +225,23 @@ int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, bf16_ctx 
         const size_t nk = tiles_n * d2 * SPARSE_BK, nv = tiles_n * SPARSE_BK * dp;
         const size_t C2 = 2 * (size_t)((cfg->hidden_size + 1) / 2), hw = (size_t)cfg->n_heads * cfg->head_dim;
         const size_t nwq = hw * C2, nwo = (size_t)cfg->n_heads * d2 * (size_t)cfg->hidden_size;
-        const size_t rows = (size_t)imax(SPARSE_BQ, SP_TC) * (C2 > d2 ? C2 : d2);
-        const size_t bws_n = ((size_t)SP_MR * SPARSE_BK + rows + 31) & ~(size_t)31;
-        uint16_t *blk = calloc(nk + nv + nwq + nwo + (size_t)c->nthreads * bws_n, sizeof(uint16_t));
+        const size_t bws_n = ((size_t)SP_MR * SPARSE_BK + sp_rows16(cfg) + 3 * (size_t)SPARSE_BQ * SPARSE_BK + 31) &
+                             ~(size_t)31;
+        const size_t capP = (size_t)c->maxB * c->maxN * sparse_active_heads(cfg);
+        const size_t nrow = capP * d2, ntr = capP * (size_t)cfg->head_dim + 32; /* + a finite pad */
+        uint16_t *blk = calloc(2 * (nk + nv) + nwq + nwo + 2 * (nrow + ntr) + (size_t)c->nthreads * bws_n,
+                               sizeof(uint16_t));
         if (!blk) return moh_fail(err, MOH_E_NOMEM, "sparse attention: cannot allocate the bf16 key/value tiles");
         c->bblock = blk;
         c->ktb = blk;
         c->vtb = blk + nk;
-        c->wqb = blk + nk + nv;
+        c->vtbt = blk + nk + nv;
+        c->ktbk = c->vtbt + nk;
+        c->qb16 = c->ktbk + nv;
+        c->dob16 = c->qb16 + nrow;
+        c->qt16 = c->dob16 + nrow;
+        c->dot16 = c->qt16 + ntr;
+        c->wqb = c->dot16 + ntr;
         c->wob = c->wqb + nwq;
         c->bws = c->wob + nwo;
         c->bws_n = bws_n;
@@ -232,7 +249,8 @@ int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, bf16_ctx 
     if (!tiles && c->bblock) {
         free(c->bblock);
         c->bblock = NULL;
-        c->ktb = c->vtb = c->wqb = c->wob = c->bws = NULL;
+        c->ktb = c->vtb = c->vtbt = c->ktbk = c->qb16 = c->dob16 = c->qt16 = c->dot16 = NULL;
+        c->wqb = c->wob = c->bws = NULL;
         c->bws_n = 0;
     }
     c->bf16 = ctx;
@@ -285,6 +303,7 @@ static sp_tws tws_get(const sparse_cache *c, const moh_attn_config *cfg, int tid
     }
     w.pbf = c->bws ? c->bws + (size_t)tid * c->bws_n : NULL;
     w.qb = w.pbf ? w.pbf + (size_t)SP_MR * SPARSE_BK : NULL;
+    w.bw = w.qb ? w.qb + sp_rows16(cfg) : NULL;
     return w;
 }
 
@@ -592,15 +611,22 @@ static void fwd_kv_gemm_step(const void *arg, int t0, int t1, sp_tws *w) {
 static void kv_tile_bf16(sparse_cache *c, const moh_attn_config *cfg, int b, int g, int kt, int nk, int N) {
     const int hkv = cfg->n_kv_heads, d = cfg->head_dim, d2 = (d + 1) / 2, dp = sp_dpad(cfg), nkt = sp_nkt(N);
     const size_t tile = ((size_t)b * hkv + g) * nkt + kt, hb = ((size_t)b * hkv + g) * N;
-    uint16_t *kb = c->ktb + tile * (size_t)d2 * SPARSE_BK * 2, *vb = c->vtb + tile * (size_t)SPARSE_BK * dp;
+    const size_t ko = tile * (size_t)d2 * SPARSE_BK * 2, vo = tile * (size_t)SPARSE_BK * dp;
+    uint16_t *kb = c->ktb + ko, *vbt = c->vtbt + ko, *vb = c->vtb + vo, *kbk = c->ktbk + vo;
     const int j0 = kt * SPARSE_BK;
     for (int jj = 0; jj < SPARSE_BK; jj++) {
         const float *kr = jj < nk ? c->kh + (hb + j0 + jj) * d : NULL;
         const float *vr = jj < nk ? c->vh + (hb + j0 + jj) * d : NULL;
-        for (int e = 0; e < 2 * d2; e++) /* K(e, j) at kb[(e / 2) BK 2 + 2 j + e % 2] */
-            kb[((size_t)(e / 2) * SPARSE_BK + jj) * 2 + (e & 1)] = kr && e < d ? bf16_round(kr[e]) : 0;
-        for (int e = 0; e < dp; e++) /* V(j, e) at vb[(j / 2) dp 2 + 2 e + j % 2] */
-            vb[((size_t)(jj / 2) * dp + e) * 2 + (jj & 1)] = vr && e < d ? bf16_round(vr[e]) : 0;
+        for (int e = 0; e < 2 * d2; e++) { /* X(e, j) at [(e / 2) BK 2 + 2 j + e % 2]: kb, vbt */
+            const size_t at = ((size_t)(e / 2) * SPARSE_BK + jj) * 2 + (e & 1);
+            kb[at] = kr && e < d ? bf16_round(kr[e]) : 0;
+            vbt[at] = vr && e < d ? bf16_round(vr[e]) : 0;
+        }
+        for (int e = 0; e < dp; e++) { /* X(j, e) at [(j / 2) dp 2 + 2 e + j % 2]: vb, kbk */
+            const size_t at = ((size_t)(jj / 2) * dp + e) * 2 + (jj & 1);
+            vb[at] = vr && e < d ? bf16_round(vr[e]) : 0;
+            kbk[at] = kr && e < d ? bf16_round(kr[e]) : 0;
+        }
     }
 }
 
@@ -819,6 +845,60 @@ static int part_bound(const moh_attn_config *cfg, int N, int p, int np) {
 
 /* dK, dV of key tiles [kt0, kt1) of KV head g in batch row b, and the matching part of dQ of every
  * query head of the group (into dq, a [P, d] buffer of this part). */
+/* One query block of the bf16 attention backward: key tile `tile` (nk keys), nr pairs from p0
+ * (row rb of the cnt pairs of its (b, head) block starting at pair off). */
+typedef struct sp_blk16 {
+    size_t tile;
+    int nr, nk, p0, rb, off, cnt;
+} sp_blk16;
+
+/* The block in bf16 (rows w->pc: dQ, nv set): S = Q K^T and dP = dO V^T, P and dS in fp32
+ * (sp_bwd_ds), then dV^T += dO^T P, dK^T += Q^T dS (into the rows e of dvt / dkt [d, BK]) and
+ * dQ += dS K, every product on bf16 operands with fp32 accumulation. */
+static void attn_bwd_rows_bf16(sparse_cache *c, sp_tws *w, const sp_blk16 *k, int d, int dp, float cl2,
+                               float scale, float *const *dkt, float *const *dvt) {
+    const int d2 = (d + 1) / 2, nr = k->nr, nk = k->nk, p0 = k->p0;
+    const size_t ko = k->tile * (size_t)d2 * SPARSE_BK * 2, vo = k->tile * (size_t)SPARSE_BK * dp;
+    uint16_t *pil = w->bw, *dsil = pil + (size_t)SPARSE_BQ * SPARSE_BK, *dsb = dsil + (size_t)SPARSE_BQ * SPARSE_BK;
+    sp_mm_bf16(true, nr, nk, d2, c->qb16 + (size_t)p0 * 2 * d2, 2 * d2, c->ktb + ko, 2 * SPARSE_BK, w->sc, false);
+    sp_mm_bf16(true, nr, nk, d2, c->dob16 + (size_t)p0 * 2 * d2, 2 * d2, c->vtbt + ko, 2 * SPARSE_BK, w->dsc, false);
+    sp_bwd_ds(c->avx512, nr, nk, w->sc, w->dsc, w->nv, cl2, scale, c->smax + p0, c->lse + p0, c->ddot + p0);
+    sp_bf16_row_pairs(true, nr, nk, w->sc, pil, 2 * SPARSE_BK);
+    sp_bf16_row_pairs(true, nr, nk, w->dsc, dsil, 2 * SPARSE_BK);
+    for (int r = 0; r < nr; r++) {
+        bf16_from_f32(dsb + (size_t)r * SPARSE_BK, w->dsc[r], (size_t)nk);
+        if (nk & 1) dsb[(size_t)r * SPARSE_BK + nk] = 0;
+    }
+    /* row e of Q^T / dO^T from pair rb on; an odd nr reads one finite value past the block, times
+     * the zero pad row of P / dS */
+    const size_t tr = (size_t)k->off * d + (size_t)k->rb;
+    sp_mm_bf16(true, d, nk, (nr + 1) / 2, c->dot16 + tr, k->cnt, pil, 2 * SPARSE_BK, dvt, true);
+    sp_mm_bf16(true, d, nk, (nr + 1) / 2, c->qt16 + tr, k->cnt, dsil, 2 * SPARSE_BK, dkt, true);
+    sp_mm_bf16(true, nr, d, (nk + 1) / 2, dsb, SPARSE_BK, c->ktbk + vo, 2 * dp, w->pc, true);
+}
+
+/* Tasks: (b, head). q and dL/do of the head's pairs in bf16: rows (qb16, dob16) and transposed
+ * (qt16, dot16), for the bf16 attention backward. */
+static void bwd16_rows_task(const void *arg, int t0, int t1, sp_tws *w) {
+    const sp_ctx *x = arg;
+    sparse_cache *c = x->c;
+    const int d = x->cfg->head_dim, d2 = (d + 1) / 2;
+    for (int bi = t0; bi < t1; bi++) {
+        const int off = c->pair_off[bi], cnt = c->pair_off[bi + 1] - off;
+        for (int r = 0; r < cnt; r++) {
+            const size_t p = (size_t)off + r;
+            uint16_t *qr = c->qb16 + p * 2 * d2, *orow = c->dob16 + p * 2 * d2;
+            bf16_from_f32(qr, c->q + p * d, (size_t)d);
+            bf16_from_f32(orow, c->dout + p * d, (size_t)d);
+            if (d & 1) qr[d] = orow[d] = 0;
+            for (int e = 0; e < d; e++) {
+                c->qt16[(size_t)off * d + (size_t)e * cnt + r] = qr[e];
+                c->dot16[(size_t)off * d + (size_t)e * cnt + r] = orow[e];
+            }
+        }
+    }
+}
+
 static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, int g, int kt0,
                           int kt1, float *dq, int N, sp_tws *w) {
     const int h = cfg->n_heads, hkv = cfg->n_kv_heads, d = cfg->head_dim, grp = h / hkv;
@@ -826,11 +906,11 @@ static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, in
     const float scale = (float)(1.0 / sqrt((double)d));
     const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
     const size_t hb = (size_t)b * hkv + g;
-    const bool avx = c->avx512;
+    const bool avx = c->avx512, b16 = c->bf16_tiles && d <= SPARSE_BK;
     float *dkrow[SPARSE_BK], *dvrow[SPARSE_BK];
-    for (int j = 0; j < SPARSE_BK; j++) {
-        dkrow[j] = w->dkt + (size_t)j * dp;
-        dvrow[j] = w->dvt + (size_t)j * dp;
+    for (int j = 0; j < SPARSE_BK; j++) { /* bf16: rows e of dK^T, dV^T [d, BK] instead */
+        dkrow[j] = w->dkt + (size_t)j * (b16 ? SPARSE_BK : dp);
+        dvrow[j] = w->dvt + (size_t)j * (b16 ? SPARSE_BK : dp);
     }
     for (int kt = kt0; kt < kt1; kt++) {
         const int j0 = kt * SPARSE_BK, nk = imin(SPARSE_BK, N - j0);
@@ -840,8 +920,13 @@ static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, in
             w->pb[e] = ktile + (size_t)e * SPARSE_BK;
             w->pb2[e] = vtile + (size_t)e * SPARSE_BK;
         }
+        if (b16) {
+            memset(w->dkt, 0, sizeof(float) * (size_t)d * SPARSE_BK);
+            memset(w->dvt, 0, sizeof(float) * (size_t)d * SPARSE_BK);
+        }
         for (int j = 0; j < nk; j++) {
             w->pb3[j] = c->kh + (hb * N + j0 + j) * d;
+            if (b16) continue;
             memset(dkrow[j], 0, sizeof(float) * (size_t)d);
             memset(dvrow[j], 0, sizeof(float) * (size_t)d);
         }
@@ -857,6 +942,11 @@ static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, in
                     w->pc[r] = dq + (size_t)(p0 + r) * d;
                     w->nv[r] = cfg->causal ? imin(nk, pos[rb + r] - j0 + 1) : nk;
                 }
+                if (b16) {
+                    const sp_blk16 bk = {hb * nkt + kt, nr, nk, p0, rb, off, cnt};
+                    attn_bwd_rows_bf16(c, w, &bk, d, dp, cl2, scale, dkrow, dvrow);
+                    continue;
+                }
                 /* S = Q K^T, dP = dO V^T, then P and dS in place */
                 sp_mm(avx, 0, nr, nk, d, w->pa, 0, w->pb, 0, w->sc, 0, false);
                 sp_mm(avx, 0, nr, nk, d, w->pa2, 0, w->pb2, 0, w->dsc, 0, false);
@@ -869,8 +959,16 @@ static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, in
             }
         }
         for (int j = 0; j < nk; j++) {
-            memcpy(c->dkh + (hb * N + j0 + j) * d, dkrow[j], sizeof(float) * (size_t)d);
-            memcpy(c->dvh + (hb * N + j0 + j) * d, dvrow[j], sizeof(float) * (size_t)d);
+            float *dk = c->dkh + (hb * N + j0 + j) * d, *dv = c->dvh + (hb * N + j0 + j) * d;
+            if (b16) { /* from the transposed accumulators */
+                for (int e = 0; e < d; e++) {
+                    dk[e] = dkrow[e][j];
+                    dv[e] = dvrow[e][j];
+                }
+                continue;
+            }
+            memcpy(dk, dkrow[j], sizeof(float) * (size_t)d);
+            memcpy(dv, dvrow[j], sizeof(float) * (size_t)d);
         }
     }
 }
@@ -1114,8 +1212,10 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
     sp_run(c, cfg, SPARSE_PH_B_WO, bwd_dout_task, &cx, c->ntasks, SP_DYNAMIC);
     if (g->w_o) sp_run(c, cfg, SPARSE_PH_B_WO, bwd_dwo_task, &cx, h * ((C + SP_CB - 1) / SP_CB), SP_DYNAMIC);
     /* 2. V^T tiles, attention backward per (key part, b, KV head), dQ reduced, dK|dV rows */
-    sp_run(c, cfg, SPARSE_PH_B_ATTN, vt_tile_task, &cx, B * hkv * sp_nkt(N), SP_STATIC);
+    const bool b16 = c->bf16_tiles && cfg->head_dim <= SPARSE_BK; /* bf16 tiles (attn_bwd_part) */
+    if (!b16) sp_run(c, cfg, SPARSE_PH_B_ATTN, vt_tile_task, &cx, B * hkv * sp_nkt(N), SP_STATIC);
     sp_run(c, cfg, SPARSE_PH_B_ATTN, bwd_zero_step, &cx, 1, SP_SERIAL);
+    if (b16) sp_run(c, cfg, SPARSE_PH_B_ATTN, bwd16_rows_task, &cx, B * h, SP_STATIC);
     sp_run(c, cfg, SPARSE_PH_B_ATTN, bwd_attn_task, &cx, B * hkv * np, SP_DYNAMIC);
     sp_run(c, cfg, SPARSE_PH_B_ATTN, dq_reduce_task, &cx, P, SP_STATIC);
     sp_run(c, cfg, SPARSE_PH_B_ATTN, dkv_rows_task, &cx, B * N, SP_STATIC);

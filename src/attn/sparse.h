@@ -100,6 +100,11 @@ typedef struct sparse_cache {
                           * pairs of dimensions interleaved (bf16) */
     uint16_t *vtb;       /* bf16_tiles: [B, h_kv, nkt, SPARSE_BK / 2, round16(d), 2] values, pairs
                           * of keys interleaved (bf16) */
+    uint16_t *vtbt;      /* bf16_tiles: values in ktb's layout (pairs of dimensions): dO V^T */
+    uint16_t *ktbk;      /* bf16_tiles: keys in vtb's layout (pairs of keys): dS K */
+    uint16_t *qb16, *dob16; /* bf16_tiles, backward: [P, 2 ceil(d/2)] q and dL/do rows in bf16 */
+    uint16_t *qt16, *dot16; /* bf16_tiles, backward: the same per (b, head) transposed: element
+                          * (e, r) of the block of pairs off .. off + cnt at off d + e cnt + r */
     uint16_t *wqb;       /* bf16_tiles: [h, ceil(C/2), d, 2] W_q^i, pairs of inputs interleaved */
     uint16_t *wob;       /* bf16_tiles: [h, ceil(d/2), C, 2] W_O^i, pairs of head dims interleaved */
     uint16_t *bws;       /* bf16_tiles: [nthreads, bws_n] per-thread probabilities and operand rows */
@@ -127,9 +132,11 @@ int sparse_cache_init(sparse_cache *c, const moh_attn_config *cfg, int B, int N,
 void sparse_cache_free(sparse_cache *c);
 /* bf16 compute on c with the GEMM context ctx (NULL: fp32 again): the dense projections through
  * ctx, and, when the CPU has AVX512-BF16, the forward's gathered Q projection, QK^T and PV tiles
- * and W_O scatter on bf16 copies of x, W_q, q, K, V, the probabilities, o and W_O with fp32
- * accumulation (softmax, max and sums in fp32; the backward runs in fp32, recomputing the
- * probabilities from the forward's max and log-sum-exp). MOH_OK or MOH_E_NOMEM (c unchanged). */
+ * and W_O scatter on bf16 copies of x, W_q, q, K, V, the probabilities, o and W_O, and the
+ * backward's attention tiles (Q K^T, dO V^T, dV^T += dO^T P, dK^T += Q^T dS, dQ += dS K) on bf16
+ * copies of q, dO, K, V, P and dS (head_dim <= SPARSE_BK), all with fp32 accumulation (softmax,
+ * max, sums, P and dS computed in fp32; the backward recomputes P from the forward's max and
+ * log-sum-exp). MOH_OK or MOH_E_NOMEM (c unchanged). */
 int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, struct bf16_ctx *ctx, moh_error *err);
 
 /* Head-sparse forward (spec §1): x [B, N, C] -> y [B, N, C]; fills c (gates in c->rc.gates [T, h],

@@ -3,6 +3,8 @@
  * timers, no cache bookkeeping: every function works on the slice its caller hands it. */
 #include "attn/sparse_kernels.h"
 
+#include "ops/bf16.h"
+
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -148,11 +150,6 @@ void sp_mm(bool avx, int amode, int M, int n, int K, const float *const *a, long
  * vdpbf16ps multiplies the pairs exactly and accumulates in fp32.
  * ---------------------------------------------------------------------------------------------- */
 
-static inline float bfv(uint16_t h) {
-    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
-    return v.f;
-}
-
 static void mkb_ref(int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b, long ldb,
                     float *const *c, bool acc) {
     for (int r = 0; r < R; r++) {
@@ -161,7 +158,7 @@ static void mkb_ref(int R, int n, int K2, const uint16_t *a, long lda, const uin
             float s = acc ? c[r][j] : 0.0f;
             for (int k = 0; k < K2; k++) {
                 const uint16_t *bk = b + (long)k * ldb + 2 * j;
-                s += bfv(ar[2 * k]) * bfv(bk[0]) + bfv(ar[2 * k + 1]) * bfv(bk[1]);
+                s += bf16_value(ar[2 * k]) * bf16_value(bk[0]) + bf16_value(ar[2 * k + 1]) * bf16_value(bk[1]);
             }
             c[r][j] = s;
         }
@@ -226,6 +223,37 @@ SP_BF16 static void mkb_avx_any(int R, int n, int K2, const uint16_t *a, long ld
 #undef SPB_CASE
 #undef SPB_CASES_R
 #endif
+
+#if SP_X86
+SP_BF16 static void row_pairs_avx(int R, int n, float *const *rows, uint16_t *dst, long ldd) {
+    /* vpermw index: [a0 b0 a1 b1 ...] from [a0..a15 b0..b15] */
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int r = 0; r < R; r += 2) {
+        const float *a = rows[r], *b = r + 1 < R ? rows[r + 1] : NULL;
+        uint16_t *o = dst + (long)(r / 2) * ldd;
+        for (int j = 0; j < n; j += 16) {
+            const int m = n - j < 16 ? n - j : 16;
+            const __mmask16 lm = (__mmask16)((1u << m) - 1u);
+            const __m512 va = _mm512_maskz_loadu_ps(lm, a + j);
+            const __m512 vb = b ? _mm512_maskz_loadu_ps(lm, b + j) : _mm512_setzero_ps();
+            const __m512i v = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(vb, va));
+            _mm512_mask_storeu_epi32(o + 2 * j, lm, v);
+        }
+    }
+}
+#endif
+
+void sp_bf16_row_pairs(bool avx512bf16, int R, int n, float *const *rows, uint16_t *dst, long ldd) {
+#if SP_X86
+    if (avx512bf16) {
+        row_pairs_avx(R, n, rows, dst, ldd);
+        return;
+    }
+#endif
+    for (int r = 0; r < R + (R & 1); r++)
+        for (int j = 0; j < n; j++) dst[(long)(r / 2) * ldd + 2 * j + (r & 1)] = r < R ? bf16_round(rows[r][j]) : 0;
+}
 
 void sp_mm_bf16(bool avx512bf16, int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b,
                 long ldb, float *const *c, bool acc) {

@@ -28,6 +28,10 @@ void sp_mm(bool avx, int amode, int M, int n, int K, const float *const *a, long
 void sp_mm_bf16(bool avx512bf16, int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b,
                 long ldb, float *const *c, bool acc);
 
+/* Rows rows[0..R) of n floats rounded to bf16 and interleaved in pairs of rows (the B layout of
+ * sp_mm_bf16 over rows): dst[(r / 2) ldd + 2 j + r % 2] = bf16(rows[r][j]); a zero row pads odd R. */
+void sp_bf16_row_pairs(bool avx512bf16, int R, int n, float *const *rows, uint16_t *dst, long ldd);
+
 /* Online-softmax update of R <= SP_MR rows of raw scores s[r][0..nk), nk <= SPARSE_BK, of which
  * the first nv[r] are valid (causal prefix): running max m[r] (raw units), 16 partial sums
  * l[16 r ..], accumulator rows o[r][0..d) rescaled when the max moves; s[r] becomes the
