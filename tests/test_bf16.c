@@ -95,7 +95,8 @@ static void test_gemm(test_ctx *ctx) {
     free(C2);
 }
 
-/* The vdpbf16ps tile against the portable loop, odd sizes (rows 1..13, columns past 64). */
+/* The vdpbf16ps tile against the portable loop, odd sizes (rows 1..13, columns past 64), and the
+ * row-pair interleaving likewise. */
 static void test_tile(test_ctx *ctx) {
     test_rng r = {9};
     const int R = 13, n = 77, K2 = 19, lda = 2 * K2 + 4, ldb = 2 * n + 6;
@@ -116,6 +117,21 @@ static void test_tile(test_ctx *ctx) {
         const double e = test_rel_err_f32(c1, c2, (long)R * n);
         CHECK(ctx, e <= 1e-5, "vdpbf16ps tile vs portable (acc %d): rel %.3g", acc, e);
     }
+    /* pair interleaving of rows (the backward's P and dS): vector against portable, odd sizes */
+    const int PR = 7, PN = 37, ld = 2 * 40;
+    float *src = malloc(sizeof(float) * PR * PN);
+    float *prow[7];
+    uint16_t *i1 = calloc((size_t)4 * ld, sizeof(uint16_t)), *i2 = calloc((size_t)4 * ld, sizeof(uint16_t));
+    fill(&r, src, (size_t)PR * PN, 3.0f);
+    for (int i = 0; i < PR; i++) prow[i] = src + i * PN;
+    sp_bf16_row_pairs(true, PR, PN, prow, i1, ld);
+    sp_bf16_row_pairs(false, PR, PN, prow, i2, ld);
+    CHECK(ctx, !memcmp(i1, i2, sizeof(uint16_t) * 4 * ld), "row pairs: vector and portable differ");
+    CHECK(ctx, i2[2 * 5 + 1] == bf16_round(prow[1][5]) && i2[ld + 2 * 36] == bf16_round(prow[2][36]) &&
+               i2[3 * ld + 2 * 9 + 1] == 0, "row pairs: wrong layout");
+    free(src);
+    free(i1);
+    free(i2);
     free(a);
     free(b);
     free(c1);
