@@ -24,6 +24,7 @@
 #include "../cli/args.h"
 #include "attn/sparse.h"
 #include "bench.h"
+#include "ops/bf16.h"
 #include "core/rng.h"
 
 #define BA_MAX_N 16
@@ -51,6 +52,9 @@ typedef struct ba_run {
     sparse_cache cache;
     attn_cache_f32 ref;      /* --reference: the reference path's cache ([h, N, N] matrices) */
     bool ok, have_ref;
+    bool bf16;               /* bf16 compute: the K/V GEMM through oneDNN bf16, bf16 attention tiles */
+    bf16_mirror mw;          /* its bf16 copy of the weights (converted once: the weights never change) */
+    bf16_ctx *b16;
     double tref[64];
     double t[64];            /* seconds per repeat */
     double cpu[64];          /* process CPU seconds per repeat */
@@ -88,6 +92,8 @@ static double layer_flops(const moh_attn_config *cfg, double N, double P, double
 
 static void run_free(ba_run *r) {
     if (r->ok) sparse_cache_free(&r->cache);
+    bf16_ctx_free(r->b16);
+    bf16_mirror_free(&r->mw);
     if (r->have_ref) attn_cache_free_f32(&r->ref);
     free(r->w);
     free(r->gw);
@@ -98,7 +104,7 @@ static void run_free(ba_run *r) {
     memset(r, 0, sizeof *r);
 }
 
-static int run_init(ba_run *r, const ba_model *m, int N, double share, bool train, bool ref,
+static int run_init(ba_run *r, const ba_model *m, int N, double share, bool train, bool ref, bool bf16,
                     uint64_t seed, moh_error *err) {
     memset(r, 0, sizeof *r);
     moh_attn_config *c = &r->cfg;
@@ -140,6 +146,13 @@ static int run_init(ba_run *r, const ba_model *m, int N, double share, bool trai
         for (size_t i = 0; i < TC; i++) r->dy[i] = rng_sd(&s, 1.0);
     if (sparse_cache_init(&r->cache, c, 1, N, err)) return err->code;
     r->ok = true;
+    if (bf16) {
+        r->bf16 = true;
+        if (bf16_mirror_init(&r->mw, r->w, r->np, err) || bf16_ctx_new(&r->b16, &r->mw, err) ||
+            sparse_cache_set_bf16(&r->cache, c, r->b16, err))
+            return err->code;
+        bf16_mirror_sync(&r->mw);
+    }
     if (ref) {
         if (attn_cache_init_f32(&r->ref, c, 1, N, err)) return err->code;
         r->have_ref = true;
@@ -162,21 +175,22 @@ int bench_attention(int argc, char **argv) {
      * per repeat between the configurations, so both see the same machine conditions */
     struct {
         bool json, phases, reference;
-        const char *model, *n, *active, *pass;
+        const char *model, *n, *active, *pass, *precision;
         int repeats;
-    } a = {false, false, false, "all", "256,512,1024,2048,4096,8192", "0.9,0.75,0.5", "all", 5};
+    } a = {false, false, false, "all", "256,512,1024,2048,4096,8192", "0.9,0.75,0.5", "all", "fp32", 5};
     const arg_spec specs[] = {
         {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false, ARG_ANY},
         {"--model", ARG_CHOICE, &a.model, "vit-b|llm|all", "vit-b: d_model 768, 12 heads, bidirectional; llm: 1024, 16 heads, causal, RoPE (default all)", false, ARG_ANY},
         {"--n", ARG_STR, &a.n, "N,N,...", "sequence lengths (default 256,512,1024,2048,4096,8192)", false, ARG_ANY},
         {"--active", ARG_STR, &a.active, "S,S,...", "MoH active-head shares in (0,1] (default 0.9,0.75,0.5; dense MHA always runs)", false, ARG_ANY},
         {"--pass", ARG_CHOICE, &a.pass, "forward|train|all", "forward only, forward + backward, or both (default all)", false, ARG_ANY},
+        {"--precision", ARG_CHOICE, &a.precision, "fp32|bf16|both", "compute precision (bf16: K/V GEMM through oneDNN bf16, QK^T and PV tiles with vdpbf16ps, fp32 accumulation and softmax); both: every row in each, interleaved, with the fp32/bf16 time ratio (default fp32)", false, ARG_ANY},
         {"--repeats", ARG_INT, &a.repeats, "R", "timed repeats per configuration, interleaved (default 5, max 64)", false, ARG_IN(1, 64)},
         {"--phases", ARG_FLAG, &a.phases, NULL, "also print the per-phase breakdown under each row of the table", false, ARG_ANY},
         {"--reference", ARG_FLAG, &a.reference, NULL, "also time the reference path (every head computed, then gated, as the official code) for N <= 4096; extra rows with path \"reference\"", false, ARG_ANY},
     };
     int prc = args_parse("bench attention", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                         "[--json] [--model vit-b|llm|all] [--n 1024,4096] [--active 0.75,0.5] [--pass forward|train|all] [--repeats R]",
+                         "[--json] [--model vit-b|llm|all] [--n 1024,4096] [--active 0.75,0.5] [--pass forward|train|all] [--precision fp32|bf16|both] [--repeats R]",
                          "One attention layer, B = 1, through the head-sparse engine: dense MHA (router none) and MoH\n(learned router, h_s = h/4 shared heads, top_k chosen for the share). Per row: median ms\n(min-max), GFLOP/s of the FLOPs that must be done (formula: bench/attention.c, docs/benchmarks.md),\nspeedup over dense MHA in the same run, ideal speedup (FLOP ratio), efficiency = speedup/ideal,\nfraction of the machine's 4096x2304x768 sgemm rate, and the memory of the path.\n");
     if (prc) return prc == 1 ? 0 : prc;
     int Ns[BA_MAX_N];
@@ -202,6 +216,11 @@ int bench_attention(int argc, char **argv) {
     group[ng++] = 1.0;
     for (int i = 0; i < nS; i++)
         if (shares[i] < 1.0) group[ng++] = shares[i];
+    /* precisions: the group in fp32, then (both) the same group in bf16: runs[g + ng] */
+    bool pr_fp32, pr_bf16;
+    char bfline[256];
+    bench_precisions("attention", a.precision, &pr_fp32, &pr_bf16, bfline, sizeof bfline);
+    const int npr = pr_fp32 && pr_bf16 ? 2 : 1, nrun = ng * npr;
 
     char cpu[256], gemm[256];
     bench_cpu_model(cpu, sizeof cpu);
@@ -217,6 +236,7 @@ int bench_attention(int argc, char **argv) {
         printf("moh bench attention: %s; %s\n", cpu, cond);
         printf("GEMM: %s; sgemm 4096x2304x768: %.1f GFLOP/s (best of 8 at start; sgemm%% below uses the\n"
                "median of one sgemm per repeat, timed in the same rotation as the rows)\n", gemm, sgemm0);
+        if (pr_bf16) printf("bf16 rows: %s\n", bfline);
         printf("kernels: %s\n\n", __builtin_cpu_supports("avx512f") ? "moh AVX-512 register tiles (6 x 64) for every per-head product; oneDNN for the dense K/V GEMM" : "portable C loops (no AVX-512) for per-head products; oneDNN for the dense K/V GEMM");
         printf("%-6s %6s %-8s %-13s %22s %8s %8s %6s %5s %7s %9s %9s %5s\n", "model", "N", "pass", "active(hs+k)",
                "ms median (min-max)", "GFLOP/s", "speedup", "ideal", "eff", "sgemm%", "mem MiB", "cpu-ms", "eff/c");
@@ -231,26 +251,27 @@ int bench_attention(int argc, char **argv) {
             for (int pi = 0; pi < 2; pi++) {
                 const bool train = pi == 1;
                 if ((train && !trn) || (!train && !fwd)) continue;
-                ba_run runs[BA_MAX_ACT];
+                ba_run runs[2 * BA_MAX_ACT];
                 memset(runs, 0, sizeof runs);
                 int status = 0;
-                for (int g = 0; g < ng && !status; g++)
-                    status = run_init(&runs[g], m, N, group[g], train, a.reference && N <= 4096, 0x5EEDULL + (uint64_t)N, &err);
+                for (int g = 0; g < nrun && !status; g++)
+                    status = run_init(&runs[g], m, N, group[g % ng], train, a.reference && N <= 4096 && g < ng,
+                                      pr_bf16 && (g >= ng || !pr_fp32), 0x5EEDULL + (uint64_t)N, &err);
                 if (status) {
                     fprintf(stderr, "moh bench attention: %s\n", err.msg);
-                    for (int g = 0; g < ng; g++) run_free(&runs[g]);
+                    for (int g = 0; g < nrun; g++) run_free(&runs[g]);
                     if (a.json) printf("]\n");
                     return 1;
                 }
                 fprintf(stderr, "[%s N=%d %s] warm-up\n", m->name, N, train ? "train" : "forward");
-                for (int g = 0; g < ng; g++) run_once(&runs[g], N, train);
-                for (int g = 0; g < ng; g++) memset(runs[g].cache.phase_s, 0, sizeof runs[g].cache.phase_s);
+                for (int g = 0; g < nrun; g++) run_once(&runs[g], N, train);
+                for (int g = 0; g < nrun; g++) memset(runs[g].cache.phase_s, 0, sizeof runs[g].cache.phase_s);
                 double tsg[64];
                 for (int rep = 0; rep < a.repeats; rep++) {
                     tsg[rep] = bench_sgemm_gflops(4096, 2304, 768, 1); /* same conditions as the rows */
                     fprintf(stderr, "[%s N=%d %s] repeat %d/%d\n", m->name, N, train ? "train" : "forward", rep + 1, a.repeats);
-                    for (int k = 0; k < ng; k++) { /* rotate the order every repeat */
-                        ba_run *r = &runs[(k + rep) % ng];
+                    for (int k = 0; k < nrun; k++) { /* rotate the order every repeat */
+                        ba_run *r = &runs[(k + rep) % nrun];
                         const double t0 = omp_get_wtime(), c0 = bench_cpu_seconds();
                         run_once(r, N, train);
                         r->t[rep] = omp_get_wtime() - t0;
@@ -264,15 +285,18 @@ int bench_attention(int argc, char **argv) {
                 }
                 double dense_ms = 0.0, dense_flops = 0.0, dense_cpu = 0.0;
                 const double sgemm = bench_summarise(tsg, a.repeats).median;
-                for (int g = 0; g < ng; g++) {
+                for (int g = 0; g < nrun; g++) {
                     ba_run *r = &runs[g];
                     const bench_stats st = bench_summarise(r->t, a.repeats);
+                    /* both precisions: the fp32 row's median time over this row's */
+                    const double vs_fp32 =
+                        npr == 2 && g >= ng ? bench_summarise(runs[g - ng].t, a.repeats).median / st.median : 0.0;
                     const bench_stats cst = bench_summarise(r->cpu, a.repeats);
                     const double P = (double)sparse_pairs(&r->cfg, &r->cache);
                     const double V = sparse_key_visits(&r->cfg, &r->cache);
                     const double fl = layer_flops(&r->cfg, N, P, V, train);
                     const double active = P / ((double)N * m->h);
-                    if (g == 0) {
+                    if (g % ng == 0) { /* each precision's MoH rows against its own dense row */
                         dense_ms = st.median * 1e3;
                         dense_flops = fl;
                         dense_cpu = cst.median;
@@ -302,12 +326,14 @@ int bench_attention(int argc, char **argv) {
                                "\"speedup\": %.4f, \"ideal\": %.4f, \"efficiency\": %.4f, \"sgemm_gflops\": %.2f, "
                                "\"sgemm_fraction\": %.4f, \"mem_bytes\": %zu, \"routed_head_share_min\": %.4f, "
                                "\"routed_head_share_max\": %.4f, \"threads\": %d, \"cpu_ms\": %.3f, "
-                               "\"speedup_cpu\": %.4f, \"efficiency_cpu\": %.4f, \"phase_ms\": {",
+                               "\"speedup_cpu\": %.4f, \"efficiency_cpu\": %.4f, \"precision\": \"%s\", "
+                               "\"speedup_vs_fp32\": %.4f, \"phase_ms\": {",
                                N, active, r->target, r->cfg.shared_heads, r->cfg.top_k,
                                r->cfg.router == MOH_ROUTER_NONE ? "none" : "learned", m->causal ? "true" : "false",
                                train ? "train" : "forward", ms, st.min * 1e3, st.max * 1e3, a.repeats, fl * 1e-9,
                                gfl, speedup, ideal, speedup / ideal, sgemm, gfl / sgemm, mem, rmin, rmax, threads,
-                               cst.median * 1e3, dense_cpu / cst.median, dense_cpu / cst.median / ideal);
+                               cst.median * 1e3, dense_cpu / cst.median, dense_cpu / cst.median / ideal,
+                               r->bf16 ? "bf16" : "fp32", vs_fp32 > 0 ? vs_fp32 : 1.0);
                         bool pf = true;
                         for (int k = 0; k < SPARSE_NPHASE; k++) {
                             if (!train && k >= SPARSE_PH_B_WO) break;
@@ -317,11 +343,12 @@ int bench_attention(int argc, char **argv) {
                         printf("}}");
                     } else {
                         char act[400], tms[96];
-                        snprintf(act, sizeof act, "%.3f %s", active, split);
+                        snprintf(act, sizeof act, "%.3f %s%s", active, split, r->bf16 ? " bf16" : "");
                         snprintf(tms, sizeof tms, "%.2f (%.2f-%.2f)", ms, st.min * 1e3, st.max * 1e3);
                         printf("%-6s %6d %-8s %-13s %22s %8.1f %8.3f %6.3f %5.2f %6.1f%% %9.1f %9.1f %5.2f\n", m->name, N,
                                train ? "train" : "forward", act, tms, gfl, speedup, ideal, speedup / ideal,
                                100.0 * gfl / sgemm, mem / 1048576.0, cst.median * 1e3, dense_cpu / cst.median / ideal);
+                        if (vs_fp32 > 0) printf("%8s bf16: %.3fx the speed of the fp32 row\n", "", vs_fp32);
                         if (a.phases) {
                             printf("%8s", "");
                             for (int k = 0; k < SPARSE_NPHASE; k++) {
@@ -356,7 +383,7 @@ int bench_attention(int argc, char **argv) {
                                m->name, N, train ? "train" : "forward", lab, tms, gfl, dense_ms / ms);
                     }
                 }
-                for (int g = 0; g < ng; g++) run_free(&runs[g]);
+                for (int g = 0; g < nrun; g++) run_free(&runs[g]);
             }
         }
     }

@@ -46,6 +46,11 @@ void bench_gemm_line(char *out, size_t cap);
 /* Best of `reps` float32 GEMMs M x N x K through gemm_f32 (all threads), in GFLOP/s. */
 double bench_sgemm_gflops(int M, int N, int K, int reps);
 
+/* The precisions a `--precision fp32|bf16|both` value asks for (*fp32, *bf16), bf16 dropped with
+ * one line on stderr ("moh bench CMD: ... runs fp32 only: why") where the CPU lacks it; line[cap]
+ * gets precision_describe's text for bf16 (else ""). */
+void bench_precisions(const char *cmd, const char *value, bool *fp32, bool *bf16, char *line, size_t cap);
+
 /* CPU seconds used by the whole process so far (all threads). With OMP_WAIT_POLICY=passive, idle
  * threads sleep instead of spinning, so a run's CPU time is its work, whatever else the machine
  * runs: a contention-robust companion of the wall time. */

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ops/bf16.h"
 #include "ops/gemm.h"
 
 static int cmp_double(const void *a, const void *b) {
@@ -138,4 +139,17 @@ void bench_json_str(FILE *f, const char *s) {
         else fputc(*s, f);
     }
     fputc('"', f);
+}
+
+void bench_precisions(const char *cmd, const char *value, bool *fp32, bool *bf16, char *line, size_t cap) {
+    *fp32 = strcmp(value, "bf16") != 0;
+    *bf16 = strcmp(value, "fp32") != 0;
+    char why[160];
+    if (cap) line[0] = 0;
+    if (*bf16 && precision_resolve(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16) {
+        fprintf(stderr, "moh bench %s: --precision %s runs fp32 only: %s\n", cmd, value, why);
+        *bf16 = false;
+        *fp32 = true;
+    }
+    if (*bf16) precision_describe(MOH_PRECISION_BF16, line, cap);
 }

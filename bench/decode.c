@@ -128,10 +128,10 @@ static bool bd_synthetic_name(const char *s) { return !strcmp(s, "small") || !st
 int bench_decode(int argc, char **argv) {
     struct {
         bool json, profile;
-        const char *model, *context, *config, *text;
+        const char *model, *context, *config, *text, *precision;
         int tokens, repeats, threads;
         uint64_t seed;
-    } a = {false, false, "all", NULL, NULL, NULL, -1, 3, 0, 1};
+    } a = {false, false, "all", NULL, NULL, NULL, NULL, -1, 3, 0, 1};
     const arg_spec specs[] = {
         {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false, ARG_ANY},
         {"--model", ARG_STR, &a.model, "small|llm|all|PATH", "small: configs/moh-75 geometry (256 wide, 6 layers, 8 heads); llm: 1024 wide, 4 layers, 16 heads (default all); or a model to load: a .gguf, a Hugging Face folder, a moh checkpoint (up to 4 --model PATH: ratios to the first)", false, ARG_ANY},
@@ -142,6 +142,7 @@ int bench_decode(int argc, char **argv) {
         {"--threads", ARG_INT, &a.threads, "N", "OpenMP threads (default: OMP_NUM_THREADS, else every core)", false, ARG_IN(1, 1024)},
         {"--seed", ARG_U64, &a.seed, "S", "--model PATH: prompt ids uniform over the vocabulary from splitmix64(S) (default 1)", false, ARG_ANY},
         {"--text", ARG_STR, &a.text, "FILE", "--model PATH: the prompt is FILE's tokens (the model's tokenizer, or bytes), repeated", false, ARG_ANY},
+        CLI_PRECISION_SPEC(&a.precision),
         {"--profile", ARG_FLAG, &a.profile, NULL, "--model PATH: time per phase (qkv, attention, wo, mlp, lm_head, other) of prefill and decode", false, ARG_ANY},
     };
     int prc = args_parse("bench decode", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
@@ -157,6 +158,7 @@ int bench_decode(int argc, char **argv) {
                          "several --model, the runs are interleaved and each is also given as a ratio to the first.\n");
     if (prc) return prc == 1 ? 0 : prc;
     if (a.threads > 0) omp_set_num_threads(a.threads);
+    cli_precision_fp32_only("bench decode", a.precision, "decoding (and prefill)");
     bdm_opts mo = {.tokens = a.tokens > 0 ? a.tokens : 128, .repeats = a.repeats, .seed = a.seed, .text = a.text,
                    .json = a.json, .profile = a.profile};
     for (int i = 1; i + 1 < argc; i++) { /* every --model value (args_parse keeps the last) */

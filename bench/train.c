@@ -7,6 +7,8 @@
  *    head-sparse path (`moh train --sparse-attn`); before timing, its loss and gradients are checked
  *    against the reference path on the same batch (relative 1e-4), and the run stops if they
  *    disagree.
+ * With --precision bf16 or both, each path also runs in bf16 (acts_set_bf16: GEMMs and attention
+ * tiles in bf16, fp32 master weights whose bf16 copy is converted every step, inside the timing).
  * Tokens are attention tokens: B T for text, B num_tokens (tokens_per_example) for images. */
 #include <math.h>
 #include <omp.h>
@@ -27,19 +29,21 @@ typedef struct bt_run {
     model m;           /* config and parameters (m.data [m.n]) */
     void *g;           /* gradient views (fam->params_new) over gdata [m.n] */
     float *gdata;
-    void *acts[2];     /* [path]: reference, sparse */
+    void *acts[4];     /* [path + 2 precision]: reference, sparse; in fp32, then bf16 */
+    bf16_mirror mw;    /* bf16: the weights' bf16 copy, converted every step (as model_shards) */
     moh_batch batch;   /* the synthetic batch (arrays in batch_buf) */
     void *batch_buf;
     float *mom, *vel;
     bool *decay;
-    double t[2][64];   /* [path][repeat] seconds per step */
-    double loss[2];
+    double t[4][64];   /* [path + 2 precision][repeat] seconds per step */
+    double loss[4];
 } bt_run;
 
 static void bt_free(bt_run *r) {
     const model_family *fam = r->m.fam;
-    for (int k = 0; fam && k < 2; k++)
+    for (int k = 0; fam && k < 4; k++)
         if (r->acts[k]) fam->acts_free(r->acts[k]);
+    bf16_mirror_free(&r->mw);
     if (fam && r->g) fam->params_free(r->g);
     model_free(&r->m);
     free(r->batch_buf);
@@ -52,7 +56,8 @@ static void bt_free(bt_run *r) {
 /* Loads config `name`, random weights (seed 7), gradients, both activations and the batch of B
  * examples of *T tokens (*T <= 0: the config's longest sequence; images ignore it). Family and
  * tokens per example must be those of first when given (the first config's run). */
-static int bt_init(bt_run *r, const char *name, int B, int *T, const bt_run *first, moh_error *err) {
+static int bt_init(bt_run *r, const char *name, int B, int *T, const bt_run *first, const bool want[4],
+                   moh_error *err) {
     memset(r, 0, sizeof *r);
     snprintf(r->name, sizeof r->name, "%.63s", name);
     char path[4096];
@@ -72,8 +77,15 @@ static int bt_init(bt_run *r, const char *name, int B, int *T, const bt_run *fir
     size_t gn = 0;
     if ((rc = fam->params_new(r->m.cfg, &r->g, &r->gdata, &gn, err))) return rc;
     fam->init_random(r->m.cfg, r->m.params, 7);
-    for (int k = 0; k < 2; k++)
-        if ((rc = fam->acts_new(r->m.cfg, B, *T, k == 1, &r->acts[k], err))) return rc;
+    for (int k = 0; k < 4; k++) {
+        if (!want[k] && !(k == 0 && want[1])) continue; /* the sparse path's check needs the reference */
+        if ((rc = fam->acts_new(r->m.cfg, B, *T, k % 2 == 1, &r->acts[k], err))) return rc;
+        if (k < 2) continue;
+        if (!fam->acts_set_bf16)
+            return moh_fail(err, MOH_E_ARG, "%s: the %s family computes in fp32 only", name, fam->short_name);
+        if (!r->mw.data && (rc = bf16_mirror_init(&r->mw, r->m.data, r->m.n, err))) return rc;
+        if ((rc = fam->acts_set_bf16(r->m.cfg, r->acts[k], &r->mw, err))) return rc;
+    }
     if ((rc = fam->synthetic_batch(r->m.cfg, B, *T, 99, &r->batch, &r->batch_buf, err))) return rc;
     if (first && fam->tokens_per_example(r->m.cfg, &r->batch) != fam->tokens_per_example(first->m.cfg, &first->batch))
         return moh_fail(err, MOH_E_ARG, "--configs: %s has %d tokens per example, the first config %d; expected the "
@@ -92,18 +104,20 @@ static int bt_init(bt_run *r, const char *name, int B, int *T, const bt_run *fir
     return MOH_OK;
 }
 
-/* Forward + backward of the batch through path 0 (reference) or 1 (sparse) into zeroed gradients;
- * returns the loss. */
+/* Forward + backward of the batch through path 0 (reference) or 1 (sparse), + 2 in bf16, into
+ * zeroed gradients; returns the loss. */
 static double bt_grad(bt_run *r, int path) {
     const model_family *fam = r->m.fam;
     double ce, lb;
     memset(r->gdata, 0, sizeof(float) * r->m.n);
+    if (path >= 2) bf16_mirror_sync(&r->mw);
     const double loss = fam->forward(r->m.cfg, r->m.params, r->acts[path], &r->batch, 0, r->batch.B, true, &ce, &lb);
     fam->backward(r->m.cfg, r->m.params, r->g, r->acts[path], &r->batch, 0, r->batch.B);
     return loss;
 }
 
-/* One optimizer step on the batch through path 0 (reference) or 1 (sparse); returns the loss. */
+/* One optimizer step on the batch through path 0 (reference) or 1 (sparse), + 2 in bf16;
+ * returns the loss. */
 static double bt_step(bt_run *r, int path, long step) {
     static const adamw_config ac = {0.9, 0.95, 1e-8, 0.1};
     const double loss = bt_grad(r, path);
@@ -134,24 +148,29 @@ static double bt_check(bt_run *r, double *loss_err) {
 int bench_train(int argc, char **argv) {
     struct {
         bool json;
-        const char *configs, *path;
+        const char *configs, *path, *precision;
         int batch, seq, steps, repeats;
-    } a = {false, "mha,moh-90,moh-75,moh-50", "both", 16, 0, 2, 3};
+    } a = {false, "mha,moh-90,moh-75,moh-50", "both", "fp32", 16, 0, 2, 3};
     const arg_spec specs[] = {
         {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false, ARG_ANY},
         {"--configs", ARG_STR, &a.configs, "A,B,...", "configs of one model family, names in configs/ or paths; the first is the baseline (default mha,moh-90,moh-75,moh-50)", false, ARG_ANY},
         {"--path", ARG_CHOICE, &a.path, "sparse|reference|both", "attention path of the step (default both)", false, ARG_ANY},
+        {"--precision", ARG_CHOICE, &a.precision, "fp32|bf16|both", "compute precision of the step (bf16: GEMMs and attention tiles in bf16, fp32 master weights); both: every row in each, interleaved, with the bf16/fp32 ratio (default fp32)", false, ARG_ANY},
         {"--batch", ARG_INT, &a.batch, "B", "examples (sequences, images) per step (default 16)", false, ARG_GE(1)},
         {"--seq", ARG_INT, &a.seq, "T", "text: sequence length (default: the first config's max_position_embeddings)", false, ARG_GE(1)},
         {"--steps", ARG_INT, &a.steps, "S", "timed optimizer steps per repeat (default 2)", false, ARG_GE(1)},
         {"--repeats", ARG_INT, &a.repeats, "R", "repeats, interleaved over configs and paths (default 3, max 64)", false, ARG_IN(1, 64)},
     };
     int prc = args_parse("bench train", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                         "[--json] [--configs mha,moh-75] [--path sparse|reference|both] [--batch B] [--seq T] [--steps S] [--repeats R]",
+                         "[--json] [--configs mha,moh-75] [--path sparse|reference|both] [--precision fp32|bf16|both] [--batch B] [--seq T] [--steps S] [--repeats R]",
                          "Training tokens/s of any model family: forward + backward + clipping + AdamW on a random batch\n(random bytes for the LM, random pixels for the ViT), dense MHA vs MoH configs, with the reference\nattention and with the head-sparse attention path. Image tokens: patches (+ class token).\n");
     if (prc) return prc == 1 ? 0 : prc;
     const bool p_ref = !strcmp(a.path, "reference") || !strcmp(a.path, "both");
     const bool p_sp = !strcmp(a.path, "sparse") || !strcmp(a.path, "both");
+    bool pr_fp32, pr_bf16;
+    char bfline[256];
+    bench_precisions("train", a.precision, &pr_fp32, &pr_bf16, bfline, sizeof bfline);
+    const bool want[4] = {p_ref && pr_fp32, p_sp && pr_fp32, p_ref && pr_bf16, p_sp && pr_bf16};
     char names[BT_MAX_CFG][64];
     int nn = 0;
     for (const char *s = a.configs; *s && nn < BT_MAX_CFG;) {
@@ -170,11 +189,11 @@ int bench_train(int argc, char **argv) {
     int T = a.seq, status = 0;
     for (int i = 0; i < nn && !status; i++) {
         fprintf(stderr, "[bench train] loading %s\n", names[i]);
-        status = bt_init(&runs[i], names[i], a.batch, &T, i ? &runs[0] : NULL, &err);
+        status = bt_init(&runs[i], names[i], a.batch, &T, i ? &runs[0] : NULL, want, &err);
     }
     const int B = a.batch;
     /* both paths must compute the same model */
-    for (int i = 0; i < nn && !status && p_sp; i++) {
+    for (int i = 0; i < nn && !status && p_sp && pr_fp32; i++) {
         double lerr = INFINITY;
         const double gerr = bt_check(&runs[i], &lerr);
         fprintf(stderr, "[bench train] %s: sparse vs reference attention step: loss rel err %.2e, gradient rel err %.2e\n",
@@ -182,18 +201,29 @@ int bench_train(int argc, char **argv) {
         if (!(lerr < 1e-4 && gerr < 1e-4))
             status = moh_fail(&err, MOH_E_ARG, "%s: the sparse-path step disagrees with the reference path (loss %.3g, gradients %.3g)", runs[i].name, lerr, gerr);
     }
+    for (int i = 0; i < nn && !status && pr_bf16; i++) { /* bf16 against fp32 on one batch */
+        const int p = p_sp ? 1 : 0;
+        double lf = 0.0;
+        if (!runs[i].acts[p]) {
+            fprintf(stderr, "[bench train] %s: bf16 step loss %.6f\n", runs[i].name, bt_grad(&runs[i], p + 2));
+            continue;
+        }
+        lf = bt_grad(&runs[i], p);
+        const double lb = bt_grad(&runs[i], p + 2);
+        fprintf(stderr, "[bench train] %s: bf16 vs fp32 step: loss %.6f vs %.6f (rel %.2e)\n", runs[i].name, lb, lf,
+                fabs(lb - lf) / fmax(fabs(lf), 1e-30));
+    }
     long step = 1;
-    const int paths[2] = {p_ref ? 0 : -1, p_sp ? 1 : -1};
     for (int g = 0; g < nn && !status; g++) /* warm-up */
-        for (int pi = 0; pi < 2; pi++)
-            if (paths[pi] >= 0) bt_step(&runs[g], pi, step++);
+        for (int pi = 0; pi < 4; pi++)
+            if (want[pi]) bt_step(&runs[g], pi, step++);
     for (int rep = 0; rep < a.repeats && !status; rep++) {
         fprintf(stderr, "[bench train] repeat %d/%d\n", rep + 1, a.repeats);
         for (int k = 0; k < nn; k++) {
             bt_run *r = &runs[(k + rep) % nn];
-            for (int pi = 0; pi < 2; pi++) {
-                const int path = (pi + rep) % 2;
-                if (paths[path] < 0) continue;
+            for (int pi = 0; pi < 4; pi++) {
+                const int path = (pi + rep) % 4;
+                if (!want[path]) continue;
                 const double t0 = omp_get_wtime();
                 for (int st = 0; st < a.steps; st++) r->loss[path] = bt_step(r, path, step++);
                 r->t[path][rep] = (omp_get_wtime() - t0) / a.steps;
@@ -215,11 +245,13 @@ int bench_train(int argc, char **argv) {
             bench_conditions(cond, sizeof cond);
             printf("moh bench train: %s; %s; B=%d T=%d (%.0f tokens/step), %d steps x %d repeats\n",
                    cpu, cond, B, N, tokens, a.steps, a.repeats);
-            printf("%-10s %-10s %8s %28s %10s %9s\n", "config", "path", "active", "tokens/s median (min-max)", "ms/step", "speedup");
+            if (pr_bf16) printf("compute (bf16 rows): %s\n", bfline);
+            printf("%-10s %-16s %8s %28s %10s %9s%s\n", "config", "path", "active", "tokens/s median (min-max)", "ms/step",
+                   "speedup", pr_bf16 && pr_fp32 ? "   bf16/fp32" : "");
         }
         bool first = true;
-        for (int path = 0; path < 2; path++) {
-            if (paths[path] < 0) continue;
+        for (int path = 0; path < 4; path++) {
+            if (!want[path]) continue;
             double base = 0.0;
             for (int i = 0; i < nn; i++) {
                 bt_run *r = &runs[i];
@@ -227,20 +259,26 @@ int bench_train(int argc, char **argv) {
                 const double tps = tokens / st.median;
                 if (i == 0) base = tps;
                 const double share = model_active_heads(&r->m) / model_attn(&r->m)->n_heads; /* mean over layers */
-                const char *pname = path ? "sparse" : "reference";
+                static const char *const pnames[4] = {"reference", "sparse", "reference bf16", "sparse bf16"};
+                const char *pname = pnames[path];
+                const bool pair = path >= 2 && want[path - 2];
+                const double vs = pair ? bench_summarise(r->t[path - 2], a.repeats).median / st.median : 0.0;
                 if (a.json) {
                     printf("%s  {\"config\": ", first ? "" : ",\n");
                     first = false;
                     bench_json_str(stdout, r->name);
                     printf(", \"path\": \"%s\", \"active\": %.4f, \"tokens_per_s\": %.2f, \"tokens_per_s_min\": %.2f, "
                            "\"tokens_per_s_max\": %.2f, \"ms_per_step\": %.2f, \"speedup\": %.4f, \"batch\": %d, "
-                           "\"seq\": %d, \"steps\": %d, \"repeats\": %d, \"threads\": %d, \"loss\": %.4f}",
+                           "\"seq\": %d, \"steps\": %d, \"repeats\": %d, \"threads\": %d, \"loss\": %.4f, "
+                           "\"precision\": \"%s\", \"speedup_vs_fp32\": %.4f}",
                            pname, share, tps, tokens / st.max, tokens / st.min, st.median * 1e3, tps / base, B, N,
-                           a.steps, a.repeats, threads, r->loss[path]);
+                           a.steps, a.repeats, threads, r->loss[path], path >= 2 ? "bf16" : "fp32", pair ? vs : 1.0);
                 } else {
                     char tp[64];
                     snprintf(tp, sizeof tp, "%.0f (%.0f-%.0f)", tps, tokens / st.max, tokens / st.min);
-                    printf("%-10s %-10s %8.3f %28s %10.1f %9.3f\n", r->name, pname, share, tp, st.median * 1e3, tps / base);
+                    printf("%-10s %-16s %8.3f %28s %10.1f %9.3f", r->name, pname, share, tp, st.median * 1e3, tps / base);
+                    if (pair) printf(" %11.3f", vs);
+                    printf("\n");
                 }
             }
         }

@@ -72,7 +72,7 @@ int cmd_sample(int argc, char **argv) {
             !strcmp(f0->task, "image-generation"))
             return cmd_sample_image(argc, argv);
     }
-    const char *ckpt = NULL, *model_path = NULL, *prompt = "", *full = "slide", *dump = NULL;
+    const char *ckpt = NULL, *model_path = NULL, *prompt = "", *full = "slide", *dump = NULL, *precision = NULL;
     int max_tokens = 256, top_k = 0;
     double temp = 0.8, top_p = 0.95;
     uint64_t seed = 1;
@@ -86,6 +86,7 @@ int cmd_sample(int argc, char **argv) {
         {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: of those, keep the smallest set with probability >= P (default 0.95)", false, ARG_IN_OC(0, 1)},
         {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false, ARG_ANY},
         {"--context-full", ARG_CHOICE, &full, "slide|stop", "when the context is full: slide (re-encode its last half and go on; default) or stop", false, ARG_ANY},
+        CLI_PRECISION_SPEC(&precision),
         {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write the prompt's ids (tokens [1, n]), the logits after each from the KV cache (logits [1, n, V]) and from the full forward pass (logits_forward), and the generated ids (generated [1, g]) as safetensors", false, ARG_ANY},
     };
     int rc = args_parse("sample", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
@@ -108,6 +109,7 @@ int cmd_sample(int argc, char **argv) {
         return 2;
     }
     if (!ckpt) ckpt = model_path;
+    cli_precision_fp32_only("sample", precision, "KV-cache decoding");
     const bool slide = !strcmp(full, "slide");
     moh_error err = {0};
     const model_family *fam = NULL;

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "attn/sparse_kernels.h"
+#include "ops/bf16.h"
 
 /* Clock of the phase timers (a build may substitute a CPU-time clock for profiling). */
 #ifndef SP_CLOCK
@@ -59,6 +60,10 @@ typedef struct sp_tws {
     int *nv;
     const float **pa, **pb, **pb2, **pb3, **pa2, **sa, **dsa;
     float **pc, **sc, **dsc;
+    uint16_t *pbf, *qb; /* bf16 tiles: probabilities [SP_MR, BK]; operand rows (queries
+                         * [BQ, 2 ceil(d/2)], gathered x [BQ, 2 ceil(C/2)], og [SP_TC, 2 ceil(d/2)]) */
+    uint16_t *bw;       /* bf16 backward: P and dS pair-interleaved over rows [BQ / 2, BK, 2] each,
+                         * dS rows [BQ, BK] */
 } sp_tws;
 
 static int sp_dpad(const moh_attn_config *cfg) { return round16(cfg->head_dim); }
@@ -206,7 +211,55 @@ int sparse_cache_init(sparse_cache *c, const moh_attn_config *cfg, int B, int N,
     return MOH_OK;
 }
 
+/* Per-thread bf16 operand rows of the forward (uint16 count): queries, gathered x, og. */
+static size_t sp_rows16(const moh_attn_config *cfg) {
+    const size_t C2 = 2 * (size_t)((cfg->hidden_size + 1) / 2), d2 = 2 * (size_t)((cfg->head_dim + 1) / 2);
+    return ((size_t)imax(SPARSE_BQ, SP_TC) * (C2 > d2 ? C2 : d2) + 31) & ~(size_t)31;
+}
+
+int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, bf16_ctx *ctx, moh_error *err) {
+    const bool tiles = ctx && bf16_detect().avx512_bf16;
+    if (tiles && !c->bblock) {
+        const size_t d2 = 2 * (size_t)((cfg->head_dim + 1) / 2), dp = (size_t)sp_dpad(cfg);
+        const size_t tiles_n = (size_t)c->maxB * cfg->n_kv_heads * sp_nkt(c->maxN);
+        const size_t nk = tiles_n * d2 * SPARSE_BK, nv = tiles_n * SPARSE_BK * dp;
+        const size_t C2 = 2 * (size_t)((cfg->hidden_size + 1) / 2), hw = (size_t)cfg->n_heads * cfg->head_dim;
+        const size_t nwq = hw * C2, nwo = (size_t)cfg->n_heads * d2 * (size_t)cfg->hidden_size;
+        const size_t bws_n = ((size_t)SP_MR * SPARSE_BK + sp_rows16(cfg) + 3 * (size_t)SPARSE_BQ * SPARSE_BK + 31) &
+                             ~(size_t)31;
+        const size_t capP = (size_t)c->maxB * c->maxN * sparse_active_heads(cfg);
+        const size_t nrow = capP * d2, ntr = capP * (size_t)cfg->head_dim + 32; /* + a finite pad */
+        uint16_t *blk = calloc(2 * (nk + nv) + nwq + nwo + 2 * (nrow + ntr) + (size_t)c->nthreads * bws_n,
+                               sizeof(uint16_t));
+        if (!blk) return moh_fail(err, MOH_E_NOMEM, "sparse attention: cannot allocate the bf16 key/value tiles");
+        c->bblock = blk;
+        c->ktb = blk;
+        c->vtb = blk + nk;
+        c->vtbt = blk + nk + nv;
+        c->ktbk = c->vtbt + nk;
+        c->qb16 = c->ktbk + nv;
+        c->dob16 = c->qb16 + nrow;
+        c->qt16 = c->dob16 + nrow;
+        c->dot16 = c->qt16 + ntr;
+        c->wqb = c->dot16 + ntr;
+        c->wob = c->wqb + nwq;
+        c->bws = c->wob + nwo;
+        c->bws_n = bws_n;
+    }
+    if (!tiles && c->bblock) {
+        free(c->bblock);
+        c->bblock = NULL;
+        c->ktb = c->vtb = c->vtbt = c->ktbk = c->qb16 = c->dob16 = c->qt16 = c->dot16 = NULL;
+        c->wqb = c->wob = c->bws = NULL;
+        c->bws_n = 0;
+    }
+    c->bf16 = ctx;
+    c->bf16_tiles = tiles;
+    return MOH_OK;
+}
+
 void sparse_cache_free(sparse_cache *c) {
+    free(c->bblock);
     free(c->block);
     memset(c, 0, sizeof *c);
 }
@@ -248,6 +301,9 @@ static sp_tws tws_get(const sparse_cache *c, const moh_attn_config *cfg, int tid
         w.dsc[r] = w.ds + (size_t)r * SPARSE_BK;
         w.dsa[r] = w.dsc[r];
     }
+    w.pbf = c->bws ? c->bws + (size_t)tid * c->bws_n : NULL;
+    w.qb = w.pbf ? w.pbf + (size_t)SP_MR * SPARSE_BK : NULL;
+    w.bw = w.qb ? w.qb + sp_rows16(cfg) : NULL;
     return w;
 }
 
@@ -387,6 +443,32 @@ static void pack_cd_task(const void *arg, int t0, int t1, sp_tws *w) {
 
 /* Tasks: heads. dst [h, ncb, d, SP_NR]: dst[i][cb][e][j] = A_i(e, cb SP_NR + j), 0 past C (B
  * operand of a product into C-wide rows, one [d, SP_NR] block per column block). */
+/* The bf16 weights of the forward (bf16_tiles), per head: W_q^i as [ceil(C/2), d, 2] (pairs of
+ * inputs), W_O^i as [ceil(d/2), C, 2] (pairs of head dims); zero padded. */
+typedef struct sp_pack16 {
+    const moh_attn_config *cfg;
+    sp_wview v;
+    uint16_t *dst;
+    bool wo; /* the W_O layout (else W_q) */
+} sp_pack16;
+static void pack_bf16_task(const void *arg, int t0, int t1, sp_tws *w) {
+    const sp_pack16 *a = arg;
+    const int C = a->cfg->hidden_size, d = a->cfg->head_dim, C2 = (C + 1) / 2, d2 = (d + 1) / 2;
+    const sp_wview v = a->v;
+    for (int i = t0; i < t1; i++) {
+        uint16_t *dst = a->dst + (size_t)i * (a->wo ? (size_t)d2 * 2 * C : (size_t)C2 * 2 * d);
+        for (int e = 0; e < 2 * d2; e++)
+            for (int k = 0; k < 2 * C2; k++) {
+                const uint16_t x = e < d && k < C ? bf16_round(v.w[(size_t)i * v.hs + (size_t)e * v.es + (size_t)k * v.ks]) : 0;
+                if (a->wo) {
+                    if (k < C) dst[((size_t)(e / 2) * C + k) * 2 + (e & 1)] = x;
+                } else if (e < d) {
+                    dst[((size_t)(k / 2) * d + e) * 2 + (k & 1)] = x;
+                }
+            }
+    }
+}
+
 static void pack_blk_task(const void *arg, int t0, int t1, sp_tws *w) {
     const sp_pack *a = arg;
     const int C = a->cfg->hidden_size, d = a->cfg->head_dim, ncb = sp_ncb(a->cfg);
@@ -407,6 +489,7 @@ typedef struct sp_scatter {
     float *dst;       /* [T, C] token rows */
     bool init;        /* set dst rows to bias (NULL: 0) first; else accumulate */
     const float *bias;
+    bool bf16;        /* src rows rounded to bf16 times c->wob (the forward's W_O in bf16) */
 } sp_scatter;
 
 /* Tasks: (b, chunk of SP_TC tokens). dst[t] (+)= sum over heads i in order of src_p W_i for the
@@ -433,6 +516,16 @@ static void scatter_task(const void *arg, int t0, int t1, sp_tws *w) {
             for (int r = 0; r < m; r++) {
                 w->pa[r] = a->src + (size_t)(off + lo + r) * d;
                 w->pc[r] = a->dst + ((size_t)b * N + pp[lo + r]) * C;
+            }
+            if (a->bf16) { /* rows of src are consecutive pairs: one bf16 block [m, 2 d2] */
+                const int d2 = (d + 1) / 2;
+                for (int r = 0; r < m; r++) {
+                    uint16_t *ob = w->qb + (size_t)r * 2 * d2;
+                    bf16_from_f32(ob, w->pa[r], (size_t)d);
+                    if (d & 1) ob[d] = 0;
+                }
+                sp_mm_bf16(true, m, C, d2, w->qb, 2 * d2, c->wob + (size_t)i * d2 * 2 * C, 2 * C, w->pc, true);
+                continue;
             }
             for (int cb = 0; cb < ncb; cb++) {
                 for (int e = 0; e < d; e++) w->pb[e] = c->wpack2 + (((size_t)i * ncb + cb) * d + e) * SP_NR;
@@ -492,7 +585,8 @@ static void fwd_router_step(const void *arg, int t0, int t1, sp_tws *w) {
     const int C = cfg->hidden_size, hd = cfg->n_heads * cfg->head_dim, qd = attn_qkv_dim(cfg);
     const int T = x->B * x->N;
     if (cfg->router == MOH_ROUTER_QUERY_NORM) {
-        linear_forward_f32(c->qkv, x->x, x->prm->w_qkv, x->prm->b_qkv, T, C, qd);
+        if (c->bf16) bf16_linear_forward(c->bf16, c->qkv, x->x, x->prm->w_qkv, x->prm->b_qkv, T, C, qd);
+        else linear_forward_f32(c->qkv, x->x, x->prm->w_qkv, x->prm->b_qkv, T, C, qd);
         for (int t = 0; t < T; t++) memcpy(c->rc.q_pre + (size_t)t * hd, c->qkv + (size_t)t * qd, sizeof(float) * hd);
     }
     router_forward_f32(cfg, x->prm, x->x, c->qkv, T, &c->rc);
@@ -504,8 +598,36 @@ static void fwd_kv_gemm_step(const void *arg, int t0, int t1, sp_tws *w) {
     const sp_ctx *x = arg;
     const int C = x->cfg->hidden_size, hd = x->cfg->n_heads * x->cfg->head_dim;
     const int kvd = x->cfg->n_kv_heads * x->cfg->head_dim;
-    gemm_f32(false, true, x->B * x->N, 2 * kvd, C, 1.0f, x->x, C, x->prm->w_qkv + (size_t)hd * C, C, 0.0f,
-             x->c->kv, 2 * kvd);
+    if (x->c->bf16)
+        bf16_gemm(x->c->bf16, false, true, x->B * x->N, 2 * kvd, C, x->x, C, x->prm->w_qkv + (size_t)hd * C, C,
+                  0.0f, x->c->kv, 2 * kvd);
+    else
+        gemm_f32(false, true, x->B * x->N, 2 * kvd, C, 1.0f, x->x, C, x->prm->w_qkv + (size_t)hd * C, C, 0.0f,
+                 x->c->kv, 2 * kvd);
+}
+
+/* The bf16 key and value tiles of (b, KV head g, key tile kt) with nk keys, from kh / vh: keys
+ * pair-interleaved over dimensions, values over keys; zero past nk and d. */
+static void kv_tile_bf16(sparse_cache *c, const moh_attn_config *cfg, int b, int g, int kt, int nk, int N) {
+    const int hkv = cfg->n_kv_heads, d = cfg->head_dim, d2 = (d + 1) / 2, dp = sp_dpad(cfg), nkt = sp_nkt(N);
+    const size_t tile = ((size_t)b * hkv + g) * nkt + kt, hb = ((size_t)b * hkv + g) * N;
+    const size_t ko = tile * (size_t)d2 * SPARSE_BK * 2, vo = tile * (size_t)SPARSE_BK * dp;
+    uint16_t *kb = c->ktb + ko, *vbt = c->vtbt + ko, *vb = c->vtb + vo, *kbk = c->ktbk + vo;
+    const int j0 = kt * SPARSE_BK;
+    for (int jj = 0; jj < SPARSE_BK; jj++) {
+        const float *kr = jj < nk ? c->kh + (hb + j0 + jj) * d : NULL;
+        const float *vr = jj < nk ? c->vh + (hb + j0 + jj) * d : NULL;
+        for (int e = 0; e < 2 * d2; e++) { /* X(e, j) at [(e / 2) BK 2 + 2 j + e % 2]: kb, vbt */
+            const size_t at = ((size_t)(e / 2) * SPARSE_BK + jj) * 2 + (e & 1);
+            kb[at] = kr && e < d ? bf16_round(kr[e]) : 0;
+            vbt[at] = vr && e < d ? bf16_round(vr[e]) : 0;
+        }
+        for (int e = 0; e < dp; e++) { /* X(j, e) at [(j / 2) dp 2 + 2 e + j % 2]: vb, kbk */
+            const size_t at = ((size_t)(jj / 2) * dp + e) * 2 + (jj & 1);
+            vb[at] = vr && e < d ? bf16_round(vr[e]) : 0;
+            kbk[at] = kr && e < d ? bf16_round(kr[e]) : 0;
+        }
+    }
 }
 
 /* Tasks: (b, KV head g, key tile). K, V rows (+ bias, RoPE on K) from the projection buffer into
@@ -535,6 +657,7 @@ static void kv_tile_task(const void *arg, int t0, int t1, sp_tws *w) {
             if (rope) rope_row(kr, c, j, d, 1);
             for (int e = 0; e < d; e++) ktile[(size_t)e * SPARSE_BK + jj] = kr[e];
         }
+        if (c->bf16_tiles) kv_tile_bf16(c, cfg, b, g, kt, nk, N);
     }
 }
 
@@ -556,7 +679,15 @@ static void fwd_q_task(const void *arg, int t0, int t1, sp_tws *w) {
             if (qnorm) memcpy(qr, c->qkv + t * qd + (size_t)q.i * d, sizeof(float) * d);
             else w->pa[r] = x->x + t * C;
         }
-        if (!qnorm) {
+        if (!qnorm && c->bf16_tiles) { /* gathered x rows in bf16 times W_q^i in bf16 */
+            const int C2 = (C + 1) / 2;
+            for (int r = 0; r < q.nr; r++) {
+                uint16_t *xb = w->qb + (size_t)r * 2 * C2;
+                bf16_from_f32(xb, w->pa[r], (size_t)C);
+                if (C & 1) xb[C] = 0;
+            }
+            sp_mm_bf16(true, q.nr, d, C2, w->qb, 2 * C2, c->wqb + (size_t)q.i * C2 * 2 * d, 2 * d, w->pc, false);
+        } else if (!qnorm) {
             for (int k = 0; k < C; k++) w->pb[k] = c->wpack1 + ((size_t)q.i * C + k) * d;
             sp_mm(c->avx512, 0, q.nr, d, C, w->pa, 0, w->pb, 0, w->pc, 0, false);
         }
@@ -569,6 +700,22 @@ static void fwd_q_task(const void *arg, int t0, int t1, sp_tws *w) {
     }
 }
 
+/* Rows rg .. rg + R of a query tile against key tile `tile` (nk keys) in bf16: S = q K^T
+ * (vdpbf16ps, fp32 sums), the fp32 online softmax, then oacc += bf16(P) V. */
+static void attn_fwd_rows_bf16(sparse_cache *c, sp_tws *w, size_t tile, int rg, int R, int nk, int d, int dp,
+                               float cl2) {
+    const int d2 = (d + 1) / 2, nk2 = (nk + 1) / 2;
+    const uint16_t *kb = c->ktb + tile * (size_t)d2 * SPARSE_BK * 2, *vb = c->vtb + tile * (size_t)SPARSE_BK * dp;
+    sp_mm_bf16(true, R, nk, d2, w->qb + (size_t)rg * 2 * d2, 2 * d2, kb, 2 * SPARSE_BK, w->sc, false);
+    sp_fwd_softmax(c->avx512, R, nk, w->sc, w->nv, cl2, w->m + rg, w->l + 16 * rg, w->pc + rg, d);
+    for (int r = 0; r < R; r++) {
+        uint16_t *pr = w->pbf + (size_t)r * SPARSE_BK;
+        bf16_from_f32(pr, w->sc[r], (size_t)nk);
+        if (nk & 1) pr[nk] = 0;
+    }
+    sp_mm_bf16(true, R, d, nk2, w->pbf, SPARSE_BK, vb, 2 * dp, w->pc + rg, true);
+}
+
 /* One query tile: flash-attention forward over the key tiles; writes o, og = gate o, smax, lse. */
 static void attn_fwd_tile(const moh_attn_config *cfg, sparse_cache *c, sp_qtile qt, int N, sp_tws *w) {
     const int h = cfg->n_heads, hkv = cfg->n_kv_heads, d = cfg->head_dim, grp = h / hkv;
@@ -577,9 +724,15 @@ static void attn_fwd_tile(const moh_attn_config *cfg, sparse_cache *c, sp_qtile 
     const int *pos = c->pair_pos + p0;
     const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
     const size_t hb = (size_t)b * hkv + g;
-    const bool avx = c->avx512;
+    const bool avx = c->avx512, b16 = c->bf16_tiles;
+    const int d2 = (d + 1) / 2;
     for (int r = 0; r < nr; r++) {
         w->pa[r] = c->q + (size_t)(p0 + r) * d;
+        if (b16) {
+            uint16_t *qb = w->qb + (size_t)r * 2 * d2;
+            bf16_from_f32(qb, w->pa[r], (size_t)d);
+            if (d & 1) qb[d] = 0;
+        }
         w->pc[r] = w->oacc + (size_t)r * dp;
         memset(w->pc[r], 0, sizeof(float) * (size_t)d);
         w->m[r] = -INFINITY;
@@ -596,6 +749,10 @@ static void attn_fwd_tile(const moh_attn_config *cfg, sparse_cache *c, sp_qtile 
             const int R = imin(SP_MR, nr - rg);
             if (cfg->causal && pos[rg + R - 1] < j0) continue;
             for (int r = 0; r < R; r++) w->nv[r] = cfg->causal ? imin(nk, pos[rg + r] - j0 + 1) : nk;
+            if (b16) {
+                attn_fwd_rows_bf16(c, w, hb * nkt + kt, rg, R, nk, d, dp, cl2);
+                continue;
+            }
             sp_mm(avx, 0, R, nk, d, w->pa + rg, 0, w->pb, 0, w->sc, 0, false);
             sp_fwd_softmax(avx, R, nk, w->sc, w->nv, cl2, w->m + rg, w->l + 16 * rg, w->pc + rg, d);
             sp_mm(avx, 0, R, d, nk, w->sa, 0, w->pb2, 0, w->pc + rg, 0, true);
@@ -644,7 +801,10 @@ void sparse_forward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm, 
     if (!qnorm) sp_run(c, cfg, SPARSE_PH_KV, fwd_kv_gemm_step, &cx, 1, SP_SERIAL);
     sp_run(c, cfg, SPARSE_PH_KV, kv_tile_task, &cx, B * cfg->n_kv_heads * nkt, SP_STATIC);
     /* 3. Q of the selected pairs */
-    if (!qnorm) {
+    if (!qnorm && c->bf16_tiles) {
+        const sp_pack16 pq = {cfg, wq_view(cfg, prm), c->wqb, false};
+        sp_run(c, cfg, SPARSE_PH_Q, pack_bf16_task, &pq, h, SP_STATIC);
+    } else if (!qnorm) {
         const sp_pack pq = {cfg, wq_view(cfg, prm), c->wpack1};
         sp_run(c, cfg, SPARSE_PH_Q, pack_cd_task, &pq, h, SP_STATIC);
     }
@@ -652,9 +812,14 @@ void sparse_forward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm, 
     /* 4. attention of the selected pairs (flash tiles), o, og = gate * o, lse */
     sp_run(c, cfg, SPARSE_PH_ATTN, fwd_attn_task, &cx, c->ntasks, SP_DYNAMIC);
     /* 5. y = b_o + sum_i og_i W_O^i, heads in order */
-    const sp_pack po = {cfg, wo_view(cfg, prm), c->wpack2};
-    sp_run(c, cfg, SPARSE_PH_WO, pack_blk_task, &po, h, SP_STATIC);
-    const sp_scatter sy = {&cx, c->og, y, true, prm->b_o};
+    if (c->bf16_tiles) {
+        const sp_pack16 po = {cfg, wo_view(cfg, prm), c->wob, true};
+        sp_run(c, cfg, SPARSE_PH_WO, pack_bf16_task, &po, h, SP_STATIC);
+    } else {
+        const sp_pack po = {cfg, wo_view(cfg, prm), c->wpack2};
+        sp_run(c, cfg, SPARSE_PH_WO, pack_blk_task, &po, h, SP_STATIC);
+    }
+    const sp_scatter sy = {&cx, c->og, y, true, prm->b_o, c->bf16_tiles};
     sp_run(c, cfg, SPARSE_PH_WO, scatter_task, &sy, scatter_tasks(&cx), SP_DYNAMIC);
 }
 
@@ -680,6 +845,60 @@ static int part_bound(const moh_attn_config *cfg, int N, int p, int np) {
 
 /* dK, dV of key tiles [kt0, kt1) of KV head g in batch row b, and the matching part of dQ of every
  * query head of the group (into dq, a [P, d] buffer of this part). */
+/* One query block of the bf16 attention backward: key tile `tile` (nk keys), nr pairs from p0
+ * (row rb of the cnt pairs of its (b, head) block starting at pair off). */
+typedef struct sp_blk16 {
+    size_t tile;
+    int nr, nk, p0, rb, off, cnt;
+} sp_blk16;
+
+/* The block in bf16 (rows w->pc: dQ, nv set): S = Q K^T and dP = dO V^T, P and dS in fp32
+ * (sp_bwd_ds), then dV^T += dO^T P, dK^T += Q^T dS (into the rows e of dvt / dkt [d, BK]) and
+ * dQ += dS K, every product on bf16 operands with fp32 accumulation. */
+static void attn_bwd_rows_bf16(sparse_cache *c, sp_tws *w, const sp_blk16 *k, int d, int dp, float cl2,
+                               float scale, float *const *dkt, float *const *dvt) {
+    const int d2 = (d + 1) / 2, nr = k->nr, nk = k->nk, p0 = k->p0;
+    const size_t ko = k->tile * (size_t)d2 * SPARSE_BK * 2, vo = k->tile * (size_t)SPARSE_BK * dp;
+    uint16_t *pil = w->bw, *dsil = pil + (size_t)SPARSE_BQ * SPARSE_BK, *dsb = dsil + (size_t)SPARSE_BQ * SPARSE_BK;
+    sp_mm_bf16(true, nr, nk, d2, c->qb16 + (size_t)p0 * 2 * d2, 2 * d2, c->ktb + ko, 2 * SPARSE_BK, w->sc, false);
+    sp_mm_bf16(true, nr, nk, d2, c->dob16 + (size_t)p0 * 2 * d2, 2 * d2, c->vtbt + ko, 2 * SPARSE_BK, w->dsc, false);
+    sp_bwd_ds(c->avx512, nr, nk, w->sc, w->dsc, w->nv, cl2, scale, c->smax + p0, c->lse + p0, c->ddot + p0);
+    sp_bf16_row_pairs(true, nr, nk, w->sc, pil, 2 * SPARSE_BK);
+    sp_bf16_row_pairs(true, nr, nk, w->dsc, dsil, 2 * SPARSE_BK);
+    for (int r = 0; r < nr; r++) {
+        bf16_from_f32(dsb + (size_t)r * SPARSE_BK, w->dsc[r], (size_t)nk);
+        if (nk & 1) dsb[(size_t)r * SPARSE_BK + nk] = 0;
+    }
+    /* row e of Q^T / dO^T from pair rb on; an odd nr reads one finite value past the block, times
+     * the zero pad row of P / dS */
+    const size_t tr = (size_t)k->off * d + (size_t)k->rb;
+    sp_mm_bf16(true, d, nk, (nr + 1) / 2, c->dot16 + tr, k->cnt, pil, 2 * SPARSE_BK, dvt, true);
+    sp_mm_bf16(true, d, nk, (nr + 1) / 2, c->qt16 + tr, k->cnt, dsil, 2 * SPARSE_BK, dkt, true);
+    sp_mm_bf16(true, nr, d, (nk + 1) / 2, dsb, SPARSE_BK, c->ktbk + vo, 2 * dp, w->pc, true);
+}
+
+/* Tasks: (b, head). q and dL/do of the head's pairs in bf16: rows (qb16, dob16) and transposed
+ * (qt16, dot16), for the bf16 attention backward. */
+static void bwd16_rows_task(const void *arg, int t0, int t1, sp_tws *w) {
+    const sp_ctx *x = arg;
+    sparse_cache *c = x->c;
+    const int d = x->cfg->head_dim, d2 = (d + 1) / 2;
+    for (int bi = t0; bi < t1; bi++) {
+        const int off = c->pair_off[bi], cnt = c->pair_off[bi + 1] - off;
+        for (int r = 0; r < cnt; r++) {
+            const size_t p = (size_t)off + r;
+            uint16_t *qr = c->qb16 + p * 2 * d2, *orow = c->dob16 + p * 2 * d2;
+            bf16_from_f32(qr, c->q + p * d, (size_t)d);
+            bf16_from_f32(orow, c->dout + p * d, (size_t)d);
+            if (d & 1) qr[d] = orow[d] = 0;
+            for (int e = 0; e < d; e++) {
+                c->qt16[(size_t)off * d + (size_t)e * cnt + r] = qr[e];
+                c->dot16[(size_t)off * d + (size_t)e * cnt + r] = orow[e];
+            }
+        }
+    }
+}
+
 static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, int g, int kt0,
                           int kt1, float *dq, int N, sp_tws *w) {
     const int h = cfg->n_heads, hkv = cfg->n_kv_heads, d = cfg->head_dim, grp = h / hkv;
@@ -687,11 +906,11 @@ static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, in
     const float scale = (float)(1.0 / sqrt((double)d));
     const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
     const size_t hb = (size_t)b * hkv + g;
-    const bool avx = c->avx512;
+    const bool avx = c->avx512, b16 = c->bf16_tiles && d <= SPARSE_BK;
     float *dkrow[SPARSE_BK], *dvrow[SPARSE_BK];
-    for (int j = 0; j < SPARSE_BK; j++) {
-        dkrow[j] = w->dkt + (size_t)j * dp;
-        dvrow[j] = w->dvt + (size_t)j * dp;
+    for (int j = 0; j < SPARSE_BK; j++) { /* bf16: rows e of dK^T, dV^T [d, BK] instead */
+        dkrow[j] = w->dkt + (size_t)j * (b16 ? SPARSE_BK : dp);
+        dvrow[j] = w->dvt + (size_t)j * (b16 ? SPARSE_BK : dp);
     }
     for (int kt = kt0; kt < kt1; kt++) {
         const int j0 = kt * SPARSE_BK, nk = imin(SPARSE_BK, N - j0);
@@ -701,8 +920,13 @@ static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, in
             w->pb[e] = ktile + (size_t)e * SPARSE_BK;
             w->pb2[e] = vtile + (size_t)e * SPARSE_BK;
         }
+        if (b16) {
+            memset(w->dkt, 0, sizeof(float) * (size_t)d * SPARSE_BK);
+            memset(w->dvt, 0, sizeof(float) * (size_t)d * SPARSE_BK);
+        }
         for (int j = 0; j < nk; j++) {
             w->pb3[j] = c->kh + (hb * N + j0 + j) * d;
+            if (b16) continue;
             memset(dkrow[j], 0, sizeof(float) * (size_t)d);
             memset(dvrow[j], 0, sizeof(float) * (size_t)d);
         }
@@ -718,6 +942,11 @@ static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, in
                     w->pc[r] = dq + (size_t)(p0 + r) * d;
                     w->nv[r] = cfg->causal ? imin(nk, pos[rb + r] - j0 + 1) : nk;
                 }
+                if (b16) {
+                    const sp_blk16 bk = {hb * nkt + kt, nr, nk, p0, rb, off, cnt};
+                    attn_bwd_rows_bf16(c, w, &bk, d, dp, cl2, scale, dkrow, dvrow);
+                    continue;
+                }
                 /* S = Q K^T, dP = dO V^T, then P and dS in place */
                 sp_mm(avx, 0, nr, nk, d, w->pa, 0, w->pb, 0, w->sc, 0, false);
                 sp_mm(avx, 0, nr, nk, d, w->pa2, 0, w->pb2, 0, w->dsc, 0, false);
@@ -730,8 +959,16 @@ static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, in
             }
         }
         for (int j = 0; j < nk; j++) {
-            memcpy(c->dkh + (hb * N + j0 + j) * d, dkrow[j], sizeof(float) * (size_t)d);
-            memcpy(c->dvh + (hb * N + j0 + j) * d, dvrow[j], sizeof(float) * (size_t)d);
+            float *dk = c->dkh + (hb * N + j0 + j) * d, *dv = c->dvh + (hb * N + j0 + j) * d;
+            if (b16) { /* from the transposed accumulators */
+                for (int e = 0; e < d; e++) {
+                    dk[e] = dkrow[e][j];
+                    dv[e] = dvrow[e][j];
+                }
+                continue;
+            }
+            memcpy(dk, dkrow[j], sizeof(float) * (size_t)d);
+            memcpy(dv, dvrow[j], sizeof(float) * (size_t)d);
         }
     }
 }
@@ -908,12 +1145,15 @@ static void bwd_proj_step(const void *arg, int t0, int t1, sp_tws *w) {
     const attn_params_f32 *g = x->g;
     const int C = cfg->hidden_size, hd = cfg->n_heads * cfg->head_dim, T = x->B * x->N;
     const int kvd = cfg->n_kv_heads * cfg->head_dim;
+    bf16_ctx *b16 = x->c->bf16;
     if (cfg->router == MOH_ROUTER_QUERY_NORM) {
-        linear_backward_f32(x->dx, g->w_qkv, g->b_qkv, x->c->dqkv, x->x, x->prm->w_qkv, T, C, attn_qkv_dim(cfg));
+        if (b16) bf16_linear_backward(b16, x->dx, g->w_qkv, g->b_qkv, x->c->dqkv, x->x, x->prm->w_qkv, T, C, attn_qkv_dim(cfg));
+        else linear_backward_f32(x->dx, g->w_qkv, g->b_qkv, x->c->dqkv, x->x, x->prm->w_qkv, T, C, attn_qkv_dim(cfg));
         return;
     }
-    linear_backward_f32(x->dx, g->w_qkv ? g->w_qkv + (size_t)hd * C : NULL, g->b_qkv ? g->b_qkv + hd : NULL,
-                        x->c->kv, x->x, x->prm->w_qkv + (size_t)hd * C, T, C, 2 * kvd);
+    float *gw = g->w_qkv ? g->w_qkv + (size_t)hd * C : NULL, *gb = g->b_qkv ? g->b_qkv + hd : NULL;
+    if (b16) bf16_linear_backward(b16, x->dx, gw, gb, x->c->kv, x->x, x->prm->w_qkv + (size_t)hd * C, T, C, 2 * kvd);
+    else linear_backward_f32(x->dx, gw, gb, x->c->kv, x->x, x->prm->w_qkv + (size_t)hd * C, T, C, 2 * kvd);
 }
 
 /* Tasks: heads. db_q^i += sum of the head's dQ rows, in pair order. */
@@ -972,8 +1212,10 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
     sp_run(c, cfg, SPARSE_PH_B_WO, bwd_dout_task, &cx, c->ntasks, SP_DYNAMIC);
     if (g->w_o) sp_run(c, cfg, SPARSE_PH_B_WO, bwd_dwo_task, &cx, h * ((C + SP_CB - 1) / SP_CB), SP_DYNAMIC);
     /* 2. V^T tiles, attention backward per (key part, b, KV head), dQ reduced, dK|dV rows */
-    sp_run(c, cfg, SPARSE_PH_B_ATTN, vt_tile_task, &cx, B * hkv * sp_nkt(N), SP_STATIC);
+    const bool b16 = c->bf16_tiles && cfg->head_dim <= SPARSE_BK; /* bf16 tiles (attn_bwd_part) */
+    if (!b16) sp_run(c, cfg, SPARSE_PH_B_ATTN, vt_tile_task, &cx, B * hkv * sp_nkt(N), SP_STATIC);
     sp_run(c, cfg, SPARSE_PH_B_ATTN, bwd_zero_step, &cx, 1, SP_SERIAL);
+    if (b16) sp_run(c, cfg, SPARSE_PH_B_ATTN, bwd16_rows_task, &cx, B * h, SP_STATIC);
     sp_run(c, cfg, SPARSE_PH_B_ATTN, bwd_attn_task, &cx, B * hkv * np, SP_DYNAMIC);
     sp_run(c, cfg, SPARSE_PH_B_ATTN, dq_reduce_task, &cx, P, SP_STATIC);
     sp_run(c, cfg, SPARSE_PH_B_ATTN, dkv_rows_task, &cx, B * N, SP_STATIC);
@@ -989,7 +1231,7 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
     if (dx) { /* dx += dQ_i W_q^i, heads in order */
         const sp_pack pq = {cfg, wq_view(cfg, prm), c->wpack2};
         sp_run(c, cfg, SPARSE_PH_B_Q, pack_blk_task, &pq, h, SP_STATIC);
-        const sp_scatter sx = {&cx, c->dq, dx, false, NULL};
+        const sp_scatter sx = {&cx, c->dq, dx, false, NULL, false};
         sp_run(c, cfg, SPARSE_PH_B_Q, scatter_task, &sx, scatter_tasks(&cx), SP_DYNAMIC);
     }
     if (g->w_qkv) sp_run(c, cfg, SPARSE_PH_B_Q, bwd_dwq_task, &cx, h * sp_ncb(cfg), SP_DYNAMIC);

@@ -26,6 +26,7 @@
 #define MOH_ATTN_SPARSE_H
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "attn/attn.h"
 
@@ -58,6 +59,10 @@ typedef struct sparse_cache {
     int B, N;            /* shapes of the last forward */
     int nthreads;        /* OpenMP threads the per-thread scratch was sized for */
     bool avx512;         /* use the AVX-512 kernels (set at init from the CPU; tests may clear it) */
+    struct bf16_ctx *bf16; /* bf16 compute (ops/bf16.h, borrowed; NULL: fp32): dense projections
+                          * through its bf16 GEMMs, attention tiles in bf16 when bf16_tiles */
+    bool bf16_tiles;     /* QK^T and PV tiles with bf16 inputs, fp32 accumulation (vdpbf16ps;
+                          * set with bf16 when the CPU has AVX512-BF16) */
     const float *x;      /* [T, C] input of the last forward, borrowed from the caller */
     attn_cache_f32 rc;   /* router activations only: gates [T, h], p, mask, r, ... (att == NULL) */
     float *dgates;       /* [T, h] backward: dL/dgate, 0 for pairs not selected */
@@ -91,6 +96,20 @@ typedef struct sparse_cache {
     size_t ws_floats;
     void **wptr;         /* [nthreads, 3, ptr_cap] per-thread pointer arrays of the kernels */
     int ptr_cap;
+    uint16_t *ktb;       /* bf16_tiles: [B, h_kv, nkt, ceil(d/2), SPARSE_BK, 2] keys of each tile,
+                          * pairs of dimensions interleaved (bf16) */
+    uint16_t *vtb;       /* bf16_tiles: [B, h_kv, nkt, SPARSE_BK / 2, round16(d), 2] values, pairs
+                          * of keys interleaved (bf16) */
+    uint16_t *vtbt;      /* bf16_tiles: values in ktb's layout (pairs of dimensions): dO V^T */
+    uint16_t *ktbk;      /* bf16_tiles: keys in vtb's layout (pairs of keys): dS K */
+    uint16_t *qb16, *dob16; /* bf16_tiles, backward: [P, 2 ceil(d/2)] q and dL/do rows in bf16 */
+    uint16_t *qt16, *dot16; /* bf16_tiles, backward: the same per (b, head) transposed: element
+                          * (e, r) of the block of pairs off .. off + cnt at off d + e cnt + r */
+    uint16_t *wqb;       /* bf16_tiles: [h, ceil(C/2), d, 2] W_q^i, pairs of inputs interleaved */
+    uint16_t *wob;       /* bf16_tiles: [h, ceil(d/2), C, 2] W_O^i, pairs of head dims interleaved */
+    uint16_t *bws;       /* bf16_tiles: [nthreads, bws_n] per-thread probabilities and operand rows */
+    size_t bws_n;
+    void *bblock;        /* the bf16 buffers' allocation (sparse_cache_set_bf16) */
     double phase_s[SPARSE_NPHASE]; /* wall seconds per phase, accumulated (sparse_phase_name) */
     size_t bytes;        /* total bytes allocated (sparse_cache_bytes) */
     void *block;
@@ -111,6 +130,14 @@ size_t sparse_cache_bytes(const moh_attn_config *cfg, int B, int N, int nthreads
  * (allocation failed, or B N h d beyond 2^31). cfg must be valid (moh_attn_config_validate). */
 int sparse_cache_init(sparse_cache *c, const moh_attn_config *cfg, int B, int N, moh_error *err);
 void sparse_cache_free(sparse_cache *c);
+/* bf16 compute on c with the GEMM context ctx (NULL: fp32 again): the dense projections through
+ * ctx, and, when the CPU has AVX512-BF16, the forward's gathered Q projection, QK^T and PV tiles
+ * and W_O scatter on bf16 copies of x, W_q, q, K, V, the probabilities, o and W_O, and the
+ * backward's attention tiles (Q K^T, dO V^T, dV^T += dO^T P, dK^T += Q^T dS, dQ += dS K) on bf16
+ * copies of q, dO, K, V, P and dS (head_dim <= SPARSE_BK), all with fp32 accumulation (softmax,
+ * max, sums, P and dS computed in fp32; the backward recomputes P from the forward's max and
+ * log-sum-exp). MOH_OK or MOH_E_NOMEM (c unchanged). */
+int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, struct bf16_ctx *ctx, moh_error *err);
 
 /* Head-sparse forward (spec §1): x [B, N, C] -> y [B, N, C]; fills c (gates in c->rc.gates [T, h],
  * c->rc.lb_loss). B <= c->maxB, N <= c->maxN. Same results as attn_forward_f32. */

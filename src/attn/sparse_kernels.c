@@ -3,6 +3,8 @@
  * timers, no cache bookkeeping: every function works on the slice its caller hands it. */
 #include "attn/sparse_kernels.h"
 
+#include "ops/bf16.h"
+
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -141,6 +143,136 @@ void sp_mm(bool avx, int amode, int M, int n, int K, const float *const *a, long
             mk_ref(R, nn, amode, K, ap, ao, b, boff + j0, c + r0, coff + j0, acc);
         }
     }
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * bf16 register tiles: C(r, j) (+)= sum_k A(r, k) B(k, j), A rows of bf16 pairs, B pair-interleaved;
+ * vdpbf16ps multiplies the pairs exactly and accumulates in fp32.
+ * ---------------------------------------------------------------------------------------------- */
+
+static void mkb_ref(int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b, long ldb,
+                    float *const *c, bool acc) {
+    for (int r = 0; r < R; r++) {
+        const uint16_t *ar = a + (long)r * lda;
+        for (int j = 0; j < n; j++) {
+            float s = acc ? c[r][j] : 0.0f;
+            for (int k = 0; k < K2; k++) {
+                const uint16_t *bk = b + (long)k * ldb + 2 * j;
+                s += bf16_value(ar[2 * k]) * bf16_value(bk[0]) + bf16_value(ar[2 * k + 1]) * bf16_value(bk[1]);
+            }
+            c[r][j] = s;
+        }
+    }
+}
+
+#if SP_X86
+#define SP_BF16 __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl")))
+SP_INLINE SP_BF16 void mkb_avx(const int R, const int NV, const __mmask16 lm, const int K2,
+                               const uint16_t *a, const long lda, const uint16_t *b, const long ldb,
+                               float *const *c, const long coff, const bool acc) {
+    __m512 t[SP_MR][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            const float *cp = c[r] + coff + 16 * v;
+            t[r][v] = !acc ? _mm512_setzero_ps()
+                           : (v == NV - 1 ? _mm512_maskz_loadu_ps(lm, cp) : _mm512_loadu_ps(cp));
+        }
+    for (int k = 0; k < K2; k++) {
+        const uint16_t *bk = b + (long)k * ldb + 2 * coff;
+        __m512bh bv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+            bv[v] = (__m512bh)(v == NV - 1 ? _mm512_maskz_loadu_epi32(lm, bk + 32 * v)
+                                           : _mm512_loadu_si512((const void *)(bk + 32 * v)));
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            int32_t pair;
+            memcpy(&pair, a + (long)r * lda + 2 * k, sizeof pair);
+            const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) t[r][v] = _mm512_dpbf16_ps(t[r][v], av, bv[v]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            float *cp = c[r] + coff + 16 * v;
+            if (v == NV - 1) _mm512_mask_storeu_ps(cp, lm, t[r][v]);
+            else _mm512_storeu_ps(cp, t[r][v]);
+        }
+}
+
+#define SPB_CASE(R_, V)                                                                    \
+    case (R_) * 4 + (V) - 1:                                                               \
+        mkb_avx(R_, V, lm, K2, a, lda, b, ldb, c, coff, acc);                              \
+        break;
+#define SPB_CASES_R(R_) SPB_CASE(R_, 1) SPB_CASE(R_, 2) SPB_CASE(R_, 3) SPB_CASE(R_, 4)
+
+SP_BF16 static void mkb_avx_any(int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b,
+                                long ldb, float *const *c, long coff, bool acc) {
+    const int NV = (n + 15) >> 4;
+    const __mmask16 lm = (n & 15) ? (__mmask16)((1u << (n & 15)) - 1u) : (__mmask16)0xFFFF;
+    switch (R * 4 + NV - 1) {
+        SPB_CASES_R(1) SPB_CASES_R(2) SPB_CASES_R(3) SPB_CASES_R(4) SPB_CASES_R(5) SPB_CASES_R(6)
+    default: break;
+    }
+}
+#undef SPB_CASE
+#undef SPB_CASES_R
+#endif
+
+#if SP_X86
+SP_BF16 static void row_pairs_avx(int R, int n, float *const *rows, uint16_t *dst, long ldd) {
+    /* vpermw index: [a0 b0 a1 b1 ...] from [a0..a15 b0..b15] */
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int r = 0; r < R; r += 2) {
+        const float *a = rows[r], *b = r + 1 < R ? rows[r + 1] : NULL;
+        uint16_t *o = dst + (long)(r / 2) * ldd;
+        for (int j = 0; j < n; j += 16) {
+            const int m = n - j < 16 ? n - j : 16;
+            const __mmask16 lm = (__mmask16)((1u << m) - 1u);
+            const __m512 va = _mm512_maskz_loadu_ps(lm, a + j);
+            const __m512 vb = b ? _mm512_maskz_loadu_ps(lm, b + j) : _mm512_setzero_ps();
+            const __m512i v = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(vb, va));
+            _mm512_mask_storeu_epi32(o + 2 * j, lm, v);
+        }
+    }
+}
+#endif
+
+void sp_bf16_row_pairs(bool avx512bf16, int R, int n, float *const *rows, uint16_t *dst, long ldd) {
+#if SP_X86
+    if (avx512bf16) {
+        row_pairs_avx(R, n, rows, dst, ldd);
+        return;
+    }
+#endif
+    for (int r = 0; r < R + (R & 1); r++)
+        for (int j = 0; j < n; j++) dst[(long)(r / 2) * ldd + 2 * j + (r & 1)] = r < R ? bf16_round(rows[r][j]) : 0;
+}
+
+void sp_mm_bf16(bool avx512bf16, int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b,
+                long ldb, float *const *c, bool acc) {
+    if (R <= 0 || n <= 0) return;
+    if (K2 <= 0) {
+        if (!acc)
+            for (int r = 0; r < R; r++) memset(c[r], 0, sizeof(float) * (size_t)n);
+        return;
+    }
+#if SP_X86
+    if (avx512bf16) {
+        for (int j0 = 0; j0 < n; j0 += SP_NR)
+            for (int r0 = 0; r0 < R; r0 += SP_MR)
+                mkb_avx_any(imin(SP_MR, R - r0), imin(SP_NR, n - j0), K2, a + (long)r0 * lda, lda, b, ldb, c + r0,
+                            j0, acc);
+        return;
+    }
+#endif
+    mkb_ref(R, n, K2, a, lda, b, ldb, c, acc);
 }
 
 /* ------------------------------------------------------------------------------------------------

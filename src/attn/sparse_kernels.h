@@ -4,6 +4,7 @@
 #ifndef MOH_ATTN_SPARSE_KERNELS_H
 #define MOH_ATTN_SPARSE_KERNELS_H
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "attn/sparse.h"
 
@@ -18,6 +19,18 @@
  * increasing order. */
 void sp_mm(bool avx, int amode, int M, int n, int K, const float *const *a, long aoff,
            const float *const *b, long boff, float *const *c, long coff, bool acc);
+
+/* bf16 register tiles (vdpbf16ps): C[R x n] (acc: +=, else =) A B with bf16 inputs and fp32
+ * accumulation. A row r: a + r lda, K2 pairs of bf16 (a[2k], a[2k+1]); B in pair-interleaved
+ * ("VNNI") layout: B(2k + u, j) = b[k ldb + 2 j + u], u = 0, 1; C(r, j) = c[r][j]. Odd K are
+ * zero-padded to a pair by the caller. avx512bf16: the CPU has AVX512-BF16 (the caller checks;
+ * else portable C with the same products, summed in another order). */
+void sp_mm_bf16(bool avx512bf16, int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b,
+                long ldb, float *const *c, bool acc);
+
+/* Rows rows[0..R) of n floats rounded to bf16 and interleaved in pairs of rows (the B layout of
+ * sp_mm_bf16 over rows): dst[(r / 2) ldd + 2 j + r % 2] = bf16(rows[r][j]); a zero row pads odd R. */
+void sp_bf16_row_pairs(bool avx512bf16, int R, int n, float *const *rows, uint16_t *dst, long ldd);
 
 /* Online-softmax update of R <= SP_MR rows of raw scores s[r][0..nk), nk <= SPARSE_BK, of which
  * the first nv[r] are valid (causal prefix): running max m[r] (raw units), 16 partial sums

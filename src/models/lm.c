@@ -9,6 +9,7 @@
 #include "core/rng.h"
 
 #include "attn/sparse.h"
+#include "ops/bf16.h"
 
 /* The attention call of each instantiation: float32 runs the head-sparse path when the
  * activations were made by lm_acts_init_sparse_f32; float64 (gradient checks) always runs the
@@ -28,10 +29,33 @@ const attn_cache_f32 *lm_router_f32(const lm_acts_f32 *a, int l) {
     return a->sparse ? &((const sparse_cache *)a->sparse)[l].rc : &a->attn[l];
 }
 static void lm_sparse_free_f32(lm_acts_f32 *a) {
+    bf16_ctx_free(a->bf16);
+    a->bf16 = NULL;
     sparse_cache *sp = a->sparse;
     for (int l = 0; sp && l < a->n_sparse; l++) sparse_cache_free(&sp[l]);
     free(sp);
     a->sparse = NULL;
+}
+/* Linear layers: bf16 GEMMs when the activations carry a bf16 context, else fp32 (ops.h). */
+static void lm_linear_forward_f32(lm_acts_f32 *a, float *out, const float *inp, const float *w,
+                                  const float *b, int M, int I, int O) {
+    if (a->bf16) bf16_linear_forward(a->bf16, out, inp, w, b, M, I, O);
+    else linear_forward_f32(out, inp, w, b, M, I, O);
+}
+static void lm_linear_backward_f32(lm_acts_f32 *a, float *dinp, float *dw, float *db, const float *dout,
+                                   const float *inp, const float *w, int M, int I, int O) {
+    if (a->bf16) bf16_linear_backward(a->bf16, dinp, dw, db, dout, inp, w, M, I, O);
+    else linear_backward_f32(dinp, dw, db, dout, inp, w, M, I, O);
+}
+static void lm_linear_forward_f64(lm_acts_f64 *a, double *out, const double *inp, const double *w,
+                                  const double *b, int M, int I, int O) {
+    (void)a;
+    linear_forward_f64(out, inp, w, b, M, I, O);
+}
+static void lm_linear_backward_f64(lm_acts_f64 *a, double *dinp, double *dw, double *db, const double *dout,
+                                   const double *inp, const double *w, int M, int I, int O) {
+    (void)a;
+    linear_backward_f64(dinp, dw, db, dout, inp, w, M, I, O);
 }
 static void lm_attn_forward_f64(const moh_lm_config *cfg, const attn_params_f64 *p, const double *x,
                                 int B, int T, double *y, lm_acts_f64 *a, int l) {
@@ -73,6 +97,26 @@ int lm_acts_init_sparse_f32(lm_acts_f32 *a, const moh_lm_config *cfg, int B, int
             return rc;
         }
         a->n_sparse = l + 1;
+    }
+    return MOH_OK;
+}
+
+int lm_acts_set_bf16_f32(lm_acts_f32 *a, const moh_lm_config *cfg, const bf16_mirror *w, moh_error *err) {
+    if (!w) {
+        bf16_ctx_free(a->bf16);
+        a->bf16 = NULL;
+    } else if (a->bf16) {
+        bf16_ctx_set_weights(a->bf16, w);
+    } else {
+        bf16_ctx *c = NULL;
+        const int rc = bf16_ctx_new(&c, w, err);
+        if (rc) return rc;
+        a->bf16 = c;
+    }
+    sparse_cache *sp = a->sparse;
+    for (int l = 0; sp && l < a->n_sparse; l++) {
+        const int rc = sparse_cache_set_bf16(&sp[l], &cfg->attn, a->bf16, err);
+        if (rc) return rc;
     }
     return MOH_OK;
 }

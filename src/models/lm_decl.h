@@ -38,6 +38,8 @@ typedef struct F(lm_acts) {
     void *sparse;     /* float32 only: [L] sparse_cache (head-sparse path, lm_acts_init_sparse_f32);
                        * then attn is NULL and the router activations are in sparse[l].rc */
     int n_sparse;
+    void *bf16;       /* float32 only: a bf16_ctx (ops/bf16.h, owned) when the big GEMMs and the
+                       * attention tiles compute in bf16 (lm_acts_set_bf16_f32); NULL: fp32 */
     real *dres, *dtmp, *dff; /* backward scratch: [BT, C] x2, [3, BT, I] (dff) */
     real *dlogits;    /* [BT, V] */
     real ce_loss;     /* mean cross-entropy (nats) of the last forward with targets */

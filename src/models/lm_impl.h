@@ -113,16 +113,16 @@ real F(lm_forward)(const moh_lm_config *cfg, const F(lm_params) *p, F(lm_acts) *
         real *mid = a->mid + (size_t)l * BT * C;
         for (size_t i = 0; i < (size_t)BT * C; i++) mid[i] = x[i] + ao[i];
         F(rmsnorm_forward)(ln2, a->ln2_rstd + (size_t)l * BT, mid, b->ln2, BT, C, eps);
-        F(linear_forward)(gate, ln2, b->w_gate, NULL, BT, C, I);
-        F(linear_forward)(up, ln2, b->w_up, NULL, BT, C, I);
+        F(lm_linear_forward)(a, gate, ln2, b->w_gate, NULL, BT, C, I);
+        F(lm_linear_forward)(a, up, ln2, b->w_up, NULL, BT, C, I);
         F(swiglu_forward)(act, gate, up, (long)BT * I);
-        F(linear_forward)(a->dtmp, act, b->w_down, NULL, BT, I, C); /* dtmp: MLP output */
+        F(lm_linear_forward)(a, a->dtmp, act, b->w_down, NULL, BT, I, C); /* dtmp: MLP output */
         for (size_t i = 0; i < (size_t)BT * C; i++) xo[i] = mid[i] + a->dtmp[i];
     }
     a->lb_loss = routing ? (real)(lb / routing) : 0;
     const real *xf = a->resid + (size_t)L * BT * C;
     F(rmsnorm_forward)(a->lnf, a->lnf_rstd, xf, p->norm, BT, C, eps);
-    F(linear_forward)(a->logits, a->lnf, p->lm_head, NULL, BT, C, V);
+    F(lm_linear_forward)(a, a->logits, a->lnf, p->lm_head, NULL, BT, C, V);
     if (!targets) {
         a->ce_loss = 0;
         return 0;
@@ -143,7 +143,7 @@ void F(lm_backward)(const moh_lm_config *cfg, const F(lm_params) *p, const F(lm_
     memset(a->dlogits, 0, sizeof(real) * (size_t)BT * V);
     F(cross_entropy_backward)(a->dlogits, a->probs, targets, BT, V, 0, 1);
     memset(dtmp, 0, sizeof(real) * nC);
-    F(linear_backward)(dtmp, g->lm_head, NULL, a->dlogits, a->lnf, p->lm_head, BT, C, V);
+    F(lm_linear_backward)(a, dtmp, g->lm_head, NULL, a->dlogits, a->lnf, p->lm_head, BT, C, V);
     memset(dres, 0, sizeof(real) * nC);
     F(rmsnorm_backward)(dres, g->norm, dtmp, a->resid + (size_t)L * nC, p->norm, a->lnf_rstd, BT, C);
     for (int l = L - 1; l >= 0; l--) {
@@ -151,11 +151,11 @@ void F(lm_backward)(const moh_lm_config *cfg, const F(lm_params) *p, const F(lm_
         const F(lm_block) *gb = &g->blocks[l];
         /* MLP branch of x_{l+1} = x1 + down(swiglu(gate(ln2(x1)), up(ln2(x1)))) */
         memset(a->dff, 0, sizeof(real) * 3 * nI);
-        F(linear_backward)(dact, gb->w_down, NULL, dres, a->act + (size_t)l * nI, b->w_down, BT, I, C);
+        F(lm_linear_backward)(a, dact, gb->w_down, NULL, dres, a->act + (size_t)l * nI, b->w_down, BT, I, C);
         F(swiglu_backward)(dgate, dup, dact, a->gate + (size_t)l * nI, a->up + (size_t)l * nI, (long)nI);
         memset(dtmp, 0, sizeof(real) * nC);
-        F(linear_backward)(dtmp, gb->w_gate, NULL, dgate, a->ln2 + (size_t)l * nC, b->w_gate, BT, C, I);
-        F(linear_backward)(dtmp, gb->w_up, NULL, dup, a->ln2 + (size_t)l * nC, b->w_up, BT, C, I);
+        F(lm_linear_backward)(a, dtmp, gb->w_gate, NULL, dgate, a->ln2 + (size_t)l * nC, b->w_gate, BT, C, I);
+        F(lm_linear_backward)(a, dtmp, gb->w_up, NULL, dup, a->ln2 + (size_t)l * nC, b->w_up, BT, C, I);
         F(rmsnorm_backward)(dres, gb->ln2, dtmp, a->mid + (size_t)l * nC, b->ln2,
                             a->ln2_rstd + (size_t)l * BT, BT, C);
         /* attention branch of x1 = x_l + attn(ln1(x_l)) */

@@ -259,7 +259,31 @@ void model_shards_free(model_shards *w, const model *m) {
     free(w->acts);
     free(w->grads);
     free(w->gdata);
+    bf16_mirror_free(&w->wbf16);
     memset(w, 0, sizeof *w);
+}
+
+int model_shards_set_precision(model_shards *w, const model *m, moh_precision p, char *note, size_t cap,
+                               moh_error *err) {
+    char why[160];
+    moh_precision run = precision_resolve(p, why, sizeof why);
+    if (run == MOH_PRECISION_BF16 && !m->fam->acts_set_bf16) {
+        snprintf(why, sizeof why, "the %s family computes in fp32 only", m->fam->short_name);
+        run = MOH_PRECISION_FP32;
+    }
+    if (cap) snprintf(note, cap, "%s", p == MOH_PRECISION_BF16 && run != p ? why : "");
+    const bool bf = run == MOH_PRECISION_BF16;
+    if (bf && !w->wbf16.data) {
+        const int rc = bf16_mirror_init(&w->wbf16, m->data, m->n, err);
+        if (rc) return rc;
+    }
+    for (int s = 0; m->fam->acts_set_bf16 && s < w->n; s++) {
+        const int rc = m->fam->acts_set_bf16(m->cfg, w->acts[s], bf ? &w->wbf16 : NULL, err);
+        if (rc) return rc;
+    }
+    if (!bf) bf16_mirror_free(&w->wbf16);
+    w->precision = run;
+    return MOH_OK;
 }
 
 int model_shards_init(model_shards *w, const model *m, int batch, int T, int n, bool with_grads,
@@ -297,6 +321,7 @@ double model_shards_step(const model *m, model_shards *w, const moh_batch *b, bo
     for (int s = 0; s <= n; s++) w->first[s] = (int)((long)B * s / n);
     for (int s = 0; s < n; s++) w->count[s] = w->first[s + 1] - w->first[s];
     const bool back = train && g;
+    if (w->precision == MOH_PRECISION_BF16) bf16_mirror_sync(&w->wbf16);
 #pragma omp parallel for schedule(static, 1) num_threads(n) if (n > 1)
     for (int s = 0; s < n; s++) {
         loss_s[s] = ce_s[s] = lb_s[s] = 0.0;

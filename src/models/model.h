@@ -18,6 +18,7 @@
 
 #include "attn/attn.h"
 #include "moh.h"
+#include "ops/bf16.h"
 #include "train/train_util.h"
 
 #define MODEL_MAX_DIMS 4
@@ -234,6 +235,10 @@ struct model_family {
      * head-sparse attention path (attn/sparse.h) instead of the reference one. */
     int (*acts_new)(const void *cfg, int Bmax, int T, bool sparse, void **acts, moh_error *err);
     void (*acts_free)(void *acts);
+    /* Optional (NULL: the family computes in fp32 only): bf16 compute on acts with the bf16 copy
+     * w of the parameter buffer (the caller keeps it in sync with the weights), fp32 again with
+     * w == NULL. MOH_OK or MOH_E_NOMEM. */
+    int (*acts_set_bf16)(const void *cfg, void *acts, const bf16_mirror *w, moh_error *err);
     /* Forward of examples [first, first + count) of b: returns the training loss (ce + beta lb);
      * *ce, *lb get its parts. train = false: the plain loss of evaluation (no label smoothing). */
     double (*forward)(const void *cfg, const void *params, void *acts, const moh_batch *b, int first,
@@ -399,6 +404,9 @@ typedef struct model_shards {
     void **grads;           /* [n] per-shard gradients (NULL: evaluation only, or n == 1) */
     float **gdata;          /* [n] their buffers */
     int first[MODEL_MAX_SHARDS + 1], count[MODEL_MAX_SHARDS]; /* split of the last batch */
+    moh_precision precision; /* what the shards compute in (model_shards_set_precision) */
+    bf16_mirror wbf16;       /* bf16: the weights' bf16 copy, shared by the shards, converted at
+                              * the start of every model_shards_step */
 } model_shards;
 
 /* n shards (1..256, <= batch) for micro-batches of up to `batch` examples of T tokens (text);
@@ -406,6 +414,11 @@ typedef struct model_shards {
 int model_shards_init(model_shards *w, const model *m, int batch, int T, int n, bool with_grads,
                       bool sparse, moh_error *err);
 void model_shards_free(model_shards *w, const model *m);
+/* Compute in precision p (default fp32). bf16 runs only when the CPU has AVX512-BF16 or AMX-BF16
+ * and the family implements acts_set_bf16; otherwise fp32, and note[cap] says why (else "").
+ * w->precision gets what runs. MOH_OK or MOH_E_NOMEM. */
+int model_shards_set_precision(model_shards *w, const model *m, moh_precision p, char *note, size_t cap,
+                               moh_error *err);
 /* Forward of b (b->B <= n Bmax); with g (a params_new struct of m, data gdata), also backward:
  * ACCUMULATES sum_s (B_s / B) grad_s into g (n == 1: the backward accumulates into g directly).
  * Returns the weighted training loss; *ce, *lb its parts. */

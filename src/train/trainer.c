@@ -282,6 +282,9 @@ static int setup(trainer *tr, moh_error *err) {
                         tr->st.steps_per_epoch, tr->train.steps_per_epoch);
     const bool sparse = hp->attention == 1;
     if ((rc = model_shards_init(&tr->w, m, Blocal, tr->train.seq_len, n, true, sparse, err))) return rc;
+    char why[192];
+    if ((rc = model_shards_set_precision(&tr->w, m, o->precision, why, sizeof why, err))) return rc;
+    if (*why && !o->quiet) printf("moh train: --precision bf16 runs fp32: %s\n", why);
     if ((rc = fam->params_new(m->cfg, &tr->g, &tr->gdata, &tr->gn, err))) return rc;
     if (!o->resume) {
         if (!o->init_path) fam->init_random(m->cfg, m->params, hp->seed); /* else the pretrained weights */
@@ -540,6 +543,11 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
                "token, %s attention\n", o->resume ? "resuming" : "starting", fam->summary, fam->model_type, m->n,
                m->n / 1e6, router_label(a), model_active_heads(m), a->n_heads,
                hp->attention == 1 ? "head-sparse" : "reference");
+        if (tr.w.precision == MOH_PRECISION_BF16) {
+            char prec[256];
+            precision_describe(tr.w.precision, prec, sizeof prec);
+            printf("compute: %s\n", prec);
+        }
         if (o->init_path && !o->resume) printf("weights from %s (pretrained; fresh optimizer, step 0)\n", o->init_path);
         char tshape[32] = "";
         if (tr.train.seq_len > 0) snprintf(tshape, sizeof tshape, " T=%d", tr.train.seq_len);
