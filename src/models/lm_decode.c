@@ -153,8 +153,12 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
         for (int c = 0; c < C; c++) kv->x[c] += kv->tmp[c];
         rmsnorm_forward_f32(kv->xn, &rstd, kv->x, b->ln2, 1, C, eps);
         t = lap(ph, LM_PH_OTHER, t);
-        linear_forward_f32(kv->gate, kv->xn, b->w_gate, NULL, 1, C, I);
-        linear_forward_f32(kv->up, kv->xn, b->w_up, NULL, 1, C, I);
+        if (b->w_up == b->w_gate + (size_t)I * C && kv->up == kv->gate + I) /* [2I, C]: one product */
+            linear_forward_f32(kv->gate, kv->xn, b->w_gate, NULL, 1, C, 2 * I);
+        else {
+            linear_forward_f32(kv->gate, kv->xn, b->w_gate, NULL, 1, C, I);
+            linear_forward_f32(kv->up, kv->xn, b->w_up, NULL, 1, C, I);
+        }
         swiglu_forward_f32(kv->gate, kv->gate, kv->up, I);
         linear_forward_f32(kv->tmp, kv->gate, b->w_down, NULL, 1, I, C);
         t = lap(ph, LM_PH_MLP, t);
