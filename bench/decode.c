@@ -8,7 +8,9 @@
  * Method: random weights (HF init, std 0.02); the cache is filled with random keys and values up to
  * context - tokens, then `tokens` decode steps are timed, so the measured steps attend to about
  * `context` cached positions. The content of the cache does not change the work: every selected
- * head reads all cached keys and values. Configurations are interleaved repeat by repeat. */
+ * head reads all cached keys and values. Configurations are interleaved repeat by repeat. cpu-ms/tok:
+ * process CPU seconds (all threads) per timed token, the contention-robust companion of the wall
+ * time; --profile adds the mean wall time per phase (LM_PH_*). */
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,6 +44,7 @@ typedef struct bd_run {
     bool have_p, have_kv;
     double t[64];
     long run0, total0;
+    double cpu; /* process CPU seconds over the timed steps (all threads) */
 } bd_run;
 
 static int bd_init(bd_run *r, const bd_model *m, int hs, int k, int ctx, moh_error *err) {
@@ -143,7 +146,7 @@ int bench_decode(int argc, char **argv) {
         {"--seed", ARG_U64, &a.seed, "S", "--model PATH: prompt ids uniform over the vocabulary from splitmix64(S) (default 1)", false, ARG_ANY},
         {"--text", ARG_STR, &a.text, "FILE", "--model PATH: the prompt is FILE's tokens (the model's tokenizer, or bytes), repeated", false, ARG_ANY},
         CLI_PRECISION_SPEC(&a.precision),
-        {"--profile", ARG_FLAG, &a.profile, NULL, "--model PATH: time per phase (qkv, attention, wo, mlp, lm_head, other) of prefill and decode", false, ARG_ANY},
+        {"--profile", ARG_FLAG, &a.profile, NULL, "time per phase (qkv, attention, wo, mlp, lm_head, other) of decode (--model PATH: and prefill)", false, ARG_ANY},
     };
     int prc = args_parse("bench decode", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                          "[--json] [--model small|llm|all | --config NAME] [--context 512,2048,8192] [--tokens T] [--repeats R]\n"
@@ -187,9 +190,9 @@ int bench_decode(int argc, char **argv) {
                 mo.models[0]);
         return 2;
     }
-    if (!loaded && (a.text || a.profile || args_value(argc, argv, "--seed"))) {
+    if (!loaded && (a.text || args_value(argc, argv, "--seed"))) {
         fprintf(stderr, "moh bench decode: %s applies to --model PATH (a loaded model) only\n",
-                a.text ? "--text" : a.profile ? "--profile" : "--seed");
+                a.text ? "--text" : "--seed");
         return 2;
     }
     if (!a.context) a.context = loaded ? "512,2048" : "512,2048,8192";
@@ -226,7 +229,8 @@ int bench_decode(int argc, char **argv) {
         char cond[256];
         bench_conditions(cond, sizeof cond);
         printf("moh bench decode: %s; %s; %d timed tokens per repeat, %d repeats\n", cpu, cond, a.tokens, a.repeats);
-        printf("%-6s %7s %-14s %8s %24s %9s %8s\n", "model", "context", "router", "active", "tokens/s median (min-max)", "ms/token", "speedup");
+        printf("%-6s %7s %-14s %8s %24s %9s %8s %10s\n", "model", "context", "router", "active", "tokens/s median (min-max)",
+               "ms/token", "speedup", "cpu-ms/tok");
     }
     bool first = true;
     for (int mi = 0; mi < nm; mi++) {
@@ -243,14 +247,16 @@ int bench_decode(int argc, char **argv) {
             for (int g = 0; g < 3; g++) {
                 runs[g].run0 = runs[g].kv.heads_run;
                 runs[g].total0 = runs[g].kv.heads_total;
+                memset(runs[g].kv.phase_s, 0, sizeof runs[g].kv.phase_s);
             }
             for (int rep = 0; rep < a.repeats && !status; rep++) {
                 fprintf(stderr, "[%s context %d] repeat %d/%d\n", m->name, ctx, rep + 1, a.repeats);
                 for (int k = 0; k < 3 && !status; k++) {
                     bd_run *r = &runs[(k + rep) % 3];
-                    const double t0 = omp_get_wtime();
+                    const double t0 = omp_get_wtime(), c0 = bench_cpu_seconds();
                     status = bd_steps(r, ctx, a.tokens, &err);
                     r->t[rep] = omp_get_wtime() - t0;
+                    r->cpu += bench_cpu_seconds() - c0;
                 }
             }
             if (status) {
@@ -267,6 +273,7 @@ int bench_decode(int argc, char **argv) {
                 if (g == 0) dense_tps = tps;
                 const long hr = r->kv.heads_run - r->run0, ht = r->kv.heads_total - r->total0;
                 const double active = ht ? (double)hr / ht : 1.0;
+                const double per_tok = 1e3 / ((double)a.repeats * a.tokens), cpu_ms = r->cpu * per_tok;
                 char router[32];
                 if (ks[g] == 0) snprintf(router, sizeof router, "none (dense)");
                 else snprintf(router, sizeof router, "learned %d+%d", m->hs, ks[g]);
@@ -274,16 +281,28 @@ int bench_decode(int argc, char **argv) {
                     printf("%s  {\"model\": \"%s\", \"context\": %d, \"router\": \"%s\", \"shared_heads\": %d, "
                            "\"top_k\": %d, \"active\": %.4f, \"tokens_per_s\": %.3f, \"tokens_per_s_min\": %.3f, "
                            "\"tokens_per_s_max\": %.3f, \"ms_per_token\": %.4f, \"speedup\": %.4f, \"tokens\": %d, "
-                           "\"repeats\": %d, \"threads\": %d}",
+                           "\"repeats\": %d, \"threads\": %d, \"cpu_ms_per_token\": %.4f",
                            first ? "" : ",\n", m->name, ctx, ks[g] ? "learned" : "none", ks[g] ? m->hs : 0, ks[g],
                            active, tps, a.tokens / st.max, a.tokens / st.min, st.median * 1e3 / a.tokens,
-                           tps / dense_tps, a.tokens, a.repeats, threads);
+                           tps / dense_tps, a.tokens, a.repeats, threads, cpu_ms);
+                    if (a.profile) {
+                        printf(", \"phases_ms_per_token\": {");
+                        for (int i = 0; i < LM_NPHASE; i++)
+                            printf("%s\"%s\": %.5f", i ? ", " : "", lm_phase_name(i), r->kv.phase_s[i] * per_tok);
+                        printf("}");
+                    }
+                    printf("}");
                     first = false;
                 } else {
                     char tp[64];
                     snprintf(tp, sizeof tp, "%.1f (%.1f-%.1f)", tps, a.tokens / st.max, a.tokens / st.min);
-                    printf("%-6s %7d %-14s %8.3f %24s %9.3f %8.3f\n", m->name, ctx, router, active, tp,
-                           st.median * 1e3 / a.tokens, tps / dense_tps);
+                    printf("%-6s %7d %-14s %8.3f %24s %9.3f %8.3f %10.3f\n", m->name, ctx, router, active, tp,
+                           st.median * 1e3 / a.tokens, tps / dense_tps, cpu_ms);
+                    if (a.profile) {
+                        printf("       phases ms/token (mean):");
+                        for (int i = 0; i < LM_NPHASE; i++) printf(" %s %.3f", lm_phase_name(i), r->kv.phase_s[i] * per_tok);
+                        printf("\n");
+                    }
                 }
                 fflush(stdout);
             }

@@ -269,6 +269,17 @@ assert r[0]['prompt_hash'] == r[1]['prompt_hash'] != r[2]['prompt_hash'] == r[3]
 PY" "bench decode --model: rc $rc: $(cat "$T/bd.err")"
 "$MOH" bench decode --model "$CHAT" --context 8 --tokens 2 --repeats 1 --text "$T/t.txt" --profile > "$T/bd.txt" 2>/dev/null
 check "grep -q 'tokens of $T/t.txt, repeated' '$T/bd.txt' && grep -q '^  lm_head' '$T/bd.txt'" "bench decode --text --profile: $(cat "$T/bd.txt")"
+# synthetic models: CPU time per token and, with --profile, phase times that account for the step
+"$MOH" bench decode --model small --context 40 --tokens 4 --repeats 1 --threads 1 --profile --json > "$T/bds.json" 2>/dev/null; rc=$?
+check "[ $rc -eq 0 ] && python3 - '$T/bds.json' <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert [x['top_k'] for x in r] == [0, 4, 2], r
+for x in r:
+    ph = x['phases_ms_per_token']
+    assert set(ph) == {'qkv', 'attention', 'wo', 'mlp', 'lm_head', 'other'} and min(ph.values()) > 0, x
+    assert x['cpu_ms_per_token'] > 0 and 0.5 * x['ms_per_token'] < sum(ph.values()) < 1.5 * x['ms_per_token'], x
+PY" "bench decode --model small --profile --json: rc $rc: $(cat "$T/bds.json")"
 
 echo "cli_convert: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -249,6 +249,63 @@ static void decode_test(test_ctx *ctx) {
     printf("  decode (one query, one head): worst rel err %.2e\n", worst);
 }
 
+/* sparse_decode_gemv_f32 (decode: W_O of the selected heads, q/k/v rows) against float64 sums:
+ * head widths with and without a 16-lane tail, row ranges that are not multiples of 4, a row
+ * stride past the last head, with and without bias; plain rows (one block of width C). */
+static void decode_gemv_test(test_ctx *ctx) {
+    const int ds[] = {4, 24, 32, 64, 72}, h = 7, C = 37;
+    const int sels[][7] = {{0, 1, 2, 3, 4, 5, 6}, {0, 2, 5}, {6}, {1, 3, 4, 6}};
+    const int nsels[] = {7, 3, 1, 4};
+    test_rng rng = {777};
+    double worst = 0.0;
+    for (size_t a = 0; a < sizeof ds / sizeof ds[0]; a++)
+        for (size_t b = 0; b < sizeof nsels / sizeof nsels[0]; b++)
+            for (int bias = 0; bias < 2; bias++) {
+                const int d = ds[a], ldw = h * d + 5, r0 = (int)b, r1 = C - (int)a;
+                float *w = malloc(sizeof(float) * (size_t)C * ldw), *x = malloc(sizeof(float) * (size_t)h * d);
+                float *bv = malloc(sizeof(float) * C), *out = malloc(sizeof(float) * C);
+                for (long i = 0; i < (long)C * ldw; i++) w[i] = (float)test_rng_uniform(&rng);
+                for (int i = 0; i < h * d; i++) x[i] = (float)test_rng_uniform(&rng);
+                for (int i = 0; i < C; i++) {
+                    bv[i] = (float)test_rng_uniform(&rng);
+                    out[i] = 1234.0f; /* rows outside [r0, r1) must stay */
+                }
+                sparse_decode_gemv_f32(w, ldw, bias ? bv : NULL, x, sels[b], nsels[b], d, r0, r1, out);
+                for (int r = 0; r < C; r++) {
+                    if (r < r0 || r >= r1) {
+                        CHECK(ctx, out[r] == 1234.0f, "decode gemv d=%d: row %d outside [%d, %d) written", d, r, r0, r1);
+                        continue;
+                    }
+                    double ref = bias ? bv[r] : 0.0, mag = fabs(ref);
+                    for (int k = 0; k < nsels[b]; k++)
+                        for (int e = 0; e < d; e++) {
+                            const double t = (double)w[(long)r * ldw + sels[b][k] * d + e] * x[sels[b][k] * d + e];
+                            ref += t;
+                            mag += fabs(t);
+                        }
+                    const double err = fabs(out[r] - ref) / mag;
+                    worst = fmax(worst, err);
+                    CHECK(ctx, err <= 1e-6, "decode gemv d=%d sel %zu row %d: %.9g vs %.9g", d, b, r, out[r], ref);
+                }
+                /* the same rows as one block of width h d: a plain product */
+                static const int whole[1] = {0};
+                sparse_decode_gemv_f32(w, ldw, NULL, x, whole, 1, h * d, 0, C, out);
+                for (int r = 0; r < C; r++) {
+                    double ref = 0.0, mag = 0.0;
+                    for (int e = 0; e < h * d; e++) {
+                        ref += (double)w[(long)r * ldw + e] * x[e];
+                        mag += fabs((double)w[(long)r * ldw + e] * x[e]);
+                    }
+                    CHECK(ctx, fabs(out[r] - ref) <= 1e-6 * mag, "decode gemv whole row %d: %.9g vs %.9g", r, out[r], ref);
+                }
+                free(w);
+                free(x);
+                free(bv);
+                free(out);
+            }
+    printf("  decode gemv (selected heads' W_O columns, q/k/v rows): worst err %.2e of the sum of |terms|\n", worst);
+}
+
 /* Huge scores (issue 14): raw scores s_j = sign_j round(sqrt(d) base) + off_j with
  * off_j = round(sqrt(d) j rise / 128) + a random integer in [0, jitter), sign_j = -1 for j < flip.
  * rise = 128, jitter = 0, base = -2e5, d = 16 or 64: scaled scores exactly [-2e5, -2e5+1, ...]. */
@@ -532,6 +589,7 @@ int main(void) {
     printf("  worst relative error over all cases: %.2e (limit 1e-5)\n", worst);
     memory_test(&ctx);
     decode_test(&ctx);
+    decode_gemv_test(&ctx);
     big_score_tests(&ctx);
     cli_bench_test(&ctx);
     return test_finish("test_sparse", &ctx);

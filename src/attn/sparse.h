@@ -163,4 +163,13 @@ double sparse_key_visits(const moh_attn_config *cfg, const sparse_cache *c);
 void sparse_decode_attend_f32(const float *q, const float *K, const float *V, long ld, int n, int d,
                               float gate, float *scores, float *out);
 
+/* Matrix-vector product over column blocks, for one decoded token: out[r] = b[r] +
+ * sum_{k < nblk} W[r, blk[k] d : blk[k] d + d] . x[blk[k] d : blk[k] d + d] for r0 <= r < r1.
+ * W row-major with row stride ldw floats; b may be NULL. Uses: W_O of the selected heads (blk =
+ * their indices, x = og [h, d]: spec §10, skipped heads' W_O columns are never read), and plain rows
+ * of W_qkv (blk = {0}, d = C). AVX-512 (4 rows per pass, x loaded once per 4 rows) when the CPU has
+ * it, else portable loops. No threads: callers split the rows. */
+void sparse_decode_gemv_f32(const float *w, long ldw, const float *b, const float *x, const int *blk,
+                            int nblk, int d, int r0, int r1, float *out);
+
 #endif

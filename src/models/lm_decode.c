@@ -19,35 +19,33 @@ static double lap(double *ph, int i, double t) {
     return now;
 }
 
-/* out[r] = b[r] + w[r, :] . x for r < rows (w row-major [rows, C]); b may be NULL. */
-static void gemv_rows(float *out, const float *w, const float *b, const float *x, int rows, int C) {
-#pragma omp parallel for schedule(static) if ((long)rows * C >= 262144)
-    for (int r = 0; r < rows; r++) {
-        const float *wr = w + (size_t)r * C;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int c = 0; c < C; c++) s += wr[c] * x[c];
-        out[r] = (b ? b[r] : 0.0f) + s;
-    }
+/* Work (multiply-adds) below which a decode matrix-vector product runs on the calling thread:
+ * waking a sleeping OpenMP team costs more than the product below it. */
+#define DECODE_PAR_WORK 262144L
+/* Rows of W_O per task of wo_selected. */
+#define DECODE_WO_ROWS 64
+
+/* q/k/v rows for the learned router: the d rows of every task head t (task[0..ntask): query heads
+ * i < h that the token selects, then the KV rows as heads h .. h + 2 h_kv) of W_qkv [qd, C] times x
+ * [C] plus the bias, into qkv [qd]; one parallel region (dynamic: a thread that wakes late does
+ * not hold up the rest). */
+static void qkv_selected(float *qkv, const float *w, const float *b, const float *x, const int *task, int ntask,
+                         int d, int C) {
+    static const int whole[1] = {0};
+#pragma omp parallel for schedule(dynamic, 1) if ((long)ntask * d * C >= DECODE_PAR_WORK)
+    for (int t = 0; t < ntask; t++)
+        sparse_decode_gemv_f32(w, C, b, x, whole, 1, C, task[t] * d, (task[t] + 1) * d, qkv);
 }
 
-/* out[C] = b + sum over the selected heads i (gate != 0) of W_O[:, i d:(i+1) d] og_i: the W_O
- * columns of skipped heads are never read. W_O [C, h d] row-major; b may be NULL. */
-static void wo_selected(float *out, const float *w_o, const float *b, const float *og,
-                        const float *gates, int C, int h, int d) {
-    const size_t hd = (size_t)h * d;
-#pragma omp parallel for schedule(static) if ((long)C * h * d >= 262144)
-    for (int c = 0; c < C; c++) {
-        float s = b ? b[c] : 0.0f;
-        for (int i = 0; i < h; i++) {
-            if (gates[i] == 0.0f) continue;
-            const float *w = w_o + (size_t)c * hd + (size_t)i * d, *o = og + (size_t)i * d;
-            float t = 0.0f;
-#pragma omp simd reduction(+ : t)
-            for (int e = 0; e < d; e++) t += w[e] * o[e];
-            s += t;
-        }
-        out[c] = s;
+/* out[C] = b + sum over the nsel selected heads of W_O[:, i d:(i+1) d] og_i: the W_O columns of
+ * skipped heads are never read. W_O [C, h d] row-major; b may be NULL. */
+static void wo_selected(float *out, const float *w_o, const float *b, const float *og, const int *sel, int nsel,
+                        int C, int h, int d) {
+    const int nt = (C + DECODE_WO_ROWS - 1) / DECODE_WO_ROWS;
+#pragma omp parallel for schedule(dynamic, 1) if ((long)C * nsel * d >= DECODE_PAR_WORK)
+    for (int t = 0; t < nt; t++) {
+        const int r0 = t * DECODE_WO_ROWS, r1 = r0 + DECODE_WO_ROWS < C ? r0 + DECODE_WO_ROWS : C;
+        sparse_decode_gemv_f32(w_o, (long)h * d, b, og, sel, nsel, d, r0, r1, out);
     }
 }
 
@@ -70,9 +68,17 @@ int lm_kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, int max_T, moh_error *
         *fields[i] = cur;
         cur += sizes[i];
     }
-    if (attn_cache_init_f32(&kv->router, a, 1, 1, err)) {
+    kv->task = malloc(sizeof(int) * (size_t)(a->n_heads + 2 * a->n_kv_heads));
+    if (!kv->task) {
         free(kv->block);
         kv->block = NULL;
+        return moh_fail(err, MOH_E_NOMEM, "KV cache: cannot allocate the head lists");
+    }
+    if (attn_cache_init_f32(&kv->router, a, 1, 1, err)) {
+        free(kv->block);
+        free(kv->task);
+        kv->block = NULL;
+        kv->task = NULL;
         return err->code;
     }
     kv->max_T = max_T;
@@ -82,6 +88,7 @@ int lm_kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, int max_T, moh_error *
 void lm_kv_free(lm_kv_cache *kv) {
     if (kv->block) attn_cache_free_f32(&kv->router);
     free(kv->block);
+    free(kv->task);
     memset(kv, 0, sizeof *kv);
 }
 
@@ -106,21 +113,21 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
         float *K = kv->k + ((size_t)l * kv->max_T) * kvd, *V = kv->v + ((size_t)l * kv->max_T) * kvd;
         rmsnorm_forward_f32(kv->xn, &rstd, kv->x, b->ln1, 1, C, eps);
         t = lap(ph, LM_PH_OTHER, t);
+        int *sel = kv->task, nsel = 0; /* the heads this token runs */
         if (a->router == MOH_ROUTER_LEARNED) {
             /* the learned router reads x only: route first, then K and V for every KV head and
-             * q only for the selected heads (spec §10) */
+             * q only for the selected heads (spec §10), in one pass over their W_qkv rows */
             router_forward_f32(a, &b->attn, kv->xn, NULL, 1, &kv->router);
-            gemv_rows(kv->qkv + (size_t)h * d, b->attn.w_qkv + (size_t)h * d * C,
-                      b->attn.b_qkv ? b->attn.b_qkv + (size_t)h * d : NULL, kv->xn, 2 * kvd, C);
             for (int i = 0; i < h; i++)
-                if (kv->router.gates[i] != 0.0f)
-                    gemv_rows(kv->qkv + (size_t)i * d, b->attn.w_qkv + (size_t)i * d * C,
-                              b->attn.b_qkv ? b->attn.b_qkv + (size_t)i * d : NULL, kv->xn, d, C);
-                else
-                    memset(kv->qkv + (size_t)i * d, 0, sizeof(float) * d);
+                if (kv->router.gates[i] != 0.0f) sel[nsel++] = i;
+                else memset(kv->qkv + (size_t)i * d, 0, sizeof(float) * d);
+            for (int j = 0; j < 2 * hkv; j++) sel[nsel + j] = h + j;
+            qkv_selected(kv->qkv, b->attn.w_qkv, b->attn.b_qkv, kv->xn, sel, nsel + 2 * hkv, d, C);
         } else { /* none: every head; query_norm: every q is needed to choose */
             linear_forward_f32(kv->qkv, kv->xn, b->attn.w_qkv, b->attn.b_qkv, 1, C, qd);
             router_forward_f32(a, &b->attn, kv->xn, kv->qkv, 1, &kv->router);
+            for (int i = 0; i < h; i++)
+                if (kv->router.gates[i] != 0.0f) sel[nsel++] = i;
         }
         if (a->rope_theta > 0) rope_forward_f32(kv->qkv, 1, qd, h + hkv, &pos, a);
         for (int g = 0; g < hkv; g++) { /* head-major: each head's keys are one contiguous stream */
@@ -128,32 +135,30 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
             memcpy(V + ((size_t)g * kv->max_T + pos) * d, kv->qkv + (size_t)(h + hkv + g) * d, sizeof(float) * d);
         }
         t = lap(ph, LM_PH_QKV, t);
-        /* attention of the selected heads only (spec §10), one task per head */
-        int run = 0;
-        for (int i = 0; i < h; i++) run += kv->router.gates[i] != 0.0f;
+        /* attention of the selected heads only (spec §10), one task per head; og of the others
+         * is never read */
         kv->heads_total += h;
-        kv->heads_run += run;
-#pragma omp parallel for schedule(dynamic, 1) if ((long)run * (pos + 1) * d >= 65536)
-        for (int i = 0; i < h; i++) {
-            const float g = kv->router.gates[i];
-            float *og = kv->og + (size_t)i * d;
-            if (g == 0.0f) { /* head not selected: no attention row, no W_O term */
-                memset(og, 0, sizeof(float) * d);
-                continue;
-            }
-            const int kvh = i / grp;
+        kv->heads_run += nsel;
+#pragma omp parallel for schedule(dynamic, 1) if ((long)nsel * (pos + 1) * d >= 65536)
+        for (int k = 0; k < nsel; k++) {
+            const int i = sel[k], kvh = i / grp;
             sparse_decode_attend_f32(kv->qkv + (size_t)i * d, K + (size_t)kvh * kv->max_T * d,
-                                     V + (size_t)kvh * kv->max_T * d, d, pos + 1, d, g, kv->scores + (size_t)i * kv->max_T, og);
+                                     V + (size_t)kvh * kv->max_T * d, d, pos + 1, d, kv->router.gates[i],
+                                     kv->scores + (size_t)i * kv->max_T, kv->og + (size_t)i * d);
         }
         t = lap(ph, LM_PH_ATTN, t);
-        if (run < h) wo_selected(kv->tmp, b->attn.w_o, b->attn.b_o, kv->og, kv->router.gates, C, h, d);
+        if (nsel < h) wo_selected(kv->tmp, b->attn.w_o, b->attn.b_o, kv->og, sel, nsel, C, h, d);
         else linear_forward_f32(kv->tmp, kv->og, b->attn.w_o, b->attn.b_o, 1, h * d, C);
         t = lap(ph, LM_PH_WO, t);
         for (int c = 0; c < C; c++) kv->x[c] += kv->tmp[c];
         rmsnorm_forward_f32(kv->xn, &rstd, kv->x, b->ln2, 1, C, eps);
         t = lap(ph, LM_PH_OTHER, t);
-        linear_forward_f32(kv->gate, kv->xn, b->w_gate, NULL, 1, C, I);
-        linear_forward_f32(kv->up, kv->xn, b->w_up, NULL, 1, C, I);
+        if (b->w_up == b->w_gate + (size_t)I * C && kv->up == kv->gate + I) /* [2I, C]: one product */
+            linear_forward_f32(kv->gate, kv->xn, b->w_gate, NULL, 1, C, 2 * I);
+        else {
+            linear_forward_f32(kv->gate, kv->xn, b->w_gate, NULL, 1, C, I);
+            linear_forward_f32(kv->up, kv->xn, b->w_up, NULL, 1, C, I);
+        }
         swiglu_forward_f32(kv->gate, kv->gate, kv->up, I);
         linear_forward_f32(kv->tmp, kv->gate, b->w_down, NULL, 1, I, C);
         t = lap(ph, LM_PH_MLP, t);

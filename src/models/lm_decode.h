@@ -29,6 +29,7 @@ typedef struct lm_kv_cache {
     float *k, *v;          /* [L, h_kv, max_T, d] (head-major), keys after RoPE */
     attn_cache_f32 router; /* router scratch for one token (B = N = 1) */
     float *x, *xn, *qkv, *og, *tmp, *gate, *up, *scores;
+    int *task;             /* [h + 2 h_kv]: the selected heads of the current token, then q/k/v tasks */
     long heads_run, heads_total; /* (token, layer, head) attention rows computed / possible */
     double phase_s[LM_NPHASE];   /* wall seconds per phase (LM_PH_*), accumulated */
     void *block;
