@@ -21,6 +21,7 @@
 #include "train/adamw.h"
 
 #define BT_MAX_CFG 8
+#define BT_MAX_PH 48
 
 typedef struct bt_run {
     char name[64];
@@ -34,6 +35,7 @@ typedef struct bt_run {
     bool *decay;
     double t[2][64];   /* [path][repeat] seconds per step */
     double loss[2];
+    double t_clip[2], t_opt[2]; /* [path] seconds in clip_grad_norm and adamw_step, accumulated */
 } bt_run;
 
 static void bt_free(bt_run *r) {
@@ -107,8 +109,12 @@ static double bt_grad(bt_run *r, int path) {
 static double bt_step(bt_run *r, int path, long step) {
     static const adamw_config ac = {0.9, 0.95, 1e-8, 0.1};
     const double loss = bt_grad(r, path);
+    const double t0 = omp_get_wtime();
     clip_grad_norm(r->gdata, r->m.n, 1.0);
+    const double t1 = omp_get_wtime();
     adamw_step(&ac, r->m.data, r->gdata, r->mom, r->vel, r->decay, r->m.n, step, 1e-4);
+    r->t_clip[path] += t1 - t0;
+    r->t_opt[path] += omp_get_wtime() - t1;
     return loss;
 }
 
@@ -131,12 +137,76 @@ static double bt_check(bt_run *r, double *loss_err) {
     return num / fmax(den, 1e-30);
 }
 
+/* `--phases`: ms per step of each phase, one column per (config, path); the steps' total (sum of
+ * the top-level phases plus clipping and AdamW) and the unaccounted rest of the measured step
+ * close the table. JSON: one object per column on stdout after the rows. */
+static void bt_print_phases(bt_run *runs, int nn, const int *paths, int nsteps, bool json) {
+    const char *nm[BT_MAX_PH + 3];
+    double sec[2 * BT_MAX_CFG][BT_MAX_PH + 3];
+    bool sub[BT_MAX_PH + 3];
+    const char *col[2 * BT_MAX_CFG], *colpath[2 * BT_MAX_CFG];
+    int ncol = 0, nph = 0;
+    for (int path = 0; path < 2; path++) {
+        if (paths[path] < 0) continue;
+        for (int i = 0; i < nn; i++) {
+            bt_run *r = &runs[i];
+            if (!r->m.fam->phase_times) continue;
+            nph = r->m.fam->phase_times(r->acts[path], nm, sec[ncol], sub, BT_MAX_PH, false);
+            double top = 0.0;
+            for (int k = 0; k < nph; k++) {
+                sec[ncol][k] *= 1e3 / nsteps;
+                if (!sub[k]) top += sec[ncol][k];
+            }
+            sec[ncol][nph] = r->t_clip[path] * 1e3 / nsteps;
+            sec[ncol][nph + 1] = r->t_opt[path] * 1e3 / nsteps;
+            sec[ncol][nph + 2] = top + sec[ncol][nph] + sec[ncol][nph + 1];
+            col[ncol] = r->name;
+            colpath[ncol++] = path ? "sparse" : "reference";
+        }
+    }
+    if (!ncol) {
+        fprintf(stderr, "moh bench train: --phases: this family does not time its phases\n");
+        return;
+    }
+    nm[nph] = "clip";
+    nm[nph + 1] = "adamw";
+    nm[nph + 2] = "total";
+    sub[nph] = sub[nph + 1] = sub[nph + 2] = false;
+    if (json) {
+        for (int c = 0; c < ncol; c++) {
+            printf("{\"phases\": {\"config\": ");
+            bench_json_str(stdout, col[c]);
+            printf(", \"path\": \"%s\", \"ms_per_step\": {", colpath[c]);
+            for (int k = 0; k < nph + 3; k++) printf("%s\"%s%s\": %.3f", k ? ", " : "", sub[k] ? "attn." : "", nm[k], sec[c][k]);
+            printf("}}}\n");
+        }
+        return;
+    }
+    printf("\nphases, ms per step (mean over %d timed steps; indented: the attention path's own phases, "
+           "part of attn / bwd_attn)\n%-16s", nsteps, "phase");
+    for (int c = 0; c < ncol; c++) {
+        char lab[80];
+        snprintf(lab, sizeof lab, "%.40s/%.3s", col[c], colpath[c]);
+        printf(" %14s", lab);
+    }
+    printf("\n");
+    for (int k = 0; k < nph + 3; k++) {
+        if (k == nph + 2) printf("%-16s\n", "");
+        printf("%s%-*s", sub[k] ? "  " : "", sub[k] ? 14 : 16, nm[k]);
+        for (int c = 0; c < ncol; c++) {
+            const double tot = sec[c][nph + 2];
+            printf(" %7.1f %5.1f%%", sec[c][k], tot > 0 ? 100.0 * sec[c][k] / tot : 0.0);
+        }
+        printf("\n");
+    }
+}
+
 int bench_train(int argc, char **argv) {
     struct {
-        bool json;
+        bool json, phases;
         const char *configs, *path;
         int batch, seq, steps, repeats;
-    } a = {false, "mha,moh-90,moh-75,moh-50", "both", 16, 0, 2, 3};
+    } a = {false, false, "mha,moh-90,moh-75,moh-50", "both", 16, 0, 2, 3};
     const arg_spec specs[] = {
         {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false, ARG_ANY},
         {"--configs", ARG_STR, &a.configs, "A,B,...", "configs of one model family, names in configs/ or paths; the first is the baseline (default mha,moh-90,moh-75,moh-50)", false, ARG_ANY},
@@ -145,9 +215,10 @@ int bench_train(int argc, char **argv) {
         {"--seq", ARG_INT, &a.seq, "T", "text: sequence length (default: the first config's max_position_embeddings)", false, ARG_GE(1)},
         {"--steps", ARG_INT, &a.steps, "S", "timed optimizer steps per repeat (default 2)", false, ARG_GE(1)},
         {"--repeats", ARG_INT, &a.repeats, "R", "repeats, interleaved over configs and paths (default 3, max 64)", false, ARG_IN(1, 64)},
+        {"--phases", ARG_FLAG, &a.phases, NULL, "also print ms per step of each phase of the timed steps (forward, backward, clipping, AdamW; families that time them: the LM)", false, ARG_ANY},
     };
     int prc = args_parse("bench train", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                         "[--json] [--configs mha,moh-75] [--path sparse|reference|both] [--batch B] [--seq T] [--steps S] [--repeats R]",
+                         "[--json] [--configs mha,moh-75] [--path sparse|reference|both] [--batch B] [--seq T] [--steps S] [--repeats R] [--phases]",
                          "Training tokens/s of any model family: forward + backward + clipping + AdamW on a random batch\n(random bytes for the LM, random pixels for the ViT), dense MHA vs MoH configs, with the reference\nattention and with the head-sparse attention path. Image tokens: patches (+ class token).\n");
     if (prc) return prc == 1 ? 0 : prc;
     const bool p_ref = !strcmp(a.path, "reference") || !strcmp(a.path, "both");
@@ -187,6 +258,16 @@ int bench_train(int argc, char **argv) {
     for (int g = 0; g < nn && !status; g++) /* warm-up */
         for (int pi = 0; pi < 2; pi++)
             if (paths[pi] >= 0) bt_step(&runs[g], pi, step++);
+    for (int g = 0; g < nn && !status; g++) { /* phase timers: the timed steps only */
+        bt_run *r = &runs[g];
+        const char *nm[BT_MAX_PH];
+        double sec[BT_MAX_PH];
+        bool sub[BT_MAX_PH];
+        for (int pi = 0; pi < 2 && r->m.fam->phase_times; pi++)
+            r->m.fam->phase_times(r->acts[pi], nm, sec, sub, BT_MAX_PH, true);
+        memset(r->t_clip, 0, sizeof r->t_clip);
+        memset(r->t_opt, 0, sizeof r->t_opt);
+    }
     for (int rep = 0; rep < a.repeats && !status; rep++) {
         fprintf(stderr, "[bench train] repeat %d/%d\n", rep + 1, a.repeats);
         for (int k = 0; k < nn; k++) {
@@ -245,6 +326,7 @@ int bench_train(int argc, char **argv) {
             }
         }
         if (a.json) printf("\n]\n");
+        if (a.phases) bt_print_phases(runs, nn, paths, a.repeats * a.steps, a.json);
     }
     for (int i = 0; i < nn; i++) bt_free(&runs[i]);
     free(runs);

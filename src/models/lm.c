@@ -1,5 +1,6 @@
 /* Decoder LM: float32 and float64 instantiations of lm_impl.h, and the tensor names. */
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,21 @@
 #include "core/rng.h"
 
 #include "attn/sparse.h"
+
+const char *lm_train_phase_name(int i) {
+    static const char *const names[LMT_NPHASE] = {
+        "embed", "norm", "attn", "resid", "mlp_in", "swiglu", "mlp_down", "head", "loss",
+        "bwd_loss", "bwd_head", "bwd_mlp_down", "bwd_swiglu", "bwd_mlp_in", "bwd_norm", "bwd_attn",
+        "bwd_embed"};
+    return i >= 0 && i < LMT_NPHASE ? names[i] : "?";
+}
+
+/* Adds the wall time since t0 to acc[ph]; returns now (the start of the next phase). */
+static double lm_lap(double *acc, int ph, double t0) {
+    const double now = omp_get_wtime();
+    acc[ph] += now - t0;
+    return now;
+}
 
 /* The attention call of each instantiation: float32 runs the head-sparse path when the
  * activations were made by lm_acts_init_sparse_f32; float64 (gradient checks) always runs the

@@ -42,6 +42,7 @@ typedef struct F(lm_acts) {
     real *dlogits;    /* [BT, V] */
     real ce_loss;     /* mean cross-entropy (nats) of the last forward with targets */
     real lb_loss;     /* mean over routing layers of the load-balance loss (spec §2) */
+    double phase_s[LMT_NPHASE]; /* wall seconds per phase (lm_train_phase_name), accumulated */
     void *block;
 } F(lm_acts);
 

@@ -92,9 +92,11 @@ real F(lm_forward)(const moh_lm_config *cfg, const F(lm_params) *p, F(lm_acts) *
     const int L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size;
     const int V = cfg->vocab_size, BT = B * T;
     const real eps = (real)cfg->rms_norm_eps;
+    double *ph = a->phase_s, t = omp_get_wtime();
     a->B = B;
     a->T = T;
     F(embedding_forward)(a->resid, tokens, p->embed, BT, C);
+    t = lm_lap(ph, LMT_PH_EMBED, t);
     int routing = 0;
     double lb = 0.0;
     for (int l = 0; l < L; l++) {
@@ -105,29 +107,39 @@ real F(lm_forward)(const moh_lm_config *cfg, const F(lm_params) *p, F(lm_acts) *
         real *gate = a->gate + (size_t)l * BT * I, *up = a->up + (size_t)l * BT * I;
         real *act = a->act + (size_t)l * BT * I;
         F(rmsnorm_forward)(ln1, a->ln1_rstd + (size_t)l * BT, x, b->ln1, BT, C, eps);
+        t = lm_lap(ph, LMT_PH_NORM, t);
         F(lm_attn_forward)(cfg, &b->attn, ln1, B, T, ao, a, l);
         if (attn_routed_heads(&cfg->attn) > 0 && cfg->attn.top_k > 0) {
             lb += F(lm_router)(a, l)->lb_loss; /* every layer routes alike: the mean is over all L */
             routing++;
         }
+        t = lm_lap(ph, LMT_PH_ATTN, t);
         real *mid = a->mid + (size_t)l * BT * C;
         for (size_t i = 0; i < (size_t)BT * C; i++) mid[i] = x[i] + ao[i];
+        t = lm_lap(ph, LMT_PH_RESID, t);
         F(rmsnorm_forward)(ln2, a->ln2_rstd + (size_t)l * BT, mid, b->ln2, BT, C, eps);
+        t = lm_lap(ph, LMT_PH_NORM, t);
         F(linear_forward)(gate, ln2, b->w_gate, NULL, BT, C, I);
         F(linear_forward)(up, ln2, b->w_up, NULL, BT, C, I);
+        t = lm_lap(ph, LMT_PH_MLP_IN, t);
         F(swiglu_forward)(act, gate, up, (long)BT * I);
+        t = lm_lap(ph, LMT_PH_SWIGLU, t);
         F(linear_forward)(a->dtmp, act, b->w_down, NULL, BT, I, C); /* dtmp: MLP output */
+        t = lm_lap(ph, LMT_PH_MLP_DOWN, t);
         for (size_t i = 0; i < (size_t)BT * C; i++) xo[i] = mid[i] + a->dtmp[i];
+        t = lm_lap(ph, LMT_PH_RESID, t);
     }
     a->lb_loss = routing ? (real)(lb / routing) : 0;
     const real *xf = a->resid + (size_t)L * BT * C;
     F(rmsnorm_forward)(a->lnf, a->lnf_rstd, xf, p->norm, BT, C, eps);
     F(linear_forward)(a->logits, a->lnf, p->lm_head, NULL, BT, C, V);
+    t = lm_lap(ph, LMT_PH_HEAD, t);
     if (!targets) {
         a->ce_loss = 0;
         return 0;
     }
     a->ce_loss = F(cross_entropy_forward)(a->probs, a->logits, targets, BT, V, 0);
+    lm_lap(ph, LMT_PH_LOSS, t);
     return a->ce_loss + (real)cfg->load_balance_coef * a->lb_loss;
 }
 
@@ -140,29 +152,40 @@ void F(lm_backward)(const moh_lm_config *cfg, const F(lm_params) *p, const F(lm_
     const real lb_scale = routed ? (real)(cfg->load_balance_coef / L) : 0;
     real *dres = a->dres, *dtmp = a->dtmp;
     real *dact = a->dff, *dgate = a->dff + nI, *dup = a->dff + 2 * nI;
+    double *ph = a->phase_s, t = omp_get_wtime();
     memset(a->dlogits, 0, sizeof(real) * (size_t)BT * V);
     F(cross_entropy_backward)(a->dlogits, a->probs, targets, BT, V, 0, 1);
+    t = lm_lap(ph, LMT_PH_B_LOSS, t);
     memset(dtmp, 0, sizeof(real) * nC);
     F(linear_backward)(dtmp, g->lm_head, NULL, a->dlogits, a->lnf, p->lm_head, BT, C, V);
+    t = lm_lap(ph, LMT_PH_B_HEAD, t);
     memset(dres, 0, sizeof(real) * nC);
     F(rmsnorm_backward)(dres, g->norm, dtmp, a->resid + (size_t)L * nC, p->norm, a->lnf_rstd, BT, C);
+    t = lm_lap(ph, LMT_PH_B_NORM, t);
     for (int l = L - 1; l >= 0; l--) {
         const F(lm_block) *b = &p->blocks[l];
         const F(lm_block) *gb = &g->blocks[l];
         /* MLP branch of x_{l+1} = x1 + down(swiglu(gate(ln2(x1)), up(ln2(x1)))) */
         memset(a->dff, 0, sizeof(real) * 3 * nI);
         F(linear_backward)(dact, gb->w_down, NULL, dres, a->act + (size_t)l * nI, b->w_down, BT, I, C);
+        t = lm_lap(ph, LMT_PH_B_MLP_DOWN, t);
         F(swiglu_backward)(dgate, dup, dact, a->gate + (size_t)l * nI, a->up + (size_t)l * nI, (long)nI);
+        t = lm_lap(ph, LMT_PH_B_SWIGLU, t);
         memset(dtmp, 0, sizeof(real) * nC);
         F(linear_backward)(dtmp, gb->w_gate, NULL, dgate, a->ln2 + (size_t)l * nC, b->w_gate, BT, C, I);
         F(linear_backward)(dtmp, gb->w_up, NULL, dup, a->ln2 + (size_t)l * nC, b->w_up, BT, C, I);
+        t = lm_lap(ph, LMT_PH_B_MLP_IN, t);
         F(rmsnorm_backward)(dres, gb->ln2, dtmp, a->mid + (size_t)l * nC, b->ln2,
                             a->ln2_rstd + (size_t)l * BT, BT, C);
+        t = lm_lap(ph, LMT_PH_B_NORM, t);
         /* attention branch of x1 = x_l + attn(ln1(x_l)) */
         memset(dtmp, 0, sizeof(real) * nC);
         F(lm_attn_backward)(cfg, &b->attn, &gb->attn, a, l, dres, lb_scale, dtmp);
+        t = lm_lap(ph, LMT_PH_B_ATTN, t);
         F(rmsnorm_backward)(dres, gb->ln1, dtmp, a->resid + (size_t)l * nC, b->ln1,
                             a->ln1_rstd + (size_t)l * BT, BT, C);
+        t = lm_lap(ph, LMT_PH_B_NORM, t);
     }
     F(embedding_backward)(g->embed, dres, tokens, BT, C);
+    lm_lap(ph, LMT_PH_B_EMBED, t);
 }
