@@ -34,6 +34,7 @@ typedef struct bt_run {
     float *mom, *vel;
     bool *decay;
     double t[2][64];   /* [path][repeat] seconds per step */
+    double cpu[2][64]; /* [path][repeat] process CPU seconds per step (bench_cpu_seconds) */
     double loss[2];
     double t_clip[2], t_opt[2]; /* [path] seconds in clip_grad_norm and adamw_step, accumulated */
 } bt_run;
@@ -275,9 +276,10 @@ int bench_train(int argc, char **argv) {
             for (int pi = 0; pi < 2; pi++) {
                 const int path = (pi + rep) % 2;
                 if (paths[path] < 0) continue;
-                const double t0 = omp_get_wtime();
+                const double t0 = omp_get_wtime(), c0 = bench_cpu_seconds();
                 for (int st = 0; st < a.steps; st++) r->loss[path] = bt_step(r, path, step++);
                 r->t[path][rep] = (omp_get_wtime() - t0) / a.steps;
+                r->cpu[path][rep] = (bench_cpu_seconds() - c0) / a.steps;
             }
         }
     }
@@ -296,7 +298,8 @@ int bench_train(int argc, char **argv) {
             bench_conditions(cond, sizeof cond);
             printf("moh bench train: %s; %s; B=%d T=%d (%.0f tokens/step), %d steps x %d repeats\n",
                    cpu, cond, B, N, tokens, a.steps, a.repeats);
-            printf("%-10s %-10s %8s %28s %10s %9s\n", "config", "path", "active", "tokens/s median (min-max)", "ms/step", "speedup");
+            printf("%-10s %-10s %8s %28s %10s %9s %12s\n", "config", "path", "active", "tokens/s median (min-max)", "ms/step",
+                   "speedup", "cpu-ms/step");
         }
         bool first = true;
         for (int path = 0; path < 2; path++) {
@@ -305,6 +308,7 @@ int bench_train(int argc, char **argv) {
             for (int i = 0; i < nn; i++) {
                 bt_run *r = &runs[i];
                 const bench_stats st = bench_summarise(r->t[path], a.repeats);
+                const double cpu_ms = bench_summarise(r->cpu[path], a.repeats).median * 1e3;
                 const double tps = tokens / st.median;
                 if (i == 0) base = tps;
                 const double share = model_active_heads(&r->m) / model_attn(&r->m)->n_heads; /* mean over layers */
@@ -315,13 +319,15 @@ int bench_train(int argc, char **argv) {
                     bench_json_str(stdout, r->name);
                     printf(", \"path\": \"%s\", \"active\": %.4f, \"tokens_per_s\": %.2f, \"tokens_per_s_min\": %.2f, "
                            "\"tokens_per_s_max\": %.2f, \"ms_per_step\": %.2f, \"speedup\": %.4f, \"batch\": %d, "
-                           "\"seq\": %d, \"steps\": %d, \"repeats\": %d, \"threads\": %d, \"loss\": %.4f}",
+                           "\"seq\": %d, \"steps\": %d, \"repeats\": %d, \"threads\": %d, \"loss\": %.4f, "
+                           "\"cpu_ms_per_step\": %.2f}",
                            pname, share, tps, tokens / st.max, tokens / st.min, st.median * 1e3, tps / base, B, N,
-                           a.steps, a.repeats, threads, r->loss[path]);
+                           a.steps, a.repeats, threads, r->loss[path], cpu_ms);
                 } else {
                     char tp[64];
                     snprintf(tp, sizeof tp, "%.0f (%.0f-%.0f)", tps, tokens / st.max, tokens / st.min);
-                    printf("%-10s %-10s %8.3f %28s %10.1f %9.3f\n", r->name, pname, share, tp, st.median * 1e3, tps / base);
+                    printf("%-10s %-10s %8.3f %28s %10.1f %9.3f %12.1f\n", r->name, pname, share, tp, st.median * 1e3,
+                           tps / base, cpu_ms);
                 }
             }
         }

@@ -10,10 +10,11 @@
 #include "core/rng.h"
 
 #include "attn/sparse.h"
+#include "ops/gemm.h"
 
 const char *lm_train_phase_name(int i) {
     static const char *const names[LMT_NPHASE] = {
-        "embed", "norm", "attn", "resid", "mlp_in", "swiglu", "mlp_down", "head", "loss",
+        "embed", "norm", "attn", "mlp_in", "swiglu", "mlp_down", "head", "loss",
         "bwd_loss", "bwd_head", "bwd_mlp_down", "bwd_swiglu", "bwd_mlp_in", "bwd_norm", "bwd_attn",
         "bwd_embed"};
     return i >= 0 && i < LMT_NPHASE ? names[i] : "?";
