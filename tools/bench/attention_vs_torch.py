@@ -18,11 +18,12 @@ Prints medians over rounds (of per-round medians) and speedup = torch ms / moh m
 """
 import argparse
 import json
-import os
 import sys
 import time
 
-torch = tp = None  # imported in main, after OMP_WAIT_POLICY is set
+import bench_common as bc
+
+torch = tp = None  # imported in main (bench_common.start_torch), after OMP_WAIT_POLICY is set
 
 C, H = 768, 12
 SPLITS = {1.0: (0, 0), 0.75: (3, 6), 0.5: (3, 3)}  # share -> (h_s, top_k), as moh bench attention
@@ -53,30 +54,19 @@ def time_torch(m, x, dy, train, bf16, reps):
         if train:
             m.zero_grad(set_to_none=True)
             x.grad = None
-    return tp.med(ts) * 1e3
+    return bc.med(ts) * 1e3
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--moh", default="build/moh")
     ap.add_argument("--n", default="4096", help="sequence lengths (default 4096)")
     ap.add_argument("--pass", dest="pas", choices=["forward", "train"], default="forward")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per configuration and round")
-    ap.add_argument("--precisions", default="fp32,bf16", help="torch precisions: fp32,bf16 (autocast)")
     ap.add_argument("--official-explicit", action="store_true", help="official module's non-fused attention path")
-    ap.add_argument("--moh-args", default="", help="extra options for moh bench attention")
-    ap.add_argument("--wait-policy", choices=["passive", "active"], default="passive",
-                    help="OMP_WAIT_POLICY for both engines (default passive)")
-    ap.add_argument("--json", help="also write the results to this file")
+    bc.add_torch_peer_args(ap, "attention")
     a = ap.parse_args()
     global torch, tp
-    os.environ["OMP_WAIT_POLICY"] = a.wait_policy  # before libgomp loads with torch
-    import torch
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import torch_peers as tp
-    torch.set_num_threads(a.threads)
+    torch, tp = bc.start_torch(a)
     Ns = [int(v) for v in a.n.split(",")]
     precs = [p for p in a.precisions.split(",") if p]
     train = a.pas == "train"
@@ -100,7 +90,7 @@ def main():
         for engine in (("moh", "torch") if rnd % 2 == 0 else ("torch", "moh")):
             print(f"[round {rnd + 1}/{a.rounds}] {engine}", file=sys.stderr, flush=True)
             if engine == "moh":
-                for r in tp.run_moh(cmd, a.threads):
+                for r in bc.run_moh(cmd, a.threads):
                     s = round(r["active_target"], 2)
                     if r.get("path", "sparse") == "sparse" and (r["n"], s) in moh:
                         moh[(r["n"], s)].append(r["ms"])
@@ -109,9 +99,9 @@ def main():
                     for s in shares:
                         for p in precs:
                             tor[(n, s, p)].append(time_torch(mods[s], xs[n], dys[n], train, p == "bf16", a.repeats))
-    print(f"{tp.cpu_model()}; {a.threads} threads (moh OMP_NUM_THREADS, torch.set_num_threads); "
+    print(f"{bc.cpu_model()}; {a.threads} threads (moh OMP_NUM_THREADS, torch.set_num_threads); "
           f"OMP_WAIT_POLICY={a.wait_policy}; load average "
-          f"{tp.load_average()}; {a.rounds} rounds x {a.repeats} calls, engines alternated")
+          f"{bc.load_average()}; {a.rounds} rounds x {a.repeats} calls, engines alternated")
     print(f"torch {torch.__version__} (eager; {'forward under no_grad' if not train else 'forward + backward'}); "
           f"official module attention: {'explicit softmax path' if a.official_explicit else 'SDPA (timm fused path)'}")
     print(f"moh: {' '.join(cmd)}")
@@ -126,9 +116,9 @@ def main():
             mm = moh[(n, s)]
             if not mm:
                 continue
-            same = [tp.med(tor[(n, s, p)]) / tp.med(mm) for p in precs]  # vs the same layer in torch
-            vs_sdpa = [tp.med(tor[(n, 1.0, p)]) / tp.med(mm) for p in precs]  # vs torch dense SDPA
-            print(f"{n:>5} {name:<8} {tp.cell(mm):>22} " + " ".join(f"{tp.cell(tor[(n, s, p)]):>22}" for p in precs)
+            same = [bc.med(tor[(n, s, p)]) / bc.med(mm) for p in precs]  # vs the same layer in torch
+            vs_sdpa = [bc.med(tor[(n, 1.0, p)]) / bc.med(mm) for p in precs]  # vs torch dense SDPA
+            print(f"{n:>5} {name:<8} {bc.cell(mm):>22} " + " ".join(f"{bc.cell(tor[(n, s, p)]):>22}" for p in precs)
                   + "   " + " ".join(f"{v:>9.3f}" for v in same) + "   " + " ".join(f"{v:>14.3f}" for v in vs_sdpa))
             rows.append({"n": n, "config": name, "moh_ms": mm, "torch_ms": {p: tor[(n, s, p)] for p in precs},
                          "speedup_vs_same": dict(zip(precs, same)), "speedup_vs_sdpa_dense": dict(zip(precs, vs_sdpa))})
@@ -136,7 +126,7 @@ def main():
           "'x vs P' = torch P ms / moh ms; 'x vs sdpa P' = torch dense SDPA ms in P / moh ms)")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"cpu": tp.cpu_model(), "threads": a.threads, "load": tp.load_average(), "pass": a.pas,
+            json.dump({"cpu": bc.cpu_model(), "threads": a.threads, "load": bc.load_average(), "pass": a.pas,
                        "rounds": a.rounds, "repeats": a.repeats, "torch": torch.__version__, "moh_cmd": cmd,
                        "official_explicit": a.official_explicit, "rows": rows}, f, indent=1)
     return 0

@@ -11,51 +11,9 @@ E^2 mean(mean_t p * mean_t mask). Options the official module lacks, for the LM 
 masking and rotary embeddings given by the caller (LLaMA layout), split q/k/v/o weights.
 No code is copied; the structure follows the published module.
 """
-import os
-import platform
-import statistics
-import subprocess
-import sys
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-
-def cpu_model():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def load_average():
-    try:
-        return open("/proc/loadavg").read().split()[0]
-    except OSError:
-        return "?"
-
-
-def med(xs):
-    return statistics.median(xs)
-
-
-def cell(xs, prec=2):
-    """median (min-max)"""
-    return f"{med(xs):.{prec}f} ({min(xs):.{prec}f}-{max(xs):.{prec}f})"
-
-
-def run_moh(cmd, threads):
-    """Runs a `moh bench ... --json` command with OMP_NUM_THREADS=threads; returns its JSON rows."""
-    import json
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if out.returncode:
-        sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr}")
-    return json.loads(out.stdout)
 
 
 def moh_router_gates(x2, wg, wg_0, wg_1, shared, top_k):

@@ -27,7 +27,9 @@ import os
 import sys
 import time
 
-torch = tp = None  # imported in main, after OMP_WAIT_POLICY is set
+import bench_common as bc
+
+torch = tp = None  # imported in main (bench_common.start_torch), after OMP_WAIT_POLICY is set
 
 
 def load_config(name):
@@ -75,25 +77,14 @@ class TorchRun:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--moh", default="build/moh")
     ap.add_argument("--configs", default="mha,moh-75", help="moh LM configs (default mha,moh-75)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=0, help="tokens per sequence (default: the config's max_position_embeddings)")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per model, precision and round")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--precisions", default="fp32,bf16", help="torch precisions: fp32,bf16 (autocast)")
-    ap.add_argument("--moh-args", default="", help="extra options for moh bench train")
-    ap.add_argument("--wait-policy", choices=["passive", "active"], default="passive",
-                    help="OMP_WAIT_POLICY for both engines (default passive)")
-    ap.add_argument("--json", help="also write the results to this file")
+    bc.add_torch_peer_args(ap, "train")
     a = ap.parse_args()
     global torch, tp
-    os.environ["OMP_WAIT_POLICY"] = a.wait_policy  # before libgomp loads with torch
-    import torch
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import torch_peers as tp
-    torch.set_num_threads(a.threads)
+    torch, tp = bc.start_torch(a)
     names = [n for n in a.configs.split(",") if n]
     cfgs = {n: load_config(n) for n in names}
     c0 = cfgs[names[0]]
@@ -127,15 +118,15 @@ def main():
         for engine in (("moh", "torch") if rnd % 2 == 0 else ("torch", "moh")):
             print(f"[round {rnd + 1}/{a.rounds}] {engine}", file=sys.stderr, flush=True)
             if engine == "moh":
-                for row in tp.run_moh(cmd, a.threads):
+                for row in bc.run_moh(cmd, a.threads):
                     if "config" in row:
                         moh[row["config"]].append(row["tokens_per_s"])
             else:
                 for r in runs:
                     r.t.append(B * T / r.steps(a.steps))
     dense = {p: runs[i] for i, p in enumerate(precs)}
-    print(f"{tp.cpu_model()}; {a.threads} threads (moh OMP_NUM_THREADS, torch.set_num_threads); "
-          f"OMP_WAIT_POLICY={a.wait_policy}; load average {tp.load_average()}; {a.rounds} rounds x {a.steps} steps, "
+    print(f"{bc.cpu_model()}; {a.threads} threads (moh OMP_NUM_THREADS, torch.set_num_threads); "
+          f"OMP_WAIT_POLICY={a.wait_policy}; load average {bc.load_average()}; {a.rounds} rounds x {a.steps} steps, "
           "engines alternated")
     import transformers
     print(f"torch {torch.__version__}, transformers {transformers.__version__} (eager, SDPA attention); "
@@ -143,16 +134,16 @@ def main():
     print(f"moh: {' '.join(cmd)}")
     print("tokens/s: median over rounds (min-max)")
     for r in runs:
-        print(f"  torch {r.name:<22} {tp.cell(r.t, 0):>24}")
+        print(f"  torch {r.name:<22} {bc.cell(r.t, 0):>24}")
     for n in names:
-        print(f"  moh   {n + ' fp32':<22} {tp.cell(moh[n], 0):>24}")
+        print(f"  moh   {n + ' fp32':<22} {bc.cell(moh[n], 0):>24}")
     print(f"{'moh config':<12} " + " ".join(f"{'x llama ' + p:>14}" for p in precs) + " "
           + " ".join(f"{'x llama-moh ' + p:>16}" for p in precs))
     rows = []
     for n in names:
-        mm = tp.med(moh[n])
-        vs_dense = [mm / tp.med(dense[p].t) for p in precs]
-        vs_moh = [mm / tp.med(moh_peer[(n, p)].t) if (n, p) in moh_peer else None for p in precs]
+        mm = bc.med(moh[n])
+        vs_dense = [mm / bc.med(dense[p].t) for p in precs]
+        vs_moh = [mm / bc.med(moh_peer[(n, p)].t) if (n, p) in moh_peer else None for p in precs]
         print(f"{n:<12} " + " ".join(f"{v:>14.3f}" for v in vs_dense) + " "
               + " ".join(f"{v:>16.3f}" if v else f"{'-':>16}" for v in vs_moh))
         rows.append({"config": n, "moh_tokens_per_s": moh[n], "ratio_vs_llama": dict(zip(precs, vs_dense)),
@@ -160,7 +151,7 @@ def main():
     print("(ratio = moh tokens/s / torch tokens/s of the medians; moh in fp32 unless --moh-args says otherwise)")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"cpu": tp.cpu_model(), "threads": a.threads, "load": tp.load_average(), "batch": B, "seq": T,
+            json.dump({"cpu": bc.cpu_model(), "threads": a.threads, "load": bc.load_average(), "batch": B, "seq": T,
                        "steps": a.steps, "rounds": a.rounds, "torch": torch.__version__, "moh_cmd": cmd,
                        "torch_tokens_per_s": {r.name: r.t for r in runs}, "rows": rows}, f, indent=1)
     return 0
