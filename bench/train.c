@@ -138,49 +138,55 @@ static double bt_check(bt_run *r, double *loss_err) {
     return num / fmax(den, 1e-30);
 }
 
-/* `--phases`: ms per step of each phase, one column per (config, path); the steps' total (sum of
- * the top-level phases plus clipping and AdamW) and the unaccounted rest of the measured step
- * close the table. JSON: one object per column on stdout after the rows. */
-static void bt_print_phases(bt_run *runs, int nn, const int *paths, int nsteps, bool json) {
-    const char *nm[BT_MAX_PH + 3];
-    double sec[2 * BT_MAX_CFG][BT_MAX_PH + 3];
-    bool sub[BT_MAX_PH + 3];
-    const char *col[2 * BT_MAX_CFG], *colpath[2 * BT_MAX_CFG];
-    int ncol = 0, nph = 0;
-    for (int path = 0; path < 2; path++) {
-        if (paths[path] < 0) continue;
-        for (int i = 0; i < nn; i++) {
-            bt_run *r = &runs[i];
-            if (!r->m.fam->phase_times) continue;
-            nph = r->m.fam->phase_times(r->acts[path], nm, sec[ncol], sub, BT_MAX_PH, false);
-            double top = 0.0;
-            for (int k = 0; k < nph; k++) {
-                sec[ncol][k] *= 1e3 / nsteps;
-                if (!sub[k]) top += sec[ncol][k];
-            }
-            sec[ncol][nph] = r->t_clip[path] * 1e3 / nsteps;
-            sec[ncol][nph + 1] = r->t_opt[path] * 1e3 / nsteps;
-            sec[ncol][nph + 2] = top + sec[ncol][nph] + sec[ncol][nph + 1];
-            col[ncol] = r->name;
-            colpath[ncol++] = path ? "sparse" : "reference";
-        }
-    }
-    if (!ncol) {
-        fprintf(stderr, "moh bench train: --phases: this family does not time its phases\n");
-        return;
+/* The phases of r's steps on path: ms per timed step (nsteps), then clip, adamw and their total
+ * (the top-level phases plus clip and AdamW) into nm/sec/sub [BT_MAX_PH + 3]; returns the count,
+ * 0 when the family does not time its phases. */
+static int bt_phases(bt_run *r, int path, int nsteps, const char **nm, double *sec, bool *sub) {
+    if (!r->m.fam->phase_times) return 0;
+    const int nph = r->m.fam->phase_times(r->acts[path], nm, sec, sub, BT_MAX_PH, false);
+    double top = 0.0;
+    for (int k = 0; k < nph; k++) {
+        sec[k] *= 1e3 / nsteps;
+        if (!sub[k]) top += sec[k];
     }
     nm[nph] = "clip";
     nm[nph + 1] = "adamw";
     nm[nph + 2] = "total";
+    sec[nph] = r->t_clip[path] * 1e3 / nsteps;
+    sec[nph + 1] = r->t_opt[path] * 1e3 / nsteps;
+    sec[nph + 2] = top + sec[nph] + sec[nph + 1];
     sub[nph] = sub[nph + 1] = sub[nph + 2] = false;
-    if (json) {
-        for (int c = 0; c < ncol; c++) {
-            printf("{\"phases\": {\"config\": ");
-            bench_json_str(stdout, col[c]);
-            printf(", \"path\": \"%s\", \"ms_per_step\": {", colpath[c]);
-            for (int k = 0; k < nph + 3; k++) printf("%s\"%s%s\": %.3f", k ? ", " : "", sub[k] ? "attn." : "", nm[k], sec[c][k]);
-            printf("}}}\n");
+    return nph + 3;
+}
+
+/* `--phases --json`: `, "phase_ms": {...}` inside a row (the attention path's phases as "attn.X"). */
+static void bt_json_phases(bt_run *r, int path, int nsteps) {
+    const char *nm[BT_MAX_PH + 3];
+    double sec[BT_MAX_PH + 3];
+    bool sub[BT_MAX_PH + 3];
+    const int n = bt_phases(r, path, nsteps, nm, sec, sub);
+    if (!n) return;
+    printf(", \"phase_ms\": {");
+    for (int k = 0; k < n; k++) printf("%s\"%s%s\": %.3f", k ? ", " : "", sub[k] ? "attn." : "", nm[k], sec[k]);
+    printf("}");
+}
+
+/* `--phases` (text): ms per step of each phase, one column per (config, path), with its share of
+ * the steps' total (the top-level phases plus clipping and AdamW). */
+static void bt_print_phases(bt_run *runs, int nn, const int *paths, int nsteps) {
+    const char *nm[BT_MAX_PH + 3];
+    double sec[2 * BT_MAX_CFG][BT_MAX_PH + 3];
+    bool sub[BT_MAX_PH + 3];
+    const char *col[2 * BT_MAX_CFG], *colpath[2 * BT_MAX_CFG];
+    int ncol = 0, n = 0;
+    for (int path = 0; path < 2; path++)
+        for (int i = 0; i < nn && paths[path] >= 0; i++) {
+            if (!(n = bt_phases(&runs[i], path, nsteps, nm, sec[ncol], sub))) continue;
+            col[ncol] = runs[i].name;
+            colpath[ncol++] = path ? "sparse" : "reference";
         }
+    if (!ncol) {
+        fprintf(stderr, "moh bench train: --phases: this family does not time its phases\n");
         return;
     }
     printf("\nphases, ms per step (mean over %d timed steps; indented: the attention path's own phases, "
@@ -191,11 +197,11 @@ static void bt_print_phases(bt_run *runs, int nn, const int *paths, int nsteps, 
         printf(" %14s", lab);
     }
     printf("\n");
-    for (int k = 0; k < nph + 3; k++) {
-        if (k == nph + 2) printf("%-16s\n", "");
+    for (int k = 0; k < n; k++) {
+        if (k == n - 1) printf("%-16s\n", "");
         printf("%s%-*s", sub[k] ? "  " : "", sub[k] ? 14 : 16, nm[k]);
         for (int c = 0; c < ncol; c++) {
-            const double tot = sec[c][nph + 2];
+            const double tot = sec[c][n - 1];
             printf(" %7.1f %5.1f%%", sec[c][k], tot > 0 ? 100.0 * sec[c][k] / tot : 0.0);
         }
         printf("\n");
@@ -216,7 +222,7 @@ int bench_train(int argc, char **argv) {
         {"--seq", ARG_INT, &a.seq, "T", "text: sequence length (default: the first config's max_position_embeddings)", false, ARG_GE(1)},
         {"--steps", ARG_INT, &a.steps, "S", "timed optimizer steps per repeat (default 2)", false, ARG_GE(1)},
         {"--repeats", ARG_INT, &a.repeats, "R", "repeats, interleaved over configs and paths (default 3, max 64)", false, ARG_IN(1, 64)},
-        {"--phases", ARG_FLAG, &a.phases, NULL, "also print ms per step of each phase of the timed steps (forward, backward, clipping, AdamW; families that time them: the LM)", false, ARG_ANY},
+        {"--phases", ARG_FLAG, &a.phases, NULL, "also print ms per step of each phase of the timed steps (forward, backward, clipping, AdamW; families that time them: the LM); with --json a phase_ms object per row", false, ARG_ANY},
     };
     int prc = args_parse("bench train", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                          "[--json] [--configs mha,moh-75] [--path sparse|reference|both] [--batch B] [--seq T] [--steps S] [--repeats R] [--phases]",
@@ -320,9 +326,11 @@ int bench_train(int argc, char **argv) {
                     printf(", \"path\": \"%s\", \"active\": %.4f, \"tokens_per_s\": %.2f, \"tokens_per_s_min\": %.2f, "
                            "\"tokens_per_s_max\": %.2f, \"ms_per_step\": %.2f, \"speedup\": %.4f, \"batch\": %d, "
                            "\"seq\": %d, \"steps\": %d, \"repeats\": %d, \"threads\": %d, \"loss\": %.4f, "
-                           "\"cpu_ms_per_step\": %.2f}",
+                           "\"cpu_ms_per_step\": %.2f",
                            pname, share, tps, tokens / st.max, tokens / st.min, st.median * 1e3, tps / base, B, N,
                            a.steps, a.repeats, threads, r->loss[path], cpu_ms);
+                    if (a.phases) bt_json_phases(r, path, a.repeats * a.steps);
+                    printf("}");
                 } else {
                     char tp[64];
                     snprintf(tp, sizeof tp, "%.0f (%.0f-%.0f)", tps, tokens / st.max, tokens / st.min);
@@ -332,7 +340,7 @@ int bench_train(int argc, char **argv) {
             }
         }
         if (a.json) printf("\n]\n");
-        if (a.phases) bt_print_phases(runs, nn, paths, a.repeats * a.steps, a.json);
+        if (a.phases && !a.json) bt_print_phases(runs, nn, paths, a.repeats * a.steps);
     }
     for (int i = 0; i < nn; i++) bt_free(&runs[i]);
     free(runs);
