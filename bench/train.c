@@ -23,6 +23,7 @@
 #include "train/adamw.h"
 
 #define BT_MAX_CFG 8
+#define BT_MAX_PH 48
 
 typedef struct bt_run {
     char name[64];
@@ -36,7 +37,9 @@ typedef struct bt_run {
     float *mom, *vel;
     bool *decay;
     double t[4][64];   /* [path + 2 precision][repeat] seconds per step */
+    double cpu[4][64]; /* [path + 2 precision][repeat] process CPU seconds per step (bench_cpu_seconds) */
     double loss[4];
+    double t_clip[4], t_opt[4]; /* [path + 2 precision] seconds in clip_grad_norm and adamw_step, accumulated */
 } bt_run;
 
 static void bt_free(bt_run *r) {
@@ -121,8 +124,12 @@ static double bt_grad(bt_run *r, int path) {
 static double bt_step(bt_run *r, int path, long step) {
     static const adamw_config ac = {0.9, 0.95, 1e-8, 0.1};
     const double loss = bt_grad(r, path);
+    const double t0 = omp_get_wtime();
     clip_grad_norm(r->gdata, r->m.n, 1.0);
+    const double t1 = omp_get_wtime();
     adamw_step(&ac, r->m.data, r->gdata, r->mom, r->vel, r->decay, r->m.n, step, 1e-4);
+    r->t_clip[path] += t1 - t0;
+    r->t_opt[path] += omp_get_wtime() - t1;
     return loss;
 }
 
@@ -145,12 +152,83 @@ static double bt_check(bt_run *r, double *loss_err) {
     return num / fmax(den, 1e-30);
 }
 
+/* The phases of r's steps on path: ms per timed step (nsteps), then clip, adamw and their total
+ * (the top-level phases plus clip and AdamW) into nm/sec/sub [BT_MAX_PH + 3]; returns the count,
+ * 0 when the family does not time its phases. */
+static int bt_phases(bt_run *r, int path, int nsteps, const char **nm, double *sec, bool *sub) {
+    if (!r->m.fam->phase_times) return 0;
+    const int nph = r->m.fam->phase_times(r->acts[path], nm, sec, sub, BT_MAX_PH, false);
+    double top = 0.0;
+    for (int k = 0; k < nph; k++) {
+        sec[k] *= 1e3 / nsteps;
+        if (!sub[k]) top += sec[k];
+    }
+    nm[nph] = "clip";
+    nm[nph + 1] = "adamw";
+    nm[nph + 2] = "total";
+    sec[nph] = r->t_clip[path] * 1e3 / nsteps;
+    sec[nph + 1] = r->t_opt[path] * 1e3 / nsteps;
+    sec[nph + 2] = top + sec[nph] + sec[nph + 1];
+    sub[nph] = sub[nph + 1] = sub[nph + 2] = false;
+    return nph + 3;
+}
+
+/* `--phases --json`: `, "phase_ms": {...}` inside a row (the attention path's phases as "attn.X"). */
+static void bt_json_phases(bt_run *r, int path, int nsteps) {
+    const char *nm[BT_MAX_PH + 3];
+    double sec[BT_MAX_PH + 3];
+    bool sub[BT_MAX_PH + 3];
+    const int n = bt_phases(r, path, nsteps, nm, sec, sub);
+    if (!n) return;
+    printf(", \"phase_ms\": {");
+    for (int k = 0; k < n; k++) printf("%s\"%s%s\": %.3f", k ? ", " : "", sub[k] ? "attn." : "", nm[k], sec[k]);
+    printf("}");
+}
+
+/* `--phases` (text): ms per step of each phase, one column per (config, path), with its share of
+ * the steps' total (the top-level phases plus clipping and AdamW). */
+static void bt_print_phases(bt_run *runs, int nn, const bool want[4], int nsteps) {
+    const char *nm[BT_MAX_PH + 3];
+    double sec[4 * BT_MAX_CFG][BT_MAX_PH + 3];
+    bool sub[BT_MAX_PH + 3];
+    const char *col[4 * BT_MAX_CFG], *colpath[4 * BT_MAX_CFG];
+    int ncol = 0, n = 0;
+    static const char *const pshort[4] = {"ref", "sparse", "ref-bf16", "sp-bf16"};
+    for (int path = 0; path < 4; path++)
+        for (int i = 0; i < nn && want[path]; i++) {
+            if (!(n = bt_phases(&runs[i], path, nsteps, nm, sec[ncol], sub))) continue;
+            col[ncol] = runs[i].name;
+            colpath[ncol++] = pshort[path];
+        }
+    if (!ncol) {
+        fprintf(stderr, "moh bench train: --phases: this family does not time its phases\n");
+        return;
+    }
+    printf("\nphases, ms per step (mean over %d timed steps; indented: the attention path's own phases, "
+           "part of attn / bwd_attn)\n%-16s", nsteps, "phase");
+    for (int c = 0; c < ncol; c++) {
+        char lab[80];
+        snprintf(lab, sizeof lab, "%.40s/%s", col[c], colpath[c]);
+        printf(" %14s", lab);
+    }
+    printf("\n");
+    for (int k = 0; k < n; k++) {
+        if (k == n - 1) printf("%-16s\n", "");
+        printf("%s%-*s", sub[k] ? "  " : "", sub[k] ? 14 : 16, nm[k]);
+        for (int c = 0; c < ncol; c++) {
+            const double tot = sec[c][n - 1];
+            printf(" %7.1f %5.1f%%", sec[c][k], tot > 0 ? 100.0 * sec[c][k] / tot : 0.0);
+        }
+        printf("\n");
+    }
+}
+
 int bench_train(int argc, char **argv) {
     struct {
-        bool json;
+        bool json, phases;
         const char *configs, *path, *precision;
         int batch, seq, steps, repeats;
-    } a = {false, "mha,moh-90,moh-75,moh-50", "both", "fp32", 16, 0, 2, 3};
+    } a = {false, false, "mha,moh-90,moh-75,moh-50", "both", "fp32", 16, 0, 2, 3};
     const arg_spec specs[] = {
         {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false, ARG_ANY},
         {"--configs", ARG_STR, &a.configs, "A,B,...", "configs of one model family, names in configs/ or paths; the first is the baseline (default mha,moh-90,moh-75,moh-50)", false, ARG_ANY},
@@ -160,9 +238,10 @@ int bench_train(int argc, char **argv) {
         {"--seq", ARG_INT, &a.seq, "T", "text: sequence length (default: the first config's max_position_embeddings)", false, ARG_GE(1)},
         {"--steps", ARG_INT, &a.steps, "S", "timed optimizer steps per repeat (default 2)", false, ARG_GE(1)},
         {"--repeats", ARG_INT, &a.repeats, "R", "repeats, interleaved over configs and paths (default 3, max 64)", false, ARG_IN(1, 64)},
+        {"--phases", ARG_FLAG, &a.phases, NULL, "also print ms per step of each phase of the timed steps (forward, backward, clipping, AdamW; families that time them: the LM); with --json a phase_ms object per row", false, ARG_ANY},
     };
     int prc = args_parse("bench train", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                         "[--json] [--configs mha,moh-75] [--path sparse|reference|both] [--precision fp32|bf16|both] [--batch B] [--seq T] [--steps S] [--repeats R]",
+                         "[--json] [--configs mha,moh-75] [--path sparse|reference|both] [--precision fp32|bf16|both] [--batch B] [--seq T] [--steps S] [--repeats R] [--phases]",
                          "Training tokens/s of any model family: forward + backward + clipping + AdamW on a random batch\n(random bytes for the LM, random pixels for the ViT), dense MHA vs MoH configs, with the reference\nattention and with the head-sparse attention path. Image tokens: patches (+ class token).\n");
     if (prc) return prc == 1 ? 0 : prc;
     const bool p_ref = !strcmp(a.path, "reference") || !strcmp(a.path, "both");
@@ -217,6 +296,16 @@ int bench_train(int argc, char **argv) {
     for (int g = 0; g < nn && !status; g++) /* warm-up */
         for (int pi = 0; pi < 4; pi++)
             if (want[pi]) bt_step(&runs[g], pi, step++);
+    for (int g = 0; g < nn && !status; g++) { /* phase timers: the timed steps only */
+        bt_run *r = &runs[g];
+        const char *nm[BT_MAX_PH];
+        double sec[BT_MAX_PH];
+        bool sub[BT_MAX_PH];
+        for (int pi = 0; pi < 4 && r->m.fam->phase_times; pi++)
+            if (r->acts[pi]) r->m.fam->phase_times(r->acts[pi], nm, sec, sub, BT_MAX_PH, true);
+        memset(r->t_clip, 0, sizeof r->t_clip);
+        memset(r->t_opt, 0, sizeof r->t_opt);
+    }
     for (int rep = 0; rep < a.repeats && !status; rep++) {
         fprintf(stderr, "[bench train] repeat %d/%d\n", rep + 1, a.repeats);
         for (int k = 0; k < nn; k++) {
@@ -224,9 +313,10 @@ int bench_train(int argc, char **argv) {
             for (int pi = 0; pi < 4; pi++) {
                 const int path = (pi + rep) % 4;
                 if (!want[path]) continue;
-                const double t0 = omp_get_wtime();
+                const double t0 = omp_get_wtime(), c0 = bench_cpu_seconds();
                 for (int st = 0; st < a.steps; st++) r->loss[path] = bt_step(r, path, step++);
                 r->t[path][rep] = (omp_get_wtime() - t0) / a.steps;
+                r->cpu[path][rep] = (bench_cpu_seconds() - c0) / a.steps;
             }
         }
     }
@@ -246,8 +336,8 @@ int bench_train(int argc, char **argv) {
             printf("moh bench train: %s; %s; B=%d T=%d (%.0f tokens/step), %d steps x %d repeats\n",
                    cpu, cond, B, N, tokens, a.steps, a.repeats);
             if (pr_bf16) printf("compute (bf16 rows): %s\n", bfline);
-            printf("%-10s %-16s %8s %28s %10s %9s%s\n", "config", "path", "active", "tokens/s median (min-max)", "ms/step",
-                   "speedup", pr_bf16 && pr_fp32 ? "   bf16/fp32" : "");
+            printf("%-10s %-16s %8s %28s %10s %9s %12s%s\n", "config", "path", "active", "tokens/s median (min-max)",
+                   "ms/step", "speedup", "cpu-ms/step", pr_bf16 && pr_fp32 ? "   bf16/fp32" : "");
         }
         bool first = true;
         for (int path = 0; path < 4; path++) {
@@ -256,6 +346,7 @@ int bench_train(int argc, char **argv) {
             for (int i = 0; i < nn; i++) {
                 bt_run *r = &runs[i];
                 const bench_stats st = bench_summarise(r->t[path], a.repeats);
+                const double cpu_ms = bench_summarise(r->cpu[path], a.repeats).median * 1e3;
                 const double tps = tokens / st.median;
                 if (i == 0) base = tps;
                 const double share = model_active_heads(&r->m) / model_attn(&r->m)->n_heads; /* mean over layers */
@@ -270,19 +361,24 @@ int bench_train(int argc, char **argv) {
                     printf(", \"path\": \"%s\", \"active\": %.4f, \"tokens_per_s\": %.2f, \"tokens_per_s_min\": %.2f, "
                            "\"tokens_per_s_max\": %.2f, \"ms_per_step\": %.2f, \"speedup\": %.4f, \"batch\": %d, "
                            "\"seq\": %d, \"steps\": %d, \"repeats\": %d, \"threads\": %d, \"loss\": %.4f, "
-                           "\"precision\": \"%s\", \"speedup_vs_fp32\": %.4f}",
+                           "\"cpu_ms_per_step\": %.2f, \"precision\": \"%s\", \"speedup_vs_fp32\": %.4f",
                            pname, share, tps, tokens / st.max, tokens / st.min, st.median * 1e3, tps / base, B, N,
-                           a.steps, a.repeats, threads, r->loss[path], path >= 2 ? "bf16" : "fp32", pair ? vs : 1.0);
+                           a.steps, a.repeats, threads, r->loss[path], cpu_ms, path >= 2 ? "bf16" : "fp32",
+                           pair ? vs : 1.0);
+                    if (a.phases) bt_json_phases(r, path, a.repeats * a.steps);
+                    printf("}");
                 } else {
                     char tp[64];
                     snprintf(tp, sizeof tp, "%.0f (%.0f-%.0f)", tps, tokens / st.max, tokens / st.min);
-                    printf("%-10s %-16s %8.3f %28s %10.1f %9.3f", r->name, pname, share, tp, st.median * 1e3, tps / base);
+                    printf("%-10s %-16s %8.3f %28s %10.1f %9.3f %12.1f", r->name, pname, share, tp, st.median * 1e3,
+                           tps / base, cpu_ms);
                     if (pair) printf(" %11.3f", vs);
                     printf("\n");
                 }
             }
         }
         if (a.json) printf("\n]\n");
+        if (a.phases && !a.json) bt_print_phases(runs, nn, want, a.repeats * a.steps);
     }
     for (int i = 0; i < nn; i++) bt_free(&runs[i]);
     free(runs);

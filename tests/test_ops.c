@@ -364,6 +364,50 @@ static void test_swiglu(void) {
     report(op, "NULL dgate skipped, dup right", test_rel_err_f64(du3, du, n), 0.0);
 }
 
+/* The fused float32 variants the LM step uses give bitwise the results of the unfused ops:
+ * add_rmsnorm_forward = add, then rmsnorm_forward; swiglu_forward_sig = swiglu_forward plus the
+ * sigmoid; swiglu_backward_set = swiglu_backward into zeroed buffers. Sizes past the ops'
+ * OpenMP thresholds, so the parallel loops run. */
+static int n_diff32(const float *a, const float *b, long n) {
+    int d = 0;
+    for (long i = 0; i < n; i++) d += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return d;
+}
+
+static void test_fused_variants(void) {
+    const int M = 301, C = 256;
+    const long n = (long)M * C;
+    float *a = f32(rnd(n, -3, 3), n), *b = f32(rnd(n, -3, 3), n), *w = f32(rnd(C, 0.5, 1.5), C);
+    float *sum = zeros32(n), *out = zeros32(n), *rstd = zeros32(M);
+    float *sum2 = zeros32(n), *out2 = zeros32(n), *rstd2 = zeros32(M);
+    add_rmsnorm_forward_f32(sum, out, rstd, a, b, w, M, C, 1e-5f);
+    for (long i = 0; i < n; i++) sum2[i] = a[i] + b[i];
+    rmsnorm_forward_f32(out2, rstd2, sum2, w, M, C, 1e-5f);
+    const int dn = n_diff32(sum, sum2, n) + n_diff32(out, out2, n) + n_diff32(rstd, rstd2, M);
+    CHECK(&T, dn == 0, "add_rmsnorm_forward: %d values differ from add + rmsnorm_forward", dn);
+    printf("  fused add_rmsnorm_forward == add + rmsnorm_forward: %d of %ld values differ\n", dn, 2 * n + M);
+
+    const long m = 70001; /* > 65536: parallel */
+    float *g = f32(rnd(m, -9, 9), m), *u = f32(rnd(m, -2, 2), m), *dout = f32(rnd(m, -1, 1), m);
+    float *act = zeros32(m), *sig = zeros32(m), *act2 = zeros32(m);
+    swiglu_forward_sig_f32(act, sig, g, u, m);
+    swiglu_forward_f32(act2, g, u, m);
+    int ds = 0;
+    for (long i = 0; i < m; i++) {
+        const float want = 1.0f / (1.0f + expf(-g[i]));
+        ds += memcmp(&sig[i], &want, sizeof(float)) != 0;
+    }
+    const int da = n_diff32(act, act2, m);
+    CHECK(&T, da == 0 && ds == 0, "swiglu_forward_sig: %d outputs, %d sigmoids differ", da, ds);
+    float *dg = zeros32(m), *du = zeros32(m), *dg2 = zeros32(m), *du2 = zeros32(m);
+    for (long i = 0; i < m; i++) dg[i] = du[i] = 7.0f; /* overwritten, not accumulated into */
+    swiglu_backward_set_f32(dg, du, dout, g, sig, u, m);
+    swiglu_backward_f32(dg2, du2, dout, g, u, m);
+    const int db = n_diff32(dg, dg2, m) + n_diff32(du, du2, m);
+    CHECK(&T, db == 0, "swiglu_backward_set: %d gradients differ from swiglu_backward", db);
+    printf("  fused swiglu_forward_sig / swiglu_backward_set == unfused: %d, %d, %d values differ\n", da, ds, db);
+}
+
 /* ========================================== softmax =========================================== */
 
 typedef struct sm_ctx { double *inp, *out, *rw; int M, N; } sm_ctx;
@@ -728,6 +772,7 @@ int main(void) {
     test_elementwise("silu", silu_forward_f64, silu_backward_f64, silu_forward_f32, silu_backward_f32,
                      1.0, 0.7310585786300049);
     test_swiglu();
+    test_fused_variants();
     test_softmax();
     test_cross_entropy(0.0);
     test_cross_entropy(0.1);

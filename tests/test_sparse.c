@@ -538,9 +538,13 @@ static void cli_bench_test(test_ctx *ctx) {
     out = run_capture(cmd, &st);
     CHECK(ctx, out && st == 0 && count_of(out, "\"tokens_per_s\"") == 3, "moh bench decode: status %d", st);
     free(out);
-    snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive '%s' bench train --json --configs mha,moh-50 --batch 1 --seq 16 --steps 1 --repeats 1 2>/dev/null", bin);
+    snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive '%s' bench train --json --phases --configs mha,moh-50 --batch 1 --seq 16 --steps 1 --repeats 1 2>/dev/null", bin);
     out = run_capture(cmd, &st);
     CHECK(ctx, out && st == 0 && count_of(out, "\"tokens_per_s\"") == 4, "moh bench train: status %d", st);
+    /* --phases: per row the LM phases, the attention path's own (sparse rows only), the total */
+    CHECK(ctx, out && count_of(out, "\"phase_ms\"") == 4 && count_of(out, "\"bwd_attn\"") == 4 &&
+               count_of(out, "\"attn.bwd_router\"") == 2 && count_of(out, "\"total\"") == 4,
+          "moh bench train --phases --json: phase_ms objects missing");
     free(out);
     snprintf(cmd, sizeof cmd, "'%s' bench attention --pass sideways >/dev/null 2>&1", bin);
     free(run_capture(cmd, &st));

@@ -80,9 +80,27 @@ void F(router_forward)(const moh_attn_config *cfg, const F(attn_params) *prm, co
         }
         return;
     }
-    F(linear_softmax)(c->p, c->r, x, prm->w_r, T, C, E);
-    if (hs >= 2) F(linear_softmax)(c->s, g, x, prm->w_s, T, C, hs);
-    if (hs >= 1) F(linear_softmax)(c->a, g, x, prm->w_h, T, C, 2);
+    const int nh = hs >= 1 ? 2 : 0, ns = hs >= 2 ? hs : 0, nz = E + nh + ns;
+    if ((!nh || prm->w_h == prm->w_r + (size_t)E * C) && (!ns || prm->w_s == prm->w_r + (size_t)(E + nh) * C)) {
+        /* wg | wg_0 | wg_1 adjacent (attn_params_bind): one GEMM reads x once for all three
+         * (each logit the same dot product as in its own GEMM), then the softmaxes */
+        real *z = c->scratch; /* [T, nz] (backward scratch, free here) */
+        F(linear_forward)(z, x, prm->w_r, NULL, T, C, nz);
+        for (int t = 0; t < T; t++) memcpy(c->r + (size_t)t * E, z + (size_t)t * nz, sizeof(real) * E);
+        F(softmax_forward)(c->p, c->r, T, E);
+        if (ns) {
+            for (int t = 0; t < T; t++) memcpy(g + (size_t)t * ns, z + (size_t)t * nz + E + nh, sizeof(real) * ns);
+            F(softmax_forward)(c->s, g, T, ns);
+        }
+        if (nh) {
+            for (int t = 0; t < T; t++) memcpy(g + (size_t)t * 2, z + (size_t)t * nz + E, sizeof(real) * 2);
+            F(softmax_forward)(c->a, g, T, 2);
+        }
+    } else {
+        F(linear_softmax)(c->p, c->r, x, prm->w_r, T, C, E);
+        if (hs >= 2) F(linear_softmax)(c->s, g, x, prm->w_s, T, C, hs);
+        if (hs >= 1) F(linear_softmax)(c->a, g, x, prm->w_h, T, C, 2);
+    }
     const real eps = (real)FLT_EPSILON; /* torch.finfo(float32).eps, as the official clamp */
     for (int t = 0; t < T; t++) {
         const real *p = c->p + (long)t * E;

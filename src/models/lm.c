@@ -1,5 +1,6 @@
 /* Decoder LM: float32 and float64 instantiations of lm_impl.h, and the tensor names. */
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,22 @@
 
 #include "attn/sparse.h"
 #include "ops/bf16.h"
+#include "ops/gemm.h"
+
+const char *lm_train_phase_name(int i) {
+    static const char *const names[LMT_NPHASE] = {
+        "embed", "norm", "attn", "mlp_in", "swiglu", "mlp_down", "head", "loss",
+        "bwd_loss", "bwd_head", "bwd_mlp_down", "bwd_swiglu", "bwd_mlp_in", "bwd_norm", "bwd_attn",
+        "bwd_embed"};
+    return i >= 0 && i < LMT_NPHASE ? names[i] : "?";
+}
+
+/* Adds the wall time since t0 to acc[ph]; returns now (the start of the next phase). */
+static double lm_lap(double *acc, int ph, double t0) {
+    const double now = omp_get_wtime();
+    acc[ph] += now - t0;
+    return now;
+}
 
 /* The attention call of each instantiation: float32 runs the head-sparse path when the
  * activations were made by lm_acts_init_sparse_f32; float64 (gradient checks) always runs the
@@ -47,6 +64,17 @@ static void lm_linear_backward_f32(lm_acts_f32 *a, float *dinp, float *dw, float
     if (a->bf16) bf16_linear_backward(a->bf16, dinp, dw, db, dout, inp, w, M, I, O);
     else linear_backward_f32(dinp, dw, db, dout, inp, w, M, I, O);
 }
+/* linear_backward with dinp WRITTEN (dinp = dout w: no zeroing pass first); dw accumulated. */
+static void lm_linear_backward_set_f32(lm_acts_f32 *a, float *dinp, float *dw, const float *dout, const float *inp,
+                                       const float *w, int M, int I, int O) {
+    if (a->bf16) {
+        bf16_gemm(a->bf16, false, false, M, I, O, dout, O, w, I, 0.0f, dinp, I);
+        bf16_linear_backward(a->bf16, NULL, dw, NULL, dout, inp, w, M, I, O);
+        return;
+    }
+    gemm_f32(false, false, M, I, O, 1.0f, dout, O, w, I, 0.0f, dinp, I);
+    linear_backward_f32(NULL, dw, NULL, dout, inp, w, M, I, O);
+}
 static void lm_linear_forward_f64(lm_acts_f64 *a, double *out, const double *inp, const double *w,
                                   const double *b, int M, int I, int O) {
     (void)a;
@@ -56,6 +84,12 @@ static void lm_linear_backward_f64(lm_acts_f64 *a, double *dinp, double *dw, dou
                                    const double *inp, const double *w, int M, int I, int O) {
     (void)a;
     linear_backward_f64(dinp, dw, db, dout, inp, w, M, I, O);
+}
+static void lm_linear_backward_set_f64(lm_acts_f64 *a, double *dinp, double *dw, const double *dout,
+                                       const double *inp, const double *w, int M, int I, int O) {
+    (void)a;
+    gemm_f64(false, false, M, I, O, 1.0, dout, O, w, I, 0.0, dinp, I);
+    linear_backward_f64(NULL, dw, NULL, dout, inp, w, M, I, O);
 }
 static void lm_attn_forward_f64(const moh_lm_config *cfg, const attn_params_f64 *p, const double *x,
                                 int B, int T, double *y, lm_acts_f64 *a, int l) {

@@ -9,6 +9,20 @@
 #include "models/model.h"
 #include "moh.h"
 
+/* Phases of an LM forward + backward timed into lm_acts.phase_s (wall seconds, accumulated over
+ * calls; zero them to restart). norm: RMSNorms with the residual adds fused into them (the final
+ * norm included); mlp_in: gate and up GEMMs; head: LM head GEMM; loss: softmax cross-entropy.
+ * The attention phases include the head-sparse path's own phases (sparse_cache.phase_s). */
+enum {
+    LMT_PH_EMBED, LMT_PH_NORM, LMT_PH_ATTN, LMT_PH_MLP_IN, LMT_PH_SWIGLU, LMT_PH_MLP_DOWN,
+    LMT_PH_HEAD, LMT_PH_LOSS,
+    LMT_PH_B_LOSS, LMT_PH_B_HEAD, LMT_PH_B_MLP_DOWN, LMT_PH_B_SWIGLU, LMT_PH_B_MLP_IN, LMT_PH_B_NORM,
+    LMT_PH_B_ATTN, LMT_PH_B_EMBED,
+    LMT_NPHASE
+};
+/* Short name of phase i ("embed", "norm", "attn", ..., "bwd_embed"), "?" out of range. */
+const char *lm_train_phase_name(int i);
+
 #define real float
 #define F(x) x##_f32
 #include "lm_decl.h"

@@ -30,6 +30,7 @@ typedef struct F(lm_acts) {
     real *attn_out;   /* [L, BT, C] */
     real *ln2, *ln2_rstd; /* [L, BT, C], [L, BT] */
     real *gate, *up, *act; /* [L, BT, I] each */
+    real *sig;        /* [L, BT, I] sigmoid(gate), saved for the SwiGLU backward */
     real *lnf, *lnf_rstd; /* [BT, C], [BT] */
     real *logits;     /* [BT, V] */
     real *probs;      /* [BT, V] softmax of the logits (filled when targets are given) */
@@ -44,6 +45,7 @@ typedef struct F(lm_acts) {
     real *dlogits;    /* [BT, V] */
     real ce_loss;     /* mean cross-entropy (nats) of the last forward with targets */
     real lb_loss;     /* mean over routing layers of the load-balance loss (spec §2) */
+    double phase_s[LMT_NPHASE]; /* wall seconds per phase (lm_train_phase_name), accumulated */
     void *block;
 } F(lm_acts);
 

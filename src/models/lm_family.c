@@ -12,6 +12,7 @@
 
 #include "core/fsutil.h"
 #include "data/text.h"
+#include "attn/sparse.h"
 #include "models/lm.h"
 #include "models/lm_gguf.h"
 #include "text/bpe_gguf.h"
@@ -416,6 +417,28 @@ static int max_seq_len(const void *cfg) { return ((const moh_lm_config *)cfg)->m
 
 /* Random tokens [B, T] in 0..vocab_size-1 (a 64-bit LCG from seed, top bits) and next-token targets,
  * -1 at the end of each row. */
+/* The LM's phases, then (head-sparse path) the attention path's phases summed over layers. */
+static int phase_times(void *acts, const char **names, double *seconds, bool *sub, int cap, bool reset) {
+    lm_acts_f32 *a = acts;
+    int n = 0;
+    for (int i = 0; i < LMT_NPHASE && n < cap; i++, n++) {
+        names[n] = lm_train_phase_name(i);
+        seconds[n] = a->phase_s[i];
+        sub[n] = false;
+    }
+    sparse_cache *sp = a->sparse;
+    for (int k = 0; sp && k < SPARSE_NPHASE && n < cap; k++, n++) {
+        names[n] = sparse_phase_name(k);
+        seconds[n] = 0.0;
+        for (int l = 0; l < a->n_sparse; l++) seconds[n] += sp[l].phase_s[k];
+        sub[n] = true;
+    }
+    if (reset) {
+        memset(a->phase_s, 0, sizeof a->phase_s);
+        for (int l = 0; sp && l < a->n_sparse; l++) memset(sp[l].phase_s, 0, sizeof sp[l].phase_s);
+    }
+    return n;
+}
 static int synthetic_batch(const void *cfg, int B, int T, uint64_t seed, moh_batch *out, void **buf, moh_error *err) {
     const int V = ((const moh_lm_config *)cfg)->vocab_size;
     const size_t n = (size_t)B * T;
@@ -498,4 +521,5 @@ const model_family lm_family = {
     .short_name = "LM",
     .open_analysis = lm_open_analysis,
     .synthetic_batch = synthetic_batch,
+    .phase_times = phase_times,
 };

@@ -43,10 +43,10 @@ static int F(lm_acts_alloc)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int 
     const size_t L = (size_t)cfg->num_hidden_layers, BT = (size_t)B * T;
     const size_t C = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size, V = (size_t)cfg->vocab_size;
     real **fields[] = {&a->resid, &a->mid, &a->ln1, &a->ln1_rstd, &a->attn_out, &a->ln2, &a->ln2_rstd,
-                       &a->gate, &a->up, &a->act, &a->lnf, &a->lnf_rstd, &a->logits, &a->probs,
+                       &a->gate, &a->up, &a->act, &a->sig, &a->lnf, &a->lnf_rstd, &a->logits, &a->probs,
                        &a->dres, &a->dtmp, &a->dff, &a->dlogits};
     const size_t sizes[] = {(L + 1) * BT * C, L * BT * C, L * BT * C, L * BT, L * BT * C, L * BT * C, L * BT,
-                            L * BT * I, L * BT * I, L * BT * I, BT * C, BT, BT * V, BT * V,
+                            L * BT * I, L * BT * I, L * BT * I, L * BT * I, BT * C, BT, BT * V, BT * V,
                             BT * C, BT * C, 3 * BT * I, BT * V};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
@@ -92,9 +92,11 @@ real F(lm_forward)(const moh_lm_config *cfg, const F(lm_params) *p, F(lm_acts) *
     const int L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size;
     const int V = cfg->vocab_size, BT = B * T;
     const real eps = (real)cfg->rms_norm_eps;
+    double *ph = a->phase_s, t = omp_get_wtime();
     a->B = B;
     a->T = T;
     F(embedding_forward)(a->resid, tokens, p->embed, BT, C);
+    t = lm_lap(ph, LMT_PH_EMBED, t);
     int routing = 0;
     double lb = 0.0;
     for (int l = 0; l < L; l++) {
@@ -104,30 +106,44 @@ real F(lm_forward)(const moh_lm_config *cfg, const F(lm_params) *p, F(lm_acts) *
         real *ln2 = a->ln2 + (size_t)l * BT * C;
         real *gate = a->gate + (size_t)l * BT * I, *up = a->up + (size_t)l * BT * I;
         real *act = a->act + (size_t)l * BT * I;
-        F(rmsnorm_forward)(ln1, a->ln1_rstd + (size_t)l * BT, x, b->ln1, BT, C, eps);
+        if (l == 0) { /* later layers: fused into the previous layer's last residual add */
+            F(rmsnorm_forward)(ln1, a->ln1_rstd, x, b->ln1, BT, C, eps);
+            t = lm_lap(ph, LMT_PH_NORM, t);
+        }
         F(lm_attn_forward)(cfg, &b->attn, ln1, B, T, ao, a, l);
         if (attn_routed_heads(&cfg->attn) > 0 && cfg->attn.top_k > 0) {
             lb += F(lm_router)(a, l)->lb_loss; /* every layer routes alike: the mean is over all L */
             routing++;
         }
+        t = lm_lap(ph, LMT_PH_ATTN, t);
         real *mid = a->mid + (size_t)l * BT * C;
-        for (size_t i = 0; i < (size_t)BT * C; i++) mid[i] = x[i] + ao[i];
-        F(rmsnorm_forward)(ln2, a->ln2_rstd + (size_t)l * BT, mid, b->ln2, BT, C, eps);
+        F(add_rmsnorm_forward)(mid, ln2, a->ln2_rstd + (size_t)l * BT, x, ao, b->ln2, BT, C, eps);
+        t = lm_lap(ph, LMT_PH_NORM, t);
         F(lm_linear_forward)(a, gate, ln2, b->w_gate, NULL, BT, C, I);
         F(lm_linear_forward)(a, up, ln2, b->w_up, NULL, BT, C, I);
-        F(swiglu_forward)(act, gate, up, (long)BT * I);
+        t = lm_lap(ph, LMT_PH_MLP_IN, t);
+        F(swiglu_forward_sig)(act, a->sig + (size_t)l * BT * I, gate, up, (long)BT * I);
+        t = lm_lap(ph, LMT_PH_SWIGLU, t);
         F(lm_linear_forward)(a, a->dtmp, act, b->w_down, NULL, BT, I, C); /* dtmp: MLP output */
-        for (size_t i = 0; i < (size_t)BT * C; i++) xo[i] = mid[i] + a->dtmp[i];
+        t = lm_lap(ph, LMT_PH_MLP_DOWN, t);
+        /* x_{l+1} = mid + MLP output, and the norm that reads it: next ln1, or the final norm */
+        if (l + 1 < L)
+            F(add_rmsnorm_forward)(xo, a->ln1 + (size_t)(l + 1) * BT * C, a->ln1_rstd + (size_t)(l + 1) * BT, mid,
+                                   a->dtmp, p->blocks[l + 1].ln1, BT, C, eps);
+        else
+            F(add_rmsnorm_forward)(xo, a->lnf, a->lnf_rstd, mid, a->dtmp, p->norm, BT, C, eps);
+        t = lm_lap(ph, LMT_PH_NORM, t);
     }
     a->lb_loss = routing ? (real)(lb / routing) : 0;
-    const real *xf = a->resid + (size_t)L * BT * C;
-    F(rmsnorm_forward)(a->lnf, a->lnf_rstd, xf, p->norm, BT, C, eps);
+    if (L == 0) F(rmsnorm_forward)(a->lnf, a->lnf_rstd, a->resid, p->norm, BT, C, eps);
     F(lm_linear_forward)(a, a->logits, a->lnf, p->lm_head, NULL, BT, C, V);
+    t = lm_lap(ph, LMT_PH_HEAD, t);
     if (!targets) {
         a->ce_loss = 0;
         return 0;
     }
     a->ce_loss = F(cross_entropy_forward)(a->probs, a->logits, targets, BT, V, 0);
+    lm_lap(ph, LMT_PH_LOSS, t);
     return a->ce_loss + (real)cfg->load_balance_coef * a->lb_loss;
 }
 
@@ -140,29 +156,38 @@ void F(lm_backward)(const moh_lm_config *cfg, const F(lm_params) *p, const F(lm_
     const real lb_scale = routed ? (real)(cfg->load_balance_coef / L) : 0;
     real *dres = a->dres, *dtmp = a->dtmp;
     real *dact = a->dff, *dgate = a->dff + nI, *dup = a->dff + 2 * nI;
+    double *ph = a->phase_s, t = omp_get_wtime();
     memset(a->dlogits, 0, sizeof(real) * (size_t)BT * V);
     F(cross_entropy_backward)(a->dlogits, a->probs, targets, BT, V, 0, 1);
-    memset(dtmp, 0, sizeof(real) * nC);
-    F(lm_linear_backward)(a, dtmp, g->lm_head, NULL, a->dlogits, a->lnf, p->lm_head, BT, C, V);
+    t = lm_lap(ph, LMT_PH_B_LOSS, t);
+    F(lm_linear_backward_set)(a, dtmp, g->lm_head, a->dlogits, a->lnf, p->lm_head, BT, C, V);
+    t = lm_lap(ph, LMT_PH_B_HEAD, t);
     memset(dres, 0, sizeof(real) * nC);
     F(rmsnorm_backward)(dres, g->norm, dtmp, a->resid + (size_t)L * nC, p->norm, a->lnf_rstd, BT, C);
+    t = lm_lap(ph, LMT_PH_B_NORM, t);
     for (int l = L - 1; l >= 0; l--) {
         const F(lm_block) *b = &p->blocks[l];
         const F(lm_block) *gb = &g->blocks[l];
         /* MLP branch of x_{l+1} = x1 + down(swiglu(gate(ln2(x1)), up(ln2(x1)))) */
-        memset(a->dff, 0, sizeof(real) * 3 * nI);
-        F(lm_linear_backward)(a, dact, gb->w_down, NULL, dres, a->act + (size_t)l * nI, b->w_down, BT, I, C);
-        F(swiglu_backward)(dgate, dup, dact, a->gate + (size_t)l * nI, a->up + (size_t)l * nI, (long)nI);
-        memset(dtmp, 0, sizeof(real) * nC);
-        F(lm_linear_backward)(a, dtmp, gb->w_gate, NULL, dgate, a->ln2 + (size_t)l * nC, b->w_gate, BT, C, I);
+        F(lm_linear_backward_set)(a, dact, gb->w_down, dres, a->act + (size_t)l * nI, b->w_down, BT, I, C);
+        t = lm_lap(ph, LMT_PH_B_MLP_DOWN, t);
+        F(swiglu_backward_set)(dgate, dup, dact, a->gate + (size_t)l * nI, a->sig + (size_t)l * nI,
+                               a->up + (size_t)l * nI, (long)nI);
+        t = lm_lap(ph, LMT_PH_B_SWIGLU, t);
+        F(lm_linear_backward_set)(a, dtmp, gb->w_gate, dgate, a->ln2 + (size_t)l * nC, b->w_gate, BT, C, I);
         F(lm_linear_backward)(a, dtmp, gb->w_up, NULL, dup, a->ln2 + (size_t)l * nC, b->w_up, BT, C, I);
+        t = lm_lap(ph, LMT_PH_B_MLP_IN, t);
         F(rmsnorm_backward)(dres, gb->ln2, dtmp, a->mid + (size_t)l * nC, b->ln2,
                             a->ln2_rstd + (size_t)l * BT, BT, C);
+        t = lm_lap(ph, LMT_PH_B_NORM, t);
         /* attention branch of x1 = x_l + attn(ln1(x_l)) */
         memset(dtmp, 0, sizeof(real) * nC);
         F(lm_attn_backward)(cfg, &b->attn, &gb->attn, a, l, dres, lb_scale, dtmp);
+        t = lm_lap(ph, LMT_PH_B_ATTN, t);
         F(rmsnorm_backward)(dres, gb->ln1, dtmp, a->resid + (size_t)l * nC, b->ln1,
                             a->ln1_rstd + (size_t)l * BT, BT, C);
+        t = lm_lap(ph, LMT_PH_B_NORM, t);
     }
     F(embedding_backward)(g->embed, dres, tokens, BT, C);
+    lm_lap(ph, LMT_PH_B_EMBED, t);
 }

@@ -311,6 +311,12 @@ struct model_family {
      * forward/backward take it; its arrays live in *buf (malloc'd; the caller frees it). */
     int (*synthetic_batch)(const void *cfg, int B, int T, uint64_t seed, moh_batch *out, void **buf,
                            moh_error *err);
+    /* Optional (`moh bench train --phases`; NULL: not supported): the wall seconds per phase that
+     * forward and backward on acts accumulated since the last reset, as up to cap entries of
+     * names[i] (static strings), seconds[i] and sub[i] (true: a breakdown of earlier entries, not
+     * part of their sum: the attention path's own phases); returns the count. reset: zero the
+     * timers after reading. */
+    int (*phase_times)(void *acts, const char **names, double *seconds, bool *sub, int cap, bool reset);
     /* Optional ("image-generation": `moh sample` on images): req->n images [n, C, H, W] with
      * pixels in [-1, 1] into out (the family's sampler, image_gen_request below). MOH_E_ARG names
      * a bad request field. */

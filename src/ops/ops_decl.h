@@ -17,6 +17,10 @@ void F(layernorm_backward)(real *dinp, real *dw, real *db, const real *dout, con
 
 /* RMSNorm (HF LlamaRMSNorm): out = x * rsqrt(mean(x^2) + eps) * w; rstd[M] saved. */
 void F(rmsnorm_forward)(real *out, real *rstd, const real *inp, const real *w, int M, int C, real eps);
+/* Residual add fused with the RMSNorm that follows it: sum = a + b, then out = rmsnorm(sum) as
+ * rmsnorm_forward (same arithmetic, one pass). All [M, C] row-major; rstd [M]. */
+void F(add_rmsnorm_forward)(real *sum, real *out, real *rstd, const real *a, const real *b, const real *w,
+                            int M, int C, real eps);
 void F(rmsnorm_backward)(real *dinp, real *dw, const real *dout, const real *inp, const real *w,
                          const real *rstd, int M, int C);
 
@@ -31,6 +35,12 @@ void F(silu_forward)(real *out, const real *inp, long n);
 void F(silu_backward)(real *dinp, const real *dout, const real *inp, long n);
 void F(swiglu_forward)(real *out, const real *gate, const real *up, long n);
 void F(swiglu_backward)(real *dgate, real *dup, const real *dout, const real *gate, const real *up, long n);
+/* swiglu_forward that also saves sig[n] = sigmoid(gate) (the exp a backward would recompute). */
+void F(swiglu_forward_sig)(real *out, real *sig, const real *gate, const real *up, long n);
+/* As swiglu_backward with sig from swiglu_forward_sig (same results, no exp), but WRITES dgate and
+ * dup (both non-NULL) instead of accumulating. */
+void F(swiglu_backward_set)(real *dgate, real *dup, const real *dout, const real *gate, const real *sig,
+                            const real *up, long n);
 
 /* Row softmax over the last dim: out[M,N]. Backward uses the saved output. */
 void F(softmax_forward)(real *out, const real *inp, int M, int N);

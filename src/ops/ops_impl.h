@@ -117,16 +117,28 @@ void F(layernorm_backward)(real *dinp, real *dw, real *db, const real *dout, con
 
 /* ---------------------------------------------------------------------------------------------- */
 
+/* One RMSNorm row: o[C] = w * (x * r), r = 1 / sqrt(mean(x^2) + eps); returns r. */
+static inline real F(rmsnorm_row)(real *o, const real *x, const real *w, int C, real eps) {
+    real s = 0;
+    for (int c = 0; c < C; c++) s += x[c] * x[c];
+    real r = (real)1 / F(r_sqrt)(s / (real)C + eps);
+    for (int c = 0; c < C; c++) o[c] = w[c] * (x[c] * r); /* HF: weight * (x * rsqrt) */
+    return r;
+}
+
 void F(rmsnorm_forward)(real *out, real *rstd, const real *inp, const real *w, int M, int C, real eps) {
 #pragma omp parallel for if ((long)M * C >= 32768) schedule(static)
+    for (int m = 0; m < M; m++) rstd[m] = F(rmsnorm_row)(out + (long)m * C, inp + (long)m * C, w, C, eps);
+}
+
+void F(add_rmsnorm_forward)(real *sum, real *out, real *rstd, const real *a, const real *b, const real *w,
+                            int M, int C, real eps) {
+#pragma omp parallel for if ((long)M * C >= 32768) schedule(static)
     for (int m = 0; m < M; m++) {
-        const real *x = inp + (long)m * C;
-        real *o = out + (long)m * C;
-        real s = 0;
-        for (int c = 0; c < C; c++) s += x[c] * x[c];
-        real r = (real)1 / F(r_sqrt)(s / (real)C + eps);
-        for (int c = 0; c < C; c++) o[c] = w[c] * (x[c] * r); /* HF: weight * (x * rsqrt) */
-        rstd[m] = r;
+        const real *x = a + (long)m * C, *y = b + (long)m * C;
+        real *sr = sum + (long)m * C;
+        for (int c = 0; c < C; c++) sr[c] = x[c] + y[c];
+        rstd[m] = F(rmsnorm_row)(out + (long)m * C, sr, w, C, eps);
     }
 }
 
@@ -227,13 +239,35 @@ void F(swiglu_forward)(real *out, const real *gate, const real *up, long n) {
     for (long i = 0; i < n; i++) out[i] = gate[i] / ((real)1 + F(r_exp)(-gate[i])) * up[i];
 }
 
+void F(swiglu_forward_sig)(real *out, real *sig, const real *gate, const real *up, long n) {
+#pragma omp parallel for if (n >= 65536) schedule(static)
+    for (long i = 0; i < n; i++) {
+        const real den = (real)1 + F(r_exp)(-gate[i]);
+        out[i] = gate[i] / den * up[i]; /* as swiglu_forward */
+        sig[i] = (real)1 / den;         /* as r_sigmoid(gate[i]) */
+    }
+}
+
+/* d(silu(x) u) / dx and / du, times g; s = sigmoid(x). */
+static inline void F(swiglu_grad)(real *dx, real *du, real g, real x, real s, real u) {
+    *dx = g * u * s * ((real)1 + x * ((real)1 - s));
+    *du = g * x * s;
+}
+
 void F(swiglu_backward)(real *dgate, real *dup, const real *dout, const real *gate, const real *up, long n) {
 #pragma omp parallel for if (n >= 65536) schedule(static)
     for (long i = 0; i < n; i++) {
-        real x = gate[i], s = F(r_sigmoid)(x);
-        if (dgate) dgate[i] += dout[i] * up[i] * s * ((real)1 + x * ((real)1 - s));
-        if (dup) dup[i] += dout[i] * x * s;
+        real dx, du;
+        F(swiglu_grad)(&dx, &du, dout[i], gate[i], F(r_sigmoid)(gate[i]), up[i]);
+        if (dgate) dgate[i] += dx;
+        if (dup) dup[i] += du;
     }
+}
+
+void F(swiglu_backward_set)(real *dgate, real *dup, const real *dout, const real *gate, const real *sig,
+                            const real *up, long n) {
+#pragma omp parallel for if (n >= 65536) schedule(static)
+    for (long i = 0; i < n; i++) F(swiglu_grad)(&dgate[i], &dup[i], dout[i], gate[i], sig[i], up[i]);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

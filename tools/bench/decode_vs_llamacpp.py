@@ -17,11 +17,12 @@ Needs numpy and llama-cpp-python.
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
+
+from bench_common import cpu_model
 
 M64 = (1 << 64) - 1
 
@@ -44,16 +45,6 @@ def fnv1a(ids):
         for k in range(4):
             h = ((h ^ ((t >> (8 * k)) & 0xFF)) * 0x100000001B3) & M64
     return f"{h:016x}"
-
-
-def cpu_model():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main():
