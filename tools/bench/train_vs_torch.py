@@ -18,7 +18,8 @@ Per round (rounds alternate which engine goes first):
          (OMP_NUM_THREADS = --threads; head-sparse attention, moh train's default path; it checks
          the step against its reference path and warms up before timing);
   torch: torch.set_num_threads(--threads), eager, S steps per model and precision, timed as one.
-Both run with the same OMP_WAIT_POLICY (default passive, what moh picks).
+Both run with the same OMP_WAIT_POLICY (default passive, what moh picks). --moh-precision bf16 or
+both: moh also (or only) with its bf16 compute (fp32 master weights), one row per precision.
 Prints tokens/s medians over rounds and ratio = moh tokens/s / torch tokens/s (> 1: moh faster).
 """
 import argparse
@@ -81,6 +82,8 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=0, help="tokens per sequence (default: the config's max_position_embeddings)")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per model, precision and round")
+    ap.add_argument("--moh-precision", default="fp32", choices=["fp32", "bf16", "both"],
+                    help="moh bench train --precision (bf16: moh's bf16 compute, fp32 master weights)")
     bc.add_torch_peer_args(ap, "train")
     a = ap.parse_args()
     global torch, tp
@@ -112,15 +115,16 @@ def main():
     for r in runs:  # warm-up
         r.steps(1)
     cmd = [a.moh, "bench", "train", "--configs", ",".join(names), "--path", "sparse", "--batch", str(B), "--seq",
-           str(T), "--steps", str(a.steps), "--repeats", "1", "--json"] + a.moh_args.split()
-    moh = {n: [] for n in names}
+           str(T), "--steps", str(a.steps), "--repeats", "1", "--precision", a.moh_precision, "--json"] + a.moh_args.split()
+    mprecs = ["fp32", "bf16"] if a.moh_precision == "both" else [a.moh_precision]
+    moh = {(n, mp): [] for n in names for mp in mprecs}
     for rnd in range(a.rounds):
         for engine in (("moh", "torch") if rnd % 2 == 0 else ("torch", "moh")):
             print(f"[round {rnd + 1}/{a.rounds}] {engine}", file=sys.stderr, flush=True)
             if engine == "moh":
                 for row in bc.run_moh(cmd, a.threads):
                     if "config" in row:
-                        moh[row["config"]].append(row["tokens_per_s"])
+                        moh[(row["config"], row.get("precision", "fp32"))].append(row["tokens_per_s"])
             else:
                 for r in runs:
                     r.t.append(B * T / r.steps(a.steps))
@@ -135,20 +139,20 @@ def main():
     print("tokens/s: median over rounds (min-max)")
     for r in runs:
         print(f"  torch {r.name:<22} {bc.cell(r.t, 0):>24}")
-    for n in names:
-        print(f"  moh   {n + ' fp32':<22} {bc.cell(moh[n], 0):>24}")
-    print(f"{'moh config':<12} " + " ".join(f"{'x llama ' + p:>14}" for p in precs) + " "
+    for n, mp in moh:
+        print(f"  moh   {n + ' ' + mp:<22} {bc.cell(moh[(n, mp)], 0):>24}")
+    print(f"{'moh config':<17} " + " ".join(f"{'x llama ' + p:>14}" for p in precs) + " "
           + " ".join(f"{'x llama-moh ' + p:>16}" for p in precs))
     rows = []
-    for n in names:
-        mm = bc.med(moh[n])
+    for n, mp in moh:
+        mm = bc.med(moh[(n, mp)])
         vs_dense = [mm / bc.med(dense[p].t) for p in precs]
         vs_moh = [mm / bc.med(moh_peer[(n, p)].t) if (n, p) in moh_peer else None for p in precs]
-        print(f"{n:<12} " + " ".join(f"{v:>14.3f}" for v in vs_dense) + " "
+        print(f"{n + ' ' + mp:<17} " + " ".join(f"{v:>14.3f}" for v in vs_dense) + " "
               + " ".join(f"{v:>16.3f}" if v else f"{'-':>16}" for v in vs_moh))
-        rows.append({"config": n, "moh_tokens_per_s": moh[n], "ratio_vs_llama": dict(zip(precs, vs_dense)),
+        rows.append({"config": n, "moh_precision": mp, "moh_tokens_per_s": moh[(n, mp)], "ratio_vs_llama": dict(zip(precs, vs_dense)),
                      "ratio_vs_llama_moh": dict(zip(precs, vs_moh))})
-    print("(ratio = moh tokens/s / torch tokens/s of the medians; moh in fp32 unless --moh-args says otherwise)")
+    print("(ratio = moh tokens/s / torch tokens/s of the medians)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cpu": bc.cpu_model(), "threads": a.threads, "load": bc.load_average(), "batch": B, "seq": T,
