@@ -4,12 +4,7 @@
 # rejected; unknown options get the nearest known one suggested when close, nothing when far;
 # cross-option checks name both options; --help exits 0 and shows the ranges.
 set -uo pipefail
-MOH=${1:-build/moh}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+. "$(dirname "$0")/lib.sh"
 
 # usage error: exit 2, one line on stderr, containing every `+pattern`, none of the `!pattern`s
 expect() { # name, patterns (+has / !lacks) ..., --, command...
@@ -112,5 +107,4 @@ done
 "$MOH" sample --help >"$T/help" 2>&1; grep -qF -- "[0 < P <= 1]" "$T/help" && ok || bad "sample --help lacks the --top-p range"
 "$MOH" train --help >"$T/help" 2>&1; grep -qF -- "[0 < LR <= 1000]" "$T/help" && ok || bad "train --help lacks the --lr range"
 
-echo "cli_args: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -4,15 +4,9 @@
 # fp32 equals no flag bitwise; where the CPU has bf16, training says which kernels run, its losses
 # track fp32, eval in bf16 gives the fp32 bits/byte to 1e-2, and the checkpoint stays F32.
 set -uo pipefail
-MOH=${1:-build/moh}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-check() { if eval "$1"; then ok; else bad "$2"; fi; }
+. "$(dirname "$0")/lib.sh"
 
-awk 'BEGIN { for (i = 1; i <= 800; i++) printf "verse %d: and the %s went unto the %s of %d.\n", i, (i % 7 ? "people" : "king"), (i % 5 ? "city" : "river"), (i * 7919) % 1000 }' > "$T/corpus.txt"
+verses 800 > "$T/corpus.txt"
 cat > "$T/tiny.json" <<J
 {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
  "vocab_size": 256, "max_position_embeddings": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000,
@@ -52,5 +46,4 @@ else
   echo "cli_bf16: no AVX512-BF16 / AMX-BF16 here: the bf16 runs are not checked"
 fi
 
-echo "cli_bf16: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -6,22 +6,10 @@
 # and eval read it; bad head splits, stray options and a routed source are refused in one line.
 #   tests/cli_continue_tuning.sh path/to/moh
 set -uo pipefail
-MOH=${1:-build/moh}
+. "$(dirname "$0")/lib.sh"
 FIX=$(cd "$(dirname "$0")" && pwd)/fixtures/gguf_llama/tiny-chat.gguf
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-check() { if eval "$1"; then ok; else bad "$2"; fi; }
 # expect_fail CODE PATTERN cmd...: exit status CODE and one stderr line matching PATTERN
-expect_fail() {
-  local code=$1 pat=$2; shift 2
-  "$@" > "$T/out" 2> "$T/err"
-  local rc=$?
-  if [[ $rc -eq $code ]] && grep -q -- "$pat" "$T/err" && [[ $(wc -l < "$T/err") -eq 1 ]]; then ok
-  else bad "$* -> rc $rc, stderr: $(cat "$T/err")"; fi
-}
+expect_fail() { if one_line_error "$@"; then ok; else bad "$why"; fi; }
 field() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
 bpb() { "$MOH" eval --checkpoint "$1" --data "$T/text.txt" --split all --seq-len 32 --json 2>/dev/null |
         python3 -c 'import json, sys; print("%.9f" % json.load(sys.stdin)["bits_per_byte"])'; }
@@ -72,5 +60,4 @@ expect_fail 2 "need --router learned" "$MOH" convert --model "$FIX" --out "$T/x9
 expect_fail 1 "already holds a model" "$MOH" convert --model "$FIX" --out "$T/qn" --to-moh
 check "[[ ! -e '$T/x1' && ! -e '$T/x2' && ! -e '$T/x3' && ! -e '$T/x5/model.safetensors' && ! -e '$T/x6' && ! -e '$T/x7.gguf' && ! -e '$T/x8' && ! -e '$T/x9' ]]" "a refused conversion wrote something"
 
-echo "cli_continue_tuning: $pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+finish

@@ -9,14 +9,8 @@
 # `moh bench decode --model` runs on both.
 #   tests/cli_convert.sh path/to/moh
 set -uo pipefail
-MOH=${1:-build/moh}
+. "$(dirname "$0")/lib.sh"
 FIX=$(cd "$(dirname "$0")" && pwd)/fixtures/gguf_llama
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-check() { if eval "$1"; then ok; else bad "$2"; fi; }
 
 "$MOH" convert --model "$FIX/tiny-llama.gguf" --out "$T/a" > /dev/null || bad "gguf -> folder"
 "$MOH" convert --model "$T/a" --out "$T/a.gguf" > /dev/null || bad "folder -> gguf"
@@ -281,5 +275,4 @@ for x in r:
     assert x['cpu_ms_per_token'] > 0 and 0.5 * x['ms_per_token'] < sum(ph.values()) < 1.5 * x['ms_per_token'], x
 PY" "bench decode --model small --profile --json: rc $rc: $(cat "$T/bds.json")"
 
-echo "cli_convert: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -7,14 +7,10 @@
 # with nothing written (class out of range, cfg < 0, steps 0, wrong image size, crop).
 #   tests/cli_dit.sh path/to/moh
 set -euo pipefail
-MOH=${1:-build/moh}
-MOH=$(cd "$(dirname "$MOH")" && pwd)/$(basename "$MOH")
-tmp=$(mktemp -d /tmp/moh_cli_dit.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/lib.sh"
 
 # 256 train / 64 test images of 8x8: class k (0..3) is a bright column at x = 2 k
-python3 - "$tmp/data" <<'EOF'
+python3 - "$T/data" <<'EOF'
 import os, random, struct, sys
 d = sys.argv[1]; os.makedirs(d)
 rnd = random.Random(7)
@@ -31,28 +27,28 @@ for name, n in (('train', 256), ('t10k', 64)):
     open(f'{d}/{name}-images-idx3-ubyte', 'wb').write(i)
     open(f'{d}/{name}-labels-idx1-ubyte', 'wb').write(l)
 EOF
-cat >"$tmp/dit.json" <<'EOF'
+cat >"$T/dit.json" <<'EOF'
 {"model_type": "dit", "input_size": 8, "patch_size": 2, "num_classes": 4, "hidden_size": 16, "depth": 2,
  "num_heads": 4, "mlp_ratio": 2, "router": "learned", "shared_heads": [2, 4], "top_k": [1, 0],
  "_comment": "cli test"}
 EOF
-common=(--config "$tmp/dit.json" --data "$tmp/data" --batch-size 16 --shards 2 --lr 2e-3 --ema-decay 0.9 --quiet)
+common=(--config "$T/dit.json" --data "$T/data" --batch-size 16 --shards 2 --lr 2e-3 --ema-decay 0.9 --quiet)
 
-"$MOH" train "${common[@]}" --out "$tmp/a" --steps 12 || fail "train"
+"$MOH" train "${common[@]}" --out "$T/a" --steps 12 || fail "train"
 for f in config.json model.safetensors optimizer.safetensors metrics.jsonl; do
-  [ -s "$tmp/a/$f" ] || fail "missing $f"
+  [ -s "$T/a/$f" ] || fail "missing $f"
 done
-grep -Eq '"model_type":[[:space:]]*"dit"' "$tmp/a/config.json" || fail "config.json model_type"
-grep -q '"val_mse"' "$tmp/a/metrics.jsonl" || fail "val_mse in metrics"
-[ "$(wc -l <"$tmp/a/metrics.jsonl")" -eq 12 ] || fail "metrics.jsonl lines"
+grep -Eq '"model_type":[[:space:]]*"dit"' "$T/a/config.json" || fail "config.json model_type"
+grep -q '"val_mse"' "$T/a/metrics.jsonl" || fail "val_mse in metrics"
+[ "$(wc -l <"$T/a/metrics.jsonl")" -eq 12 ] || fail "metrics.jsonl lines"
 
 # resume after a stop at step 5 reproduces the uninterrupted run: weights, moments, EMA
-"$MOH" train "${common[@]}" --out "$tmp/b" --steps 12 --stop-at-step 5 || fail "train --stop-at-step"
-"$MOH" train --data "$tmp/data" --out "$tmp/b" --resume --quiet || fail "resume"
-cmp -s "$tmp/a/model.safetensors" "$tmp/b/model.safetensors" || fail "resumed model.safetensors differs"
+"$MOH" train "${common[@]}" --out "$T/b" --steps 12 --stop-at-step 5 || fail "train --stop-at-step"
+"$MOH" train --data "$T/data" --out "$T/b" --resume --quiet || fail "resume"
+cmp -s "$T/a/model.safetensors" "$T/b/model.safetensors" || fail "resumed model.safetensors differs"
 
 # model.safetensors holds the EMA (ema.* of optimizer.safetensors), not the raw weights (param.*)
-python3 - "$tmp/a" "$tmp/b" <<'EOF' || fail "EMA layout, or the resumed moments / EMA differ"
+python3 - "$T/a" "$T/b" <<'EOF' || fail "EMA layout, or the resumed moments / EMA differ"
 import json, struct, sys
 def load(p):
     b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
@@ -67,10 +63,10 @@ assert load(sys.argv[2] + '/optimizer.safetensors') == o, "resumed param / m / v
 EOF
 
 # eval, text and JSON
-"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/data" >"$tmp/eval.txt" 2>/dev/null || fail "eval"
-grep -q "noise-prediction MSE" "$tmp/eval.txt" || fail "eval text"
-"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/data" --json 2>/dev/null >"$tmp/eval.json" || fail "eval --json"
-python3 - "$tmp/eval.json" <<'EOF' || fail "eval json contents"
+"$MOH" eval --checkpoint "$T/a" --data "$T/data" >"$T/eval.txt" 2>/dev/null || fail "eval"
+grep -q "noise-prediction MSE" "$T/eval.txt" || fail "eval text"
+"$MOH" eval --checkpoint "$T/a" --data "$T/data" --json 2>/dev/null >"$T/eval.json" || fail "eval --json"
+python3 - "$T/eval.json" <<'EOF' || fail "eval json contents"
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["n"] == 64 and 0 < r["val_mse"] < 2, r
@@ -79,13 +75,13 @@ assert r["head_share"][1] == [1.0] * 4  # all heads shared (soft reweighting)
 EOF
 
 # sampling: PNG grid (4 rows of 3, 2-pixel gaps) and IDX (+ labels), seeded and batch-independent
-"$MOH" sample --checkpoint "$tmp/a" --n 3 --steps 20 --cfg 2 --out "$tmp/g.png" \
-  --out-idx "$tmp/s-images-idx3-ubyte" 2>"$tmp/s.err" || fail "sample: $(cat "$tmp/s.err")"
-grep -q "12 images (4 classes x 3)" "$tmp/s.err" || fail "sample summary: $(cat "$tmp/s.err")"
-"$MOH" sample --checkpoint "$tmp/a" --n 3 --steps 20 --cfg 2 --batch 5 --out-idx "$tmp/t-images-idx3-ubyte" 2>/dev/null || fail "sample --batch 5"
-cmp -s "$tmp/s-images-idx3-ubyte" "$tmp/t-images-idx3-ubyte" || fail "samples depend on the batch size"
-"$MOH" sample --checkpoint "$tmp/a" --class 2 --n 2 --sampler ddim --steps 10 --seed 9 --out-idx "$tmp/d.idx" 2>/dev/null || fail "ddim"
-python3 - "$tmp" <<'EOF' || fail "sample files"
+"$MOH" sample --checkpoint "$T/a" --n 3 --steps 20 --cfg 2 --out "$T/g.png" \
+  --out-idx "$T/s-images-idx3-ubyte" 2>"$T/s.err" || fail "sample: $(cat "$T/s.err")"
+grep -q "12 images (4 classes x 3)" "$T/s.err" || fail "sample summary: $(cat "$T/s.err")"
+"$MOH" sample --checkpoint "$T/a" --n 3 --steps 20 --cfg 2 --batch 5 --out-idx "$T/t-images-idx3-ubyte" 2>/dev/null || fail "sample --batch 5"
+cmp -s "$T/s-images-idx3-ubyte" "$T/t-images-idx3-ubyte" || fail "samples depend on the batch size"
+"$MOH" sample --checkpoint "$T/a" --class 2 --n 2 --sampler ddim --steps 10 --seed 9 --out-idx "$T/d.idx" 2>/dev/null || fail "ddim"
+python3 - "$T" <<'EOF' || fail "sample files"
 import struct, sys
 t = sys.argv[1]
 p = open(t + '/g.png', 'rb').read()
@@ -99,23 +95,18 @@ assert struct.unpack('>IIII', d[:16]) == (0x803, 2, 8, 8) and list(dl[8:]) == [2
 EOF
 
 # one-line errors; nothing written
-expect_err() { # expected-text, then the command
-  local want=$1; shift
-  if "$@" >"$tmp/o" 2>"$tmp/e"; then fail "accepted: $*"; fi
-  [ "$(wc -l <"$tmp/e")" -eq 1 ] || fail "not one line for $*: $(cat "$tmp/e")"
-  grep -q -- "$want" "$tmp/e" || fail "message for $*: $(cat "$tmp/e") (expected '$want')"
-}
-s=(sample --checkpoint "$tmp/a" --n 1 --steps 2 --out "$tmp/x.png" --out-idx "$tmp/x.idx")
+expect_err() { one_line_error any "$@" || fail "$why"; } # expected-text, then the command
+s=(sample --checkpoint "$T/a" --n 1 --steps 2 --out "$T/x.png" --out-idx "$T/x.idx")
 expect_err "expected 0..3 or all" "$MOH" "${s[@]}" --class 4
 expect_err "expected 0..3 or all" "$MOH" "${s[@]}" --class -1
 expect_err "cfg" "$MOH" "${s[@]}" --cfg -1
 expect_err "steps" "$MOH" "${s[@]}" --steps 0
 expect_err "expected 1..1000" "$MOH" "${s[@]}" --steps 1001
-expect_err "folder does not exist" "$MOH" sample --checkpoint "$tmp/a" --out "$tmp/nodir/x.png"
-expect_err "give --out" "$MOH" sample --checkpoint "$tmp/a"
-[ ! -e "$tmp/x.png" ] && [ ! -e "$tmp/x.idx" ] || fail "a failed sample wrote a file"
-sed 's/"input_size": 8/"input_size": 12/' "$tmp/dit.json" >"$tmp/dit12.json"
-expect_err "images are 8x8, config input_size is 12" "$MOH" train --config "$tmp/dit12.json" --data "$tmp/data" --out "$tmp/c" --steps 2 --quiet
-expect_err "crop-pad" "$MOH" train "${common[@]}" --out "$tmp/c" --steps 2 --crop-pad 1
-[ ! -e "$tmp/c" ] || fail "a failed train created its --out"
+expect_err "folder does not exist" "$MOH" sample --checkpoint "$T/a" --out "$T/nodir/x.png"
+expect_err "give --out" "$MOH" sample --checkpoint "$T/a"
+[ ! -e "$T/x.png" ] && [ ! -e "$T/x.idx" ] || fail "a failed sample wrote a file"
+sed 's/"input_size": 8/"input_size": 12/' "$T/dit.json" >"$T/dit12.json"
+expect_err "images are 8x8, config input_size is 12" "$MOH" train --config "$T/dit12.json" --data "$T/data" --out "$T/c" --steps 2 --quiet
+expect_err "crop-pad" "$MOH" train "${common[@]}" --out "$T/c" --steps 2 --crop-pad 1
+[ ! -e "$T/c" ] || fail "a failed train created its --out"
 echo "cli_dit: ok"

@@ -6,15 +6,11 @@
 # timestep range (outputs written, head loads of the per-layer configs), and one-line errors.
 #   tests/cli_dit_eval.sh path/to/moh
 set -euo pipefail
-MOH=${1:-build/moh}
-MOH=$(cd "$(dirname "$MOH")" && pwd)/$(basename "$MOH")
-tmp=$(mktemp -d /tmp/moh_cli_dit_eval.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/lib.sh"
 
 # 512 train / 96 test images of 8x8: class k (0..3) is a bright column at x = 2 k on a background of
 # brightness 40 k (a tiny classifier learns it in a few steps)
-python3 - "$tmp/data" <<'EOF'
+python3 - "$T/data" <<'EOF'
 import os, random, struct, sys
 d = sys.argv[1]; os.makedirs(d)
 rnd = random.Random(11)
@@ -31,30 +27,30 @@ for name, n in (('train', 512), ('t10k', 96)):
     open(f'{d}/{name}-images-idx3-ubyte', 'wb').write(i)
     open(f'{d}/{name}-labels-idx1-ubyte', 'wb').write(l)
 EOF
-cat >"$tmp/dit.json" <<'EOF'
+cat >"$T/dit.json" <<'EOF'
 {"model_type": "dit", "input_size": 8, "patch_size": 2, "num_classes": 4, "hidden_size": 16, "depth": 3,
  "num_heads": 4, "mlp_ratio": 2, "router": "learned", "shared_heads": [1, 2, 4], "top_k": [2, 1, 0]}
 EOF
-cat >"$tmp/vit.json" <<'EOF'
+cat >"$T/vit.json" <<'EOF'
 {"model_type": "vit", "img_size": 8, "patch_size": 2, "num_classes": 4, "embed_dim": 16, "depth": 1,
  "num_heads": 2, "mlp_ratio": 2, "router": "none"}
 EOF
-"$MOH" train --config "$tmp/dit.json" --data "$tmp/data" --out "$tmp/dit" --steps 4 --batch-size 16 --quiet || fail "train dit"
-"$MOH" train --config "$tmp/vit.json" --data "$tmp/data" --out "$tmp/vit" --steps 60 --batch-size 32 --lr 1e-2 \
+"$MOH" train --config "$T/dit.json" --data "$T/data" --out "$T/dit" --steps 4 --batch-size 16 --quiet || fail "train dit"
+"$MOH" train --config "$T/vit.json" --data "$T/data" --out "$T/vit" --steps 60 --batch-size 32 --lr 1e-2 \
   --no-augment --quiet || fail "train vit"
 
 # sample quality: JSON fields, seeded (same seed, same numbers; another seed differs)
-q=(eval --checkpoint "$tmp/dit" --data "$tmp/data" --classifier "$tmp/vit" --samples 24 --steps 4 --sampler ddim --json)
-"$MOH" "${q[@]}" --cfg 2 >"$tmp/q1.json" 2>/dev/null || fail "eval --classifier"
-"$MOH" "${q[@]}" --cfg 2 --batch 5 >"$tmp/q2.json" 2>/dev/null || fail "eval --classifier --batch 5"
-"$MOH" "${q[@]}" --cfg 2 --seed 3 >"$tmp/q3.json" 2>/dev/null || fail "eval --classifier --seed 3"
-"$MOH" eval --checkpoint "$tmp/dit" --data "$tmp/data" --classifier "$tmp/vit" --samples 40 --real --json \
-  >"$tmp/real.json" 2>/dev/null || fail "eval --real"
-"$MOH" eval --checkpoint "$tmp/vit" --data "$tmp/data" --json --limit 40 >"$tmp/vit.json.out" 2>/dev/null || fail "eval vit"
-"$MOH" eval --checkpoint "$tmp/dit" --data "$tmp/data" --classifier "$tmp/vit" --samples 24 --steps 4 >"$tmp/q.txt" \
+q=(eval --checkpoint "$T/dit" --data "$T/data" --classifier "$T/vit" --samples 24 --steps 4 --sampler ddim --json)
+"$MOH" "${q[@]}" --cfg 2 >"$T/q1.json" 2>/dev/null || fail "eval --classifier"
+"$MOH" "${q[@]}" --cfg 2 --batch 5 >"$T/q2.json" 2>/dev/null || fail "eval --classifier --batch 5"
+"$MOH" "${q[@]}" --cfg 2 --seed 3 >"$T/q3.json" 2>/dev/null || fail "eval --classifier --seed 3"
+"$MOH" eval --checkpoint "$T/dit" --data "$T/data" --classifier "$T/vit" --samples 40 --real --json \
+  >"$T/real.json" 2>/dev/null || fail "eval --real"
+"$MOH" eval --checkpoint "$T/vit" --data "$T/data" --json --limit 40 >"$T/vit.json.out" 2>/dev/null || fail "eval vit"
+"$MOH" eval --checkpoint "$T/dit" --data "$T/data" --classifier "$T/vit" --samples 24 --steps 4 >"$T/q.txt" \
   2>/dev/null || fail "eval text"
-grep -q "^class accuracy" "$tmp/q.txt" && grep -q "^FID" "$tmp/q.txt" || fail "eval text: $(cat "$tmp/q.txt")"
-python3 - "$tmp" <<'EOF' || fail "sample-quality JSON"
+grep -q "^class accuracy" "$T/q.txt" && grep -q "^FID" "$T/q.txt" || fail "eval text: $(cat "$T/q.txt")"
+python3 - "$T" <<'EOF' || fail "sample-quality JSON"
 import json, sys
 t = sys.argv[1]
 q1, q2, q3 = (json.load(open(f'{t}/q{i}.json')) for i in (1, 2, 3))
@@ -75,14 +71,14 @@ EOF
 
 # analyze: per class (default) and per timestep range; outputs written; head loads of the
 # per-layer configs (layer 0: 1 shared + top-2 of 3 routed; layer 2: every head shared)
-"$MOH" analyze --checkpoint "$tmp/dit" --data "$tmp/data" --out "$tmp/an" --max-tokens 256 >"$tmp/an.txt" 2>"$tmp/an.err" \
-  || fail "analyze: $(cat "$tmp/an.err")"
-"$MOH" analyze --checkpoint "$tmp/dit" --data "$tmp/data" --out "$tmp/ant" --categories timestep --max-tokens 256 \
-  --no-plots >/dev/null 2>"$tmp/an.err" || fail "analyze timestep: $(cat "$tmp/an.err")"
+"$MOH" analyze --checkpoint "$T/dit" --data "$T/data" --out "$T/an" --max-tokens 256 >"$T/an.txt" 2>"$T/an.err" \
+  || fail "analyze: $(cat "$T/an.err")"
+"$MOH" analyze --checkpoint "$T/dit" --data "$T/data" --out "$T/ant" --categories timestep --max-tokens 256 \
+  --no-plots >/dev/null 2>"$T/an.err" || fail "analyze timestep: $(cat "$T/an.err")"
 for f in analysis.json density.csv scores.csv effective_rank.csv similarity.csv; do
-  [ -s "$tmp/an/$f" ] && [ -s "$tmp/ant/$f" ] || fail "analyze: missing $f"
+  [ -s "$T/an/$f" ] && [ -s "$T/ant/$f" ] || fail "analyze: missing $f"
 done
-python3 - "$tmp" <<'EOF' || fail "analysis.json contents"
+python3 - "$T" <<'EOF' || fail "analysis.json contents"
 import json, sys
 t = sys.argv[1]
 a, b = json.load(open(f'{t}/an/analysis.json')), json.load(open(f'{t}/ant/analysis.json'))
@@ -99,7 +95,7 @@ def find(o, key):
 assert find(a, 'categories') == ['0', '1', '2', '3'], find(a, 'categories')
 assert find(b, 'categories') == ['t 0-249', 't 250-499', 't 500-749', 't 750-999'], find(b, 'categories')
 EOF
-python3 - "$tmp/an/density.csv" <<'EOF' || fail "density.csv: $(head -5 "$tmp/an/density.csv")"
+python3 - "$T/an/density.csv" <<'EOF' || fail "density.csv: $(head -5 "$T/an/density.csv")"
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1])))
 assert rows[0][:3] == ['layer', 'head', 'kind'] and rows[0][3:] == ['0', '1', '2', '3'], rows[0]
@@ -112,28 +108,23 @@ assert load[(1, 1)] == [1.0] * 4 and all(load[(2, h)] == [1.0] * 4 for h in rang
 EOF
 
 # one-line errors
-expect_err() { # expected-text, then the command
-  local want=$1; shift
-  if "$@" >"$tmp/o" 2>"$tmp/e"; then fail "accepted: $*"; fi
-  [ "$(wc -l <"$tmp/e")" -eq 1 ] || fail "not one line for $*: $(cat "$tmp/e")"
-  grep -q -- "$want" "$tmp/e" || fail "message for $*: $(cat "$tmp/e") (expected '$want')"
-}
-e=(eval --checkpoint "$tmp/dit" --data "$tmp/data")
+expect_err() { one_line_error any "$@" || fail "$why"; } # expected-text, then the command
+e=(eval --checkpoint "$T/dit" --data "$T/data")
 expect_err "needs --classifier" "$MOH" "${e[@]}" --samples 8
-expect_err "samples" "$MOH" "${e[@]}" --classifier "$tmp/vit" --samples 0
-expect_err "at least 2" "$MOH" "${e[@]}" --classifier "$tmp/vit" --samples 1
-expect_err "expected an image classifier" "$MOH" "${e[@]}" --classifier "$tmp/dit" --samples 8
+expect_err "samples" "$MOH" "${e[@]}" --classifier "$T/vit" --samples 0
+expect_err "at least 2" "$MOH" "${e[@]}" --classifier "$T/vit" --samples 1
+expect_err "expected an image classifier" "$MOH" "${e[@]}" --classifier "$T/dit" --samples 8
 # a classifier of 12x12 images (one step on 32 random images of that size)
-python3 - "$tmp/d12" <<'EOF'
+python3 - "$T/d12" <<'EOF'
 import os, random, struct, sys
 d = sys.argv[1]; os.makedirs(d); rnd = random.Random(1)
 for name in ('train', 't10k'):
     open(f'{d}/{name}-images-idx3-ubyte', 'wb').write(struct.pack('>IIII', 0x803, 32, 12, 12) + bytes(rnd.randrange(256) for _ in range(32 * 144)))
     open(f'{d}/{name}-labels-idx1-ubyte', 'wb').write(struct.pack('>II', 0x801, 32) + bytes(rnd.randrange(4) for _ in range(32)))
 EOF
-sed 's/"img_size": 8/"img_size": 12/' "$tmp/vit.json" >"$tmp/vit12.json"
-"$MOH" train --config "$tmp/vit12.json" --data "$tmp/d12" --out "$tmp/vit12" --steps 1 --batch-size 16 --quiet || fail "train vit12"
-expect_err "takes 12x12x1 images" "$MOH" "${e[@]}" --classifier "$tmp/vit12" --samples 8
-expect_err "applies to image-generation" "$MOH" eval --checkpoint "$tmp/vit" --data "$tmp/data" --classifier "$tmp/vit"
-expect_err "categories" "$MOH" analyze --checkpoint "$tmp/dit" --data "$tmp/data" --out "$tmp/an2" --categories topics
+sed 's/"img_size": 8/"img_size": 12/' "$T/vit.json" >"$T/vit12.json"
+"$MOH" train --config "$T/vit12.json" --data "$T/d12" --out "$T/vit12" --steps 1 --batch-size 16 --quiet || fail "train vit12"
+expect_err "takes 12x12x1 images" "$MOH" "${e[@]}" --classifier "$T/vit12" --samples 8
+expect_err "applies to image-generation" "$MOH" eval --checkpoint "$T/vit" --data "$T/data" --classifier "$T/vit"
+expect_err "categories" "$MOH" analyze --checkpoint "$T/dit" --data "$T/data" --out "$T/an2" --categories topics
 echo "cli_dit_eval: ok"

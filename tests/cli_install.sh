@@ -6,35 +6,32 @@
 # on a checkpoint the installed moh trains here, loads it (moh_model_load), runs a forward, one
 # training step, saves and reloads it bit for bit.
 set -euo pipefail
-moh=$(readlink -f "$1")
-build=$(dirname "$moh")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/lib.sh"
+build=$(dirname "$MOH")
 
-cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
-for f in bin/moh include/moh.h; do [ -f "$tmp/prefix/$f" ] || fail "missing $f"; done
-lib=$(find "$tmp/prefix" -name libmoh.a | head -1); [ -n "$lib" ] || fail "missing libmoh.a"
-pc=$(find "$tmp/prefix" -name moh.pc | head -1); [ -n "$pc" ] || fail "missing moh.pc"
+cmake --install "$build" --prefix "$T/prefix" >/dev/null
+for f in bin/moh include/moh.h; do [ -f "$T/prefix/$f" ] || fail "missing $f"; done
+lib=$(find "$T/prefix" -name libmoh.a | head -1); [ -n "$lib" ] || fail "missing libmoh.a"
+pc=$(find "$T/prefix" -name moh.pc | head -1); [ -n "$pc" ] || fail "missing moh.pc"
 
-cd "$tmp"   # no ./configs here: the installed binary must find share/moh/configs
-out=$("$tmp/prefix/bin/moh" --list-configs) || fail "--list-configs exited $?"
+cd "$T"   # no ./configs here: the installed binary must find share/moh/configs
+out=$("$T/prefix/bin/moh" --list-configs) || fail "--list-configs exited $?"
 grep -q '^  moh-75 .*LM 4.89M, hidden 256.*2 shared + top-4 of 6 = 6/8 heads (75.0%)' <<<"$out" || fail "--list-configs: $out"
 grep -q '^  vit-mha .*dense: 8/8 heads' <<<"$out" || fail "--list-configs lacks vit-mha: $out"
 n=$(grep -c '^  ' <<<"$out"); want=$(ls "$OLDPWD/configs/"*.json 2>/dev/null | wc -l)
 [ "$want" -eq 0 ] || [ "$n" -eq "$want" ] || fail "--list-configs lists $n configs, configs/ has $want"
-if "$moh" --list-configs-typo >/dev/null 2>&1; then fail "unknown top-level flag accepted"; fi
+if "$MOH" --list-configs-typo >/dev/null 2>&1; then fail "unknown top-level flag accepted"; fi
 
 # a tiny LM checkpoint trained by the installed binary
-awk 'BEGIN { for (i = 1; i <= 300; i++) printf "line %d: the %s sat by the %s.\n", i, (i % 3 ? "cat" : "dog"), (i % 5 ? "door" : "fire") }' >"$tmp/corpus.txt"
-cat >"$tmp/tiny.json" <<J
+awk 'BEGIN { for (i = 1; i <= 300; i++) printf "line %d: the %s sat by the %s.\n", i, (i % 3 ? "cat" : "dog"), (i % 5 ? "door" : "fire") }' >"$T/corpus.txt"
+cat >"$T/tiny.json" <<J
 {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 32,
  "vocab_size": 256, "max_position_embeddings": 16, "router": "learned", "shared_heads": 1, "top_k": 2}
 J
-"$tmp/prefix/bin/moh" train --config "$tmp/tiny.json" --data "$tmp/corpus.txt" --out "$tmp/ckpt" --batch-size 2 \
+"$T/prefix/bin/moh" train --config "$T/tiny.json" --data "$T/corpus.txt" --out "$T/ckpt" --batch-size 2 \
     --seq-len 16 --steps 3 --eval-tokens 256 --quiet >/dev/null || fail "installed moh train exited $?"
 
-cat >"$tmp/embed.c" <<'C'
+cat >"$T/embed.c" <<'C'
 #include <math.h>
 #include <moh.h>
 #include <stdio.h>
@@ -105,14 +102,14 @@ C
 PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --exists moh || fail "pkg-config cannot read moh.pc"
 san=  # a sanitizer build's library needs the sanitizer runtimes at link time
 grep -q '^MOH_SANITIZE:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null && san="-fsanitize=address,undefined"
-cc -std=c11 -Wall -Wextra -Werror $san "$tmp/embed.c" -o "$tmp/embed" \
+cc -std=c11 -Wall -Wextra -Werror $san "$T/embed.c" -o "$T/embed" \
    $(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --static --cflags --libs moh) || fail "embedding program does not build"
-out=$("$tmp/embed" "$tmp/w.safetensors" "$tmp/ckpt" "$tmp/saved") || fail "embedding program failed: $out"
+out=$("$T/embed" "$T/w.safetensors" "$T/ckpt" "$T/saved") || fail "embedding program failed: $out"
 grep -q 'round trip ok' <<<"$out" || fail "embedding program: $out"
 grep -q '^model llama: .* saved and reloaded' <<<"$out" || fail "embedding program (model API): $out"
-[ -f "$tmp/saved/model.safetensors" ] && [ -f "$tmp/saved/config.json" ] && [ ! -e "$tmp/saved/optimizer.safetensors" ] \
-    || fail "moh_model_save wrote: $(ls "$tmp/saved")"
-"$tmp/prefix/bin/moh" eval --checkpoint "$tmp/saved" --data "$tmp/corpus.txt" --seq-len 16 >/dev/null || fail "moh eval of the saved model"
-! grep -rq 'include "' "$tmp/prefix/include" || fail "installed headers include private headers"
-[ "$(ls "$tmp/prefix/include")" = moh.h ] || fail "installed include/ holds more than moh.h: $(ls "$tmp/prefix/include")"
+[ -f "$T/saved/model.safetensors" ] && [ -f "$T/saved/config.json" ] && [ ! -e "$T/saved/optimizer.safetensors" ] \
+    || fail "moh_model_save wrote: $(ls "$T/saved")"
+"$T/prefix/bin/moh" eval --checkpoint "$T/saved" --data "$T/corpus.txt" --seq-len 16 >/dev/null || fail "moh eval of the saved model"
+! grep -rq 'include "' "$T/prefix/include" || fail "installed headers include private headers"
+[ "$(ls "$T/prefix/include")" = moh.h ] || fail "installed include/ holds more than moh.h: $(ls "$T/prefix/include")"
 echo "cli_install: installed layout, configs and the embedding API (safetensors, model load/forward/train/save) work"

@@ -12,22 +12,14 @@
 # Exit 77 (CTest: skipped) when mpirun is missing or moh was built without MPI.
 #   tests/cli_mpi.sh path/to/moh
 set -uo pipefail
-MOH=${1:-build/moh}
-MOH=$(cd "$(dirname "$MOH")" && pwd)/$(basename "$MOH")
+. "$(dirname "$0")/lib.sh"
 FIX=$(cd "$(dirname "$0")" && pwd)/fixtures/ckpt_v1
 command -v mpirun >/dev/null || { echo "cli_mpi: skipped: no mpirun (Debian: openmpi-bin)"; exit 77; }
-T=$(mktemp -d)
 NS1=mohns1-$$ NS2=mohns2-$$
-cleanup() {
+cleanup() { # lib.sh runs it at exit, then removes $T
   ip netns del "$NS1" 2>/dev/null; ip netns del "$NS2" 2>/dev/null
   pkill -9 -f -- "--out $T/" 2>/dev/null
-  rm -rf "$T"
 }
-trap cleanup EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-check() { if eval "$1"; then ok; else bad "$2"; fi; }
 # root in CI containers; the sanitizer builds see Open MPI's own allocations at exit as leaks
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0
@@ -36,7 +28,7 @@ if ! OMP_NUM_THREADS=1 "${MPI[@]}" "$MOH" train --help > "$T/help" 2>&1; then
   echo "cli_mpi: skipped: mpirun cannot start 2 processes here: $(head -3 "$T/help")"; exit 77
 fi
 # a moh without MPI refuses to run under mpirun: that is a skip here, not a failure
-awk 'BEGIN { for (i = 1; i <= 400; i++) printf "verse %d: and the %s went unto the %s of %d.\n", i, (i % 7 ? "people" : "king"), (i % 5 ? "city" : "river"), (i * 7919) % 1000 }' > "$T/corpus.txt"
+verses 400 > "$T/corpus.txt"
 cat > "$T/lm.json" <<'J'
 {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 32,
  "vocab_size": 256, "max_position_embeddings": 16, "rms_norm_eps": 1e-5, "rope_theta": 10000,
@@ -164,5 +156,4 @@ else
   echo "cli_mpi: note: the multi-host check was skipped: network namespaces refused: $(tr '\n' ' ' < "$T/ns.err")"
 fi
 
-echo "cli_mpi: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -11,19 +11,12 @@
 #  5. checkpoints of moh 0.1 (tests/fixtures/ckpt_v1) still resume, to the same losses.
 #   tests/cli_train.sh path/to/moh
 set -uo pipefail
-MOH=${1:-build/moh}
-MOH=$(cd "$(dirname "$MOH")" && pwd)/$(basename "$MOH")
+. "$(dirname "$0")/lib.sh"
 FIX=$(cd "$(dirname "$0")" && pwd)/fixtures/ckpt_v1
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-check() { if eval "$1"; then ok; else bad "$2"; fi; }
 export OMP_NUM_THREADS=2
 
 # data: the corpus of the v1 fixture, and the v1 fixture's tiny IDX set (4 classes of 8x8 images)
-awk 'BEGIN { for (i = 1; i <= 400; i++) printf "verse %d: and the %s went unto the %s of %d.\n", i, (i % 7 ? "people" : "king"), (i % 5 ? "city" : "river"), (i * 7919) % 1000 }' > "$T/corpus.txt"
+verses 400 > "$T/corpus.txt"
 IDX=$FIX/vit_data
 cat > "$T/lm.json" <<'J'
 {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 32,
@@ -181,5 +174,4 @@ sleep 1.5; kill -INT $p; sleep 0.3; kill -INT $p
 wait $p; rc=$?
 check "[ $rc -eq 130 ] && grep -q 'interrupted twice: stopping now' '$T/int2x.out'" "a second Ctrl-C: exit $rc: $(cat "$T/int2x.out")"
 
-echo "cli_train: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

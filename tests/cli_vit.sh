@@ -5,14 +5,10 @@
 # uninterrupted run, Ctrl-C (SIGINT) saving a checkpoint (exit 130), and one-line errors.
 #   tests/cli_vit.sh path/to/moh
 set -euo pipefail
-MOH=${1:-build/moh}
-MOH=$(cd "$(dirname "$MOH")" && pwd)/$(basename "$MOH")
-tmp=$(mktemp -d /tmp/moh_cli_vit.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/lib.sh"
 
 # 600 train / 200 test images of 28x28: class k is a bright horizontal band at row 1 + 2.6 k
-python3 - "$tmp/data" <<'EOF'
+python3 - "$T/data" <<'EOF'
 import gzip, os, random, struct, sys
 d = sys.argv[1]; os.makedirs(d)
 rnd = random.Random(5)
@@ -32,28 +28,28 @@ open(f'{d}/train-labels-idx1-ubyte', 'wb').write(tl)
 open(f'{d}/t10k-images-idx3-ubyte', 'wb').write(vi)
 open(f'{d}/t10k-labels-idx1-ubyte.gz', 'wb').write(gzip.compress(vl))
 EOF
-cat >"$tmp/vit.json" <<'EOF'
+cat >"$T/vit.json" <<'EOF'
 {"model_type": "vit", "embed_dim": 16, "depth": 2, "num_heads": 4, "mlp_ratio": 2,
  "router": "learned", "shared_heads": 1, "top_k": 2, "_comment": "cli test"}
 EOF
-common=(--config "$tmp/vit.json" --data "$tmp/data" --batch-size 32 --shards 2 --lr 3e-3 --quiet)
+common=(--config "$T/vit.json" --data "$T/data" --batch-size 32 --shards 2 --lr 3e-3 --quiet)
 
 # full run: 40 steps (2 epochs of 18 steps + 4), no augmentation (learns the bands quickly)
-"$MOH" train "${common[@]}" --out "$tmp/a" --steps 40 --no-augment || fail "train"
+"$MOH" train "${common[@]}" --out "$T/a" --steps 40 --no-augment || fail "train"
 for f in config.json model.safetensors optimizer.safetensors metrics.jsonl; do
-  [ -s "$tmp/a/$f" ] || fail "missing $f"
+  [ -s "$T/a/$f" ] || fail "missing $f"
 done
-grep -Eq '"model_type":[[:space:]]*"vit"' "$tmp/a/config.json" || fail "config.json model_type"
-grep -q '"mean"' "$tmp/a/config.json" || fail "config.json mean/std"
-[ "$(wc -l <"$tmp/a/metrics.jsonl")" -eq 40 ] || fail "metrics.jsonl lines"
-grep -q '"test_acc"' "$tmp/a/metrics.jsonl" || fail "test_acc in metrics"
+grep -Eq '"model_type":[[:space:]]*"vit"' "$T/a/config.json" || fail "config.json model_type"
+grep -q '"mean"' "$T/a/config.json" || fail "config.json mean/std"
+[ "$(wc -l <"$T/a/metrics.jsonl")" -eq 40 ] || fail "metrics.jsonl lines"
+grep -q '"test_acc"' "$T/a/metrics.jsonl" || fail "test_acc in metrics"
 
 # eval, text and JSON
-"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/data" >"$tmp/eval.txt" || fail "eval"
-grep -q "top-1 accuracy" "$tmp/eval.txt" || fail "eval text"
-grep -q "confusion matrix" "$tmp/eval.txt" || fail "eval confusion"
-"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/data" --json --batch-size 48 >"$tmp/eval.json" || fail "eval --json"
-python3 - "$tmp/eval.json" <<'EOF' || fail "eval json contents"
+"$MOH" eval --checkpoint "$T/a" --data "$T/data" >"$T/eval.txt" || fail "eval"
+grep -q "top-1 accuracy" "$T/eval.txt" || fail "eval text"
+grep -q "confusion matrix" "$T/eval.txt" || fail "eval confusion"
+"$MOH" eval --checkpoint "$T/a" --data "$T/data" --json --batch-size 48 >"$T/eval.json" || fail "eval --json"
+python3 - "$T/eval.json" <<'EOF' || fail "eval json contents"
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert 0 <= r["accuracy"] <= 1 and r["n"] == 200, r
@@ -66,9 +62,9 @@ EOF
 
 # the reported loss is the plain cross-entropy of the logits (the config's label smoothing 0.1 is
 # for training only): recomputed from --dump-logits of all 200 images, and text output says so
-"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/data" --json --batch-size 200 --dump-logits "$tmp/d.st" >"$tmp/ce.json" 2>"$tmp/ce.err" || fail "eval --dump-logits"
-[ ! -s "$tmp/ce.err" ] || fail "short eval wrote to stderr: $(cat "$tmp/ce.err")"
-python3 - "$tmp/d.st" "$tmp/ce.json" <<'EOF' || fail "eval ce_loss is not the plain cross-entropy"
+"$MOH" eval --checkpoint "$T/a" --data "$T/data" --json --batch-size 200 --dump-logits "$T/d.st" >"$T/ce.json" 2>"$T/ce.err" || fail "eval --dump-logits"
+[ ! -s "$T/ce.err" ] || fail "short eval wrote to stderr: $(cat "$T/ce.err")"
+python3 - "$T/d.st" "$T/ce.json" <<'EOF' || fail "eval ce_loss is not the plain cross-entropy"
 import json, math, struct, sys
 b = open(sys.argv[1], 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n]); d = b[8 + n:]
 def get(k):
@@ -84,9 +80,9 @@ assert m == 200 and "loss" not in r, r.keys()
 assert abs(r["ce_loss"] - ce / m) < 1e-5, (r["ce_loss"], ce / m)
 assert abs(r["ce_loss"] - sm / m) > 1e-3, "ce_loss equals the label-smoothed loss"
 EOF
-grep -q "cross-entropy [0-9.]* nats (no label smoothing)" "$tmp/eval.txt" || fail "eval text: cross-entropy"
+grep -q "cross-entropy [0-9.]* nats (no label smoothing)" "$T/eval.txt" || fail "eval text: cross-entropy"
 # training's final test_loss (whole t10k split) is the same plain cross-entropy as moh eval's
-python3 - "$tmp/a/metrics.jsonl" "$tmp/ce.json" <<'EOF' || fail "metrics test_loss is not moh eval's plain cross-entropy"
+python3 - "$T/a/metrics.jsonl" "$T/ce.json" <<'EOF' || fail "metrics test_loss is not moh eval's plain cross-entropy"
 import json, sys
 last = [json.loads(l) for l in open(sys.argv[1]) if '"test_loss"' in l][-1]
 r = json.load(open(sys.argv[2]))
@@ -94,69 +90,69 @@ assert last["test_n"] == 200 and abs(last["test_loss"] - r["ce_loss"]) < 1e-5, (
 EOF
 
 # resume after --stop-at-step (with augmentation): same final weights as the uninterrupted run
-"$MOH" train "${common[@]}" --out "$tmp/a2" --steps 40 || fail "train (augmented)"
-"$MOH" train "${common[@]}" --out "$tmp/b" --steps 40 --stop-at-step 23 || fail "train --stop-at-step"
-"$MOH" train --resume --out "$tmp/b" --data "$tmp/data" --quiet || fail "resume"
-cmp -s "$tmp/a2/model.safetensors" "$tmp/b/model.safetensors" || fail "resumed weights differ"
-[ "$(wc -l <"$tmp/b/metrics.jsonl")" -eq 40 ] || fail "resumed metrics.jsonl lines"
+"$MOH" train "${common[@]}" --out "$T/a2" --steps 40 || fail "train (augmented)"
+"$MOH" train "${common[@]}" --out "$T/b" --steps 40 --stop-at-step 23 || fail "train --stop-at-step"
+"$MOH" train --resume --out "$T/b" --data "$T/data" --quiet || fail "resume"
+cmp -s "$T/a2/model.safetensors" "$T/b/model.safetensors" || fail "resumed weights differ"
+[ "$(wc -l <"$T/b/metrics.jsonl")" -eq 40 ] || fail "resumed metrics.jsonl lines"
 
 # Ctrl-C: checkpoint saved, exit status 130, resumable
-"$MOH" train "${common[@]}" --out "$tmp/c" --steps 100000 --eval-every 100000 &
+"$MOH" train "${common[@]}" --out "$T/c" --steps 100000 --eval-every 100000 &
 pid=$!
 for _ in $(seq 1 300); do
-  [ -s "$tmp/c/metrics.jsonl" ] && [ "$(wc -l <"$tmp/c/metrics.jsonl")" -ge 3 ] && break
+  [ -s "$T/c/metrics.jsonl" ] && [ "$(wc -l <"$T/c/metrics.jsonl")" -ge 3 ] && break
   sleep 0.1
 done
 kill -INT "$pid"
 set +e; wait "$pid"; rc=$?; set -e
 [ "$rc" -eq 130 ] || fail "SIGINT exit status $rc, expected 130"
-[ -s "$tmp/c/optimizer.safetensors" ] || fail "no checkpoint after SIGINT"
+[ -s "$T/c/optimizer.safetensors" ] || fail "no checkpoint after SIGINT"
 
 # errors: one line on stderr naming the problem
 set +e
-"$MOH" train --config "$tmp/vit.json" --data "$tmp/nodata" --out "$tmp/d" --quiet 2>"$tmp/err1"; rc1=$?
-echo '{"model_type": "vit", "embed_dim": 16, "depth": 2, "num_heads": 3}' >"$tmp/bad.json"
-"$MOH" train --config "$tmp/bad.json" --data "$tmp/data" --out "$tmp/d" --quiet 2>"$tmp/err2"; rc2=$?
-"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/nodata" 2>"$tmp/err3"; rc3=$?
+"$MOH" train --config "$T/vit.json" --data "$T/nodata" --out "$T/d" --quiet 2>"$T/err1"; rc1=$?
+echo '{"model_type": "vit", "embed_dim": 16, "depth": 2, "num_heads": 3}' >"$T/bad.json"
+"$MOH" train --config "$T/bad.json" --data "$T/data" --out "$T/d" --quiet 2>"$T/err2"; rc2=$?
+"$MOH" eval --checkpoint "$T/a" --data "$T/nodata" 2>"$T/err3"; rc3=$?
 # truncated image file, and a label outside 0..num_classes-1, each named with its file
-mkdir -p "$tmp/trunc" "$tmp/mislab"
-cp "$tmp/data"/* "$tmp/trunc/"; cp "$tmp/data"/* "$tmp/mislab/"
-head -c 5000 "$tmp/data/t10k-images-idx3-ubyte" >"$tmp/trunc/t10k-images-idx3-ubyte"
+mkdir -p "$T/trunc" "$T/mislab"
+cp "$T/data"/* "$T/trunc/"; cp "$T/data"/* "$T/mislab/"
+head -c 5000 "$T/data/t10k-images-idx3-ubyte" >"$T/trunc/t10k-images-idx3-ubyte"
 python3 -c "import sys; b=bytearray(open(sys.argv[1],'rb').read()); b[8+7]=12; open(sys.argv[1],'wb').write(b)" \
-  "$tmp/mislab/train-labels-idx1-ubyte"
+  "$T/mislab/train-labels-idx1-ubyte"
 # optimizer metadata that is not a finite integer (here "nan") stops a resume with one line
-cp -r "$tmp/b" "$tmp/nanmeta"
-python3 - "$tmp/nanmeta/optimizer.safetensors" <<'PY'
+cp -r "$T/b" "$T/nanmeta"
+python3 - "$T/nanmeta/optimizer.safetensors" <<'PY'
 import json, struct, sys
 b = open(sys.argv[1], 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
 h['__metadata__']['step'] = 'nan'; nh = json.dumps(h).encode(); nh += b' ' * ((8 - len(nh) % 8) % 8)
 open(sys.argv[1], 'wb').write(struct.pack('<Q', len(nh)) + nh + b[8 + n:])
 PY
-"$MOH" train --resume --out "$tmp/nanmeta" --data "$tmp/data" --quiet 2>"$tmp/err6"; rc6=$?
+"$MOH" train --resume --out "$T/nanmeta" --data "$T/data" --quiet 2>"$T/err6"; rc6=$?
 # text given to a ViT checkpoint: a file, and a prepared text dir (val.txt)
-echo "some text, not images" >"$tmp/text.txt"; mkdir -p "$tmp/textdir"; cp "$tmp/text.txt" "$tmp/textdir/val.txt"
-"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/text.txt" 2>"$tmp/err7"; rc7=$?
-"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/textdir" 2>"$tmp/err8"; rc8=$?
-"$MOH" eval --checkpoint "$tmp/a" --data "$tmp/trunc" 2>"$tmp/err4"; rc4=$?
-"$MOH" train "${common[@]}" --data "$tmp/mislab" --out "$tmp/e" --steps 2 2>"$tmp/err5"; rc5=$?
+echo "some text, not images" >"$T/text.txt"; mkdir -p "$T/textdir"; cp "$T/text.txt" "$T/textdir/val.txt"
+"$MOH" eval --checkpoint "$T/a" --data "$T/text.txt" 2>"$T/err7"; rc7=$?
+"$MOH" eval --checkpoint "$T/a" --data "$T/textdir" 2>"$T/err8"; rc8=$?
+"$MOH" eval --checkpoint "$T/a" --data "$T/trunc" 2>"$T/err4"; rc4=$?
+"$MOH" train "${common[@]}" --data "$T/mislab" --out "$T/e" --steps 2 2>"$T/err5"; rc5=$?
 set -e
-[ "$rc4" -eq 1 ] && [ "$(wc -l <"$tmp/err4")" -eq 1 ] && grep -q "t10k-images-idx3-ubyte" "$tmp/err4" &&
-  grep -q "truncated" "$tmp/err4" || fail "truncated IDX: $(cat "$tmp/err4")"
-[ "$rc5" -eq 1 ] && [ "$(wc -l <"$tmp/err5")" -eq 1 ] && grep -q "train-labels-idx1-ubyte" "$tmp/err5" &&
-  grep -q "12" "$tmp/err5" || fail "mislabelled IDX: $(cat "$tmp/err5")"
-[ ! -e "$tmp/e/model.safetensors" ] || fail "mislabelled data still wrote a checkpoint"
+[ "$rc4" -eq 1 ] && [ "$(wc -l <"$T/err4")" -eq 1 ] && grep -q "t10k-images-idx3-ubyte" "$T/err4" &&
+  grep -q "truncated" "$T/err4" || fail "truncated IDX: $(cat "$T/err4")"
+[ "$rc5" -eq 1 ] && [ "$(wc -l <"$T/err5")" -eq 1 ] && grep -q "train-labels-idx1-ubyte" "$T/err5" &&
+  grep -q "12" "$T/err5" || fail "mislabelled IDX: $(cat "$T/err5")"
+[ ! -e "$T/e/model.safetensors" ] || fail "mislabelled data still wrote a checkpoint"
 for k in 7 8; do
-  [ "$(eval echo \$rc$k)" -eq 1 ] && [ "$(wc -l <"$tmp/err$k")" -eq 1 ] && grep -q "is a ViT (image) model: it needs a directory of IDX files" "$tmp/err$k" ||
-    fail "text data for a ViT checkpoint: $(cat "$tmp/err$k")"
+  [ "$(eval echo \$rc$k)" -eq 1 ] && [ "$(wc -l <"$T/err$k")" -eq 1 ] && grep -q "is a ViT (image) model: it needs a directory of IDX files" "$T/err$k" ||
+    fail "text data for a ViT checkpoint: $(cat "$T/err$k")"
 done
-[ "$rc6" -eq 1 ] && [ "$(wc -l <"$tmp/err6")" -eq 1 ] && grep -q "field 'step' is nan" "$tmp/err6" ||
-  fail "nan step in optimizer metadata: $(cat "$tmp/err6")"
-[ "$rc1" -eq 1 ] && [ "$(wc -l <"$tmp/err1")" -eq 1 ] && grep -q "no such file" "$tmp/err1" || fail "missing data: $(cat "$tmp/err1")"
-[ "$rc2" -eq 1 ] && grep -q "num_heads" "$tmp/err2" || fail "bad config: $(cat "$tmp/err2")"
-[ "$rc3" -eq 1 ] && grep -q "no such file" "$tmp/err3" || fail "eval missing data: $(cat "$tmp/err3")"
-echo "  truncated: $(cat "$tmp/err4")"; echo "  mislabelled: $(cat "$tmp/err5")"
+[ "$rc6" -eq 1 ] && [ "$(wc -l <"$T/err6")" -eq 1 ] && grep -q "field 'step' is nan" "$T/err6" ||
+  fail "nan step in optimizer metadata: $(cat "$T/err6")"
+[ "$rc1" -eq 1 ] && [ "$(wc -l <"$T/err1")" -eq 1 ] && grep -q "no such file" "$T/err1" || fail "missing data: $(cat "$T/err1")"
+[ "$rc2" -eq 1 ] && grep -q "num_heads" "$T/err2" || fail "bad config: $(cat "$T/err2")"
+[ "$rc3" -eq 1 ] && grep -q "no such file" "$T/err3" || fail "eval missing data: $(cat "$T/err3")"
+echo "  truncated: $(cat "$T/err4")"; echo "  mislabelled: $(cat "$T/err5")"
 # --shards above the batch size is refused (shards set the load-balance statistics), nothing written
-if "$MOH" train "${common[@]}" --out "$tmp/sh" --steps 1 --batch-size 4 --shards 8 2>"$tmp/sh.err"; then fail "--shards 8 with batch 4 accepted"; fi
-grep -q -- "--shards is 8, more than --batch-size 4" "$tmp/sh.err" || fail "shards message: $(cat "$tmp/sh.err")"
-[ ! -e "$tmp/sh" ] || fail "a refused ViT train created its --out"
+if "$MOH" train "${common[@]}" --out "$T/sh" --steps 1 --batch-size 4 --shards 8 2>"$T/sh.err"; then fail "--shards 8 with batch 4 accepted"; fi
+grep -q -- "--shards is 8, more than --batch-size 4" "$T/sh.err" || fail "shards message: $(cat "$T/sh.err")"
+[ ! -e "$T/sh" ] || fail "a refused ViT train created its --out"
 echo "cli_vit: all checks passed"

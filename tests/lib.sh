@@ -1,0 +1,56 @@
+# The common start of the tests/cli_*.sh scripts, sourced by each right after its `set` line:
+#   . "$(dirname "$0")/lib.sh"
+# It sets
+#   MOH  the moh binary under test, absolute: the script's first argument (CTest passes the build's
+#        moh, so `make test` runs build/moh and `make asan` build-asan/moh), default build/moh
+#   T    a fresh temporary folder, removed at exit after the script's own `cleanup` function (if
+#        it defines one) has run
+# and the helpers of the checks:
+#   ok / bad MESSAGE         count a passed / failed check; bad prints "FAIL: MESSAGE"
+#   check 'COMMAND' MESSAGE  eval COMMAND: ok when it succeeds, else bad MESSAGE
+#   finish                   print "cli_NAME: P passed, F failed"; its status (0: none failed) ends the script
+#   fail MESSAGE             print "FAIL: MESSAGE" and exit 1 (scripts that stop at their first failure)
+#   verses N                 print N lines of deterministic text ("verse I: and the people went unto
+#                            the city of J."), the corpus of the LM tests (no data packages needed)
+#   one_line_error CODE PATTERN COMMAND...
+#                            run COMMAND (stdout dropped); true when it exits with CODE ("any": any
+#                            non-zero) and writes exactly one stderr line, matching the grep PATTERN;
+#                            else false with the reason in $why
+MOH=${1:-build/moh}
+[ -x "$MOH" ] || { echo "FAIL: no moh binary at $MOH (give its path as the first argument)"; exit 1; }
+MOH=$(readlink -f -- "$MOH")
+T=$(mktemp -d "${TMPDIR:-/tmp}/moh_$(basename "$0" .sh).XXXXXX")
+moh_test_exit() {
+  if declare -F cleanup >/dev/null; then cleanup; fi
+  rm -rf "$T"
+}
+trap moh_test_exit EXIT
+
+passed=0 failed=0
+ok() { passed=$((passed + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL: $*"; }
+check() { if eval "$1"; then ok; else bad "$2"; fi; }
+finish() {
+  echo "$(basename "$0" .sh): $passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+}
+fail() { echo "FAIL: $*"; exit 1; }
+verses() {
+  awk -v n="$1" 'BEGIN { for (i = 1; i <= n; i++) printf "verse %d: and the %s went unto the %s of %d.\n", i, (i % 7 ? "people" : "king"), (i % 5 ? "city" : "river"), (i * 7919) % 1000 }'
+}
+
+one_line_error() {
+  local code=$1 pat=$2 rc msg; shift 2
+  "$@" > /dev/null 2> "$T/one_line_error.txt"; rc=$?
+  msg=$(cat "$T/one_line_error.txt")
+  if { [ "$code" = any ] && [ $rc -eq 0 ]; } || { [ "$code" != any ] && [ $rc -ne "$code" ]; }; then
+    why="exit $rc, want ${code/any/an error}: $*: $msg"
+  elif [ "$(wc -l < "$T/one_line_error.txt")" -ne 1 ]; then
+    why="not one line: $*: $msg"
+  elif ! grep -q -- "$pat" "$T/one_line_error.txt"; then
+    why="message '$msg' lacks '$pat': $*"
+  else
+    return 0
+  fi
+  return 1
+}
