@@ -7,6 +7,7 @@
  * and DiT (reference and head-sparse attention) whose bf16 loss and gradient match fp32. Skipped (exit 77, CTest "skipped")
  * with the reason printed when the CPU has no AVX512-BF16 / AMX-BF16 (or MOH_NO_BF16 is set). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -306,7 +307,7 @@ static void test_image_step(test_ctx *ctx, const char *name, const char *cfg, bo
     double loss[2];
     float *grad[2] = {NULL, NULL};
     size_t n = 0;
-    const char *impl = "none";
+    char impl[96] = "none";
     long fallbacks = -1;
     for (int k = 0; k < 2; k++) {
         model m;
@@ -334,7 +335,7 @@ static void test_image_step(test_ctx *ctx, const char *name, const char *cfg, bo
         if (k) { /* the shards' GEMM contexts (the first field that differs between the families) */
             const bf16_ctx *c = !strcmp(m.fam->model_type, "vit") ? ((vit_acts_f32 *)w.acts[0])->bf16
                                                                     : ((dit_acts_f32 *)w.acts[0])->bf16;
-            impl = c ? bf16_ctx_impl(c) : "none";
+            snprintf(impl, sizeof impl, "%s", c ? bf16_ctx_impl(c) : "none"); /* the context dies below */
             fallbacks = c ? bf16_ctx_fallbacks(c) : -1;
         }
         free(buf);
