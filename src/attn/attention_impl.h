@@ -14,7 +14,8 @@ size_t F(attn_params_bind)(F(attn_params) *p, real *buf, const moh_attn_config *
 }
 
 /* Reference MoH attention template (instantiated by attention.c): every head computed, then
- * gated (spec §1 step 5). The definition the head-sparse path is tested against. */
+ * gated (spec §1 step 5). The definition the head-sparse path is tested against. With c->bf16
+ * (float32) the qkv and W_O projections run as bf16 GEMMs; the per-head products stay fp32. */
 
 int F(attn_cache_init)(F(attn_cache) *c, const moh_attn_config *cfg, int B, int N, moh_error *err) {
     memset(c, 0, sizeof *c);
