@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "ops/bf16.h"
+
 int cmd_layer(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
@@ -49,6 +51,10 @@ bool cli_precision_bf16(const char *value);
  * line on stderr "moh CMD: --precision bf16: WHAT runs fp32 (...)" giving the reason (no bf16
  * hardware, or not implemented). */
 void cli_precision_fp32_only(const char *cmd, const char *value, const char *what);
+/* The precision a command runs for --precision value (NULL: fp32), with one line on stderr when
+ * bf16 was asked: "moh CMD: --precision bf16 runs fp32: WHY" (no bf16 hardware) or
+ * "moh CMD: compute bf16 (...)" (precision_describe). */
+moh_precision cli_precision_run(const char *cmd, const char *value);
 
 /* `moh eval` / `moh analyze` progress on stderr: on a terminal a line updated in place and erased
  * at the end; otherwise a line only once the run has taken 2 s, then every 10 s, and a last line.

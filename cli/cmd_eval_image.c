@@ -52,7 +52,7 @@ static int feature_stats(const model *clf, const uint8_t *px, long n, int batch,
 }
 
 int cmd_eval_image(int argc, char **argv) {
-    const char *ckpt = NULL, *data = NULL, *clf_dir = NULL, *sampler = "ddpm", *sigma = "large";
+    const char *ckpt = NULL, *data = NULL, *clf_dir = NULL, *sampler = "ddpm", *sigma = "large", *precision = NULL;
     int n = 5000, steps = 0, batch = 64, clf_batch = 256;
     double cfg = 4.0;
     uint64_t seed = 1;
@@ -71,11 +71,12 @@ int cmd_eval_image(int argc, char **argv) {
         {"--real", ARG_FLAG, &real, NULL, "the floor: the first N real test images against the training split, no sampling", false, ARG_ANY},
         {"--sparse-attn", ARG_FLAG, &sparse, NULL, "DiT attention on the head-sparse path", false, ARG_ANY},
         {"--reference-attention", ARG_FLAG, &reference, NULL, "every head computed then gated (the default)", false, ARG_ANY},
+        CLI_PRECISION_SPEC(&precision),
         {"--json", ARG_FLAG, &json, NULL, "print one JSON object: class_accuracy, fid, samples, steps, cfg, sampler, seed, per_class_accuracy, feature_dim, reference, reference_images, images_per_s", false, ARG_ANY},
     };
     int rc = args_parse("eval", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint DIT --data DIR --classifier CLF [--samples N] [--steps S] [--cfg W]\n"
-                        "                [--sampler ddpm|ddim] [--seed S] [--real] [--json]",
+                        "                [--sampler ddpm|ddim] [--seed S] [--real] [--json] [--precision fp32|bf16]",
                         "Sample quality of a DiT under an image classifier trained by moh (without\n"
                         "--classifier, moh eval on a DiT reports the noise-prediction MSE instead).\n"
                         "Samples are rounded to bytes as moh sample --out-idx writes them, then fed to the\n"
@@ -100,6 +101,7 @@ int cmd_eval_image(int argc, char **argv) {
     const bool ddim = !strcmp(sampler, "ddim");
     if (steps == 0) steps = ddim ? 50 : 250;
     moh_error err = {0};
+    const moh_precision prec = cli_precision_run("eval", precision); /* the DiT's sampling; the classifier: fp32 */
     model m = {0}, clf = {0};
     idx_split ref = {0}, test = {0};
     uint8_t *px = NULL;
@@ -166,7 +168,7 @@ int cmd_eval_image(int argc, char **argv) {
         pg.cmd = "moh eval: sampling";
         const image_gen_request req = {.labels = labels, .n = n, .steps = steps, .cfg_scale = cfg,
                                        .sampler = ddim ? 1 : 0, .variance = !strcmp(sigma, "small"), .seed = seed,
-                                       .batch = batch, .sparse = sparse, .progress = eval_progress_report, .ctx = &pg};
+                                       .batch = batch, .sparse = sparse, .precision = prec, .progress = eval_progress_report, .ctx = &pg};
         const double t0 = now_s();
         rc = m.fam->generate(&m, &req, img, &err);
         secs = now_s() - t0;

@@ -43,7 +43,7 @@ int cli_image_classes(const model *m) {
 }
 
 int cmd_sample_image(int argc, char **argv) {
-    const char *ckpt = NULL, *cls = "all", *out = NULL, *out_idx = NULL, *sampler = "ddpm", *sigma = "large";
+    const char *ckpt = NULL, *cls = "all", *out = NULL, *out_idx = NULL, *sampler = "ddpm", *sigma = "large", *precision = NULL;
     int n = 8, steps = 0, batch = 64;
     double cfg = 4.0;
     uint64_t seed = 1;
@@ -62,10 +62,11 @@ int cmd_sample_image(int argc, char **argv) {
         {"--out-idx", ARG_STR, &out_idx, "FILE", "the images as an IDX ubyte file (class-major order); labels beside it (FILE with images-idx3 -> labels-idx1, else FILE.labels)", false, ARG_ANY},
         {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (only the selected heads)", false, ARG_ANY},
         {"--reference-attention", ARG_FLAG, &reference, NULL, "every head computed then gated (the default)", false, ARG_ANY},
+        CLI_PRECISION_SPEC(&precision),
     };
     int rc = args_parse("sample", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint DIR [--class K|all] [--n N] [--steps S] [--cfg W] [--sampler ddpm|ddim]\n"
-                        "                  [--seed S] [--out FILE.png] [--out-idx FILE]",
+                        "                  [--seed S] [--out FILE.png] [--out-idx FILE] [--precision fp32|bf16]",
                         "Image models (model_type \"dit\"): generates N images per class from noise with the\n"
                         "checkpoint's weights (the EMA of training) and writes a PNG grid and/or IDX files.\n"
                         "Pixels: model output in [-1, 1] mapped to 0..255. Speed on stderr.\n");
@@ -87,6 +88,7 @@ int cmd_sample_image(int argc, char **argv) {
             return 2;
         }
     }
+    const moh_precision prec = cli_precision_run("sample", precision);
     moh_error err = {0};
     model m;
     if (model_load(&m, ckpt, &err)) {
@@ -127,7 +129,7 @@ int cmd_sample_image(int argc, char **argv) {
     pg.cmd = "moh sample";
     const image_gen_request req = {.labels = labels, .n = (int)total, .steps = steps, .cfg_scale = cfg,
                                    .sampler = ddim ? 1 : 0, .variance = !strcmp(sigma, "small"), .seed = seed,
-                                   .batch = batch, .sparse = sparse, .progress = eval_progress_report, .ctx = &pg};
+                                   .batch = batch, .sparse = sparse, .precision = prec, .progress = eval_progress_report, .ctx = &pg};
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     rc = m.fam->generate(&m, &req, img, &err);

@@ -203,6 +203,19 @@ void eval_progress_end(eval_progress *pg, long total) {
 
 bool cli_precision_bf16(const char *value) { return value && !strcmp(value, "bf16"); }
 
+moh_precision cli_precision_run(const char *cmd, const char *value) {
+    if (!cli_precision_bf16(value)) return MOH_PRECISION_FP32;
+    char why[160], line[256];
+    const moh_precision p = precision_resolve(MOH_PRECISION_BF16, why, sizeof why);
+    if (p != MOH_PRECISION_BF16) {
+        fprintf(stderr, "moh %s: --precision bf16 runs fp32: %s\n", cmd, why);
+        return p;
+    }
+    precision_describe(p, line, sizeof line);
+    fprintf(stderr, "moh %s: compute %s\n", cmd, line);
+    return p;
+}
+
 void cli_precision_fp32_only(const char *cmd, const char *value, const char *what) {
     if (!cli_precision_bf16(value)) return;
     char why[160];

@@ -3,6 +3,9 @@
 # MOH_NO_BF16=1) runs fp32 and says so in one line, with the fp32 run's exact losses; --precision
 # fp32 equals no flag bitwise; where the CPU has bf16, training says which kernels run, its losses
 # track fp32, eval in bf16 gives the fp32 bits/byte to 1e-2, and the checkpoint stays F32.
+# The same for the image families on vit-moh-75 (reference and head-sparse attention) and
+# dit-moh-75 (train, eval; the DiT's sample too), 3 tiny steps each: without bf16 the weights and
+# images equal fp32 bitwise.
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -28,7 +31,9 @@ check "grep -q 'runs fp32' '$T/offe.txt'" "eval: no fallback line"
 "$MOH" train --precision fp16 "${common[@]}" --out "$T/x" > /dev/null 2> "$T/bad.txt"
 check "[ \$? -eq 2 ] && grep -q 'fp32|bf16' '$T/bad.txt'" "--precision fp16 not refused with the choices"
 
-if grep -qw avx512_bf16 /proc/cpuinfo || grep -qw amx_bf16 /proc/cpuinfo; then
+bf16hw=0 # the CPU has bf16 hardware, and MOH_NO_BF16 does not hide it
+if { grep -qw avx512_bf16 /proc/cpuinfo || grep -qw amx_bf16 /proc/cpuinfo; } && [ "${MOH_NO_BF16:-0}" = 0 ]; then bf16hw=1; fi
+if [ "$bf16hw" = 1 ]; then
   "$MOH" train "${common[@]}" --out "$T/bf16" --precision bf16 > "$T/bf.txt" 2>&1 || bad "train --precision bf16 exited $?"
   check "grep -q '^compute: bf16 .*oneDNN matmul' '$T/bf.txt'" "no compute line: $(head -3 "$T/bf.txt")"
   check "[ \"\$(losses '$T/bf16')\" != \"\$(losses '$T/fp32')\" ]" "bf16 losses equal fp32 bitwise (bf16 not used?)"
@@ -44,6 +49,62 @@ if grep -qw avx512_bf16 /proc/cpuinfo || grep -qw amx_bf16 /proc/cpuinfo; then
         "eval bf16 bits/byte $b vs fp32 $a"
 else
   echo "cli_bf16: no AVX512-BF16 / AMX-BF16 here: the bf16 runs are not checked"
+fi
+
+# the image families on their shipped configs (28x28 IDX data written here, a few tiny steps):
+# ViT vit-moh-75 (reference attention, its default, and head-sparse) and DiT dit-moh-75
+python3 - "$T/img" <<'PY'
+import os, random, struct, sys
+d = sys.argv[1]; os.makedirs(d)
+rnd = random.Random(5)
+def split(n):
+    imgs, labs = bytearray(), bytearray()
+    for i in range(n):
+        k = rnd.randrange(10); labs.append(k)
+        px = bytearray(rnd.randrange(40) for _ in range(784))
+        for y in range(1 + (k * 26) // 10, 4 + (k * 26) // 10):
+            for x in range(2, 26): px[y * 28 + x] = 200 + rnd.randrange(56)
+        imgs += px
+    return struct.pack('>IIII', 0x803, n, 28, 28) + imgs, struct.pack('>II', 0x801, n) + labs
+for name, n in (('train', 96), ('t10k', 32)):
+    i, l = split(n)
+    open(f'{d}/{name}-images-idx3-ubyte', 'wb').write(i)
+    open(f'{d}/{name}-labels-idx1-ubyte', 'wb').write(l)
+PY
+f32() { python3 -c 'import json,struct,sys; f=open(sys.argv[1],"rb"); n=struct.unpack("<Q",f.read(8))[0]; h=json.loads(f.read(n)); sys.exit(any(v["dtype"]!="F32" for k,v in h.items() if k!="__metadata__"))' "$1"; }
+field() { "$MOH" eval --checkpoint "$1" --data "$T/img" --json "${@:3}" 2>/dev/null | grep -o "\"$2\": [0-9.e-]*" | head -1 | grep -o '[0-9.e-]*$'; }
+for run in "vit-moh-75:" "vit-moh-75:--sparse-attn" "dit-moh-75:"; do
+  c=${run%%:*} extra=${run#*:} tag=${run//[:-]/_}
+  img=(--config "$c" --data "$T/img" --batch-size 8 --shards 2 --steps 3 --train-limit 48 --eval-limit 16 --seed 5 $extra)
+  "$MOH" train "${img[@]}" --out "$T/${tag}f" --quiet || bad "$c $extra: train fp32 exited $?"
+  MOH_NO_BF16=1 "$MOH" train "${img[@]}" --out "$T/${tag}o" --precision bf16 > "$T/${tag}o.txt" 2>&1 || bad "$c $extra: train without bf16 exited $?"
+  check "grep -q -- '--precision bf16 runs fp32: MOH_NO_BF16 is set' '$T/${tag}o.txt'" "$c $extra: no fallback line"
+  check "cmp -s '$T/${tag}f/model.safetensors' '$T/${tag}o/model.safetensors'" "$c $extra: fallback weights differ from fp32"
+  [ "$bf16hw" = 1 ] || continue
+  "$MOH" train "${img[@]}" --out "$T/${tag}b" --precision bf16 > "$T/${tag}b.txt" 2>&1 || bad "$c $extra: train bf16 exited $?"
+  check "grep -q '^compute: bf16 .*oneDNN matmul' '$T/${tag}b.txt'" "$c $extra: no compute line: $(head -3 "$T/${tag}b.txt")"
+  check "! cmp -s '$T/${tag}f/model.safetensors' '$T/${tag}b/model.safetensors'" "$c $extra: bf16 weights equal fp32 (bf16 not used?)"
+  check "f32 '$T/${tag}b/model.safetensors'" "$c $extra: bf16 checkpoint is not all F32"
+  # every step's loss within 2 % of fp32
+  paste <(losses "$T/${tag}f" | grep -o '[0-9][0-9.]*') <(losses "$T/${tag}b" | grep -o '[0-9][0-9.]*') > "$T/${tag}p.txt"
+  check "[ \$(wc -l < '$T/${tag}p.txt') -eq 3 ] && awk '{ d = \$1 - \$2; if (d < 0) d = -d; if (d > 0.02 * \$1) bad = 1 } END { exit bad }' '$T/${tag}p.txt'" \
+        "$c $extra: bf16 losses stray from fp32: $(tr '\n' ' ' < "$T/${tag}p.txt")"
+  # eval in bf16 of the fp32 checkpoint: the plain loss within 2 %
+  key=ce_loss; [ "$c" = dit-moh-75 ] && key=val_mse
+  a=$(field "$T/${tag}f" $key $extra) b=$(field "$T/${tag}f" $key $extra --precision bf16)
+  check "awk -v a='$a' -v b='$b' 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 0.02 * a && a != b) }'" \
+        "$c $extra: eval bf16 $key $b vs fp32 $a"
+done
+# DiT sampling: bf16 differs from fp32 but stays close; without bf16 hardware the fp32 images exactly
+smp=(--checkpoint "$T/dit_moh_75_f" --n 2 --steps 4 --seed 2)
+"$MOH" sample "${smp[@]}" --out-idx "$T/sf.idx" 2>/dev/null > /dev/null || bad "sample fp32 exited $?"
+MOH_NO_BF16=1 "$MOH" sample "${smp[@]}" --out-idx "$T/so.idx" --precision bf16 > /dev/null 2> "$T/so.txt" || bad "sample without bf16 exited $?"
+check "grep -q 'runs fp32: MOH_NO_BF16 is set' '$T/so.txt' && cmp -s '$T/sf.idx' '$T/so.idx'" "sample fallback: no line, or images differ from fp32"
+if [ "$bf16hw" = 1 ]; then
+  "$MOH" sample "${smp[@]}" --out-idx "$T/sb.idx" --precision bf16 > /dev/null 2> "$T/sb.txt" || bad "sample bf16 exited $?"
+  check "grep -q 'compute bf16' '$T/sb.txt'" "sample bf16: no compute line"
+  check "python3 -c 'import sys; a=open(sys.argv[1],\"rb\").read()[16:]; b=open(sys.argv[2],\"rb\").read()[16:]; d=sum(abs(x-y) for x,y in zip(a,b))/len(a); sys.exit(not (len(a)==len(b) and 0 < d < 8))' '$T/sf.idx' '$T/sb.idx'" \
+        "sample bf16 images not close to fp32 (mean abs pixel difference outside (0, 8))"
 fi
 
 finish

@@ -2,16 +2,20 @@
  * the oneDNN bf16 GEMM against gemm_f32 on random matrices (every transpose, beta 0 and 1, weights
  * from a mirror); the vdpbf16ps register tile against its portable twin; the head-sparse layer
  * in bf16 against fp32 (y and dx within 1e-2 / 2e-2, each gradient block within 3e-2; causal and
- * bidirectional, GQA, odd head_dim); and a
- * few AdamW steps of a small LM whose bf16 losses track fp32. Skipped (exit 77, CTest "skipped")
+ * bidirectional, GQA, odd head_dim); a
+ * few AdamW steps of a small LM whose bf16 losses track fp32; and one training step of a small ViT
+ * and DiT (reference and head-sparse attention) whose bf16 loss and gradient match fp32. Skipped (exit 77, CTest "skipped")
  * with the reason printed when the CPU has no AVX512-BF16 / AMX-BF16 (or MOH_NO_BF16 is set). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attn/sparse.h"
 #include "attn/sparse_kernels.h"
+#include "models/dit.h"
 #include "models/model.h"
+#include "models/vit.h"
 #include "ops/bf16.h"
 #include "ops/gemm.h"
 #include "test_util.h"
@@ -285,6 +289,73 @@ static void test_lm_train(test_ctx *ctx) {
     CHECK(ctx, loss[0][7] < 0.9 * loss[0][0], "fp32 run does not learn: %g -> %g", loss[0][0], loss[0][7]);
 }
 
+/* One training step (forward + backward, 2 shards, B 6) of a small image model in fp32 and in
+ * bf16 from the same weights on one random batch (synthetic_batch: random pixels, labels, and for
+ * the DiT timesteps and noise), on the reference or head-sparse attention path. The weights are
+ * the family's initialisation plus uniform noise of +-0.05, so the DiT's zero-initialised adaLN
+ * gates open and every branch carries gradient. Checks: the bf16 run used oneDNN's bf16 matmul
+ * (no fp32 fallback), its loss is within loss_tol and its gradient within grad_tol of fp32 (max
+ * abs difference over the max abs fp32 value, the whole buffer), and it differs from fp32.
+ * Bounds: each GEMM operand is rounded to bf16 (relative error <= 2^-9 each, ~2^-8 per product),
+ * accumulation is fp32; the gradient of the embeddings passes ~4 L + 3 such GEMMs (forward and
+ * backward), whose rounding errors add mostly at random: 5 x 2^-8 ~ 2e-2 (measured: ViT 0.85-1.03e-2,
+ * DiT 3.4e-3). The loss is a mean over examples and outputs, where those errors average out:
+ * 2e-3 ~ 2^-9 (measured <= 1.3e-4). */
+static void test_image_step(test_ctx *ctx, const char *name, const char *cfg, bool sparse, double loss_tol,
+                            double grad_tol) {
+    moh_error err;
+    double loss[2];
+    float *grad[2] = {NULL, NULL};
+    size_t n = 0;
+    char impl[96] = "none";
+    long fallbacks = -1;
+    for (int k = 0; k < 2; k++) {
+        model m;
+        CHECK(ctx, model_from_config_text(&m, cfg, strlen(cfg), "test", &err) == MOH_OK, "%s: %s", name, err.msg);
+        m.fam->init_random(m.cfg, m.params, 3);
+        test_rng r = {29};
+        for (size_t i = 0; i < m.n; i++) m.data[i] += 0.05f * (float)test_rng_uniform(&r);
+        model_shards w;
+        void *g = NULL, *buf = NULL;
+        float *gd = NULL;
+        moh_batch b;
+        CHECK(ctx, model_shards_init(&w, &m, 6, 0, 2, true, sparse, &err) == MOH_OK, "%s", err.msg);
+        CHECK(ctx, m.fam->params_new(m.cfg, &g, &gd, &n, &err) == MOH_OK, "%s", err.msg);
+        CHECK(ctx, m.fam->synthetic_batch(m.cfg, 6, 0, 5, &b, &buf, &err) == MOH_OK, "%s", err.msg);
+        char why[160];
+        CHECK(ctx, model_shards_set_precision(&w, &m, k ? MOH_PRECISION_BF16 : MOH_PRECISION_FP32, why, sizeof why,
+                                              &err) == MOH_OK, "%s", err.msg);
+        CHECK(ctx, w.precision == (k ? MOH_PRECISION_BF16 : MOH_PRECISION_FP32), "%s: precision %d runs %d (%s)", name,
+              k, w.precision, why);
+        memset(gd, 0, sizeof(float) * n);
+        double ce, lb;
+        loss[k] = model_shards_step(&m, &w, &b, true, g, gd, &ce, &lb);
+        grad[k] = malloc(sizeof(float) * n);
+        memcpy(grad[k], gd, sizeof(float) * n);
+        if (k) { /* the shards' GEMM contexts (the first field that differs between the families) */
+            const bf16_ctx *c = !strcmp(m.fam->model_type, "vit") ? ((vit_acts_f32 *)w.acts[0])->bf16
+                                                                    : ((dit_acts_f32 *)w.acts[0])->bf16;
+            snprintf(impl, sizeof impl, "%s", c ? bf16_ctx_impl(c) : "none"); /* the context dies below */
+            fallbacks = c ? bf16_ctx_fallbacks(c) : -1;
+        }
+        free(buf);
+        m.fam->params_free(g);
+        model_shards_free(&w, &m);
+        model_free(&m);
+    }
+    const double el = fabs(loss[1] - loss[0]) / fabs(loss[0]);
+    const double eg = test_rel_err_f32(grad[1], grad[0], (long)n);
+    printf("%s, %s attention: bf16 loss %.6f vs fp32 %.6f (rel %.2e), gradient rel %.2e; GEMMs %s\n", name,
+           sparse ? "head-sparse" : "reference", loss[1], loss[0], el, eg, impl);
+    CHECK(ctx, strcmp(impl, "none") && fallbacks == 0, "%s: bf16 GEMMs not used (impl %s, %ld fp32 fallbacks)", name,
+          impl, fallbacks);
+    CHECK(ctx, el <= loss_tol, "%s: bf16 loss %.6f vs fp32 %.6f: rel %.3g > %.3g", name, loss[1], loss[0], el,
+          loss_tol);
+    CHECK(ctx, eg > 0 && eg <= grad_tol, "%s: bf16 gradient vs fp32 rel %.3g, expected (0, %.3g]", name, eg, grad_tol);
+    free(grad[0]);
+    free(grad[1]);
+}
+
 int main(void) {
     test_ctx ctx = {0};
     char why[160];
@@ -305,5 +376,17 @@ int main(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_layer(&ctx, &cases[i]);
     test_lm_train(&ctx);
+    static const char vit[] = "{\"model_type\": \"vit\", \"img_size\": 16, \"patch_size\": 4, \"in_chans\": 1,"
+                              " \"num_classes\": 10, \"embed_dim\": 48, \"depth\": 2, \"num_heads\": 4,"
+                              " \"mlp_ratio\": 2.0, \"router\": \"learned\", \"shared_heads\": 1, \"top_k\": 2,"
+                              " \"load_balance_coef\": 0.01}";
+    static const char dit[] = "{\"model_type\": \"dit\", \"input_size\": 16, \"patch_size\": 2, \"in_channels\": 1,"
+                              " \"num_classes\": 4, \"hidden_size\": 48, \"depth\": 2, \"num_heads\": 4,"
+                              " \"mlp_ratio\": 2.0, \"router\": \"learned\", \"shared_heads\": [1, 4],"
+                              " \"top_k\": [2, 0], \"load_balance_coef\": 0.01}";
+    for (int sp = 0; sp < 2; sp++) {
+        test_image_step(&ctx, "ViT", vit, sp, 2e-3, 2e-2);
+        test_image_step(&ctx, "DiT", dit, sp, 2e-3, 2e-2);
+    }
     return test_finish("test_bf16", &ctx);
 }

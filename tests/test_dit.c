@@ -99,8 +99,8 @@ static void temb_test(test_ctx *ctx) {
     double freq[B * DIT_FREQ_DIM], temb[B * 8], th[B * 8], ts[B * 8], w[B * 8], dth[2 * B * 8];
     fill(w, (size_t)B * D, &r, 1.0);
     dit_timestep_freq_f64(freq, t, B);
-    dit_temb_forward_f64(&cfg, &p, temb, th, ts, freq, B);
-    dit_temb_backward_f64(&cfg, &p, &g, w, th, ts, freq, dth, B);
+    dit_temb_forward_f64(&cfg, &p, NULL, temb, th, ts, freq, B);
+    dit_temb_backward_f64(&cfg, &p, &g, NULL, w, th, ts, freq, dth, B);
     double worst = 0, maxg = 0;
     const size_t lo = (size_t)(p.t0_w - p.data), hi = (size_t)(p.y_table - p.data);
     for (size_t i = lo; i < hi; i += 7) {
@@ -108,7 +108,7 @@ static void temb_test(test_ctx *ctx) {
         const double keep = p.data[i];
         for (int s = 0; s < 2; s++) {
             p.data[i] = keep + (s ? -1e-6 : 1e-6);
-            dit_temb_forward_f64(&cfg, &p, temb, th, ts, freq, B);
+            dit_temb_forward_f64(&cfg, &p, NULL, temb, th, ts, freq, B);
             loss[s] = 0;
             for (int j = 0; j < B * D; j++) loss[s] += w[j] * temb[j];
         }

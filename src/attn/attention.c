@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "attn/attn.h"
+#include "ops/bf16.h"
 
 int attn_routed_heads(const moh_attn_config *c) {
     return c->router == MOH_ROUTER_NONE ? 0 : c->n_heads - c->shared_heads;

@@ -14,7 +14,8 @@ size_t F(attn_params_bind)(F(attn_params) *p, real *buf, const moh_attn_config *
 }
 
 /* Reference MoH attention template (instantiated by attention.c): every head computed, then
- * gated (spec §1 step 5). The definition the head-sparse path is tested against. */
+ * gated (spec §1 step 5). The definition the head-sparse path is tested against. With c->bf16
+ * (float32) the qkv and W_O projections run as bf16 GEMMs; the per-head products stay fp32. */
 
 int F(attn_cache_init)(F(attn_cache) *c, const moh_attn_config *cfg, int B, int N, moh_error *err) {
     memset(c, 0, sizeof *c);
@@ -62,7 +63,7 @@ void F(attn_forward)(const moh_attn_config *cfg, const F(attn_params) *prm, cons
     c->x = x;
     c->B = B; /* the cache may be larger than this batch: backward uses these */
     c->N = N;
-    F(linear_forward)(c->qkv, x, prm->w_qkv, prm->b_qkv, T, C, qd);
+    F(linear_forward_ctx)(c->bf16, c->qkv, x, prm->w_qkv, prm->b_qkv, T, C, qd);
     if (c->q_pre)
         for (int t = 0; t < T; t++) memcpy(c->q_pre + (long)t * hd, c->qkv + (long)t * qd, sizeof(real) * hd);
     F(router_forward)(cfg, prm, x, c->qkv, T, c);
@@ -93,7 +94,7 @@ void F(attn_forward)(const moh_attn_config *cfg, const F(attn_params) *prm, cons
             real *og = c->og + (long)t * hd + (long)i * d;
             for (int e = 0; e < d; e++) og[e] = gi * o[e];
         }
-    F(linear_forward)(y, c->og, prm->w_o, prm->b_o, T, hd, C);
+    F(linear_forward_ctx)(c->bf16, y, c->og, prm->w_o, prm->b_o, T, hd, C);
 }
 
 void F(attn_backward)(const moh_attn_config *cfg, const F(attn_params) *prm,
@@ -105,7 +106,7 @@ void F(attn_backward)(const moh_attn_config *cfg, const F(attn_params) *prm,
     real *dog = c->dog, *dqkv = c->dqkv, *dgates = c->dgates;
     memset(dog, 0, sizeof(real) * (size_t)T * hd);
     memset(dqkv, 0, sizeof(real) * (size_t)T * qd);
-    F(linear_backward)(dog, g->w_o, g->b_o, dy, c->og, prm->w_o, T, hd, C);
+    F(linear_backward_ctx)(c->bf16, dog, g->w_o, g->b_o, dy, c->og, prm->w_o, T, hd, C);
     /* og = gate * o: dgate = <dog, o>, do = gate * dog (in place) */
     for (int t = 0; t < T; t++)
         for (int i = 0; i < h; i++) {
@@ -149,5 +150,5 @@ void F(attn_backward)(const moh_attn_config *cfg, const F(attn_params) *prm,
     }
     if (cfg->rope_theta > 0) F(rope_backward)(dqkv, T, qd, h + hkv, c->pos, cfg);
     F(router_backward)(cfg, prm, g, c, dgates, lb_scale, dx, dqkv, T);
-    F(linear_backward)(dx, g->w_qkv, g->b_qkv, dqkv, c->x, prm->w_qkv, T, C, qd);
+    F(linear_backward_ctx)(c->bf16, dx, g->w_qkv, g->b_qkv, dqkv, c->x, prm->w_qkv, T, C, qd);
 }

@@ -37,6 +37,9 @@ typedef struct F(attn_cache) {
     real *dgates;  /* [T, h] backward scratch */
     int *pos;      /* [T] RoPE position of each token (n for token (b, n)) */
     real lb_loss;  /* E * sum_i P_i f_i (spec §2); 0 when no routing */
+    struct bf16_ctx *bf16; /* float32 only (NULL in float64): the qkv and W_O projections as bf16
+                            * GEMMs through this context (ops/bf16.h, borrowed; the per-head
+                            * scores and P V stay fp32); NULL (attn_cache_init): all fp32 */
     void *block;   /* the single allocation behind the arrays above */
 } F(attn_cache);
 

@@ -607,14 +607,16 @@ static void fwd_kv_gemm_step(const void *arg, int t0, int t1, sp_tws *w) {
 }
 
 /* The bf16 key and value tiles of (b, KV head g, key tile kt) with nk keys, from kh / vh: keys
- * pair-interleaved over dimensions, values over keys; zero past nk and d. */
+ * pair-interleaved over dimensions, values over keys; zero past d and in the pair slot of an odd
+ * nk. Keys past that are never read (the products take n = nk columns or ceil(nk / 2) key
+ * pairs), so a short sequence (a ViT's 17 tokens) converts nk + 1 keys, not SPARSE_BK. */
 static void kv_tile_bf16(sparse_cache *c, const moh_attn_config *cfg, int b, int g, int kt, int nk, int N) {
     const int hkv = cfg->n_kv_heads, d = cfg->head_dim, d2 = (d + 1) / 2, dp = sp_dpad(cfg), nkt = sp_nkt(N);
     const size_t tile = ((size_t)b * hkv + g) * nkt + kt, hb = ((size_t)b * hkv + g) * N;
     const size_t ko = tile * (size_t)d2 * SPARSE_BK * 2, vo = tile * (size_t)SPARSE_BK * dp;
     uint16_t *kb = c->ktb + ko, *vbt = c->vtbt + ko, *vb = c->vtb + vo, *kbk = c->ktbk + vo;
     const int j0 = kt * SPARSE_BK;
-    for (int jj = 0; jj < SPARSE_BK; jj++) {
+    for (int jj = 0; jj < nk + (nk & 1); jj++) {
         const float *kr = jj < nk ? c->kh + (hb + j0 + jj) * d : NULL;
         const float *vr = jj < nk ? c->vh + (hb + j0 + jj) * d : NULL;
         for (int e = 0; e < 2 * d2; e++) { /* X(e, j) at [(e / 2) BK 2 + 2 j + e % 2]: kb, vbt */

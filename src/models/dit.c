@@ -44,6 +44,13 @@ const attn_cache_f32 *dit_router_cache_f32(const dit_acts_f32 *a, int l) {
     return a->sparse ? &a->sparse[l].rc : &a->attn[l];
 }
 
+int dit_acts_set_bf16_f32(dit_acts_f32 *a, const moh_dit_config *cfg, const bf16_mirror *w, moh_error *err) {
+    int rc = bf16_ctx_use(&a->bf16, w, err);
+    for (int l = 0; !rc && l < a->n_sparse; l++) rc = sparse_cache_set_bf16(&a->sparse[l], &cfg->attn[l], a->bf16, err);
+    for (int l = 0; l < a->n_attn; l++) a->attn[l].bf16 = a->bf16;
+    return rc;
+}
+
 int dit_active_head_layers(const moh_dit_config *cfg) {
     int n = 0;
     for (int l = 0; l < cfg->depth; l++) {

@@ -79,6 +79,7 @@ typedef struct model_eps {
     const dit_params_f32 *p;
     int n;                                  /* threads (activation sets) */
     dit_acts_f32 a[DIT_SAMPLE_MAX_THREADS];
+    bf16_mirror wbf;                        /* bf16: the weights' bf16 copy (the weights are fixed) */
     float *out;                             /* [rows, C, H, W] */
 } model_eps;
 
@@ -110,10 +111,16 @@ int dit_sample(const moh_dit_config *cfg, const dit_params_f32 *p, const image_g
     int rc = req->batch < 1 ? moh_fail(err, MOH_E_ARG, "batch %d, expected >= 1", req->batch) : MOH_OK;
     for (; !rc && me->n < nt; me->n++) /* thread s gets at most ceil(rows / nt) rows */
         rc = dit_acts_init_f32(&me->a[me->n], cfg, (rows + nt - 1) / nt, req->sparse, err);
+    if (!rc && precision_resolve(req->precision, NULL, 0) == MOH_PRECISION_BF16) {
+        rc = bf16_mirror_init(&me->wbf, p->data, p->n, err);
+        if (!rc) bf16_mirror_sync(&me->wbf);
+        for (int s = 0; !rc && s < me->n; s++) rc = dit_acts_set_bf16_f32(&me->a[s], cfg, &me->wbf, err);
+    }
     if (!rc && !(me->out = malloc(sizeof(float) * chw * (size_t)rows)))
         rc = moh_fail(err, MOH_E_NOMEM, "sample: out of memory");
     if (!rc) rc = dit_sample_with(cfg, model_eps_fn, me, req, out, err);
     for (int s = 0; s < me->n; s++) dit_acts_free_f32(&me->a[s]);
+    bf16_mirror_free(&me->wbf);
     free(me->out);
     free(me);
     return rc;

@@ -35,6 +35,8 @@ void dit_draw(uint64_t seed, uint64_t key, int T, double drop, int n, int *t, fl
 void dit_q_sample(const dit_schedule *s, int t, const float *eps, float *x, int n);
 
 /* Samples req->n images of the model p (cfg) into out [n, C, H, W] (pixels in [-1, 1], clipped).
+ * req->precision bf16 (where precision_resolve allows it, else silently fp32: the caller reports):
+ * one bf16 copy of the weights and a bf16 GEMM context per thread (dit_acts_set_bf16_f32).
  * Errors: MOH_E_ARG (steps not in 1..T, cfg_scale < 0 or not finite, a label outside
  * 0..num_classes, batch < 1), MOH_E_NOMEM. */
 int dit_sample(const moh_dit_config *cfg, const dit_params_f32 *p, const image_gen_request *req, float *out,

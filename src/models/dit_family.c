@@ -73,6 +73,9 @@ static void acts_free(void *a) {
     dit_acts_free_f32(a);
     free(a);
 }
+static int acts_set_bf16(const void *cfg, void *acts, const bf16_mirror *w, moh_error *err) {
+    return dit_acts_set_bf16_f32(acts, cfg, w, err);
+}
 
 static size_t chw_of(const moh_dit_config *c) { return (size_t)c->in_channels * c->input_size * c->input_size; }
 
@@ -359,6 +362,7 @@ const model_family dit_family = {
     .init_random = init_random,
     .acts_new = acts_new,
     .acts_free = acts_free,
+    .acts_set_bf16 = acts_set_bf16,
     .forward = forward,
     .backward = backward,
     .router = router,

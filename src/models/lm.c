@@ -136,17 +136,10 @@ int lm_acts_init_sparse_f32(lm_acts_f32 *a, const moh_lm_config *cfg, int B, int
 }
 
 int lm_acts_set_bf16_f32(lm_acts_f32 *a, const moh_lm_config *cfg, const bf16_mirror *w, moh_error *err) {
-    if (!w) {
-        bf16_ctx_free(a->bf16);
-        a->bf16 = NULL;
-    } else if (a->bf16) {
-        bf16_ctx_set_weights(a->bf16, w);
-    } else {
-        bf16_ctx *c = NULL;
-        const int rc = bf16_ctx_new(&c, w, err);
-        if (rc) return rc;
-        a->bf16 = c;
-    }
+    bf16_ctx *c = a->bf16;
+    const int rc0 = bf16_ctx_use(&c, w, err);
+    a->bf16 = c;
+    if (rc0) return rc0;
     sparse_cache *sp = a->sparse;
     for (int l = 0; sp && l < a->n_sparse; l++) {
         const int rc = sparse_cache_set_bf16(&sp[l], &cfg->attn, a->bf16, err);

@@ -334,6 +334,8 @@ typedef struct image_gen_request {
     uint64_t seed;           /* image i draws from (seed, i) only: any batch size, same images */
     int batch;               /* images per forward batch */
     bool sparse;             /* head-sparse attention path */
+    moh_precision precision; /* bf16: the model's GEMMs and attention tiles in bf16 (fp32 where
+                              * precision_resolve says the CPU cannot; the caller reports that) */
     void (*progress)(void *ctx, long done, long total); /* may be NULL */
     void *ctx;
 } image_gen_request;

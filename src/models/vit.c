@@ -41,6 +41,13 @@ const attn_cache_f32 *vit_router_cache_f32(const vit_acts_f32 *a, int l) {
     return a->sparse ? &a->sparse[l].rc : &a->attn[l];
 }
 
+int vit_acts_set_bf16_f32(vit_acts_f32 *a, const moh_vit_config *cfg, const bf16_mirror *w, moh_error *err) {
+    int rc = bf16_ctx_use(&a->bf16, w, err);
+    for (int l = 0; !rc && l < a->n_sparse; l++) rc = sparse_cache_set_bf16(&a->sparse[l], &cfg->attn, a->bf16, err);
+    for (int l = 0; l < a->n_attn; l++) a->attn[l].bf16 = a->bf16;
+    return rc;
+}
+
 /* kind of initialisation of one tensor (vit_params_init_random) */
 enum { INIT_ZERO, INIT_ONE, INIT_TRUNC02, INIT_CLS, INIT_CONV };
 

@@ -91,6 +91,9 @@ static void acts_free(void *a) {
     vit_acts_free_f32(a);
     free(a);
 }
+static int acts_set_bf16(const void *cfg, void *acts, const bf16_mirror *w, moh_error *err) {
+    return vit_acts_set_bf16_f32(acts, cfg, w, err);
+}
 
 static double forward(const void *cfg, const void *params, void *acts, const moh_batch *b, int first, int count,
                       bool train, double *ce, double *lb) {
@@ -469,6 +472,7 @@ const model_family vit_family = {
     .init_random = init_random,
     .acts_new = acts_new,
     .acts_free = acts_free,
+    .acts_set_bf16 = acts_set_bf16,
     .forward = forward,
     .backward = backward,
     .router = router,

@@ -311,6 +311,43 @@ void bf16_linear_backward(bf16_ctx *c, float *dinp, float *dw, float *db, const 
     if (db) linear_backward_f32(NULL, NULL, db, dout, NULL, NULL, M, I, O);
 }
 
+void linear_forward_ctx_f32(bf16_ctx *c, float *out, const float *inp, const float *w, const float *b,
+                            int M, int I, int O) {
+    if (c) bf16_linear_forward(c, out, inp, w, b, M, I, O);
+    else linear_forward_f32(out, inp, w, b, M, I, O);
+}
+
+void linear_backward_ctx_f32(bf16_ctx *c, float *dinp, float *dw, float *db, const float *dout,
+                             const float *inp, const float *w, int M, int I, int O) {
+    if (c) bf16_linear_backward(c, dinp, dw, db, dout, inp, w, M, I, O);
+    else linear_backward_f32(dinp, dw, db, dout, inp, w, M, I, O);
+}
+
+void linear_forward_ctx_f64(bf16_ctx *c, double *out, const double *inp, const double *w, const double *b,
+                            int M, int I, int O) {
+    (void)c; /* float64 has no bf16 path */
+    linear_forward_f64(out, inp, w, b, M, I, O);
+}
+
+void linear_backward_ctx_f64(bf16_ctx *c, double *dinp, double *dw, double *db, const double *dout,
+                             const double *inp, const double *w, int M, int I, int O) {
+    (void)c;
+    linear_backward_f64(dinp, dw, db, dout, inp, w, M, I, O);
+}
+
+int bf16_ctx_use(bf16_ctx **c, const bf16_mirror *w, moh_error *err) {
+    if (!w) {
+        bf16_ctx_free(*c);
+        *c = NULL;
+        return MOH_OK;
+    }
+    if (*c) {
+        bf16_ctx_set_weights(*c, w);
+        return MOH_OK;
+    }
+    return bf16_ctx_new(c, w, err);
+}
+
 void bf16_gemm_probe(int M, int N, int K, char *out, size_t cap) {
     snprintf(out, cap, "unavailable");
     dnnl_engine_t eng = NULL;

@@ -85,6 +85,21 @@ void bf16_linear_forward(bf16_ctx *c, float *out, const float *inp, const float 
                          int M, int I, int O);
 void bf16_linear_backward(bf16_ctx *c, float *dinp, float *dw, float *db, const float *dout,
                           const float *inp, const float *w, int M, int I, int O);
+/* The linear layer of a model's float32 path: bf16_linear_forward / bf16_linear_backward when c
+ * is non-NULL, else linear_forward_f32 / linear_backward_f32 (the fp32 path, bit for bit). Same
+ * shapes and accumulation as those. The _f64 forms (gradient checks) take c == NULL only and run
+ * the float64 ops, so model templates call F(linear_forward_ctx) in both instantiations. */
+void linear_forward_ctx_f32(bf16_ctx *c, float *out, const float *inp, const float *w, const float *b,
+                            int M, int I, int O);
+void linear_backward_ctx_f32(bf16_ctx *c, float *dinp, float *dw, float *db, const float *dout,
+                             const float *inp, const float *w, int M, int I, int O);
+void linear_forward_ctx_f64(bf16_ctx *c, double *out, const double *inp, const double *w, const double *b,
+                            int M, int I, int O);
+void linear_backward_ctx_f64(bf16_ctx *c, double *dinp, double *dw, double *db, const double *dout,
+                             const double *inp, const double *w, int M, int I, int O);
+/* Points *c at the weights w: w == NULL frees *c (fp32 again, *c = NULL); else *c is made (NULL
+ * before) or re-pointed at w. For a model's acts_set_bf16. MOH_OK or MOH_E_NOMEM. */
+int bf16_ctx_use(bf16_ctx **c, const bf16_mirror *w, moh_error *err);
 /* oneDNN's implementation of the last matmul primitive made ("brg:avx512_core_amx",
  * "brg:avx512_core_bf16", ...; "none" before the first), and GEMMs that fell back to fp32. */
 const char *bf16_ctx_impl(const bf16_ctx *c);

@@ -546,7 +546,8 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
         if (tr.w.precision == MOH_PRECISION_BF16) {
             char prec[256];
             precision_describe(tr.w.precision, prec, sizeof prec);
-            printf("compute: %s\n", prec);
+            printf("compute: %s%s\n", prec,
+                   hp->attention == 1 ? "" : "; reference attention: qkv and W_O in bf16, per-head scores and P V fp32");
         }
         if (o->init_path && !o->resume) printf("weights from %s (pretrained; fresh optimizer, step 0)\n", o->init_path);
         char tshape[32] = "";
