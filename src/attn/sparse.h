@@ -66,6 +66,8 @@ typedef struct sparse_cache {
     const float *x;      /* [T, C] input of the last forward, borrowed from the caller */
     attn_cache_f32 rc;   /* router activations only: gates [T, h], p, mask, r, ... (att == NULL) */
     float *dgates;       /* [T, h] backward: dL/dgate, 0 for pairs not selected */
+    float *rdz;          /* backward (bf16 compute): d router logits, [T, E] then [T, 2], [T, h_s] */
+    float *lbv;          /* [E] backward (bf16 compute): d lb / d p per routed head */
     int *pair_off;       /* [B h + 1] selected pairs of (b, head i): pair_off[b h + i] .. next */
     int *pair_pos;       /* [P] position n of each selected pair, ascending within (b, i) */
     int *tasks;          /* [ntasks_max, 4] (b, head, first pair row, causal cost key) per query
@@ -107,6 +109,11 @@ typedef struct sparse_cache {
                           * (e, r) of the block of pairs off .. off + cnt at off d + e cnt + r */
     uint16_t *wqb;       /* bf16_tiles: [h, ceil(C/2), d, 2] W_q^i, pairs of inputs interleaved */
     uint16_t *wob;       /* bf16_tiles: [h, ceil(d/2), C, 2] W_O^i, pairs of head dims interleaved */
+    uint16_t *wob2;      /* bf16_tiles, backward: [h, ceil(C/2), d, 2] W_O^i (d og = dy W_O^i) */
+    uint16_t *wqb2;      /* bf16_tiles, backward: [h, ceil(d/2), C, 2] W_q^i (dx += dQ W_q^i) */
+    uint16_t *dqt16, *ogt16; /* bf16_tiles, backward: dQ and og per (b, head) transposed, as qt16
+                          * (the A operands of dW_q and dW_O) */
+    uint16_t *tok16;     /* bf16_tiles: [B N, 2 ceil(C/2)] x (forward), dy (backward) in bf16 */
     uint16_t *bws;       /* bf16_tiles: [nthreads, bws_n] per-thread probabilities and operand rows */
     size_t bws_n;
     void *bblock;        /* the bf16 buffers' allocation (sparse_cache_set_bf16) */

@@ -85,6 +85,10 @@ void bf16_linear_forward(bf16_ctx *c, float *out, const float *inp, const float 
                          int M, int I, int O);
 void bf16_linear_backward(bf16_ctx *c, float *dinp, float *dw, float *db, const float *dout,
                           const float *inp, const float *w, int M, int I, int O);
+/* The same with dinp = dout w + beta dinp (beta 0: written, no zeroing pass first). dout is
+ * rounded to bf16 once for both products. */
+void bf16_linear_backward_beta(bf16_ctx *c, float *dinp, float beta, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, int M, int I, int O);
 /* oneDNN's implementation of the last matmul primitive made ("brg:avx512_core_amx",
  * "brg:avx512_core_bf16", ...; "none" before the first), and GEMMs that fell back to fp32. */
 const char *bf16_ctx_impl(const bf16_ctx *c);
