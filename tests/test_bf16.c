@@ -130,6 +130,21 @@ static void test_tile(test_ctx *ctx) {
     CHECK(ctx, !memcmp(i1, i2, sizeof(uint16_t) * 4 * ld), "row pairs: vector and portable differ");
     CHECK(ctx, i2[2 * 5 + 1] == bf16_round(prow[1][5]) && i2[ld + 2 * 36] == bf16_round(prow[2][36]) &&
                i2[3 * ld + 2 * 9 + 1] == 0, "row pairs: wrong layout");
+    /* pairs of bf16 rows (the gathered token rows of dW_q, dW_O): vector against portable, the
+     * bf16 rows of the same floats against the fp32 interleaving */
+    uint16_t *r16 = malloc(sizeof(uint16_t) * PR * PN);
+    const uint16_t *r16p[7];
+    for (int i = 0; i < PR; i++) {
+        bf16_from_f32(r16 + i * PN, prow[i], PN);
+        r16p[i] = r16 + i * PN;
+    }
+    memset(i2, 0, sizeof(uint16_t) * 4 * ld);
+    sp_bf16_row_pairs16(true, PR, PN, r16p, i2, ld);
+    CHECK(ctx, !memcmp(i1, i2, sizeof(uint16_t) * 4 * ld), "row pairs of bf16 rows differ from those of fp32 rows");
+    memset(i2, 0, sizeof(uint16_t) * 4 * ld);
+    sp_bf16_row_pairs16(false, PR, PN, r16p, i2, ld);
+    CHECK(ctx, !memcmp(i1, i2, sizeof(uint16_t) * 4 * ld), "row pairs of bf16 rows: portable differs");
+    free(r16);
     /* transposed rounding (dQ^T, og^T, q^T, dO^T): vector against portable, rows past a multiple of 16 */
     const int TR = 21, TN = 9, tld = TR + 3; /* src rows of 11 floats: 21 * 11 <= 7 * 37 */
     uint16_t *t1 = calloc((size_t)TN * tld, sizeof(uint16_t)), *t2 = calloc((size_t)TN * tld, sizeof(uint16_t));

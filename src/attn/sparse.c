@@ -238,7 +238,7 @@ int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, bf16_ctx 
                              ~(size_t)31;
         const size_t capP = (size_t)c->maxB * c->maxN * sparse_active_heads(cfg);
         const size_t nrow = capP * d2, ntr = capP * (size_t)cfg->head_dim + 32; /* + a finite pad */
-        const size_t ntok = (size_t)c->maxB * c->maxN * C2;
+        const size_t ntok = 2 * (size_t)c->maxB * c->maxN * C2; /* x, then dy */
         uint16_t *blk = calloc(2 * (nk + nv) + 2 * (nwq + nwo) + 2 * nrow + 4 * ntr + ntok + (size_t)c->nthreads * bws_n,
                                sizeof(uint16_t));
         if (!blk) return moh_fail(err, MOH_E_NOMEM, "sparse attention: cannot allocate the bf16 key/value tiles");
@@ -557,10 +557,16 @@ static void scatter_task(const void *arg, int t0, int t1, sp_tws *w) {
 
 static int scatter_tasks(const sp_ctx *x) { return x->B * ((x->N + SP_TC - 1) / SP_TC); }
 
-/* Tasks: tokens. c->tok16 [T, 2 ceil(C/2)] = src [T, C] in bf16 (x in the forward, dy in the
- * backward): the gathered A rows of q = x W_q^i^T and d og = dy W_O^i. */
+/* The bf16 token rows [T, 2 ceil(C/2)] of x (forward) and dy (backward) in c->tok16. */
+static uint16_t *sp_x16(const sparse_cache *c) { return c->tok16; }
+static uint16_t *sp_dy16(const sparse_cache *c, const moh_attn_config *cfg) {
+    return c->tok16 + (size_t)c->maxB * c->maxN * 2 * ((cfg->hidden_size + 1) / 2);
+}
+
+/* Tasks: tokens. dst [T, 2 ceil(C/2)] = src [T, C] in bf16 (sp_x16, sp_dy16): the gathered rows
+ * of q = x W_q^i^T, d og = dy W_O^i, dW_q and dW_O. */
 typedef struct sp_tok16 {
-    sparse_cache *c;
+    uint16_t *dst;
     const float *src;
     int C;
 } sp_tok16;
@@ -568,7 +574,7 @@ static void tok16_task(const void *arg, int t0, int t1, sp_tws *w) {
     const sp_tok16 *a = arg;
     const size_t C = (size_t)a->C, C2 = 2 * ((C + 1) / 2);
     for (int t = t0; t < t1; t++) {
-        uint16_t *dst = a->c->tok16 + (size_t)t * C2;
+        uint16_t *dst = a->dst + (size_t)t * C2;
         bf16_from_f32(dst, a->src + (size_t)t * C, C);
         if (C & 1) dst[C] = 0;
     }
@@ -773,7 +779,7 @@ static void fwd_q_task(const void *arg, int t0, int t1, sp_tws *w) {
             w->pc[r] = qr;
             if (qnorm) memcpy(qr, c->qkv + t * qd + (size_t)q.i * d, sizeof(float) * d);
             else w->pa[r] = x->x + t * C;
-            w->pa16[r] = c->tok16 ? c->tok16 + t * 2 * C2 : NULL;
+            w->pa16[r] = c->tok16 ? sp_x16(c) + t * 2 * C2 : NULL;
         }
         if (!qnorm && c->bf16_tiles) { /* gathered x rows in bf16 times W_q^i in bf16 */
             sp_mm_bf16_rows(true, q.nr, d, C2, w->pa16, c->wqb + (size_t)q.i * C2 * 2 * d, 2 * d, w->pc, false);
@@ -899,7 +905,7 @@ void sparse_forward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm, 
     /* 3. Q of the selected pairs */
     if (!qnorm && c->bf16_tiles) {
         const sp_pack16 pq = {cfg, wq_view(cfg, prm), c->wqb, false};
-        const sp_tok16 xt = {c, x, cfg->hidden_size};
+        const sp_tok16 xt = {sp_x16(c), x, cfg->hidden_size};
         sp_run(c, cfg, SPARSE_PH_Q, pack_bf16_task, &pq, h, SP_STATIC);
         sp_run(c, cfg, SPARSE_PH_Q, tok16_task, &xt, B * N, SP_STATIC);
     } else if (!qnorm) {
@@ -1011,12 +1017,12 @@ static void bwd16_t_task(const void *arg, int t0, int t1, sp_tws *w) {
 
 /* Tasks: (head i, block of SP_NR columns of C), bf16. G^i [d, C]: G^i(e, c) = sum over the head's
  * pairs p (token t) of A_p(e) X_t(c), with A the per-pair rows transposed in bf16 (at: dqt16 or
- * ogt16) and X the token rows (x or dy) paired in bf16 per chunk of SP_KC pairs; fp32
+ * ogt16) and X the bf16 token rows (sp_x16, sp_dy16) paired per chunk of SP_KC pairs; fp32
  * accumulation in pair order. wo: dW_O^i [C, d] += G^T (dy, og); else dW_q^i += G (x, dQ). */
 typedef struct sp_dw16 {
     const sp_ctx *x;
     const uint16_t *at;
-    const float *rows;
+    const uint16_t *rows; /* [T, 2 ceil(C/2)] token rows in bf16 */
     bool wo;
 } sp_dw16;
 static void bwd_dw16_task(const void *arg, int t0, int t1, sp_tws *w) {
@@ -1025,6 +1031,7 @@ static void bwd_dw16_task(const void *arg, int t0, int t1, sp_tws *w) {
     const moh_attn_config *cfg = x->cfg;
     const sparse_cache *c = x->c;
     const int C = cfg->hidden_size, h = cfg->n_heads, d = cfg->head_dim, hd = h * d, N = x->N, ncb = sp_ncb(cfg);
+    const size_t C2 = 2 * (size_t)((C + 1) / 2);
     float *tmp = w->s; /* wo: G^i block [d, SP_NR] (d <= SPARSE_BK) */
     for (int task = t0; task < t1; task++) {
         const int i = task / ncb, c0 = (task % ncb) * SP_NR, nc = imin(SP_NR, C - c0);
@@ -1036,8 +1043,8 @@ static void bwd_dw16_task(const void *arg, int t0, int t1, sp_tws *w) {
             for (int k0 = 0; k0 < cnt; k0 += SP_KC) { /* an odd last chunk: its A pad value (finite)
                                                          meets the zero pad row of X */
                 const int kk = imin(SP_KC, cnt - k0);
-                for (int k = 0; k < kk; k++) w->pa[k] = a->rows + ((size_t)b * N + c->pair_pos[off + k0 + k]) * C + c0;
-                sp_bf16_row_pairs(true, kk, nc, w->pa, w->bw, 2 * SP_NR);
+                for (int k = 0; k < kk; k++) w->pa16[k] = a->rows + ((size_t)b * N + c->pair_pos[off + k0 + k]) * C2 + c0;
+                sp_bf16_row_pairs16(true, kk, nc, w->pa16, w->bw, 2 * SP_NR);
                 sp_mm_bf16(true, d, nc, (kk + 1) / 2, a->at + (size_t)off * d + k0, cnt, w->bw, 2 * SP_NR, w->pc, true);
             }
         }
@@ -1147,7 +1154,8 @@ static void bwd_dout_task(const void *arg, int t0, int t1, sp_tws *w) {
         }
         if (sp_bwd16(cfg, c)) {
             const int C2 = (C + 1) / 2;
-            for (int r = 0; r < q.nr; r++) w->pa16[r] = c->tok16 + ((size_t)q.b * N + c->pair_pos[q.p0 + r]) * 2 * C2;
+            const uint16_t *dy16 = sp_dy16(c, cfg);
+            for (int r = 0; r < q.nr; r++) w->pa16[r] = dy16 + ((size_t)q.b * N + c->pair_pos[q.p0 + r]) * 2 * C2;
             sp_mm_bf16_rows(true, q.nr, d, C2, w->pa16, c->wob2 + (size_t)q.i * C2 * 2 * d, 2 * d, w->pc, false);
         } else {
             for (int k = 0; k < C; k++) w->pb[k] = c->wpack1 + ((size_t)q.i * C + k) * d;
@@ -1450,7 +1458,7 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
     sp_run(c, cfg, SPARSE_PH_B_WO, bwd_bo_step, &cx, 1, SP_SERIAL);
     if (b16) {
         const sp_pack16 po = {cfg, wo_view(cfg, prm), c->wob2, false};
-        const sp_tok16 dyt = {c, dy, C};
+        const sp_tok16 dyt = {sp_dy16(c, cfg), dy, C};
         sp_run(c, cfg, SPARSE_PH_B_WO, pack_bf16_task, &po, h, SP_STATIC);
         sp_run(c, cfg, SPARSE_PH_B_WO, tok16_task, &dyt, B * N, SP_STATIC);
     } else {
@@ -1468,7 +1476,7 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
     sp_run(c, cfg, SPARSE_PH_B_ATTN, dkv_rows_task, &cx, B * N, SP_STATIC);
     if (b16) { /* og and dQ transposed in bf16; dW_O */
         sp_run(c, cfg, SPARSE_PH_B_WO, bwd16_t_task, &cx, B * h, SP_STATIC);
-        const sp_dw16 wo = {&cx, c->ogt16, dy, true};
+        const sp_dw16 wo = {&cx, c->ogt16, sp_dy16(c, cfg), true};
         if (g->w_o) sp_run(c, cfg, SPARSE_PH_B_WO, bwd_dw16_task, &wo, h * sp_ncb(cfg), SP_DYNAMIC);
     }
     /* 3. projections */
@@ -1492,7 +1500,7 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
         sp_run(c, cfg, SPARSE_PH_B_Q, scatter_task, &sx, scatter_tasks(&cx), SP_DYNAMIC);
     }
     if (b16 && g->w_qkv) {
-        const sp_dw16 wq = {&cx, c->dqt16, c->x, false};
+        const sp_dw16 wq = {&cx, c->dqt16, sp_x16(c), false};
         sp_run(c, cfg, SPARSE_PH_B_Q, bwd_dw16_task, &wq, h * sp_ncb(cfg), SP_DYNAMIC);
     } else if (g->w_qkv) {
         sp_run(c, cfg, SPARSE_PH_B_Q, bwd_dwq_task, &cx, h * sp_ncb(cfg), SP_DYNAMIC);

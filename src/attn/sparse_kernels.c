@@ -258,6 +258,47 @@ void sp_bf16_row_pairs(bool avx512bf16, int R, int n, const float *const *rows, 
 }
 
 #if SP_X86
+SP_BF16 static void row_pairs16_avx(int R, int n, const uint16_t *const *rows, uint16_t *dst, long ldd) {
+    __m512i lo_idx, hi_idx; /* [a0 b0 a1 b1 ...] from a (0..31) and b (32..63) */
+    uint16_t il[32], ih[32];
+    for (int q = 0; q < 16; q++) {
+        il[2 * q] = (uint16_t)q, il[2 * q + 1] = (uint16_t)(32 + q);
+        ih[2 * q] = (uint16_t)(16 + q), ih[2 * q + 1] = (uint16_t)(48 + q);
+    }
+    lo_idx = _mm512_loadu_si512((const void *)il);
+    hi_idx = _mm512_loadu_si512((const void *)ih);
+    for (int r = 0; r < R; r += 2) {
+        const uint16_t *a = rows[r], *b = r + 1 < R ? rows[r + 1] : NULL;
+        uint16_t *o = dst + (long)(r / 2) * ldd;
+        for (int j = 0; j < n; j += 32) {
+            const int m = n - j < 32 ? n - j : 32;
+            const __mmask32 lm = m == 32 ? 0xFFFFFFFFu : (__mmask32)((1u << m) - 1u);
+            const __m512i va = _mm512_maskz_loadu_epi16(lm, a + j);
+            const __m512i vb = b ? _mm512_maskz_loadu_epi16(lm, b + j) : _mm512_setzero_si512();
+            const int m0 = m < 16 ? m : 16, m1 = m - m0;
+            const __mmask32 s0 = m0 == 16 ? 0xFFFFFFFFu : (__mmask32)((1u << (2 * m0)) - 1u);
+            _mm512_mask_storeu_epi16(o + 2 * j, s0, _mm512_permutex2var_epi16(va, lo_idx, vb));
+            if (m1 > 0) {
+                const __mmask32 s1 = m1 == 16 ? 0xFFFFFFFFu : (__mmask32)((1u << (2 * m1)) - 1u);
+                _mm512_mask_storeu_epi16(o + 2 * j + 32, s1, _mm512_permutex2var_epi16(va, hi_idx, vb));
+            }
+        }
+    }
+}
+#endif
+
+void sp_bf16_row_pairs16(bool avx512bf16, int R, int n, const uint16_t *const *rows, uint16_t *dst, long ldd) {
+#if SP_X86
+    if (avx512bf16) {
+        row_pairs16_avx(R, n, rows, dst, ldd);
+        return;
+    }
+#endif
+    for (int r = 0; r < R + (R & 1); r++)
+        for (int j = 0; j < n; j++) dst[(long)(r / 2) * ldd + 2 * j + (r & 1)] = r < R ? rows[r][j] : 0;
+}
+
+#if SP_X86
 SP_BF16 static void transpose_bf16_avx(int R, int n, const float *src, long lds, uint16_t *dst, long ldd) {
     const __m512i step = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                             _mm512_set1_epi32((int)lds));

@@ -35,6 +35,9 @@ void sp_mm_bf16_rows(bool avx512bf16, int R, int n, int K2, const uint16_t *cons
  * sp_mm_bf16 over rows): dst[(r / 2) ldd + 2 j + r % 2] = bf16(rows[r][j]); a zero row pads odd R. */
 void sp_bf16_row_pairs(bool avx512bf16, int R, int n, const float *const *rows, uint16_t *dst, long ldd);
 
+/* The same for rows already in bf16: dst[(r / 2) ldd + 2 j + r % 2] = rows[r][j]. */
+void sp_bf16_row_pairs16(bool avx512bf16, int R, int n, const uint16_t *const *rows, uint16_t *dst, long ldd);
+
 /* R rows of n floats (src row r at src + r lds) rounded to bf16 and transposed:
  * dst[j ldd + r] = bf16(src[r lds + j]) (the A operand of sp_mm_bf16 over rows: a product summed
  * over the R rows, pairs of rows adjacent). */
