@@ -308,13 +308,6 @@ static void prod_report(test_ctx *ctx, const char *layer, const char *what, cons
     printf("  %-5s err/bound %.3f  err/sum|ab| %.2e\n", what, pc->worst_bound, pc->worst_rel);
 }
 
-/* d(router logit j of token t) in the cache's rdz: [T, E], then [T, 2], then [T, nz - E - 2]. */
-static float dzat(const sparse_cache *c, int E, int nz, long T, long t, int j) {
-    if (j < E) return c->rdz[t * E + j];
-    if (j < E + 2) return c->rdz[T * E + t * 2 + (j - E)];
-    return c->rdz[T * (E + 2) + t * (nz - E - 2) + (j - E - 2)];
-}
-
 /* The backward products the head-sparse path runs in bf16 against float64 recomputed from the
  * layer's own fp32 operands (sparse_cache after the backward), elementwise within the bf16 bound
  * (prod_elem): d og = dy W_O^i (seen in dO = gate d og), dW_O = sum dy^T og, dW_q = sum dQ^T x
@@ -408,7 +401,7 @@ static void test_products(test_ctx *ctx, const lay_case *lc, moh_router router) 
             for (int cc = 0; cc < C; cc++) {
                 double s = 0.0, sa = 0.0;
                 for (size_t t = 0; t < T; t++) {
-                    const double v = (double)dzat(cb, E, nz, (long)T, (long)t, j) * x[t * C + cc];
+                    const double v = (double)cb->rdz[t * nz + j] * x[t * C + cc];
                     s += v;
                     sa += fabs(v);
                 }

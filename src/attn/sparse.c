@@ -643,7 +643,8 @@ static int sp_router_nz(const moh_attn_config *cfg) {
 }
 static bool sp_router_split(const moh_attn_config *cfg, const sparse_cache *c) {
     if (!c->bf16 || cfg->router != MOH_ROUTER_LEARNED || cfg->top_k < 1 || attn_routed_heads(cfg) < 1) return false;
-    return sp_router_nz(cfg) <= cfg->n_heads * cfg->head_dim; /* W^T fits c->wpack1 */
+    const int nz = sp_router_nz(cfg); /* W^T fits c->wpack1, SP_TC rows of dz fit w->s */
+    return nz <= cfg->n_heads * cfg->head_dim && (size_t)SP_TC * nz <= (size_t)SPARSE_BQ * SPARSE_BK;
 }
 /* Row j < nz of the router's weights (wg, then wg_0, then wg_1) in p (parameters or gradients). */
 static float *router_row(const moh_attn_config *cfg, const attn_params_f32 *p, int j) {
@@ -1311,40 +1312,37 @@ static void router_lbv_step(const void *arg, int t0, int t1, sp_tws *w) {
 }
 
 /* Tasks: chunks of SP_TC tokens. The router's backward by rows as router_backward (dp, ds, da in
- * rc.scratch at its offsets), its three softmax backwards into c->rdz (dz of wg x [T, E], then of
- * wg_0 x [T, 2], then of wg_1 x [T, h_s]), dx += dz W (fp32 register tiles). */
+ * rc.scratch at its offsets), its three softmax backwards (dz of wg x, wg_0 x, wg_1 x, each by
+ * rows in the thread's w->s) side by side into c->rdz [T, nz] (the logits' order), then
+ * dx += dz W (fp32 register tiles, one pass over dx). */
 static void router_bwd_task(const void *arg, int t0, int t1, sp_tws *w) {
     const sp_ctx *x = arg;
     const moh_attn_config *cfg = x->cfg;
     sparse_cache *c = x->c;
     const int C = cfg->hidden_size, E = attn_routed_heads(cfg), hs = cfg->shared_heads, T = x->B * x->N;
-    const int nz = sp_router_nz(cfg), nh = hs >= 1 ? 2 : 0, ns = hs >= 2 ? hs : 0, W = attn_router_width(cfg);
+    const int nz = sp_router_nz(cfg), W = attn_router_width(cfg);
+    const int width[3] = {E, hs >= 1 ? 2 : 0, hs >= 2 ? hs : 0};
     float *dp = c->rc.scratch, *ds = dp + (size_t)T * E + (size_t)T * W, *da = ds + (size_t)T * hs;
-    float *dzr = c->rdz, *dzh = dzr + (size_t)T * E, *dzs = dzh + (size_t)T * nh;
+    const float *grad[3] = {dp, da, ds}, *prob[3] = {c->rc.p, c->rc.a, c->rc.s};
     for (int k = 0; k < nz; k++) w->pb[k] = router_row(cfg, x->prm, k);
     for (int task = t0; task < t1; task++) {
         const int r0 = task * SP_TC, nr = imin(SP_TC, T - r0);
         for (int t = r0; t < r0 + nr; t++) memcpy(dp + (size_t)t * E, c->lbv, sizeof(float) * E);
         router_learned_grad_rows_f32(cfg, &c->rc, c->dgates, dp, ds, da, r0, r0 + nr);
-        memset(dzr + (size_t)r0 * E, 0, sizeof(float) * (size_t)nr * E);
-        softmax_backward_f32(dzr + (size_t)r0 * E, dp + (size_t)r0 * E, c->rc.p + (size_t)r0 * E, nr, E);
-        if (nh) {
-            memset(dzh + (size_t)r0 * 2, 0, sizeof(float) * (size_t)nr * 2);
-            softmax_backward_f32(dzh + (size_t)r0 * 2, da + (size_t)r0 * 2, c->rc.a + (size_t)r0 * 2, nr, 2);
-        }
-        if (ns) {
-            memset(dzs + (size_t)r0 * ns, 0, sizeof(float) * (size_t)nr * ns);
-            softmax_backward_f32(dzs + (size_t)r0 * ns, ds + (size_t)r0 * ns, c->rc.s + (size_t)r0 * ns, nr, ns);
+        for (int grp = 0, j0 = 0; grp < 3; j0 += width[grp], grp++) {
+            const int wd = width[grp];
+            if (!wd) continue;
+            memset(w->s, 0, sizeof(float) * (size_t)nr * wd);
+            softmax_backward_f32(w->s, grad[grp] + (size_t)r0 * wd, prob[grp] + (size_t)r0 * wd, nr, wd);
+            for (int r = 0; r < nr; r++)
+                memcpy(c->rdz + (size_t)(r0 + r) * nz + j0, w->s + (size_t)r * wd, sizeof(float) * wd);
         }
         if (!x->dx) continue;
-        for (int r = 0; r < nr; r++) w->pc[r] = x->dx + (size_t)(r0 + r) * C;
-        const int width[3] = {E, nh, ns};
-        const float *dz = dzr;
-        for (int grp = 0, k0 = 0; grp < 3; k0 += width[grp], dz += (size_t)T * width[grp], grp++) {
-            if (!width[grp]) continue;
-            for (int r = 0; r < nr; r++) w->pa[r] = dz + (size_t)(r0 + r) * width[grp];
-            sp_mm(c->avx512, 0, nr, C, width[grp], w->pa, 0, w->pb + k0, 0, w->pc, 0, true);
+        for (int r = 0; r < nr; r++) {
+            w->pa[r] = c->rdz + (size_t)(r0 + r) * nz;
+            w->pc[r] = x->dx + (size_t)(r0 + r) * C;
         }
+        sp_mm(c->avx512, 0, nr, C, nz, w->pa, 0, w->pb, 0, w->pc, 0, true);
     }
 }
 
@@ -1354,22 +1352,17 @@ static void router_dw_task(const void *arg, int t0, int t1, sp_tws *w) {
     const sp_ctx *x = arg;
     const moh_attn_config *cfg = x->cfg;
     const sparse_cache *c = x->c;
-    const int C = cfg->hidden_size, T = x->B * x->N, hs = cfg->shared_heads;
-    const int width[3] = {attn_routed_heads(cfg), hs >= 1 ? 2 : 0, hs >= 2 ? hs : 0};
+    const int C = cfg->hidden_size, T = x->B * x->N, nz = sp_router_nz(cfg);
     for (int task = t0; task < t1; task++) {
         const int c0 = task * SP_NR, nc = imin(SP_NR, C - c0);
-        const float *dz = c->rdz;
-        for (int grp = 0, j0 = 0; grp < 3; j0 += width[grp], dz += (size_t)T * width[grp], grp++) {
-            if (!width[grp]) continue;
-            for (int j = 0; j < width[grp]; j++) w->pc[j] = router_row(cfg, x->g, j0 + j) + c0;
-            for (int k0 = 0; k0 < T; k0 += SP_KC) {
-                const int kk = imin(SP_KC, T - k0);
-                for (int k = 0; k < kk; k++) {
-                    w->pa[k] = dz + (size_t)(k0 + k) * width[grp];
-                    w->pb[k] = x->x + (size_t)(k0 + k) * C + c0;
-                }
-                sp_mm(c->avx512, 1, width[grp], nc, kk, w->pa, 0, w->pb, 0, w->pc, 0, true);
+        for (int j = 0; j < nz; j++) w->pc[j] = router_row(cfg, x->g, j) + c0;
+        for (int k0 = 0; k0 < T; k0 += SP_KC) {
+            const int kk = imin(SP_KC, T - k0);
+            for (int k = 0; k < kk; k++) {
+                w->pa[k] = c->rdz + (size_t)(k0 + k) * nz;
+                w->pb[k] = x->x + (size_t)(k0 + k) * C + c0;
             }
+            sp_mm(c->avx512, 1, nz, nc, kk, w->pa, 0, w->pb, 0, w->pc, 0, true);
         }
     }
 }

@@ -66,7 +66,8 @@ typedef struct sparse_cache {
     const float *x;      /* [T, C] input of the last forward, borrowed from the caller */
     attn_cache_f32 rc;   /* router activations only: gates [T, h], p, mask, r, ... (att == NULL) */
     float *dgates;       /* [T, h] backward: dL/dgate, 0 for pairs not selected */
-    float *rdz;          /* backward (bf16 compute): d router logits, [T, E] then [T, 2], [T, h_s] */
+    float *rdz;          /* [T, E + 2 + h_s] backward (bf16 compute): d router logits (wg x | wg_0 x |
+                          * wg_1 x) */
     float *lbv;          /* [E] backward (bf16 compute): d lb / d p per routed head */
     int *pair_off;       /* [B h + 1] selected pairs of (b, head i): pair_off[b h + i] .. next */
     int *pair_pos;       /* [P] position n of each selected pair, ascending within (b, i) */
