@@ -2,7 +2,8 @@
  * the oneDNN bf16 GEMM against gemm_f32 on random matrices (every transpose, beta 0 and 1, weights
  * from a mirror); the vdpbf16ps register tile against its portable twin; the head-sparse layer
  * in bf16 against fp32 (y and dx within 1e-2 / 2e-2, each gradient block within 3e-2; causal and
- * bidirectional, GQA, odd head_dim); a
+ * bidirectional, GQA, odd head_dim); the backward products run in bf16 (d og, dW_O, dW_q, dx)
+ * against float64 from the layer's own operands, elementwise within the bf16 rounding bound; a
  * few AdamW steps of a small LM whose bf16 losses track fp32; and one training step of a small ViT
  * and DiT (reference and head-sparse attention) whose bf16 loss and gradient match fp32. Skipped (exit 77, CTest "skipped")
  * with the reason printed when the CPU has no AVX512-BF16 / AMX-BF16 (or MOH_NO_BF16 is set). */
@@ -100,7 +101,7 @@ static void test_gemm(test_ctx *ctx) {
 }
 
 /* The vdpbf16ps tile against the portable loop, odd sizes (rows 1..13, columns past 64), and the
- * row-pair interleaving likewise. */
+ * row-pair interleaving and the transposed rounding likewise. */
 static void test_tile(test_ctx *ctx) {
     test_rng r = {9};
     const int R = 13, n = 77, K2 = 19, lda = 2 * K2 + 4, ldb = 2 * n + 6;
@@ -124,7 +125,7 @@ static void test_tile(test_ctx *ctx) {
     /* pair interleaving of rows (the backward's P and dS): vector against portable, odd sizes */
     const int PR = 7, PN = 37, ld = 2 * 40;
     float *src = malloc(sizeof(float) * PR * PN);
-    float *prow[7];
+    const float *prow[7];
     uint16_t *i1 = calloc((size_t)4 * ld, sizeof(uint16_t)), *i2 = calloc((size_t)4 * ld, sizeof(uint16_t));
     fill(&r, src, (size_t)PR * PN, 3.0f);
     for (int i = 0; i < PR; i++) prow[i] = src + i * PN;
@@ -133,6 +134,30 @@ static void test_tile(test_ctx *ctx) {
     CHECK(ctx, !memcmp(i1, i2, sizeof(uint16_t) * 4 * ld), "row pairs: vector and portable differ");
     CHECK(ctx, i2[2 * 5 + 1] == bf16_round(prow[1][5]) && i2[ld + 2 * 36] == bf16_round(prow[2][36]) &&
                i2[3 * ld + 2 * 9 + 1] == 0, "row pairs: wrong layout");
+    /* pairs of bf16 rows (the gathered token rows of dW_q, dW_O): vector against portable, the
+     * bf16 rows of the same floats against the fp32 interleaving */
+    uint16_t *r16 = malloc(sizeof(uint16_t) * PR * PN);
+    const uint16_t *r16p[7];
+    for (int i = 0; i < PR; i++) {
+        bf16_from_f32(r16 + i * PN, prow[i], PN);
+        r16p[i] = r16 + i * PN;
+    }
+    memset(i2, 0, sizeof(uint16_t) * 4 * ld);
+    sp_bf16_row_pairs16(true, PR, PN, r16p, i2, ld);
+    CHECK(ctx, !memcmp(i1, i2, sizeof(uint16_t) * 4 * ld), "row pairs of bf16 rows differ from those of fp32 rows");
+    memset(i2, 0, sizeof(uint16_t) * 4 * ld);
+    sp_bf16_row_pairs16(false, PR, PN, r16p, i2, ld);
+    CHECK(ctx, !memcmp(i1, i2, sizeof(uint16_t) * 4 * ld), "row pairs of bf16 rows: portable differs");
+    free(r16);
+    /* transposed rounding (dQ^T, og^T, q^T, dO^T): vector against portable, rows past a multiple of 16 */
+    const int TR = 21, TN = 9, tld = TR + 3; /* src rows of 11 floats: 21 * 11 <= 7 * 37 */
+    uint16_t *t1 = calloc((size_t)TN * tld, sizeof(uint16_t)), *t2 = calloc((size_t)TN * tld, sizeof(uint16_t));
+    sp_bf16_transpose(true, TR, TN, src, 11, t1, tld);
+    sp_bf16_transpose(false, TR, TN, src, 11, t2, tld);
+    CHECK(ctx, !memcmp(t1, t2, sizeof(uint16_t) * TN * tld), "transpose: vector and portable differ");
+    CHECK(ctx, t2[4 * tld + 17] == bf16_round(src[17 * 11 + 4]) && t2[8 * tld + TR] == 0, "transpose: wrong layout");
+    free(t1);
+    free(t2);
     free(src);
     free(i1);
     free(i2);
@@ -149,55 +174,85 @@ typedef struct lay_case {
     int B, N;
 } lay_case;
 
+/* One head-sparse layer of case lc with router `router` (learned: lc's h_s and top_k; none),
+ * random weights and inputs from seed, run forward and backward in fp32 (k = 0) and in bf16
+ * (k = 1); the caches are kept for inspection. */
+typedef struct lay_run {
+    moh_attn_config cfg;
+    size_t np, T;
+    float *w, *x, *dy, *y[2], *dx[2], *g[2];
+    attn_params_f32 p;
+    bf16_mirror mw;
+    bf16_ctx *b;
+    sparse_cache c[2];
+} lay_run;
+static void lay_run_init(test_ctx *ctx, lay_run *L, const lay_case *lc, moh_router router, uint64_t seed) {
+    memset(L, 0, sizeof *L);
+    moh_attn_config *cfg = &L->cfg;
+    moh_attn_config_default(cfg);
+    cfg->hidden_size = lc->C;
+    cfg->n_heads = lc->h;
+    cfg->n_kv_heads = lc->hkv;
+    cfg->head_dim = lc->d;
+    cfg->router = router;
+    cfg->shared_heads = router == MOH_ROUTER_NONE ? 0 : lc->hs;
+    cfg->top_k = router == MOH_ROUTER_NONE ? 0 : lc->K;
+    cfg->causal = lc->causal;
+    cfg->rope_theta = lc->d % 2 ? 0.0 : 10000.0;
+    cfg->qkv_bias = cfg->proj_bias = true;
+    moh_error err;
+    CHECK(ctx, moh_attn_config_validate(cfg, "test", &err) == MOH_OK, "%s: %s", lc->name, err.msg);
+    L->np = attn_params_bind_f32(&(attn_params_f32){0}, NULL, cfg);
+    L->T = (size_t)lc->B * lc->N;
+    const size_t T = L->T, C = (size_t)lc->C;
+    test_rng r = {seed};
+    L->w = malloc(sizeof(float) * L->np);
+    L->x = malloc(sizeof(float) * T * C);
+    L->dy = malloc(sizeof(float) * T * C);
+    fill(&r, L->w, L->np, 0.3f);
+    fill(&r, L->x, T * C, 1.0f);
+    fill(&r, L->dy, T * C, 1.0f);
+    attn_params_bind_f32(&L->p, L->w, cfg);
+    CHECK(ctx, bf16_mirror_init(&L->mw, L->w, L->np, &err) == MOH_OK, "%s", err.msg);
+    bf16_mirror_sync(&L->mw);
+    for (int k = 0; k < 2; k++) { /* 0 fp32, 1 bf16 */
+        sparse_cache *c = &L->c[k];
+        CHECK(ctx, sparse_cache_init(c, cfg, lc->B, lc->N, &err) == MOH_OK, "%s", err.msg);
+        if (k) {
+            CHECK(ctx, bf16_ctx_new(&L->b, &L->mw, &err) == MOH_OK, "%s", err.msg);
+            CHECK(ctx, sparse_cache_set_bf16(c, cfg, L->b, &err) == MOH_OK, "%s", err.msg);
+            CHECK(ctx, c->bf16_tiles, "%s: bf16 tiles not enabled on a CPU with AVX512-BF16", lc->name);
+        }
+        L->y[k] = malloc(sizeof(float) * T * C);
+        L->dx[k] = calloc(T * C, sizeof(float));
+        L->g[k] = calloc(L->np, sizeof(float));
+        attn_params_f32 gp;
+        attn_params_bind_f32(&gp, L->g[k], cfg);
+        sparse_forward_f32(cfg, &L->p, L->x, lc->B, lc->N, L->y[k], c);
+        sparse_backward_f32(cfg, &L->p, &gp, c, L->dy, 0.01f, L->dx[k]);
+    }
+}
+static void lay_run_free(lay_run *L) {
+    for (int k = 0; k < 2; k++) {
+        sparse_cache_free(&L->c[k]);
+        free(L->y[k]);
+        free(L->dx[k]);
+        free(L->g[k]);
+    }
+    bf16_ctx_free(L->b);
+    bf16_mirror_free(&L->mw);
+    free(L->w);
+    free(L->x);
+    free(L->dy);
+}
+
 /* One head-sparse layer in bf16 (forward tiles, bf16 GEMMs) against fp32: y, dx and every
  * gradient block. */
 static void test_layer(test_ctx *ctx, const lay_case *lc) {
-    moh_attn_config cfg;
-    moh_attn_config_default(&cfg);
-    cfg.hidden_size = lc->C;
-    cfg.n_heads = lc->h;
-    cfg.n_kv_heads = lc->hkv;
-    cfg.head_dim = lc->d;
-    cfg.shared_heads = lc->hs;
-    cfg.top_k = lc->K;
-    cfg.router = MOH_ROUTER_LEARNED;
-    cfg.causal = lc->causal;
-    cfg.rope_theta = lc->d % 2 ? 0.0 : 10000.0;
-    cfg.qkv_bias = cfg.proj_bias = true;
-    moh_error err;
-    CHECK(ctx, moh_attn_config_validate(&cfg, "test", &err) == MOH_OK, "%s: %s", lc->name, err.msg);
-    const size_t np = attn_params_bind_f32(&(attn_params_f32){0}, NULL, &cfg);
-    const size_t T = (size_t)lc->B * lc->N, C = (size_t)lc->C;
-    test_rng r = {77};
-    float *w = malloc(sizeof(float) * np), *x = malloc(sizeof(float) * T * C), *dy = malloc(sizeof(float) * T * C);
-    fill(&r, w, np, 0.3f);
-    fill(&r, x, T * C, 1.0f);
-    fill(&r, dy, T * C, 1.0f);
-    attn_params_f32 p;
-    attn_params_bind_f32(&p, w, &cfg);
-    bf16_mirror mw;
-    CHECK(ctx, bf16_mirror_init(&mw, w, np, &err) == MOH_OK, "%s", err.msg);
-    bf16_mirror_sync(&mw);
-    float *y[2], *dx[2], *g[2];
-    for (int k = 0; k < 2; k++) { /* 0 fp32, 1 bf16 */
-        sparse_cache c;
-        bf16_ctx *b = NULL;
-        CHECK(ctx, sparse_cache_init(&c, &cfg, lc->B, lc->N, &err) == MOH_OK, "%s", err.msg);
-        if (k) {
-            CHECK(ctx, bf16_ctx_new(&b, &mw, &err) == MOH_OK, "%s", err.msg);
-            CHECK(ctx, sparse_cache_set_bf16(&c, &cfg, b, &err) == MOH_OK, "%s", err.msg);
-            CHECK(ctx, c.bf16_tiles, "%s: bf16 tiles not enabled on a CPU with AVX512-BF16", lc->name);
-        }
-        y[k] = malloc(sizeof(float) * T * C);
-        dx[k] = calloc(T * C, sizeof(float));
-        g[k] = calloc(np, sizeof(float));
-        attn_params_f32 gp;
-        attn_params_bind_f32(&gp, g[k], &cfg);
-        sparse_forward_f32(&cfg, &p, x, lc->B, lc->N, y[k], &c);
-        sparse_backward_f32(&cfg, &p, &gp, &c, dy, 0.01f, dx[k]);
-        sparse_cache_free(&c);
-        bf16_ctx_free(b);
-    }
+    lay_run L;
+    lay_run_init(ctx, &L, lc, MOH_ROUTER_LEARNED, 77);
+    const size_t T = L.T, C = (size_t)lc->C;
+    float *const *y = L.y, *const *dx = L.dx, *const *g = L.g;
     double e = test_rel_err_f32(y[1], y[0], (long)(T * C));
     CHECK(ctx, e > 0 && e <= 1e-2, "%s: y bf16 vs fp32 rel %.3g, expected (0, 1e-2]", lc->name, e);
     printf("%-28s y rel %.2e", lc->name, e);
@@ -206,8 +261,8 @@ static void test_layer(test_ctx *ctx, const lay_case *lc) {
     printf("  dx %.2e", e);
     /* every gradient block on its own: W_q, W_k, W_v rows (dQ, dK, dV), their biases, W_O, b_O, router */
     attn_params_f32 g0, g1;
-    attn_params_bind_f32(&g0, g[0], &cfg);
-    attn_params_bind_f32(&g1, g[1], &cfg);
+    attn_params_bind_f32(&g0, g[0], &L.cfg);
+    attn_params_bind_f32(&g1, g[1], &L.cfg);
     const size_t hd = (size_t)lc->h * lc->d, kvd = (size_t)lc->hkv * lc->d;
     const float *blk0[] = {g0.w_qkv, g0.w_qkv + hd * C, g0.w_qkv + (hd + kvd) * C, g0.b_qkv, g0.b_qkv + hd,
                            g0.b_qkv + hd + kvd, g0.w_o, g0.b_o, g0.w_r, g0.w_h, g0.w_s};
@@ -223,18 +278,160 @@ static void test_layer(test_ctx *ctx, const lay_case *lc) {
         worst = fmax(worst, e);
         CHECK(ctx, e <= 3e-2, "%s: gradient %s bf16 vs fp32 rel %.3g, expected <= 3e-2", lc->name, nm[k], e);
     }
-    e = test_rel_err_f32(g[1], g[0], (long)np);
+    e = test_rel_err_f32(g[1], g[0], (long)L.np);
     CHECK(ctx, e > 0, "%s: bf16 gradients equal fp32 bitwise (bf16 not used?)", lc->name);
     printf("  grads (worst block) %.2e\n", worst);
-    for (int k = 0; k < 2; k++) {
-        free(y[k]);
-        free(dx[k]);
-        free(g[k]);
+    lay_run_free(&L);
+}
+
+/* Elementwise check of a bf16 product against float64: |got - sum a_k b_k| <= eb * sum |a_k b_k|,
+ * eb = (1 + u)^2 - 1 + (K + 4) u32 (1 + u)^2: each operand rounded to bf16 (u = 2^-8), the
+ * products exact in fp32, K fp32 additions (u32 = 2^-24) and a few more roundings of the
+ * caller's (a gate, adding a partial sum). Accumulates the worst |err| / bound and the worst
+ * |err| / sum |a b| (which must exceed fp32's: the product did run in bf16). */
+typedef struct prod_chk {
+    double worst_bound, worst_rel;
+    long n;
+} prod_chk;
+static void prod_elem_u(prod_chk *pc, double got, double exact, double absum, long K, double u) {
+    const double u32 = 0x1p-24;
+    const double eb = (1 + u) * (1 + u) - 1 + (double)(K + 4) * u32 * (1 + u) * (1 + u);
+    const double err = fabs(got - exact), den = absum > 1e-30 ? absum : 1e-30;
+    pc->worst_bound = fmax(pc->worst_bound, isnan(err) ? INFINITY : err / (eb * den));
+    pc->worst_rel = fmax(pc->worst_rel, err / den);
+    pc->n++;
+}
+static void prod_elem(prod_chk *pc, double got, double exact, double absum, long K) {
+    prod_elem_u(pc, got, exact, absum, K, 0x1p-8);
+}
+static void prod_report(test_ctx *ctx, const char *layer, const char *what, const prod_chk *pc) {
+    CHECK(ctx, pc->n > 0 && pc->worst_bound <= 1.0, "%s: %s beyond its bf16 bound: worst err / bound %.3g (%ld values)",
+          layer, what, pc->worst_bound, pc->n);
+    CHECK(ctx, pc->worst_rel > 0x1p-16, "%s: %s within %.3g of float64: not computed in bf16?", layer, what,
+          pc->worst_rel);
+    printf("  %-5s err/bound %.3f  err/sum|ab| %.2e\n", what, pc->worst_bound, pc->worst_rel);
+}
+
+/* The backward products the head-sparse path runs in bf16 against float64 recomputed from the
+ * layer's own fp32 operands (sparse_cache after the backward), elementwise within the bf16 bound
+ * (prod_elem): d og = dy W_O^i (seen in dO = gate d og), dW_O = sum dy^T og, dW_q = sum dQ^T x
+ * per head; with the router "none" (no router term in dx) also dx = sum_i dQ_i W_q^i + [dK|dV]
+ * W_{k|v}. And the same tensors against the fp32 layer (relative, as test_layer). The learned
+ * router, split over tokens in bf16 mode but fp32 throughout: gates as the fp32 layer's (1e-5,
+ * only the logits' summation order differs) and its weight gradient dz^T x within fp32's bound. */
+static void test_products(test_ctx *ctx, const lay_case *lc, moh_router router) {
+    lay_run L;
+    lay_run_init(ctx, &L, lc, router, 91);
+    const int B = lc->B, N = lc->N, C = lc->C, h = lc->h, d = lc->d, hd = h * d, kvd = lc->hkv * d;
+    const size_t T = L.T;
+    const float *x = L.x, *dy = L.dy;
+    float *const *dx = L.dx;
+    const attn_params_f32 p = L.p;
+    const sparse_cache *c = L.c;
+    const sparse_cache *cb = &c[1];
+    float *dout[2] = {c[0].dout, c[1].dout};
+    const char *layer = router == MOH_ROUTER_NONE ? "router none" : lc->name;
+    printf("%s: bf16 products vs float64\n", layer);
+    attn_params_f32 gb, gf;
+    attn_params_bind_f32(&gb, L.g[1], &L.cfg);
+    attn_params_bind_f32(&gf, L.g[0], &L.cfg);
+    prod_chk dO = {0}, dwo = {0}, dwq = {0}, dxc = {0};
+    double *acc = calloc((size_t)C * d, sizeof(double)), *aab = calloc((size_t)C * d, sizeof(double));
+    for (int i = 0; i < h; i++) {
+        long K = 0;
+        memset(acc, 0, sizeof(double) * C * d);
+        memset(aab, 0, sizeof(double) * C * d);
+        double *acq = calloc((size_t)C * d, sizeof(double)), *aaq = calloc((size_t)C * d, sizeof(double));
+        for (int bb = 0; bb < B; bb++)
+            for (int pp = cb->pair_off[bb * h + i]; pp < cb->pair_off[bb * h + i + 1]; pp++, K++) {
+                const size_t t = (size_t)bb * N + cb->pair_pos[pp];
+                const float gate = cb->rc.gates[t * h + i];
+                for (int e = 0; e < d; e++) { /* dO = gate dy W_O^i */
+                    double s = 0.0, sa = 0.0;
+                    for (int cc = 0; cc < C; cc++) {
+                        const double v = (double)dy[t * C + cc] * p.w_o[(size_t)cc * hd + (size_t)i * d + e];
+                        s += v;
+                        sa += fabs(v);
+                    }
+                    prod_elem(&dO, cb->dout[(size_t)pp * d + e], gate * s, fabs(gate) * sa, C + 1);
+                }
+                for (int cc = 0; cc < C; cc++)
+                    for (int e = 0; e < d; e++) {
+                        const double vo = (double)dy[t * C + cc] * cb->og[(size_t)pp * d + e];
+                        const double vq = (double)cb->dq[(size_t)pp * d + e] * x[t * C + cc];
+                        acc[(size_t)cc * d + e] += vo;
+                        aab[(size_t)cc * d + e] += fabs(vo);
+                        acq[(size_t)cc * d + e] += vq;
+                        aaq[(size_t)cc * d + e] += fabs(vq);
+                    }
+            }
+        for (int cc = 0; cc < C; cc++)
+            for (int e = 0; e < d; e++) {
+                prod_elem(&dwo, gb.w_o[(size_t)cc * hd + (size_t)i * d + e], acc[(size_t)cc * d + e],
+                          aab[(size_t)cc * d + e], K + 1);
+                prod_elem(&dwq, gb.w_qkv[((size_t)i * d + e) * C + cc], acq[(size_t)cc * d + e],
+                          aaq[(size_t)cc * d + e], K + 1);
+            }
+        free(acq);
+        free(aaq);
     }
-    bf16_mirror_free(&mw);
-    free(w);
-    free(x);
-    free(dy);
+    if (router == MOH_ROUTER_NONE) /* dx = dQ W_q + [dK|dV] W_{k|v}: cb->kv holds dK|dV rows */
+        for (size_t t = 0; t < T; t++)
+            for (int cc = 0; cc < C; cc++) {
+                double s = 0.0, sa = 0.0;
+                const int bb = (int)(t / N), n = (int)(t % N);
+                for (int i = 0; i < h; i++) {
+                    const int off = cb->pair_off[bb * h + i];
+                    const int pp = off + n; /* every pair selected: the pair of token n is the n-th */
+                    for (int e = 0; e < d; e++) {
+                        const double v = (double)cb->dq[(size_t)pp * d + e] * p.w_qkv[((size_t)i * d + e) * C + cc];
+                        s += v;
+                        sa += fabs(v);
+                    }
+                }
+                for (int j = 0; j < 2 * kvd; j++) {
+                    const double v = (double)cb->kv[t * 2 * kvd + j] * p.w_qkv[((size_t)hd + j) * C + cc];
+                    s += v;
+                    sa += fabs(v);
+                }
+                prod_elem(&dxc, dx[1][t * C + cc], s, sa, hd + 2 * kvd + h + 1);
+            }
+    if (router == MOH_ROUTER_LEARNED) { /* the router, split over tokens in bf16 mode, stays fp32 */
+        const int E = lc->h - lc->hs, nz = E + (lc->hs >= 1 ? 2 : 0) + (lc->hs >= 2 ? lc->hs : 0);
+        const double eg = test_rel_err_f32(cb->rc.gates, c[0].rc.gates, (long)T * h);
+        CHECK(ctx, eg <= 1e-5, "%s: gates in bf16 mode vs fp32 rel %.3g, expected <= 1e-5 (fp32 router)", layer, eg);
+        prod_chk dwr = {0}; /* d(wg | wg_0 | wg_1) = dz^T x in fp32 from the cache's dz */
+        for (int j = 0; j < nz; j++)
+            for (int cc = 0; cc < C; cc++) {
+                double s = 0.0, sa = 0.0;
+                for (size_t t = 0; t < T; t++) {
+                    const double v = (double)cb->rdz[t * nz + j] * x[t * C + cc];
+                    s += v;
+                    sa += fabs(v);
+                }
+                prod_elem_u(&dwr, gb.w_r[(size_t)j * C + cc], s, sa, (long)T, 0.0);
+            }
+        CHECK(ctx, dwr.worst_bound <= 1.0, "%s: router weight gradient beyond its fp32 bound: %.3g", layer,
+              dwr.worst_bound);
+        printf("  dW_router (fp32) err/bound %.3f\n", dwr.worst_bound);
+    }
+    prod_report(ctx, layer, "dO", &dO);
+    prod_report(ctx, layer, "dW_O", &dwo);
+    prod_report(ctx, layer, "dW_q", &dwq);
+    if (router == MOH_ROUTER_NONE) prod_report(ctx, layer, "dx", &dxc);
+    /* against the fp32 layer (its operands differ by the upstream bf16 roundings: as test_layer) */
+    const size_t P = (size_t)cb->pair_off[B * h];
+    double e = test_rel_err_f32(dout[1], dout[0], (long)(P * d));
+    CHECK(ctx, e > 0 && e <= 2e-2, "%s: dO bf16 vs fp32 rel %.3g, expected (0, 2e-2]", layer, e);
+    e = test_rel_err_f32(gb.w_o, gf.w_o, (long)C * hd);
+    CHECK(ctx, e > 0 && e <= 3e-2, "%s: dW_O bf16 vs fp32 rel %.3g, expected (0, 3e-2]", layer, e);
+    e = test_rel_err_f32(gb.w_qkv, gf.w_qkv, (long)hd * C);
+    CHECK(ctx, e > 0 && e <= 3e-2, "%s: dW_q bf16 vs fp32 rel %.3g, expected (0, 3e-2]", layer, e);
+    e = test_rel_err_f32(dx[1], dx[0], (long)(T * C));
+    CHECK(ctx, e > 0 && e <= 2e-2, "%s: dx bf16 vs fp32 rel %.3g, expected (0, 2e-2]", layer, e);
+    free(acc);
+    free(aab);
+    lay_run_free(&L);
 }
 
 /* A small MoH LM trained 8 AdamW steps on one random batch in fp32 and in bf16 from the same
@@ -375,6 +572,9 @@ int main(void) {
         {"odd d 7, no RoPE, N 77", 28, 4, 4, 7, 1, 2, false, 1, 77},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_layer(&ctx, &cases[i]);
+    test_products(&ctx, &cases[0], MOH_ROUTER_LEARNED);
+    test_products(&ctx, &cases[3], MOH_ROUTER_LEARNED);
+    test_products(&ctx, &cases[2], MOH_ROUTER_NONE);
     test_lm_train(&ctx);
     static const char vit[] = "{\"model_type\": \"vit\", \"img_size\": 16, \"patch_size\": 4, \"in_chans\": 1,"
                               " \"num_classes\": 10, \"embed_dim\": 48, \"depth\": 2, \"num_heads\": 4,"

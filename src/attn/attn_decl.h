@@ -63,6 +63,19 @@ void F(router_backward)(const moh_attn_config *cfg, const F(attn_params) *prm,
                         const F(attn_params) *g, const F(attn_cache) *c, const real *dgates,
                         real lb_scale, real *dx, real *dqkv, int T);
 
+/* Pieces of the learned router (top_k >= 1) by rows, for callers that split the work (the
+ * head-sparse path in bf16): router_learned_rows: rows [t0, t1) of p, s, a, mask, r, denom and
+ * the gates from the logits z [T, E + nh + ns] (row t: wg x_t | wg_0 x_t | wg_1 x_t; nh = 2 when
+ * h_s >= 1, ns = h_s when h_s >= 2), the same values router_forward computes;
+ * router_load_balance: lb (spec §2) of p, mask [T, E]; router_lb_dp: d lb_scale lb / d p[t, i]
+ * (the same for every t); router_learned_grad_rows: rows [t0, t1) of router_backward's dp [T, E]
+ * (ADDED to: the caller sets the load-balance term first), ds [T, h_s], da [T, 2] from dgates. */
+void F(router_learned_rows)(const moh_attn_config *cfg, F(attn_cache) *c, const real *z, int t0, int t1);
+real F(router_load_balance)(const real *p, const real *mask, int T, int E);
+real F(router_lb_dp)(const F(attn_cache) *c, real lb_scale, int T, int E, int i);
+void F(router_learned_grad_rows)(const moh_attn_config *cfg, const F(attn_cache) *c, const real *dgates,
+                                 real *dp, real *ds, real *da, int t0, int t1);
+
 /* Reference MoH attention forward (spec §1 step 5: every head computed, then gated):
  * x [B, N, C] -> y [B, N, C]; fills c (gates, lb_loss, activations). */
 void F(attn_forward)(const moh_attn_config *cfg, const F(attn_params) *prm, const real *x,

@@ -18,7 +18,7 @@ static void F(linear_softmax)(real *out, real *tmp, const real *x, const real *w
 }
 
 /* lb = E * sum_i P_i f_i, P_i = mean_t p[t,i], f_i = mean_t mask[t,i] (spec §2). */
-static real F(load_balance)(const real *p, const real *mask, int T, int E) {
+real F(router_load_balance)(const real *p, const real *mask, int T, int E) {
     double lb = 0.0;
     for (int i = 0; i < E; i++) {
         double P = 0.0, f = 0.0;
@@ -29,6 +29,45 @@ static real F(load_balance)(const real *p, const real *mask, int T, int E) {
         lb += (P / T) * (f / T);
     }
     return (real)(E * lb);
+}
+
+/* Learned router, top_k >= 1, rows [t0, t1) with p, s, a set: top-k mask, r and the gates. */
+static void F(router_gate_rows)(const moh_attn_config *cfg, F(attn_cache) *c, int t0, int t1) {
+    const int h = cfg->n_heads, hs = cfg->shared_heads, K = cfg->top_k, E = attn_routed_heads(cfg);
+    real *g = c->gates;
+    const real eps = (real)FLT_EPSILON; /* torch.finfo(float32).eps, as the official clamp */
+    for (int t = t0; t < t1; t++) {
+        const real *p = c->p + (long)t * E;
+        real *m = c->mask + (long)t * E, *r = c->r + (long)t * E, *gt = g + (long)t * h;
+        F(topk_mask)(m, p, E, K);
+        real sum = 0;
+        for (int j = 0; j < E; j++) sum += p[j] * m[j];
+        c->denom[t] = sum > eps ? sum : eps;
+        for (int j = 0; j < E; j++) r[j] = K * (p[j] * m[j]) / c->denom[t];
+        if (hs == 0) {
+            for (int j = 0; j < E; j++) gt[j] = r[j];
+            continue;
+        }
+        const real a0 = 2 * c->a[2 * t], a1 = 2 * c->a[2 * t + 1];
+        for (int i = 0; i < hs; i++) gt[i] = a0 * (hs >= 2 ? hs * c->s[(long)t * hs + i] : 1);
+        for (int j = 0; j < E; j++) gt[hs + j] = a1 * r[j];
+    }
+}
+
+void F(router_learned_rows)(const moh_attn_config *cfg, F(attn_cache) *c, const real *z, int t0, int t1) {
+    const int hs = cfg->shared_heads, E = attn_routed_heads(cfg);
+    const int nh = hs >= 1 ? 2 : 0, ns = hs >= 2 ? hs : 0, nz = E + nh + ns;
+    for (int t = t0; t < t1; t++) { /* the logits by rows into r, s, a; the softmaxes in place */
+        const real *zt = z + (size_t)t * nz;
+        memcpy(c->r + (size_t)t * E, zt, sizeof(real) * E);
+        if (ns) memcpy(c->s + (size_t)t * ns, zt + E + nh, sizeof(real) * ns);
+        if (nh) memcpy(c->a + (size_t)t * 2, zt + E, sizeof(real) * 2);
+    }
+    const int m = t1 - t0;
+    F(softmax_forward)(c->p + (size_t)t0 * E, c->r + (size_t)t0 * E, m, E);
+    if (ns) F(softmax_forward)(c->s + (size_t)t0 * ns, c->s + (size_t)t0 * ns, m, ns);
+    if (nh) F(softmax_forward)(c->a + (size_t)t0 * 2, c->a + (size_t)t0 * 2, m, 2);
+    F(router_gate_rows)(cfg, c, t0, t1);
 }
 
 void F(router_forward)(const moh_attn_config *cfg, const F(attn_params) *prm, const real *x,
@@ -67,7 +106,7 @@ void F(router_forward)(const moh_attn_config *cfg, const F(attn_params) *prm, co
             for (int i = 0; i < hs; i++) g[(long)t * h + i] = 1;
             for (int j = 0; j < E; j++) g[(long)t * h + hs + j] = c->mask[(long)t * E + j];
         }
-        c->lb_loss = F(load_balance)(c->p, c->mask, T, E);
+        c->lb_loss = F(router_load_balance)(c->p, c->mask, T, E);
         return;
     }
     /* learned */
@@ -86,39 +125,15 @@ void F(router_forward)(const moh_attn_config *cfg, const F(attn_params) *prm, co
          * (each logit the same dot product as in its own GEMM), then the softmaxes */
         real *z = c->scratch; /* [T, nz] (backward scratch, free here) */
         F(linear_forward)(z, x, prm->w_r, NULL, T, C, nz);
-        for (int t = 0; t < T; t++) memcpy(c->r + (size_t)t * E, z + (size_t)t * nz, sizeof(real) * E);
-        F(softmax_forward)(c->p, c->r, T, E);
-        if (ns) {
-            for (int t = 0; t < T; t++) memcpy(g + (size_t)t * ns, z + (size_t)t * nz + E + nh, sizeof(real) * ns);
-            F(softmax_forward)(c->s, g, T, ns);
-        }
-        if (nh) {
-            for (int t = 0; t < T; t++) memcpy(g + (size_t)t * 2, z + (size_t)t * nz + E, sizeof(real) * 2);
-            F(softmax_forward)(c->a, g, T, 2);
-        }
-    } else {
-        F(linear_softmax)(c->p, c->r, x, prm->w_r, T, C, E);
-        if (hs >= 2) F(linear_softmax)(c->s, g, x, prm->w_s, T, C, hs);
-        if (hs >= 1) F(linear_softmax)(c->a, g, x, prm->w_h, T, C, 2);
+        F(router_learned_rows)(cfg, c, z, 0, T);
+        c->lb_loss = F(router_load_balance)(c->p, c->mask, T, E);
+        return;
     }
-    const real eps = (real)FLT_EPSILON; /* torch.finfo(float32).eps, as the official clamp */
-    for (int t = 0; t < T; t++) {
-        const real *p = c->p + (long)t * E;
-        real *m = c->mask + (long)t * E, *r = c->r + (long)t * E, *gt = g + (long)t * h;
-        F(topk_mask)(m, p, E, K);
-        real sum = 0;
-        for (int j = 0; j < E; j++) sum += p[j] * m[j];
-        c->denom[t] = sum > eps ? sum : eps;
-        for (int j = 0; j < E; j++) r[j] = K * (p[j] * m[j]) / c->denom[t];
-        if (hs == 0) {
-            for (int j = 0; j < E; j++) gt[j] = r[j];
-            continue;
-        }
-        const real a0 = 2 * c->a[2 * t], a1 = 2 * c->a[2 * t + 1];
-        for (int i = 0; i < hs; i++) gt[i] = a0 * (hs >= 2 ? hs * c->s[(long)t * hs + i] : 1);
-        for (int j = 0; j < E; j++) gt[hs + j] = a1 * r[j];
-    }
-    c->lb_loss = F(load_balance)(c->p, c->mask, T, E);
+    F(linear_softmax)(c->p, c->r, x, prm->w_r, T, C, E);
+    if (hs >= 2) F(linear_softmax)(c->s, g, x, prm->w_s, T, C, hs);
+    if (hs >= 1) F(linear_softmax)(c->a, g, x, prm->w_h, T, C, 2);
+    F(router_gate_rows)(cfg, c, 0, T);
+    c->lb_loss = F(router_load_balance)(c->p, c->mask, T, E);
 }
 
 /* dz = J_softmax^T dp, accumulated through w: dx += dz @ w, dw += dz^T @ x. dz: [T, n] scratch. */
@@ -128,6 +143,48 @@ static void F(softmax_linear_backward)(real *dx, real *dw, real *dz, const real 
     for (long i = 0; i < (long)T * n; i++) dz[i] = 0;
     F(softmax_backward)(dz, dp, prob, T, n);
     F(linear_backward)(dx, dw, NULL, dz, x, w, T, C, n);
+}
+
+real F(router_lb_dp)(const F(attn_cache) *c, real lb_scale, int T, int E, int i) {
+    double f = 0.0;
+    for (int t = 0; t < T; t++) f += c->mask[(long)t * E + i];
+    return (real)(lb_scale * E * (f / T) / T);
+}
+
+void F(router_learned_grad_rows)(const moh_attn_config *cfg, const F(attn_cache) *c, const real *dgates,
+                                 real *dp, real *ds, real *da, int t0, int t1) {
+    const int h = cfg->n_heads, hs = cfg->shared_heads, K = cfg->top_k, E = attn_routed_heads(cfg);
+    for (int t = t0; t < t1; t++) {
+        const real *dg = dgates + (long)t * h;
+        const real *m = c->mask + (long)t * E, *r = c->r + (long)t * E;
+        real *dpt = dp + (long)t * E;
+        real a1 = 1;
+        if (hs >= 1) {
+            const real a0 = 2 * c->a[2 * t];
+            a1 = 2 * c->a[2 * t + 1];
+            real da0 = 0, da1 = 0;
+            for (int i = 0; i < hs; i++) {
+                const real si = hs >= 2 ? hs * c->s[(long)t * hs + i] : 1;
+                da0 += dg[i] * si;
+                if (hs >= 2) ds[(long)t * hs + i] = dg[i] * a0 * hs;
+            }
+            for (int j = 0; j < E; j++) da1 += dg[hs + j] * r[j];
+            da[2 * t] = 2 * da0;
+            da[2 * t + 1] = 2 * da1;
+        }
+        /* r_j = K p_j m_j / D, D = max(sum_l p_l m_l, eps):
+         * dp_j = (K m_j / D) (dr_j - sum_l dr_l r_l / K), written with r so that the two terms
+         * cancel exactly where they should (top-1: r = p / p = 1). Clamped D is a constant. */
+        const real D = c->denom[t];
+        const bool clamped = !(D > (real)FLT_EPSILON);
+        real rdot = 0;
+        for (int j = 0; j < E; j++) rdot += dg[hs + j] * a1 * r[j];
+        for (int j = 0; j < E; j++) {
+            if (m[j] == 0) continue;
+            const real dr = dg[hs + j] * a1;
+            dpt[j] += K / D * (dr - (clamped ? 0 : rdot / K));
+        }
+    }
 }
 
 void F(router_backward)(const moh_attn_config *cfg, const F(attn_params) *prm,
@@ -150,9 +207,7 @@ void F(router_backward)(const moh_attn_config *cfg, const F(attn_params) *prm,
     for (long i = 0; i < (long)T * E; i++) dp[i] = 0;
     if (lb_scale != 0) {
         for (int i = 0; i < E; i++) {
-            double f = 0.0;
-            for (int t = 0; t < T; t++) f += c->mask[(long)t * E + i];
-            const real v = (real)(lb_scale * E * (f / T) / T);
+            const real v = F(router_lb_dp)(c, lb_scale, T, E, i);
             for (int t = 0; t < T; t++) dp[(long)t * E + i] = v;
         }
     }
@@ -190,37 +245,7 @@ void F(router_backward)(const moh_attn_config *cfg, const F(attn_params) *prm,
         return;
     }
     /* learned, K >= 1 */
-    for (int t = 0; t < T; t++) {
-        const real *dg = dgates + (long)t * h;
-        const real *m = c->mask + (long)t * E, *r = c->r + (long)t * E;
-        real *dpt = dp + (long)t * E;
-        real a1 = 1;
-        if (hs >= 1) {
-            const real a0 = 2 * c->a[2 * t];
-            a1 = 2 * c->a[2 * t + 1];
-            real da0 = 0, da1 = 0;
-            for (int i = 0; i < hs; i++) {
-                const real si = hs >= 2 ? hs * c->s[(long)t * hs + i] : 1;
-                da0 += dg[i] * si;
-                if (hs >= 2) ds[(long)t * hs + i] = dg[i] * a0 * hs;
-            }
-            for (int j = 0; j < E; j++) da1 += dg[hs + j] * r[j];
-            da[2 * t] = 2 * da0;
-            da[2 * t + 1] = 2 * da1;
-        }
-        /* r_j = K p_j m_j / D, D = max(sum_l p_l m_l, eps):
-         * dp_j = (K m_j / D) (dr_j - sum_l dr_l r_l / K), written with r so that the two terms
-         * cancel exactly where they should (top-1: r = p / p = 1). Clamped D is a constant. */
-        const real D = c->denom[t];
-        const bool clamped = !(D > (real)FLT_EPSILON);
-        real rdot = 0;
-        for (int j = 0; j < E; j++) rdot += dg[hs + j] * a1 * r[j];
-        for (int j = 0; j < E; j++) {
-            if (m[j] == 0) continue;
-            const real dr = dg[hs + j] * a1;
-            dpt[j] += K / D * (dr - (clamped ? 0 : rdot / K));
-        }
-    }
+    F(router_learned_grad_rows)(cfg, c, dgates, dp, ds, da, 0, T);
     F(softmax_linear_backward)(dx, g->w_r, dz, dp, c->p, c->x, prm->w_r, T, C, E);
     if (hs >= 2) F(softmax_linear_backward)(dx, g->w_s, dz, ds, c->s, c->x, prm->w_s, T, C, hs);
     if (hs >= 1) F(softmax_linear_backward)(dx, g->w_h, dz, da, c->a, c->x, prm->w_h, T, C, 2);

@@ -36,7 +36,7 @@
 #define SP_KC 256        /* tokens per chunk of a weight-gradient reduction */
 #define SP_CB 96         /* output rows per weight-gradient task (multiple of SP_MR) */
 #define SP_BWD_TASKS 32  /* target task count of the attention backward: fixes the key split */
-#define SP_NPTR 10       /* pointer arrays per thread */
+#define SP_NPTR 11       /* pointer arrays per thread */
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
 static inline int imax(int a, int b) { return a > b ? a : b; }
@@ -54,12 +54,13 @@ int sparse_active_heads(const moh_attn_config *cfg) {
 
 /* Per-thread scratch, carved from the thread's float and pointer slices (tws_get): score tiles
  * s, ds [BQ, BK]; oacc [BQ, dpad]; m, nv [BQ]; l [BQ, 16]; dkt, dvt [BK, dpad]; operand pointer
- * arrays pa .. pc [ptr_cap]; sc / sa, dsc / dsa: the rows of s, ds. */
+ * arrays pa .. pc, pa16 [ptr_cap]; sc / sa, dsc / dsa: the rows of s, ds. */
 typedef struct sp_tws {
     float *s, *ds, *oacc, *m, *l, *dkt, *dvt;
     int *nv;
     const float **pa, **pb, **pb2, **pb3, **pa2, **sa, **dsa;
     float **pc, **sc, **dsc;
+    const uint16_t **pa16; /* bf16 operand rows */
     uint16_t *pbf, *qb; /* bf16 tiles: probabilities [SP_MR, BK]; operand rows (queries
                          * [BQ, 2 ceil(d/2)], gathered x [BQ, 2 ceil(C/2)], og [SP_TC, 2 ceil(d/2)]) */
     uint16_t *bw;       /* bf16 backward: P and dS pair-interleaved over rows [BQ / 2, BK, 2] each,
@@ -106,6 +107,12 @@ static int sp_nparts(const moh_attn_config *cfg, int B, int N) {
     return imax(np, 1);
 }
 
+/* The backward's products in bf16: attention tiles, d og, dx, dW_q, dW_O (head_dim <= SPARSE_BK:
+ * the tiles' scratch). */
+static bool sp_bwd16(const moh_attn_config *cfg, const sparse_cache *c) {
+    return c->bf16_tiles && cfg->head_dim <= SPARSE_BK;
+}
+
 static size_t sp_layout(sparse_cache *c, const moh_attn_config *cfg, int B, int N, int nthreads,
                         char *base) {
     sp_carver cv = {base, 0};
@@ -134,6 +141,8 @@ static size_t sp_layout(sparse_cache *c, const moh_attn_config *cfg, int B, int 
     rc->scratch = carve(&cv, T * (E + W + hs + 2) * F);
     rc->q_pre = carve(&cv, qn ? T * hd * F : 0);
     o->dgates = carve(&cv, T * h * F);
+    o->rdz = carve(&cv, T * (E + 2 + hs) * F);
+    o->lbv = carve(&cv, (E + 1) * F);
     o->pair_off = carve(&cv, ((size_t)B * h + 1) * sizeof(int));
     o->pair_pos = carve(&cv, P * sizeof(int));
     o->tasks = carve(&cv, (size_t)sp_max_tasks(cfg, B, N) * 4 * sizeof(int));
@@ -229,7 +238,8 @@ int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, bf16_ctx 
                              ~(size_t)31;
         const size_t capP = (size_t)c->maxB * c->maxN * sparse_active_heads(cfg);
         const size_t nrow = capP * d2, ntr = capP * (size_t)cfg->head_dim + 32; /* + a finite pad */
-        uint16_t *blk = calloc(2 * (nk + nv) + nwq + nwo + 2 * (nrow + ntr) + (size_t)c->nthreads * bws_n,
+        const size_t ntok = 2 * (size_t)c->maxB * c->maxN * C2; /* x, then dy */
+        uint16_t *blk = calloc(2 * (nk + nv) + 2 * (nwq + nwo) + 2 * nrow + 4 * ntr + ntok + (size_t)c->nthreads * bws_n,
                                sizeof(uint16_t));
         if (!blk) return moh_fail(err, MOH_E_NOMEM, "sparse attention: cannot allocate the bf16 key/value tiles");
         c->bblock = blk;
@@ -243,14 +253,19 @@ int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, bf16_ctx 
         c->dot16 = c->qt16 + ntr;
         c->wqb = c->dot16 + ntr;
         c->wob = c->wqb + nwq;
-        c->bws = c->wob + nwo;
+        c->wob2 = c->wob + nwo;
+        c->wqb2 = c->wob2 + nwq;
+        c->dqt16 = c->wqb2 + nwo;
+        c->ogt16 = c->dqt16 + ntr;
+        c->tok16 = c->ogt16 + ntr;
+        c->bws = c->tok16 + ntok;
         c->bws_n = bws_n;
     }
     if (!tiles && c->bblock) {
         free(c->bblock);
         c->bblock = NULL;
         c->ktb = c->vtb = c->vtbt = c->ktbk = c->qb16 = c->dob16 = c->qt16 = c->dot16 = NULL;
-        c->wqb = c->wob = c->bws = NULL;
+        c->wqb = c->wob = c->wob2 = c->wqb2 = c->dqt16 = c->ogt16 = c->tok16 = c->bws = NULL;
         c->bws_n = 0;
     }
     c->bf16 = ctx;
@@ -295,6 +310,7 @@ static sp_tws tws_get(const sparse_cache *c, const moh_attn_config *cfg, int tid
     w.pc = (float **)(void *)(p + 7 * cap);
     w.sc = (float **)(void *)(p + 8 * cap);
     w.dsc = (float **)(void *)(p + 9 * cap);
+    w.pa16 = (const uint16_t **)(void *)(p + 10 * cap);
     for (int r = 0; r < SPARSE_BQ; r++) {
         w.sc[r] = w.s + (size_t)r * SPARSE_BK;
         w.sa[r] = w.sc[r];
@@ -441,26 +457,26 @@ static void pack_cd_task(const void *arg, int t0, int t1, sp_tws *w) {
                 a->dst[((size_t)i * C + k) * d + e] = v.w[(size_t)i * v.hs + (size_t)e * v.es + (size_t)k * v.ks];
 }
 
-/* Tasks: heads. dst [h, ncb, d, SP_NR]: dst[i][cb][e][j] = A_i(e, cb SP_NR + j), 0 past C (B
- * operand of a product into C-wide rows, one [d, SP_NR] block per column block). */
-/* The bf16 weights of the forward (bf16_tiles), per head: W_q^i as [ceil(C/2), d, 2] (pairs of
- * inputs), W_O^i as [ceil(d/2), C, 2] (pairs of head dims); zero padded. */
+/* Tasks: heads. The bf16 weights of a head-sparse product (bf16_tiles), per head A_i [d, C] of
+ * the view: dim_pairs: [ceil(d/2), C, 2] (pairs of head dims: the B operand of a product into
+ * C-wide rows: W_O^i in the forward's y, W_q^i in dx), else [ceil(C/2), d, 2] (pairs of inputs:
+ * B of a product of C-wide rows: W_q^i in q, W_O^i in d og); zero padded. */
 typedef struct sp_pack16 {
     const moh_attn_config *cfg;
     sp_wview v;
     uint16_t *dst;
-    bool wo; /* the W_O layout (else W_q) */
+    bool dim_pairs;
 } sp_pack16;
 static void pack_bf16_task(const void *arg, int t0, int t1, sp_tws *w) {
     const sp_pack16 *a = arg;
     const int C = a->cfg->hidden_size, d = a->cfg->head_dim, C2 = (C + 1) / 2, d2 = (d + 1) / 2;
     const sp_wview v = a->v;
     for (int i = t0; i < t1; i++) {
-        uint16_t *dst = a->dst + (size_t)i * (a->wo ? (size_t)d2 * 2 * C : (size_t)C2 * 2 * d);
+        uint16_t *dst = a->dst + (size_t)i * (a->dim_pairs ? (size_t)d2 * 2 * C : (size_t)C2 * 2 * d);
         for (int e = 0; e < 2 * d2; e++)
             for (int k = 0; k < 2 * C2; k++) {
                 const uint16_t x = e < d && k < C ? bf16_round(v.w[(size_t)i * v.hs + (size_t)e * v.es + (size_t)k * v.ks]) : 0;
-                if (a->wo) {
+                if (a->dim_pairs) {
                     if (k < C) dst[((size_t)(e / 2) * C + k) * 2 + (e & 1)] = x;
                 } else if (e < d) {
                     dst[((size_t)(k / 2) * d + e) * 2 + (k & 1)] = x;
@@ -469,6 +485,8 @@ static void pack_bf16_task(const void *arg, int t0, int t1, sp_tws *w) {
     }
 }
 
+/* Tasks: heads. dst [h, ncb, d, SP_NR]: dst[i][cb][e][j] = A_i(e, cb SP_NR + j), 0 past C (B
+ * operand of a product into C-wide rows, one [d, SP_NR] block per column block). */
 static void pack_blk_task(const void *arg, int t0, int t1, sp_tws *w) {
     const sp_pack *a = arg;
     const int C = a->cfg->hidden_size, d = a->cfg->head_dim, ncb = sp_ncb(a->cfg);
@@ -489,7 +507,8 @@ typedef struct sp_scatter {
     float *dst;       /* [T, C] token rows */
     bool init;        /* set dst rows to bias (NULL: 0) first; else accumulate */
     const float *bias;
-    bool bf16;        /* src rows rounded to bf16 times c->wob (the forward's W_O in bf16) */
+    const uint16_t *w16; /* bf16: src rows rounded to bf16 times these [h, ceil(d/2), C, 2] weights
+                          * (c->wob: W_O^i in the forward; c->wqb2: W_q^i for dx); NULL: fp32 */
 } sp_scatter;
 
 /* Tasks: (b, chunk of SP_TC tokens). dst[t] (+)= sum over heads i in order of src_p W_i for the
@@ -517,14 +536,14 @@ static void scatter_task(const void *arg, int t0, int t1, sp_tws *w) {
                 w->pa[r] = a->src + (size_t)(off + lo + r) * d;
                 w->pc[r] = a->dst + ((size_t)b * N + pp[lo + r]) * C;
             }
-            if (a->bf16) { /* rows of src are consecutive pairs: one bf16 block [m, 2 d2] */
+            if (a->w16) { /* rows of src are consecutive pairs: one bf16 block [m, 2 d2] */
                 const int d2 = (d + 1) / 2;
                 for (int r = 0; r < m; r++) {
                     uint16_t *ob = w->qb + (size_t)r * 2 * d2;
                     bf16_from_f32(ob, w->pa[r], (size_t)d);
                     if (d & 1) ob[d] = 0;
                 }
-                sp_mm_bf16(true, m, C, d2, w->qb, 2 * d2, c->wob + (size_t)i * d2 * 2 * C, 2 * C, w->pc, true);
+                sp_mm_bf16(true, m, C, d2, w->qb, 2 * d2, a->w16 + (size_t)i * d2 * 2 * C, 2 * C, w->pc, true);
                 continue;
             }
             for (int cb = 0; cb < ncb; cb++) {
@@ -537,6 +556,29 @@ static void scatter_task(const void *arg, int t0, int t1, sp_tws *w) {
 }
 
 static int scatter_tasks(const sp_ctx *x) { return x->B * ((x->N + SP_TC - 1) / SP_TC); }
+
+/* The bf16 token rows [T, 2 ceil(C/2)] of x (forward) and dy (backward) in c->tok16. */
+static uint16_t *sp_x16(const sparse_cache *c) { return c->tok16; }
+static uint16_t *sp_dy16(const sparse_cache *c, const moh_attn_config *cfg) {
+    return c->tok16 + (size_t)c->maxB * c->maxN * 2 * ((cfg->hidden_size + 1) / 2);
+}
+
+/* Tasks: tokens. dst [T, 2 ceil(C/2)] = src [T, C] in bf16 (sp_x16, sp_dy16): the gathered rows
+ * of q = x W_q^i^T, d og = dy W_O^i, dW_q and dW_O. */
+typedef struct sp_tok16 {
+    uint16_t *dst;
+    const float *src;
+    int C;
+} sp_tok16;
+static void tok16_task(const void *arg, int t0, int t1, sp_tws *w) {
+    const sp_tok16 *a = arg;
+    const size_t C = (size_t)a->C, C2 = 2 * ((C + 1) / 2);
+    for (int t = t0; t < t1; t++) {
+        uint16_t *dst = a->dst + (size_t)t * C2;
+        bf16_from_f32(dst, a->src + (size_t)t * C, C);
+        if (C & 1) dst[C] = 0;
+    }
+}
 
 /* ------------------------------------------------------------------------------------------------
  * Forward
@@ -593,6 +635,62 @@ static void fwd_router_step(const void *arg, int t0, int t1, sp_tws *w) {
     build_pairs(cfg, c, x->B, x->N);
 }
 
+/* The learned router (top_k >= 1) split over tokens (bf16 compute), nz = E + nh + ns logits per
+ * token (wg x | wg_0 x | wg_1 x). */
+static int sp_router_nz(const moh_attn_config *cfg) {
+    const int hs = cfg->shared_heads;
+    return attn_routed_heads(cfg) + (hs >= 1 ? 2 : 0) + (hs >= 2 ? hs : 0);
+}
+static bool sp_router_split(const moh_attn_config *cfg, const sparse_cache *c) {
+    if (!c->bf16 || cfg->router != MOH_ROUTER_LEARNED || cfg->top_k < 1 || attn_routed_heads(cfg) < 1) return false;
+    const int nz = sp_router_nz(cfg); /* W^T fits c->wpack1, SP_TC rows of dz fit w->s */
+    return nz <= cfg->n_heads * cfg->head_dim && (size_t)SP_TC * nz <= (size_t)SPARSE_BQ * SPARSE_BK;
+}
+/* Row j < nz of the router's weights (wg, then wg_0, then wg_1) in p (parameters or gradients). */
+static float *router_row(const moh_attn_config *cfg, const attn_params_f32 *p, int j) {
+    const int E = attn_routed_heads(cfg), C = cfg->hidden_size;
+    const int nh = cfg->shared_heads >= 1 ? 2 : 0;
+    if (j < E) return p->w_r + (size_t)j * C;
+    if (j < E + nh) return p->w_h + (size_t)(j - E) * C;
+    return p->w_s + (size_t)(j - E - nh) * C;
+}
+
+/* Serial: wg | wg_0 | wg_1 transposed into c->wpack1 [C, nz]. */
+static void router_pack_step(const void *arg, int t0, int t1, sp_tws *w) {
+    const sp_ctx *x = arg;
+    const int C = x->cfg->hidden_size, nz = sp_router_nz(x->cfg);
+    for (int j = 0; j < nz; j++) {
+        const float *wr = router_row(x->cfg, x->prm, j);
+        for (int k = 0; k < C; k++) x->c->wpack1[(size_t)k * nz + j] = wr[k];
+    }
+}
+
+/* Tasks: chunks of SP_TC tokens. The router's logits z = x W^T (fp32 register tiles, into
+ * rc.scratch [T, nz]), then its scores and gates (router_learned_rows). */
+static void router_fwd_task(const void *arg, int t0, int t1, sp_tws *w) {
+    const sp_ctx *x = arg;
+    sparse_cache *c = x->c;
+    const int C = x->cfg->hidden_size, nz = sp_router_nz(x->cfg), T = x->B * x->N;
+    for (int k = 0; k < C; k++) w->pb[k] = c->wpack1 + (size_t)k * nz;
+    for (int task = t0; task < t1; task++) {
+        const int r0 = task * SP_TC, nr = imin(SP_TC, T - r0);
+        for (int r = 0; r < nr; r++) {
+            w->pa[r] = x->x + (size_t)(r0 + r) * C;
+            w->pc[r] = c->rc.scratch + (size_t)(r0 + r) * nz;
+        }
+        sp_mm(c->avx512, 0, nr, nz, C, w->pa, 0, w->pb, 0, w->pc, 0, false);
+        router_learned_rows_f32(x->cfg, &c->rc, c->rc.scratch, r0, r0 + nr);
+    }
+}
+
+/* Serial: load-balance loss and the pair lists (after router_fwd_task). */
+static void router_lb_pairs_step(const void *arg, int t0, int t1, sp_tws *w) {
+    const sp_ctx *x = arg;
+    sparse_cache *c = x->c;
+    c->rc.lb_loss = router_load_balance_f32(c->rc.p, c->rc.mask, x->B * x->N, attn_routed_heads(x->cfg));
+    build_pairs(x->cfg, c, x->B, x->N);
+}
+
 /* Serial: kv [T, 2 kvd] = x W_{k|v}^T (query_norm has them in qkv already). */
 static void fwd_kv_gemm_step(const void *arg, int t0, int t1, sp_tws *w) {
     const sp_ctx *x = arg;
@@ -606,30 +704,29 @@ static void fwd_kv_gemm_step(const void *arg, int t0, int t1, sp_tws *w) {
                  x->c->kv, 2 * kvd);
 }
 
-/* The bf16 key and value tiles of (b, KV head g, key tile kt) with nk keys, from kh / vh: keys
- * pair-interleaved over dimensions, values over keys; zero past d and in the pair slot of an odd
- * nk. Keys past that are never read (the products take n = nk columns or ceil(nk / 2) key
- * pairs), so a short sequence (a ViT's 17 tokens) converts nk + 1 keys, not SPARSE_BK. */
-static void kv_tile_bf16(sparse_cache *c, const moh_attn_config *cfg, int b, int g, int kt, int nk, int N) {
+/* The bf16 key and value tiles of (b, KV head g, key tile kt) with nk keys, from kh / vh and
+ * the tile's K^T (c->kt) and V^T (vtr [d, SPARSE_BK]) in fp32: keys and values pair-interleaved
+ * over dimensions (ktb, vtbt: rows of K^T / V^T in pairs) and over keys (vtb, ktbk: rows of V / K
+ * in pairs). Pads past nk and d are never read (the odd row of a pair is written as zero). */
+static void kv_tile_bf16(sparse_cache *c, const moh_attn_config *cfg, const float *vtr, int b, int g, int kt,
+                         int nk, int N, sp_tws *w) {
     const int hkv = cfg->n_kv_heads, d = cfg->head_dim, d2 = (d + 1) / 2, dp = sp_dpad(cfg), nkt = sp_nkt(N);
     const size_t tile = ((size_t)b * hkv + g) * nkt + kt, hb = ((size_t)b * hkv + g) * N;
     const size_t ko = tile * (size_t)d2 * SPARSE_BK * 2, vo = tile * (size_t)SPARSE_BK * dp;
-    uint16_t *kb = c->ktb + ko, *vbt = c->vtbt + ko, *vb = c->vtb + vo, *kbk = c->ktbk + vo;
+    const float *ktr = c->kt + tile * d * SPARSE_BK;
     const int j0 = kt * SPARSE_BK;
-    for (int jj = 0; jj < nk + (nk & 1); jj++) {
-        const float *kr = jj < nk ? c->kh + (hb + j0 + jj) * d : NULL;
-        const float *vr = jj < nk ? c->vh + (hb + j0 + jj) * d : NULL;
-        for (int e = 0; e < 2 * d2; e++) { /* X(e, j) at [(e / 2) BK 2 + 2 j + e % 2]: kb, vbt */
-            const size_t at = ((size_t)(e / 2) * SPARSE_BK + jj) * 2 + (e & 1);
-            kb[at] = kr && e < d ? bf16_round(kr[e]) : 0;
-            vbt[at] = vr && e < d ? bf16_round(vr[e]) : 0;
-        }
-        for (int e = 0; e < dp; e++) { /* X(j, e) at [(j / 2) dp 2 + 2 e + j % 2]: vb, kbk */
-            const size_t at = ((size_t)(jj / 2) * dp + e) * 2 + (jj & 1);
-            vb[at] = vr && e < d ? bf16_round(vr[e]) : 0;
-            kbk[at] = kr && e < d ? bf16_round(kr[e]) : 0;
-        }
+    for (int e = 0; e < d; e++) {
+        w->pa[e] = ktr + (size_t)e * SPARSE_BK;
+        w->pa2[e] = vtr + (size_t)e * SPARSE_BK;
     }
+    sp_bf16_row_pairs(true, d, nk, w->pa, c->ktb + ko, 2 * SPARSE_BK);
+    sp_bf16_row_pairs(true, d, nk, w->pa2, c->vtbt + ko, 2 * SPARSE_BK);
+    for (int jj = 0; jj < nk; jj++) {
+        w->pa[jj] = c->kh + (hb + j0 + jj) * d;
+        w->pa2[jj] = c->vh + (hb + j0 + jj) * d;
+    }
+    sp_bf16_row_pairs(true, nk, d, w->pa2, c->vtb + vo, 2 * dp);
+    sp_bf16_row_pairs(true, nk, d, w->pa, c->ktbk + vo, 2 * dp);
 }
 
 /* Tasks: (b, KV head g, key tile). K, V rows (+ bias, RoPE on K) from the projection buffer into
@@ -658,8 +755,10 @@ static void kv_tile_task(const void *arg, int t0, int t1, sp_tws *w) {
             }
             if (rope) rope_row(kr, c, j, d, 1);
             for (int e = 0; e < d; e++) ktile[(size_t)e * SPARSE_BK + jj] = kr[e];
+            if (c->bf16_tiles)
+                for (int e = 0; e < d; e++) w->dkt[(size_t)e * SPARSE_BK + jj] = vr[e];
         }
-        if (c->bf16_tiles) kv_tile_bf16(c, cfg, b, g, kt, nk, N);
+        if (c->bf16_tiles) kv_tile_bf16(c, cfg, w->dkt, b, g, kt, nk, N, w); /* V^T in w->dkt */
     }
 }
 
@@ -670,6 +769,7 @@ static void fwd_q_task(const void *arg, int t0, int t1, sp_tws *w) {
     const moh_attn_config *cfg = x->cfg;
     sparse_cache *c = x->c;
     const int C = cfg->hidden_size, h = cfg->n_heads, d = cfg->head_dim, qd = attn_qkv_dim(cfg);
+    const int C2 = (C + 1) / 2;
     const bool qnorm = cfg->router == MOH_ROUTER_QUERY_NORM, rope = cfg->rope_theta > 0;
     const float *bq = x->prm->b_qkv;
     for (int ti = t0; ti < t1; ti++) {
@@ -680,15 +780,10 @@ static void fwd_q_task(const void *arg, int t0, int t1, sp_tws *w) {
             w->pc[r] = qr;
             if (qnorm) memcpy(qr, c->qkv + t * qd + (size_t)q.i * d, sizeof(float) * d);
             else w->pa[r] = x->x + t * C;
+            w->pa16[r] = c->tok16 ? sp_x16(c) + t * 2 * C2 : NULL;
         }
         if (!qnorm && c->bf16_tiles) { /* gathered x rows in bf16 times W_q^i in bf16 */
-            const int C2 = (C + 1) / 2;
-            for (int r = 0; r < q.nr; r++) {
-                uint16_t *xb = w->qb + (size_t)r * 2 * C2;
-                bf16_from_f32(xb, w->pa[r], (size_t)C);
-                if (C & 1) xb[C] = 0;
-            }
-            sp_mm_bf16(true, q.nr, d, C2, w->qb, 2 * C2, c->wqb + (size_t)q.i * C2 * 2 * d, 2 * d, w->pc, false);
+            sp_mm_bf16_rows(true, q.nr, d, C2, w->pa16, c->wqb + (size_t)q.i * C2 * 2 * d, 2 * d, w->pc, false);
         } else if (!qnorm) {
             for (int k = 0; k < C; k++) w->pb[k] = c->wpack1 + ((size_t)q.i * C + k) * d;
             sp_mm(c->avx512, 0, q.nr, d, C, w->pa, 0, w->pb, 0, w->pc, 0, false);
@@ -798,14 +893,22 @@ void sparse_forward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm, 
     c->rc.N = N;
     const sp_ctx cx = {.cfg = cfg, .prm = prm, .c = c, .x = x, .B = B, .N = N};
     /* 1. router, pair lists and query tiles */
-    sp_run(c, cfg, SPARSE_PH_ROUTER, fwd_router_step, &cx, 1, SP_SERIAL);
+    if (sp_router_split(cfg, c)) {
+        sp_run(c, cfg, SPARSE_PH_ROUTER, router_pack_step, &cx, 1, SP_SERIAL);
+        sp_run(c, cfg, SPARSE_PH_ROUTER, router_fwd_task, &cx, (B * N + SP_TC - 1) / SP_TC, SP_STATIC);
+        sp_run(c, cfg, SPARSE_PH_ROUTER, router_lb_pairs_step, &cx, 1, SP_SERIAL);
+    } else {
+        sp_run(c, cfg, SPARSE_PH_ROUTER, fwd_router_step, &cx, 1, SP_SERIAL);
+    }
     /* 2. K, V of every token and KV head (dense GEMM), RoPE on K, key tiles */
     if (!qnorm) sp_run(c, cfg, SPARSE_PH_KV, fwd_kv_gemm_step, &cx, 1, SP_SERIAL);
     sp_run(c, cfg, SPARSE_PH_KV, kv_tile_task, &cx, B * cfg->n_kv_heads * nkt, SP_STATIC);
     /* 3. Q of the selected pairs */
     if (!qnorm && c->bf16_tiles) {
         const sp_pack16 pq = {cfg, wq_view(cfg, prm), c->wqb, false};
+        const sp_tok16 xt = {sp_x16(c), x, cfg->hidden_size};
         sp_run(c, cfg, SPARSE_PH_Q, pack_bf16_task, &pq, h, SP_STATIC);
+        sp_run(c, cfg, SPARSE_PH_Q, tok16_task, &xt, B * N, SP_STATIC);
     } else if (!qnorm) {
         const sp_pack pq = {cfg, wq_view(cfg, prm), c->wpack1};
         sp_run(c, cfg, SPARSE_PH_Q, pack_cd_task, &pq, h, SP_STATIC);
@@ -821,7 +924,7 @@ void sparse_forward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm, 
         const sp_pack po = {cfg, wo_view(cfg, prm), c->wpack2};
         sp_run(c, cfg, SPARSE_PH_WO, pack_blk_task, &po, h, SP_STATIC);
     }
-    const sp_scatter sy = {&cx, c->og, y, true, prm->b_o, c->bf16_tiles};
+    const sp_scatter sy = {&cx, c->og, y, true, prm->b_o, c->bf16_tiles ? c->wob : NULL};
     sp_run(c, cfg, SPARSE_PH_WO, scatter_task, &sy, scatter_tasks(&cx), SP_DYNAMIC);
 }
 
@@ -865,8 +968,8 @@ static void attn_bwd_rows_bf16(sparse_cache *c, sp_tws *w, const sp_blk16 *k, in
     sp_mm_bf16(true, nr, nk, d2, c->qb16 + (size_t)p0 * 2 * d2, 2 * d2, c->ktb + ko, 2 * SPARSE_BK, w->sc, false);
     sp_mm_bf16(true, nr, nk, d2, c->dob16 + (size_t)p0 * 2 * d2, 2 * d2, c->vtbt + ko, 2 * SPARSE_BK, w->dsc, false);
     sp_bwd_ds(c->avx512, nr, nk, w->sc, w->dsc, w->nv, cl2, scale, c->smax + p0, c->lse + p0, c->ddot + p0);
-    sp_bf16_row_pairs(true, nr, nk, w->sc, pil, 2 * SPARSE_BK);
-    sp_bf16_row_pairs(true, nr, nk, w->dsc, dsil, 2 * SPARSE_BK);
+    sp_bf16_row_pairs(true, nr, nk, w->sa, pil, 2 * SPARSE_BK);
+    sp_bf16_row_pairs(true, nr, nk, w->dsa, dsil, 2 * SPARSE_BK);
     for (int r = 0; r < nr; r++) {
         bf16_from_f32(dsb + (size_t)r * SPARSE_BK, w->dsc[r], (size_t)nk);
         if (nk & 1) dsb[(size_t)r * SPARSE_BK + nk] = 0;
@@ -893,11 +996,64 @@ static void bwd16_rows_task(const void *arg, int t0, int t1, sp_tws *w) {
             bf16_from_f32(qr, c->q + p * d, (size_t)d);
             bf16_from_f32(orow, c->dout + p * d, (size_t)d);
             if (d & 1) qr[d] = orow[d] = 0;
-            for (int e = 0; e < d; e++) {
-                c->qt16[(size_t)off * d + (size_t)e * cnt + r] = qr[e];
-                c->dot16[(size_t)off * d + (size_t)e * cnt + r] = orow[e];
+        }
+        sp_bf16_transpose(true, cnt, d, c->q + (size_t)off * d, d, c->qt16 + (size_t)off * d, cnt);
+        sp_bf16_transpose(true, cnt, d, c->dout + (size_t)off * d, d, c->dot16 + (size_t)off * d, cnt);
+    }
+}
+
+/* Tasks: (b, head). og and dQ (not for query_norm) of the head's pairs in bf16, transposed per
+ * (b, head) as qt16 (ogt16, dqt16): the A operands of dW_O and dW_q. */
+static void bwd16_t_task(const void *arg, int t0, int t1, sp_tws *w) {
+    const sp_ctx *x = arg;
+    sparse_cache *c = x->c;
+    const size_t d = (size_t)x->cfg->head_dim;
+    for (int bi = t0; bi < t1; bi++) {
+        const int off = c->pair_off[bi], cnt = c->pair_off[bi + 1] - off;
+        sp_bf16_transpose(true, cnt, (int)d, c->og + off * d, (long)d, c->ogt16 + off * d, cnt);
+        if (x->cfg->router != MOH_ROUTER_QUERY_NORM) /* query_norm: dW_q in the dense backward */
+            sp_bf16_transpose(true, cnt, (int)d, c->dq + off * d, (long)d, c->dqt16 + off * d, cnt);
+    }
+}
+
+/* Tasks: (head i, block of SP_NR columns of C), bf16. G^i [d, C]: G^i(e, c) = sum over the head's
+ * pairs p (token t) of A_p(e) X_t(c), with A the per-pair rows transposed in bf16 (at: dqt16 or
+ * ogt16) and X the bf16 token rows (sp_x16, sp_dy16) paired per chunk of SP_KC pairs; fp32
+ * accumulation in pair order. wo: dW_O^i [C, d] += G^T (dy, og); else dW_q^i += G (x, dQ). */
+typedef struct sp_dw16 {
+    const sp_ctx *x;
+    const uint16_t *at;
+    const uint16_t *rows; /* [T, 2 ceil(C/2)] token rows in bf16 */
+    bool wo;
+} sp_dw16;
+static void bwd_dw16_task(const void *arg, int t0, int t1, sp_tws *w) {
+    const sp_dw16 *a = arg;
+    const sp_ctx *x = a->x;
+    const moh_attn_config *cfg = x->cfg;
+    const sparse_cache *c = x->c;
+    const int C = cfg->hidden_size, h = cfg->n_heads, d = cfg->head_dim, hd = h * d, N = x->N, ncb = sp_ncb(cfg);
+    const size_t C2 = 2 * (size_t)((C + 1) / 2);
+    float *tmp = w->s; /* wo: G^i block [d, SP_NR] (d <= SPARSE_BK) */
+    for (int task = t0; task < t1; task++) {
+        const int i = task / ncb, c0 = (task % ncb) * SP_NR, nc = imin(SP_NR, C - c0);
+        for (int e = 0; e < d; e++)
+            w->pc[e] = a->wo ? tmp + (size_t)e * SP_NR : x->g->w_qkv + ((size_t)i * d + e) * C + c0;
+        if (a->wo) memset(tmp, 0, sizeof(float) * (size_t)d * SP_NR);
+        for (int b = 0; b < x->B; b++) {
+            const int off = c->pair_off[b * h + i], cnt = c->pair_off[b * h + i + 1] - off;
+            for (int k0 = 0; k0 < cnt; k0 += SP_KC) { /* an odd last chunk: its A pad value (finite)
+                                                         meets the zero pad row of X */
+                const int kk = imin(SP_KC, cnt - k0);
+                for (int k = 0; k < kk; k++) w->pa16[k] = a->rows + ((size_t)b * N + c->pair_pos[off + k0 + k]) * C2 + c0;
+                sp_bf16_row_pairs16(true, kk, nc, w->pa16, w->bw, 2 * SP_NR);
+                sp_mm_bf16(true, d, nc, (kk + 1) / 2, a->at + (size_t)off * d + k0, cnt, w->bw, 2 * SP_NR, w->pc, true);
             }
         }
+        if (a->wo)
+            for (int r = 0; r < nc; r++) {
+                float *gr = x->g->w_o + (size_t)(c0 + r) * hd + (size_t)i * d;
+                for (int e = 0; e < d; e++) gr[e] += tmp[(size_t)e * SP_NR + r];
+            }
     }
 }
 
@@ -908,7 +1064,7 @@ static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, in
     const float scale = (float)(1.0 / sqrt((double)d));
     const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
     const size_t hb = (size_t)b * hkv + g;
-    const bool avx = c->avx512, b16 = c->bf16_tiles && d <= SPARSE_BK;
+    const bool avx = c->avx512, b16 = sp_bwd16(cfg, c);
     float *dkrow[SPARSE_BK], *dvrow[SPARSE_BK];
     for (int j = 0; j < SPARSE_BK; j++) { /* bf16: rows e of dK^T, dV^T [d, BK] instead */
         dkrow[j] = w->dkt + (size_t)j * (b16 ? SPARSE_BK : dp);
@@ -983,7 +1139,8 @@ static void bwd_bo_step(const void *arg, int t0, int t1, sp_tws *w) {
     memset(x->c->dgates, 0, sizeof(float) * (size_t)T * x->cfg->n_heads);
 }
 
-/* Tasks: query tiles. Per pair: d og = dy W_O^i (c->wpack1, pack_cd_task); dgate = <d og, o>;
+/* Tasks: query tiles. Per pair: d og = dy W_O^i (c->wpack1, pack_cd_task; bf16: c->wob2);
+ * dgate = <d og, o>;
  * dO = gate d og (into dout); D = <dO, o> (into ddot). */
 static void bwd_dout_task(const void *arg, int t0, int t1, sp_tws *w) {
     const sp_ctx *x = arg;
@@ -996,8 +1153,15 @@ static void bwd_dout_task(const void *arg, int t0, int t1, sp_tws *w) {
             w->pa[r] = x->dy + ((size_t)q.b * N + c->pair_pos[q.p0 + r]) * C;
             w->pc[r] = c->dout + (size_t)(q.p0 + r) * d;
         }
-        for (int k = 0; k < C; k++) w->pb[k] = c->wpack1 + ((size_t)q.i * C + k) * d;
-        sp_mm(c->avx512, 0, q.nr, d, C, w->pa, 0, w->pb, 0, w->pc, 0, false);
+        if (sp_bwd16(cfg, c)) {
+            const int C2 = (C + 1) / 2;
+            const uint16_t *dy16 = sp_dy16(c, cfg);
+            for (int r = 0; r < q.nr; r++) w->pa16[r] = dy16 + ((size_t)q.b * N + c->pair_pos[q.p0 + r]) * 2 * C2;
+            sp_mm_bf16_rows(true, q.nr, d, C2, w->pa16, c->wob2 + (size_t)q.i * C2 * 2 * d, 2 * d, w->pc, false);
+        } else {
+            for (int k = 0; k < C; k++) w->pb[k] = c->wpack1 + ((size_t)q.i * C + k) * d;
+            sp_mm(c->avx512, 0, q.nr, d, C, w->pa, 0, w->pb, 0, w->pc, 0, false);
+        }
         for (int r = 0; r < q.nr; r++) {
             const size_t t = (size_t)q.b * N + c->pair_pos[q.p0 + r];
             const float gate = c->rc.gates[t * h + q.i];
@@ -1140,6 +1304,81 @@ static void bwd_router_step(const void *arg, int t0, int t1, sp_tws *w) {
     router_backward_f32(x->cfg, x->prm, x->g, &c->rc, c->dgates, x->lb_scale, x->dx, dqkv, x->B * x->N);
 }
 
+/* Serial: the load-balance term of dL/dp per routed head (c->lbv [E]). */
+static void router_lbv_step(const void *arg, int t0, int t1, sp_tws *w) {
+    const sp_ctx *x = arg;
+    const int E = attn_routed_heads(x->cfg), T = x->B * x->N;
+    for (int i = 0; i < E; i++) x->c->lbv[i] = x->lb_scale != 0 ? router_lb_dp_f32(&x->c->rc, x->lb_scale, T, E, i) : 0.0f;
+}
+
+/* Tasks: chunks of SP_TC tokens. The router's backward by rows as router_backward (dp, ds, da in
+ * rc.scratch at its offsets), its three softmax backwards (dz of wg x, wg_0 x, wg_1 x, each by
+ * rows in the thread's w->s) side by side into c->rdz [T, nz] (the logits' order), then
+ * dx += dz W (fp32 register tiles, one pass over dx). */
+static void router_bwd_task(const void *arg, int t0, int t1, sp_tws *w) {
+    const sp_ctx *x = arg;
+    const moh_attn_config *cfg = x->cfg;
+    sparse_cache *c = x->c;
+    const int C = cfg->hidden_size, E = attn_routed_heads(cfg), hs = cfg->shared_heads, T = x->B * x->N;
+    const int nz = sp_router_nz(cfg), W = attn_router_width(cfg);
+    const int width[3] = {E, hs >= 1 ? 2 : 0, hs >= 2 ? hs : 0};
+    float *dp = c->rc.scratch, *ds = dp + (size_t)T * E + (size_t)T * W, *da = ds + (size_t)T * hs;
+    const float *grad[3] = {dp, da, ds}, *prob[3] = {c->rc.p, c->rc.a, c->rc.s};
+    for (int k = 0; k < nz; k++) w->pb[k] = router_row(cfg, x->prm, k);
+    for (int task = t0; task < t1; task++) {
+        const int r0 = task * SP_TC, nr = imin(SP_TC, T - r0);
+        for (int t = r0; t < r0 + nr; t++) memcpy(dp + (size_t)t * E, c->lbv, sizeof(float) * E);
+        router_learned_grad_rows_f32(cfg, &c->rc, c->dgates, dp, ds, da, r0, r0 + nr);
+        for (int grp = 0, j0 = 0; grp < 3; j0 += width[grp], grp++) {
+            const int wd = width[grp];
+            if (!wd) continue;
+            memset(w->s, 0, sizeof(float) * (size_t)nr * wd);
+            softmax_backward_f32(w->s, grad[grp] + (size_t)r0 * wd, prob[grp] + (size_t)r0 * wd, nr, wd);
+            for (int r = 0; r < nr; r++)
+                memcpy(c->rdz + (size_t)(r0 + r) * nz + j0, w->s + (size_t)r * wd, sizeof(float) * wd);
+        }
+        if (!x->dx) continue;
+        for (int r = 0; r < nr; r++) {
+            w->pa[r] = c->rdz + (size_t)(r0 + r) * nz;
+            w->pc[r] = x->dx + (size_t)(r0 + r) * C;
+        }
+        sp_mm(c->avx512, 0, nr, C, nz, w->pa, 0, w->pb, 0, w->pc, 0, true);
+    }
+}
+
+/* Tasks: blocks of SP_NR columns of C. d(wg | wg_0 | wg_1) += dz^T x, tokens in order, chunks of
+ * SP_KC. */
+static void router_dw_task(const void *arg, int t0, int t1, sp_tws *w) {
+    const sp_ctx *x = arg;
+    const moh_attn_config *cfg = x->cfg;
+    const sparse_cache *c = x->c;
+    const int C = cfg->hidden_size, T = x->B * x->N, nz = sp_router_nz(cfg);
+    for (int task = t0; task < t1; task++) {
+        const int c0 = task * SP_NR, nc = imin(SP_NR, C - c0);
+        for (int j = 0; j < nz; j++) w->pc[j] = router_row(cfg, x->g, j) + c0;
+        for (int k0 = 0; k0 < T; k0 += SP_KC) {
+            const int kk = imin(SP_KC, T - k0);
+            for (int k = 0; k < kk; k++) {
+                w->pa[k] = c->rdz + (size_t)(k0 + k) * nz;
+                w->pb[k] = x->x + (size_t)(k0 + k) * C + c0;
+            }
+            sp_mm(c->avx512, 1, nz, nc, kk, w->pa, 0, w->pb, 0, w->pc, 0, true);
+        }
+    }
+}
+
+/* The router's backward: split over tokens (sp_router_split) or serial. */
+static void sp_router_backward(sparse_cache *c, const moh_attn_config *cfg, const sp_ctx *cx) {
+    if (!sp_router_split(cfg, c)) {
+        sp_run(c, cfg, SPARSE_PH_B_ROUTER, bwd_router_step, cx, 1, SP_SERIAL);
+        return;
+    }
+    const int T = cx->B * cx->N;
+    sp_run(c, cfg, SPARSE_PH_B_ROUTER, router_lbv_step, cx, 1, SP_SERIAL);
+    sp_run(c, cfg, SPARSE_PH_B_ROUTER, router_bwd_task, cx, (T + SP_TC - 1) / SP_TC, SP_STATIC);
+    if (cx->g->w_r) sp_run(c, cfg, SPARSE_PH_B_ROUTER, router_dw_task, cx, sp_ncb(cfg), SP_DYNAMIC);
+}
+
 /* Serial: dense projection backward: query_norm: all of dqkv [T, qd]; else the K|V rows of kv. */
 static void bwd_proj_step(const void *arg, int t0, int t1, sp_tws *w) {
     const sp_ctx *x = arg;
@@ -1207,20 +1446,32 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
     np = imax(np, 1);
     const sp_ctx cx = {.cfg = cfg, .prm = prm, .g = g, .c = c, .x = c->x, .dy = dy, .dx = dx,
                        .lb_scale = lb_scale, .B = B, .N = N, .np = np};
-    /* 1. b_o; d og = dy W_O^i, dgates, dO, D; dW_O */
+    /* 1. b_o; d og = dy W_O^i, dgates, dO, D; dW_O (bf16: after step 2) */
+    const bool b16 = sp_bwd16(cfg, c);
     sp_run(c, cfg, SPARSE_PH_B_WO, bwd_bo_step, &cx, 1, SP_SERIAL);
-    const sp_pack po = {cfg, wo_view(cfg, prm), c->wpack1};
-    sp_run(c, cfg, SPARSE_PH_B_WO, pack_cd_task, &po, h, SP_STATIC);
+    if (b16) {
+        const sp_pack16 po = {cfg, wo_view(cfg, prm), c->wob2, false};
+        const sp_tok16 dyt = {sp_dy16(c, cfg), dy, C};
+        sp_run(c, cfg, SPARSE_PH_B_WO, pack_bf16_task, &po, h, SP_STATIC);
+        sp_run(c, cfg, SPARSE_PH_B_WO, tok16_task, &dyt, B * N, SP_STATIC);
+    } else {
+        const sp_pack po = {cfg, wo_view(cfg, prm), c->wpack1};
+        sp_run(c, cfg, SPARSE_PH_B_WO, pack_cd_task, &po, h, SP_STATIC);
+    }
     sp_run(c, cfg, SPARSE_PH_B_WO, bwd_dout_task, &cx, c->ntasks, SP_DYNAMIC);
-    if (g->w_o) sp_run(c, cfg, SPARSE_PH_B_WO, bwd_dwo_task, &cx, h * ((C + SP_CB - 1) / SP_CB), SP_DYNAMIC);
+    if (g->w_o && !b16) sp_run(c, cfg, SPARSE_PH_B_WO, bwd_dwo_task, &cx, h * ((C + SP_CB - 1) / SP_CB), SP_DYNAMIC);
     /* 2. V^T tiles, attention backward per (key part, b, KV head), dQ reduced, dK|dV rows */
-    const bool b16 = c->bf16_tiles && cfg->head_dim <= SPARSE_BK; /* bf16 tiles (attn_bwd_part) */
     if (!b16) sp_run(c, cfg, SPARSE_PH_B_ATTN, vt_tile_task, &cx, B * hkv * sp_nkt(N), SP_STATIC);
     sp_run(c, cfg, SPARSE_PH_B_ATTN, bwd_zero_step, &cx, 1, SP_SERIAL);
     if (b16) sp_run(c, cfg, SPARSE_PH_B_ATTN, bwd16_rows_task, &cx, B * h, SP_STATIC);
     sp_run(c, cfg, SPARSE_PH_B_ATTN, bwd_attn_task, &cx, B * hkv * np, SP_DYNAMIC);
     sp_run(c, cfg, SPARSE_PH_B_ATTN, dq_reduce_task, &cx, P, SP_STATIC);
     sp_run(c, cfg, SPARSE_PH_B_ATTN, dkv_rows_task, &cx, B * N, SP_STATIC);
+    if (b16) { /* og and dQ transposed in bf16; dW_O */
+        sp_run(c, cfg, SPARSE_PH_B_WO, bwd16_t_task, &cx, B * h, SP_STATIC);
+        const sp_dw16 wo = {&cx, c->ogt16, sp_dy16(c, cfg), true};
+        if (g->w_o) sp_run(c, cfg, SPARSE_PH_B_WO, bwd_dw16_task, &wo, h * sp_ncb(cfg), SP_DYNAMIC);
+    }
     /* 3. projections */
     if (qnorm) { /* dense q: dQ into the q columns, the router's d q added, one dense backward */
         sp_run(c, cfg, SPARSE_PH_B_ROUTER, dq_to_qkv_task, &cx, B * h, SP_STATIC);
@@ -1231,13 +1482,23 @@ void sparse_backward_f32(const moh_attn_config *cfg, const attn_params_f32 *prm,
     sp_run(c, cfg, SPARSE_PH_B_KV, bwd_proj_step, &cx, 1, SP_SERIAL);
     if (g->b_qkv) sp_run(c, cfg, SPARSE_PH_B_Q, dbq_task, &cx, h, SP_STATIC);
     if (dx) { /* dx += dQ_i W_q^i, heads in order */
-        const sp_pack pq = {cfg, wq_view(cfg, prm), c->wpack2};
-        sp_run(c, cfg, SPARSE_PH_B_Q, pack_blk_task, &pq, h, SP_STATIC);
-        const sp_scatter sx = {&cx, c->dq, dx, false, NULL, false};
+        if (b16) {
+            const sp_pack16 pq = {cfg, wq_view(cfg, prm), c->wqb2, true};
+            sp_run(c, cfg, SPARSE_PH_B_Q, pack_bf16_task, &pq, h, SP_STATIC);
+        } else {
+            const sp_pack pq = {cfg, wq_view(cfg, prm), c->wpack2};
+            sp_run(c, cfg, SPARSE_PH_B_Q, pack_blk_task, &pq, h, SP_STATIC);
+        }
+        const sp_scatter sx = {&cx, c->dq, dx, false, NULL, b16 ? c->wqb2 : NULL};
         sp_run(c, cfg, SPARSE_PH_B_Q, scatter_task, &sx, scatter_tasks(&cx), SP_DYNAMIC);
     }
-    if (g->w_qkv) sp_run(c, cfg, SPARSE_PH_B_Q, bwd_dwq_task, &cx, h * sp_ncb(cfg), SP_DYNAMIC);
-    sp_run(c, cfg, SPARSE_PH_B_ROUTER, bwd_router_step, &cx, 1, SP_SERIAL);
+    if (b16 && g->w_qkv) {
+        const sp_dw16 wq = {&cx, c->dqt16, sp_x16(c), false};
+        sp_run(c, cfg, SPARSE_PH_B_Q, bwd_dw16_task, &wq, h * sp_ncb(cfg), SP_DYNAMIC);
+    } else if (g->w_qkv) {
+        sp_run(c, cfg, SPARSE_PH_B_Q, bwd_dwq_task, &cx, h * sp_ncb(cfg), SP_DYNAMIC);
+    }
+    sp_router_backward(c, cfg, &cx);
 }
 
 const char *sparse_phase_name(int i) {

@@ -66,6 +66,9 @@ typedef struct sparse_cache {
     const float *x;      /* [T, C] input of the last forward, borrowed from the caller */
     attn_cache_f32 rc;   /* router activations only: gates [T, h], p, mask, r, ... (att == NULL) */
     float *dgates;       /* [T, h] backward: dL/dgate, 0 for pairs not selected */
+    float *rdz;          /* [T, E + 2 + h_s] backward (bf16 compute): d router logits (wg x | wg_0 x |
+                          * wg_1 x) */
+    float *lbv;          /* [E] backward (bf16 compute): d lb / d p per routed head */
     int *pair_off;       /* [B h + 1] selected pairs of (b, head i): pair_off[b h + i] .. next */
     int *pair_pos;       /* [P] position n of each selected pair, ascending within (b, i) */
     int *tasks;          /* [ntasks_max, 4] (b, head, first pair row, causal cost key) per query
@@ -107,6 +110,12 @@ typedef struct sparse_cache {
                           * (e, r) of the block of pairs off .. off + cnt at off d + e cnt + r */
     uint16_t *wqb;       /* bf16_tiles: [h, ceil(C/2), d, 2] W_q^i, pairs of inputs interleaved */
     uint16_t *wob;       /* bf16_tiles: [h, ceil(d/2), C, 2] W_O^i, pairs of head dims interleaved */
+    uint16_t *wob2;      /* bf16_tiles, backward: [h, ceil(C/2), d, 2] W_O^i (d og = dy W_O^i) */
+    uint16_t *wqb2;      /* bf16_tiles, backward: [h, ceil(d/2), C, 2] W_q^i (dx += dQ W_q^i) */
+    uint16_t *dqt16, *ogt16; /* bf16_tiles, backward: dQ and og per (b, head) transposed, as qt16
+                          * (the A operands of dW_q and dW_O) */
+    uint16_t *tok16;     /* bf16_tiles: [2, maxB maxN, 2 ceil(C/2)] x (forward, kept for dW_q), then
+                          * dy (backward) in bf16 */
     uint16_t *bws;       /* bf16_tiles: [nthreads, bws_n] per-thread probabilities and operand rows */
     size_t bws_n;
     void *bblock;        /* the bf16 buffers' allocation (sparse_cache_set_bf16) */
@@ -133,10 +142,11 @@ void sparse_cache_free(sparse_cache *c);
 /* bf16 compute on c with the GEMM context ctx (NULL: fp32 again): the dense projections through
  * ctx, and, when the CPU has AVX512-BF16, the forward's gathered Q projection, QK^T and PV tiles
  * and W_O scatter on bf16 copies of x, W_q, q, K, V, the probabilities, o and W_O, and the
- * backward's attention tiles (Q K^T, dO V^T, dV^T += dO^T P, dK^T += Q^T dS, dQ += dS K) on bf16
- * copies of q, dO, K, V, P and dS (head_dim <= SPARSE_BK), all with fp32 accumulation (softmax,
- * max, sums, P and dS computed in fp32; the backward recomputes P from the forward's max and
- * log-sum-exp). MOH_OK or MOH_E_NOMEM (c unchanged). */
+ * backward's products (d og = dy W_O^i; Q K^T, dO V^T, dV^T += dO^T P, dK^T += Q^T dS, dQ += dS K;
+ * dx += dQ W_q^i; dW_O^i += dy^T og, dW_q^i += dQ^T x) on bf16 copies of their operands
+ * (head_dim <= SPARSE_BK), all with fp32 accumulation (softmax, max, sums, P and dS computed in
+ * fp32; the backward recomputes P from the forward's max and log-sum-exp); the learned router
+ * (fp32) split over tokens. MOH_OK or MOH_E_NOMEM (c unchanged). */
 int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, struct bf16_ctx *ctx, moh_error *err);
 
 /* Head-sparse forward (spec §1): x [B, N, C] -> y [B, N, C]; fills c (gates in c->rc.gates [T, h],

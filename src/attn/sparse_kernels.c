@@ -152,10 +152,10 @@ void sp_mm(bool avx, int amode, int M, int n, int K, const float *const *a, long
  * vdpbf16ps multiplies the pairs exactly and accumulates in fp32.
  * ---------------------------------------------------------------------------------------------- */
 
-static void mkb_ref(int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b, long ldb,
+static void mkb_ref(int R, int n, int K2, const uint16_t *const *a, const uint16_t *b, long ldb,
                     float *const *c, bool acc) {
     for (int r = 0; r < R; r++) {
-        const uint16_t *ar = a + (long)r * lda;
+        const uint16_t *ar = a[r];
         for (int j = 0; j < n; j++) {
             float s = acc ? c[r][j] : 0.0f;
             for (int k = 0; k < K2; k++) {
@@ -170,7 +170,7 @@ static void mkb_ref(int R, int n, int K2, const uint16_t *a, long lda, const uin
 #if SP_X86
 #define SP_BF16 __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl")))
 SP_INLINE SP_BF16 void mkb_avx(const int R, const int NV, const __mmask16 lm, const int K2,
-                               const uint16_t *a, const long lda, const uint16_t *b, const long ldb,
+                               const uint16_t *const *a, const uint16_t *b, const long ldb,
                                float *const *c, const long coff, const bool acc) {
     __m512 t[SP_MR][4];
 #pragma GCC unroll 6
@@ -191,7 +191,7 @@ SP_INLINE SP_BF16 void mkb_avx(const int R, const int NV, const __mmask16 lm, co
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
             int32_t pair;
-            memcpy(&pair, a + (long)r * lda + 2 * k, sizeof pair);
+            memcpy(&pair, a[r] + 2 * k, sizeof pair);
             const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
 #pragma GCC unroll 4
             for (int v = 0; v < NV; v++) t[r][v] = _mm512_dpbf16_ps(t[r][v], av, bv[v]);
@@ -209,12 +209,12 @@ SP_INLINE SP_BF16 void mkb_avx(const int R, const int NV, const __mmask16 lm, co
 
 #define SPB_CASE(R_, V)                                                                    \
     case (R_) * 4 + (V) - 1:                                                               \
-        mkb_avx(R_, V, lm, K2, a, lda, b, ldb, c, coff, acc);                              \
+        mkb_avx(R_, V, lm, K2, a, b, ldb, c, coff, acc);                                   \
         break;
 #define SPB_CASES_R(R_) SPB_CASE(R_, 1) SPB_CASE(R_, 2) SPB_CASE(R_, 3) SPB_CASE(R_, 4)
 
-SP_BF16 static void mkb_avx_any(int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b,
-                                long ldb, float *const *c, long coff, bool acc) {
+SP_BF16 static void mkb_avx_any(int R, int n, int K2, const uint16_t *const *a, const uint16_t *b, long ldb,
+                                float *const *c, long coff, bool acc) {
     const int NV = (n + 15) >> 4;
     const __mmask16 lm = (n & 15) ? (__mmask16)((1u << (n & 15)) - 1u) : (__mmask16)0xFFFF;
     switch (R * 4 + NV - 1) {
@@ -227,7 +227,7 @@ SP_BF16 static void mkb_avx_any(int R, int n, int K2, const uint16_t *a, long ld
 #endif
 
 #if SP_X86
-SP_BF16 static void row_pairs_avx(int R, int n, float *const *rows, uint16_t *dst, long ldd) {
+SP_BF16 static void row_pairs_avx(int R, int n, const float *const *rows, uint16_t *dst, long ldd) {
     /* vpermw index: [a0 b0 a1 b1 ...] from [a0..a15 b0..b15] */
     const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                          21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
@@ -246,7 +246,7 @@ SP_BF16 static void row_pairs_avx(int R, int n, float *const *rows, uint16_t *ds
 }
 #endif
 
-void sp_bf16_row_pairs(bool avx512bf16, int R, int n, float *const *rows, uint16_t *dst, long ldd) {
+void sp_bf16_row_pairs(bool avx512bf16, int R, int n, const float *const *rows, uint16_t *dst, long ldd) {
 #if SP_X86
     if (avx512bf16) {
         row_pairs_avx(R, n, rows, dst, ldd);
@@ -257,8 +257,76 @@ void sp_bf16_row_pairs(bool avx512bf16, int R, int n, float *const *rows, uint16
         for (int j = 0; j < n; j++) dst[(long)(r / 2) * ldd + 2 * j + (r & 1)] = r < R ? bf16_round(rows[r][j]) : 0;
 }
 
-void sp_mm_bf16(bool avx512bf16, int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b,
-                long ldb, float *const *c, bool acc) {
+#if SP_X86
+SP_BF16 static void row_pairs16_avx(int R, int n, const uint16_t *const *rows, uint16_t *dst, long ldd) {
+    __m512i lo_idx, hi_idx; /* [a0 b0 a1 b1 ...] from a (0..31) and b (32..63) */
+    uint16_t il[32], ih[32];
+    for (int q = 0; q < 16; q++) {
+        il[2 * q] = (uint16_t)q, il[2 * q + 1] = (uint16_t)(32 + q);
+        ih[2 * q] = (uint16_t)(16 + q), ih[2 * q + 1] = (uint16_t)(48 + q);
+    }
+    lo_idx = _mm512_loadu_si512((const void *)il);
+    hi_idx = _mm512_loadu_si512((const void *)ih);
+    for (int r = 0; r < R; r += 2) {
+        const uint16_t *a = rows[r], *b = r + 1 < R ? rows[r + 1] : NULL;
+        uint16_t *o = dst + (long)(r / 2) * ldd;
+        for (int j = 0; j < n; j += 32) {
+            const int m = n - j < 32 ? n - j : 32;
+            const __mmask32 lm = m == 32 ? 0xFFFFFFFFu : (__mmask32)((1u << m) - 1u);
+            const __m512i va = _mm512_maskz_loadu_epi16(lm, a + j);
+            const __m512i vb = b ? _mm512_maskz_loadu_epi16(lm, b + j) : _mm512_setzero_si512();
+            const int m0 = m < 16 ? m : 16, m1 = m - m0;
+            const __mmask32 s0 = m0 == 16 ? 0xFFFFFFFFu : (__mmask32)((1u << (2 * m0)) - 1u);
+            _mm512_mask_storeu_epi16(o + 2 * j, s0, _mm512_permutex2var_epi16(va, lo_idx, vb));
+            if (m1 > 0) {
+                const __mmask32 s1 = m1 == 16 ? 0xFFFFFFFFu : (__mmask32)((1u << (2 * m1)) - 1u);
+                _mm512_mask_storeu_epi16(o + 2 * j + 32, s1, _mm512_permutex2var_epi16(va, hi_idx, vb));
+            }
+        }
+    }
+}
+#endif
+
+void sp_bf16_row_pairs16(bool avx512bf16, int R, int n, const uint16_t *const *rows, uint16_t *dst, long ldd) {
+#if SP_X86
+    if (avx512bf16) {
+        row_pairs16_avx(R, n, rows, dst, ldd);
+        return;
+    }
+#endif
+    for (int r = 0; r < R + (R & 1); r++)
+        for (int j = 0; j < n; j++) dst[(long)(r / 2) * ldd + 2 * j + (r & 1)] = r < R ? rows[r][j] : 0;
+}
+
+#if SP_X86
+SP_BF16 static void transpose_bf16_avx(int R, int n, const float *src, long lds, uint16_t *dst, long ldd) {
+    const __m512i step = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32((int)lds));
+    for (int r0 = 0; r0 < R; r0 += 16) {
+        const int m = R - r0 < 16 ? R - r0 : 16;
+        const __mmask16 lm = (__mmask16)((1u << m) - 1u);
+        const float *s0 = src + (long)r0 * lds;
+        for (int j = 0; j < n; j++) {
+            const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lm, step, s0 + j, 4);
+            _mm256_mask_storeu_epi16(dst + (long)j * ldd + r0, lm, (__m256i)_mm512_cvtneps_pbh(v));
+        }
+    }
+}
+#endif
+
+void sp_bf16_transpose(bool avx512bf16, int R, int n, const float *src, long lds, uint16_t *dst, long ldd) {
+#if SP_X86
+    if (avx512bf16 && (long)(R > 16 ? 16 : R) * lds < INT32_MAX) {
+        transpose_bf16_avx(R, n, src, lds, dst, ldd);
+        return;
+    }
+#endif
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < n; j++) dst[(long)j * ldd + r] = bf16_round(src[(long)r * lds + j]);
+}
+
+void sp_mm_bf16_rows(bool avx512bf16, int R, int n, int K2, const uint16_t *const *a, const uint16_t *b,
+                     long ldb, float *const *c, bool acc) {
     if (R <= 0 || n <= 0) return;
     if (K2 <= 0) {
         if (!acc)
@@ -269,12 +337,21 @@ void sp_mm_bf16(bool avx512bf16, int R, int n, int K2, const uint16_t *a, long l
     if (avx512bf16) {
         for (int j0 = 0; j0 < n; j0 += SP_NR)
             for (int r0 = 0; r0 < R; r0 += SP_MR)
-                mkb_avx_any(imin(SP_MR, R - r0), imin(SP_NR, n - j0), K2, a + (long)r0 * lda, lda, b, ldb, c + r0,
-                            j0, acc);
+                mkb_avx_any(imin(SP_MR, R - r0), imin(SP_NR, n - j0), K2, a + r0, b, ldb, c + r0, j0, acc);
         return;
     }
 #endif
-    mkb_ref(R, n, K2, a, lda, b, ldb, c, acc);
+    mkb_ref(R, n, K2, a, b, ldb, c, acc);
+}
+
+void sp_mm_bf16(bool avx512bf16, int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b,
+                long ldb, float *const *c, bool acc) {
+    for (int r0 = 0; r0 < R; r0 += SP_MR) { /* row groups: the same tiles as one call over all rows */
+        const uint16_t *ap[SP_MR];
+        const int m = imin(SP_MR, R - r0);
+        for (int r = 0; r < m; r++) ap[r] = a + (long)(r0 + r) * lda;
+        sp_mm_bf16_rows(avx512bf16, m, n, K2, ap, b, ldb, c + r0, acc);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------------

@@ -27,10 +27,21 @@ void sp_mm(bool avx, int amode, int M, int n, int K, const float *const *a, long
  * else portable C with the same products, summed in another order). */
 void sp_mm_bf16(bool avx512bf16, int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b,
                 long ldb, float *const *c, bool acc);
+/* The same with A rows by pointer: A row r at a[r] (gathered rows cost nothing). */
+void sp_mm_bf16_rows(bool avx512bf16, int R, int n, int K2, const uint16_t *const *a, const uint16_t *b,
+                     long ldb, float *const *c, bool acc);
 
 /* Rows rows[0..R) of n floats rounded to bf16 and interleaved in pairs of rows (the B layout of
  * sp_mm_bf16 over rows): dst[(r / 2) ldd + 2 j + r % 2] = bf16(rows[r][j]); a zero row pads odd R. */
-void sp_bf16_row_pairs(bool avx512bf16, int R, int n, float *const *rows, uint16_t *dst, long ldd);
+void sp_bf16_row_pairs(bool avx512bf16, int R, int n, const float *const *rows, uint16_t *dst, long ldd);
+
+/* The same for rows already in bf16: dst[(r / 2) ldd + 2 j + r % 2] = rows[r][j]. */
+void sp_bf16_row_pairs16(bool avx512bf16, int R, int n, const uint16_t *const *rows, uint16_t *dst, long ldd);
+
+/* R rows of n floats (src row r at src + r lds) rounded to bf16 and transposed:
+ * dst[j ldd + r] = bf16(src[r lds + j]) (the A operand of sp_mm_bf16 over rows: a product summed
+ * over the R rows, pairs of rows adjacent). */
+void sp_bf16_transpose(bool avx512bf16, int R, int n, const float *src, long lds, uint16_t *dst, long ldd);
 
 /* Online-softmax update of R <= SP_MR rows of raw scores s[r][0..nk), nk <= SPARSE_BK, of which
  * the first nv[r] are valid (causal prefix): running max m[r] (raw units), 16 partial sums

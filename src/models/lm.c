@@ -68,8 +68,7 @@ static void lm_linear_backward_f32(lm_acts_f32 *a, float *dinp, float *dw, float
 static void lm_linear_backward_set_f32(lm_acts_f32 *a, float *dinp, float *dw, const float *dout, const float *inp,
                                        const float *w, int M, int I, int O) {
     if (a->bf16) {
-        bf16_gemm(a->bf16, false, false, M, I, O, dout, O, w, I, 0.0f, dinp, I);
-        bf16_linear_backward(a->bf16, NULL, dw, NULL, dout, inp, w, M, I, O);
+        bf16_linear_backward_beta(a->bf16, dinp, 0.0f, dw, NULL, dout, inp, w, M, I, O);
         return;
     }
     gemm_f32(false, false, M, I, O, 1.0f, dout, O, w, I, 0.0f, dinp, I);

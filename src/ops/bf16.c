@@ -274,15 +274,11 @@ static const uint16_t *operand(bf16_ctx *c, int k, const float *x, int rows, int
     return s;
 }
 
-void bf16_gemm(bf16_ctx *c, bool ta, bool tb, int M, int N, int K, const float *A, int lda,
-               const float *B, int ldb, float beta, float *C, int ldc) {
-    if (M <= 0 || N <= 0 || K <= 0) {
-        gemm_f32(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    int la = 0, lb = 0;
-    const uint16_t *a = operand(c, 0, A, ta ? K : M, ta ? M : K, lda, &la);
-    const uint16_t *b = operand(c, 1, B, tb ? N : K, tb ? K : N, ldb, &lb);
+/* bf16_gemm on operands already in bf16 (a, b with leading dimensions la, lb; NULL: conversion
+ * failed); A and B are their float32 originals for the fp32 fallback. */
+static void gemm_conv(bf16_ctx *c, bool ta, bool tb, int M, int N, int K, const uint16_t *a, int la,
+                      const uint16_t *b, int lb, const float *A, int lda, const float *B, int ldb, float beta,
+                      float *C, int ldc) {
     bf_prim *p = a && b ? prim_get(c, ta, tb, M, N, K, la, lb, ldc, beta) : NULL;
     if (p && dnnl_memory_set_data_handle(p->a, (void *)a) == dnnl_success &&
         dnnl_memory_set_data_handle(p->b, (void *)b) == dnnl_success &&
@@ -295,6 +291,18 @@ void bf16_gemm(bf16_ctx *c, bool ta, bool tb, int M, int N, int K, const float *
     gemm_f32(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
 
+void bf16_gemm(bf16_ctx *c, bool ta, bool tb, int M, int N, int K, const float *A, int lda,
+               const float *B, int ldb, float beta, float *C, int ldc) {
+    if (M <= 0 || N <= 0 || K <= 0) {
+        gemm_f32(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    int la = 0, lb = 0;
+    const uint16_t *a = operand(c, 0, A, ta ? K : M, ta ? M : K, lda, &la);
+    const uint16_t *b = operand(c, 1, B, tb ? N : K, tb ? K : N, ldb, &lb);
+    gemm_conv(c, ta, tb, M, N, K, a, la, b, lb, A, lda, B, ldb, beta, C, ldc);
+}
+
 void bf16_linear_forward(bf16_ctx *c, float *out, const float *inp, const float *w, const float *b,
                          int M, int I, int O) {
     bf16_gemm(c, false, true, M, O, I, inp, I, w, I, 0.0f, out, O);
@@ -304,11 +312,29 @@ void bf16_linear_forward(bf16_ctx *c, float *out, const float *inp, const float 
         for (int j = 0; j < O; j++) out[(long)m * O + j] += b[j];
 }
 
+void bf16_linear_backward_beta(bf16_ctx *c, float *dinp, float beta, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, int M, int I, int O) {
+    if (M > 0 && I > 0 && O > 0 && (dinp || dw)) { /* dout in bf16 once, for both products */
+        int ld = 0, l1 = 0;
+        const uint16_t *d16 = operand(c, 0, dout, M, O, O, &ld);
+        if (dinp) {
+            const uint16_t *w16 = operand(c, 1, w, O, I, I, &l1);
+            gemm_conv(c, false, false, M, I, O, d16, ld, w16, l1, dout, O, w, I, beta, dinp, I);
+        }
+        if (dw) {
+            const uint16_t *x16 = operand(c, 1, inp, M, I, I, &l1);
+            gemm_conv(c, true, false, O, I, M, d16, ld, x16, l1, dout, O, inp, I, 1.0f, dw, I);
+        }
+    } else {
+        if (dinp) gemm_f32(false, false, M, I, O, 1.0f, dout, O, w, I, beta, dinp, I);
+        if (dw) gemm_f32(true, false, O, I, M, 1.0f, dout, O, inp, I, 1.0f, dw, I);
+    }
+    if (db) linear_backward_f32(NULL, NULL, db, dout, NULL, NULL, M, I, O);
+}
+
 void bf16_linear_backward(bf16_ctx *c, float *dinp, float *dw, float *db, const float *dout,
                           const float *inp, const float *w, int M, int I, int O) {
-    if (dinp) bf16_gemm(c, false, false, M, I, O, dout, O, w, I, 1.0f, dinp, I);
-    if (dw) bf16_gemm(c, true, false, O, I, M, dout, O, inp, I, 1.0f, dw, I);
-    if (db) linear_backward_f32(NULL, NULL, db, dout, NULL, NULL, M, I, O);
+    bf16_linear_backward_beta(c, dinp, 1.0f, dw, db, dout, inp, w, M, I, O);
 }
 
 void linear_forward_ctx_f32(bf16_ctx *c, float *out, const float *inp, const float *w, const float *b,

@@ -100,6 +100,10 @@ void linear_backward_ctx_f64(bf16_ctx *c, double *dinp, double *dw, double *db, 
 /* Points *c at the weights w: w == NULL frees *c (fp32 again, *c = NULL); else *c is made (NULL
  * before) or re-pointed at w. For a model's acts_set_bf16. MOH_OK or MOH_E_NOMEM. */
 int bf16_ctx_use(bf16_ctx **c, const bf16_mirror *w, moh_error *err);
+/* The same with dinp = dout w + beta dinp (beta 0: written, no zeroing pass first). dout is
+ * rounded to bf16 once for both products. */
+void bf16_linear_backward_beta(bf16_ctx *c, float *dinp, float beta, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, int M, int I, int O);
 /* oneDNN's implementation of the last matmul primitive made ("brg:avx512_core_amx",
  * "brg:avx512_core_bf16", ...; "none" before the first), and GEMMs that fell back to fp32. */
 const char *bf16_ctx_impl(const bf16_ctx *c);
