@@ -464,6 +464,16 @@ void sp_bwd_ds(bool avx, int R, int nk, float *const *s, float *const *dp, const
  * Decode: one query against the cached keys of one head
  * ---------------------------------------------------------------------------------------------- */
 
+/* scores[0..n) raw, their max mx -> 2^((s - mx) cl2) in place; returns the sum. */
+static float decode_exp_ref(float *scores, int n, float mx, float cl2) {
+    float sum = 0.0f;
+    for (int j = 0; j < n; j++) {
+        scores[j] = exp2f((scores[j] - mx) * cl2);
+        sum += scores[j];
+    }
+    return sum;
+}
+
 static void decode_ref(const float *q, const float *K, const float *V, long ld, int n, int d,
                        float gate, float *scores, float *out) {
     const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
@@ -475,11 +485,7 @@ static void decode_ref(const float *q, const float *K, const float *V, long ld, 
         scores[j] = s; /* raw: the max is subtracted before scaling (see the softmax tiles) */
         mx = s > mx ? s : mx;
     }
-    float sum = 0.0f;
-    for (int j = 0; j < n; j++) {
-        scores[j] = exp2f((scores[j] - mx) * cl2);
-        sum += scores[j];
-    }
+    const float sum = decode_exp_ref(scores, n, mx, cl2);
     for (int e = 0; e < d; e++) out[e] = 0.0f;
     for (int j = 0; j < n; j++) {
         const float *vj = V + (size_t)j * ld;
@@ -507,6 +513,21 @@ SP_INLINE SP_AVX512 __m512 hsum16(const __m512 *v) {
                          _mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* The softmax pass of the decode kernels: scores[0..n) raw, vmax lanes whose max is theirs ->
+ * 2^((s - max) cl2) in place; returns the sum. */
+SP_INLINE SP_AVX512 float decode_exp_avx(float *scores, int n, __m512 vmax, float cl2) {
+    const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax)), vc = _mm512_set1_ps(cl2);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        const __mmask16 jm = lanes_mask(n - j0);
+        const __m512 sv = _mm512_maskz_loadu_ps(jm, scores + j0);
+        const __m512 p = _mm512_maskz_mov_ps(jm, exp2_avx(_mm512_mul_ps(_mm512_sub_ps(sv, vm), vc)));
+        _mm512_mask_storeu_ps(scores + j0, jm, p);
+        vsum = _mm512_add_ps(vsum, p);
+    }
+    return _mm512_reduce_add_ps(vsum);
+}
+
 /* d <= 64: scores 16 keys at a time (one reduction tree per block), exp2 over vectors, and the
  * weighted sum of V rows into 4 interleaved accumulators (keys j mod 4), added in a fixed order. */
 SP_AVX512 static void decode_avx(const float *q, const float *K, const float *V, long ld, int n,
@@ -516,7 +537,6 @@ SP_AVX512 static void decode_avx(const float *q, const float *K, const float *V,
     const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
     __m512 qv[4];
     for (int v = 0; v < nv; v++) qv[v] = _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, q + 16 * v);
-    const __m512 vc = _mm512_set1_ps(cl2);
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     const int lines = (int)((d * sizeof(float) + 63) / 64); /* cache lines per row */
     for (int j0 = 0; j0 < n; j0 += 16) {
@@ -536,15 +556,7 @@ SP_AVX512 static void decode_avx(const float *q, const float *K, const float *V,
         _mm512_mask_storeu_ps(scores + j0, jm, sv);
         vmax = _mm512_mask_max_ps(vmax, jm, vmax, sv);
     }
-    const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
-    __m512 vsum = _mm512_setzero_ps();
-    for (int j0 = 0; j0 < n; j0 += 16) {
-        const __mmask16 jm = lanes_mask(n - j0);
-        const __m512 sv = _mm512_maskz_loadu_ps(jm, scores + j0);
-        const __m512 p = _mm512_maskz_mov_ps(jm, exp2_avx(_mm512_mul_ps(_mm512_sub_ps(sv, vm), vc)));
-        _mm512_mask_storeu_ps(scores + j0, jm, p);
-        vsum = _mm512_add_ps(vsum, p);
-    }
+    const float sum = decode_exp_avx(scores, n, vmax, cl2);
     __m512 o[4][4];
     for (int a = 0; a < 4; a++)
         for (int v = 0; v < 4; v++) o[a][v] = _mm512_setzero_ps();
@@ -565,7 +577,7 @@ SP_AVX512 static void decode_avx(const float *q, const float *K, const float *V,
         for (int v = 0; v < nv; v++)
             o[0][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, vj + 16 * v), o[0][v]);
     }
-    const __m512 f = _mm512_set1_ps(gate / _mm512_reduce_add_ps(vsum));
+    const __m512 f = _mm512_set1_ps(gate / sum);
     for (int v = 0; v < nv; v++) {
         const __m512 r = _mm512_add_ps(_mm512_add_ps(o[0][v], o[1][v]), _mm512_add_ps(o[2][v], o[3][v]));
         _mm512_mask_storeu_ps(out + 16 * v, v == nv - 1 ? lm : (__mmask16)0xFFFF, _mm512_mul_ps(r, f));
@@ -662,4 +674,324 @@ void sparse_decode_gemv_f32(const float *w, long ldw, const float *b, const floa
     }
 #endif
     decode_gemv_ref(w, ldw, b, x, blk, nblk, d, r0, r1, out);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Decode on bf16 weights and a bf16 KV cache (sparse.h: sparse_decode_*_bf16). bf16 -> fp32 is
+ * exact (the upper half of a float), so the portable and the widening kernels differ from fp32
+ * kernels on the same rounded data only by the order of the sums.
+ * ---------------------------------------------------------------------------------------------- */
+
+sparse_bf16_isa sparse_bf16_isa_detect(void) {
+#if SP_X86
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        return bf16_detect().avx512_bf16 ? SPARSE_BF16_DP : SPARSE_BF16_AVX512;
+#endif
+    return SPARSE_BF16_PORTABLE;
+}
+
+const char *sparse_bf16_isa_name(sparse_bf16_isa isa) {
+    return isa == SPARSE_BF16_DP ? "vdpbf16ps" : isa == SPARSE_BF16_AVX512 ? "avx512 widen+fma" : "portable";
+}
+
+/* Value j, element e of a pair-interleaved bf16 V (sparse_decode_attend_bf16). */
+static inline float vpair(const uint16_t *V, long ld, int j, int e) {
+    return bf16_value(V[(size_t)(j >> 1) * 2 * ld + 2 * (size_t)e + (j & 1)]);
+}
+
+static void decode_bf16_ref(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
+                            float gate, float *scores, float *out) {
+    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const uint16_t *kj = K + (size_t)j * ld;
+        float s = 0.0f;
+        for (int e = 0; e < d; e++) s += q[e] * bf16_value(kj[e]);
+        scores[j] = s;
+        mx = s > mx ? s : mx;
+    }
+    const float sum = decode_exp_ref(scores, n, mx, cl2);
+    for (int e = 0; e < d; e++) out[e] = 0.0f;
+    for (int j = 0; j < n; j++)
+        for (int e = 0; e < d; e++) out[e] += scores[j] * vpair(V, ld, j, e);
+    const float f = gate / sum;
+    for (int e = 0; e < d; e++) out[e] *= f;
+}
+
+static void decode_gemv_bf16_ref(const uint16_t *w, long ldw, const float *b, const float *x, const int *blk,
+                                 int nblk, int d, int r0, int r1, float *out) {
+    for (int r = r0; r < r1; r++) {
+        const uint16_t *wr = w + (size_t)r * ldw;
+        float s = 0.0f;
+        for (int k = 0; k < nblk; k++) {
+            const size_t off = (size_t)blk[k] * d;
+            float t = 0.0f;
+            for (int e = 0; e < d; e++) t += bf16_value(wr[off + e]) * x[off + e];
+            s += t;
+        }
+        out[r] = (b ? b[r] : 0.0f) + s;
+    }
+}
+
+#if SP_X86
+#define SP_AVX512BW __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define SP_BF16DQ __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+SP_INLINE __mmask32 lanes_mask32(int lanes) {
+    return lanes >= 32 ? (__mmask32)0xFFFFFFFFu : lanes <= 0 ? (__mmask32)0 : (__mmask32)((1u << lanes) - 1u);
+}
+/* 16 bf16 (lanes of m) widened to fp32. */
+SP_INLINE SP_AVX512BW __m512 widen16(const uint16_t *p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+/* The even (lo) and odd (hi) bf16 of 16 pairs, as fp32. */
+SP_INLINE SP_AVX512BW __m512 pair_lo(__m512i x) { return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)); }
+SP_INLINE SP_AVX512BW __m512 pair_hi(__m512i x) {
+    return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+/* Prefetches the bytes [p, p + bytes) (whole lines). */
+SP_INLINE void prefetch_span(const void *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
+
+/* The widening kernel, d <= 128: as decode_avx with every key and value widened to fp32 in
+ * registers; values come in pairs of positions (vpair), the two halves into two accumulator sets. */
+SP_AVX512BW static void decode_bf16_avx(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
+                                        float gate, float *scores, float *out) {
+    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
+    const int nv = (d + 15) >> 4;
+    const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
+    __m512 qv[8];
+    for (int v = 0; v < nv; v++) qv[v] = _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, q + 16 * v);
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        const int jn = imin(16, n - j0);
+        if (j0 + SP_PF_KEYS < n)
+            prefetch_span(K + (size_t)(j0 + SP_PF_KEYS) * ld, sizeof(uint16_t) * (size_t)imin(16, n - j0 - SP_PF_KEYS) * ld);
+        __m512 acc[16];
+        for (int jj = 0; jj < 16; jj++) {
+            acc[jj] = _mm512_setzero_ps();
+            if (jj >= jn) continue;
+            const uint16_t *kj = K + (size_t)(j0 + jj) * ld;
+            for (int v = 0; v < nv; v++)
+                acc[jj] = _mm512_fmadd_ps(widen16(kj + 16 * v, v == nv - 1 ? lm : (__mmask16)0xFFFF), qv[v], acc[jj]);
+        }
+        const __mmask16 jm = lanes_mask(jn);
+        const __m512 sv = hsum16(acc);
+        _mm512_mask_storeu_ps(scores + j0, jm, sv);
+        vmax = _mm512_mask_max_ps(vmax, jm, vmax, sv);
+    }
+    const float sum = decode_exp_avx(scores, n, vmax, cl2);
+    __m512 o0[8], o1[8];
+    for (int v = 0; v < nv; v++) o0[v] = o1[v] = _mm512_setzero_ps();
+    const int np = (n + 1) >> 1;
+    const __mmask32 lm2 = lanes_mask32(2 * (d - 16 * (nv - 1)));
+    for (int t = 0; t < np; t++) {
+        const uint16_t *vt = V + (size_t)t * 2 * ld;
+        if (t + SP_PF_KEYS / 2 < np) prefetch_span(vt + (size_t)SP_PF_KEYS * ld, sizeof(uint16_t) * 2 * (size_t)d);
+        const __m512 p0 = _mm512_set1_ps(scores[2 * t]);
+        const bool odd = 2 * t + 1 == n; /* the last pair holds one position: its other half is not read */
+        const __m512 p1 = _mm512_set1_ps(odd ? 0.0f : scores[2 * t + 1]);
+        for (int v = 0; v < nv; v++) {
+            __mmask32 m = v == nv - 1 ? lm2 : (__mmask32)0xFFFFFFFFu;
+            if (odd) m &= 0x55555555u;
+            const __m512i x = _mm512_maskz_loadu_epi16(m, vt + 32 * v);
+            o0[v] = _mm512_fmadd_ps(pair_lo(x), p0, o0[v]);
+            o1[v] = _mm512_fmadd_ps(pair_hi(x), p1, o1[v]);
+        }
+    }
+    const __m512 f = _mm512_set1_ps(gate / sum);
+    for (int v = 0; v < nv; v++)
+        _mm512_mask_storeu_ps(out + 16 * v, v == nv - 1 ? lm : (__mmask16)0xFFFF,
+                              _mm512_mul_ps(_mm512_add_ps(o0[v], o1[v]), f));
+}
+
+/* The vdpbf16ps kernel, d <= 128: q rounded to bf16, each score one vdpbf16ps chain over pairs of
+ * dimensions (16 keys per reduction tree); probabilities rounded to bf16 in pairs of positions,
+ * times the pair-interleaved values, two accumulator sets (even / odd pairs). */
+SP_BF16DQ static void decode_bf16_dp(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
+                                   float gate, float *scores, float *out) {
+    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
+    const int nb = (d + 31) >> 5, nv = (d + 15) >> 4;
+    const __mmask32 lb = lanes_mask32(d - 32 * (nb - 1));
+    const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
+    __m512bh qb[4];
+    for (int v = 0; v < nb; v++) {
+        const __m512 lo = _mm512_maskz_loadu_ps(lanes_mask(d - 32 * v), q + 32 * v);
+        const __m512 hi = _mm512_maskz_loadu_ps(lanes_mask(d - 32 * v - 16), q + 32 * v + 16);
+        qb[v] = _mm512_cvtne2ps_pbh(hi, lo);
+    }
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        const int jn = imin(16, n - j0);
+        if (j0 + SP_PF_KEYS < n)
+            prefetch_span(K + (size_t)(j0 + SP_PF_KEYS) * ld, sizeof(uint16_t) * (size_t)imin(16, n - j0 - SP_PF_KEYS) * ld);
+        __m512 acc[16];
+        for (int jj = 0; jj < 16; jj++) {
+            acc[jj] = _mm512_setzero_ps();
+            if (jj >= jn) continue;
+            const uint16_t *kj = K + (size_t)(j0 + jj) * ld;
+            for (int v = 0; v < nb; v++)
+                acc[jj] = _mm512_dpbf16_ps(
+                    acc[jj], (__m512bh)_mm512_maskz_loadu_epi16(v == nb - 1 ? lb : (__mmask32)0xFFFFFFFFu, kj + 32 * v),
+                    qb[v]);
+        }
+        const __mmask16 jm = lanes_mask(jn);
+        const __m512 sv = hsum16(acc);
+        _mm512_mask_storeu_ps(scores + j0, jm, sv);
+        vmax = _mm512_mask_max_ps(vmax, jm, vmax, sv);
+    }
+    const float sum = decode_exp_avx(scores, n, vmax, cl2);
+    __m512 o0[8], o1[8];
+    for (int v = 0; v < nv; v++) o0[v] = o1[v] = _mm512_setzero_ps();
+    const int np = (n + 1) >> 1;
+    const __mmask32 lm2 = lanes_mask32(2 * (d - 16 * (nv - 1)));
+    uint32_t pp[16]; /* 16 pairs of probabilities (bf16, even position in the low half) */
+    for (int t0 = 0; t0 < np; t0 += 16) {
+        const int j = 2 * t0;
+        const __m512 lo = _mm512_maskz_loadu_ps(lanes_mask(n - j), scores + j);
+        const __m512 hi = _mm512_maskz_loadu_ps(lanes_mask(n - j - 16), scores + j + 16);
+        _mm512_storeu_si512((void *)pp, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        const int tn = imin(16, np - t0);
+        for (int tt = 0; tt < tn; tt++) {
+            const int t = t0 + tt;
+            const uint16_t *vt = V + (size_t)t * 2 * ld;
+            if (t + SP_PF_KEYS / 2 < np) prefetch_span(vt + (size_t)SP_PF_KEYS * ld, sizeof(uint16_t) * 2 * (size_t)d);
+            const __m512bh bp = (__m512bh)_mm512_set1_epi32((int)pp[tt]);
+            const bool odd = 2 * t + 1 == n; /* one position: the other half of the pair is not read */
+            __m512 *o = tt & 1 ? o1 : o0;
+            for (int v = 0; v < nv; v++) {
+                __mmask32 m = v == nv - 1 ? lm2 : (__mmask32)0xFFFFFFFFu;
+                if (odd) m &= 0x55555555u;
+                o[v] = _mm512_dpbf16_ps(o[v], (__m512bh)_mm512_maskz_loadu_epi16(m, vt + 32 * v), bp);
+            }
+        }
+    }
+    const __m512 f = _mm512_set1_ps(gate / sum);
+    for (int v = 0; v < nv; v++)
+        _mm512_mask_storeu_ps(out + 16 * v, v == nv - 1 ? lm : (__mmask16)0xFFFF,
+                              _mm512_mul_ps(_mm512_add_ps(o0[v], o1[v]), f));
+}
+
+/* Widening GEMV: 4 rows per pass, 16 columns per step (bf16 widened, fp32 x). */
+SP_AVX512BW static void gemv_bf16_avx(const uint16_t *w, long ldw, const float *b, const float *x, const int *blk,
+                                      int nblk, int d, int r0, int r1, float *out) {
+    const int nv = (d + 15) >> 4;
+    const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
+    int r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        const uint16_t *w0 = w + (size_t)r * ldw;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+        for (int k = 0; k < nblk; k++) {
+            const size_t off = (size_t)blk[k] * d;
+            for (int v = 0; v < nv; v++) {
+                const __mmask16 m = v == nv - 1 ? lm : (__mmask16)0xFFFF;
+                const size_t o = off + 16 * (size_t)v;
+                const __m512 xv = _mm512_maskz_loadu_ps(m, x + o);
+                if (r + 8 <= r1 && !(v & 1)) /* the same columns of the next 4 rows, a line per 32 */
+                    for (int i = 4; i < 8; i++) _mm_prefetch((const char *)(w0 + i * ldw + o), _MM_HINT_T0);
+                a0 = _mm512_fmadd_ps(widen16(w0 + o, m), xv, a0);
+                a1 = _mm512_fmadd_ps(widen16(w0 + ldw + o, m), xv, a1);
+                a2 = _mm512_fmadd_ps(widen16(w0 + 2 * ldw + o, m), xv, a2);
+                a3 = _mm512_fmadd_ps(widen16(w0 + 3 * ldw + o, m), xv, a3);
+            }
+        }
+        out[r] = (b ? b[r] : 0.0f) + _mm512_reduce_add_ps(a0);
+        out[r + 1] = (b ? b[r + 1] : 0.0f) + _mm512_reduce_add_ps(a1);
+        out[r + 2] = (b ? b[r + 2] : 0.0f) + _mm512_reduce_add_ps(a2);
+        out[r + 3] = (b ? b[r + 3] : 0.0f) + _mm512_reduce_add_ps(a3);
+    }
+    for (; r < r1; r++) {
+        const uint16_t *wr = w + (size_t)r * ldw;
+        __m512 a = _mm512_setzero_ps();
+        for (int k = 0; k < nblk; k++) {
+            const size_t off = (size_t)blk[k] * d;
+            for (int v = 0; v < nv; v++) {
+                const __mmask16 m = v == nv - 1 ? lm : (__mmask16)0xFFFF;
+                const size_t o = off + 16 * (size_t)v;
+                a = _mm512_fmadd_ps(widen16(wr + o, m), _mm512_maskz_loadu_ps(m, x + o), a);
+            }
+        }
+        out[r] = (b ? b[r] : 0.0f) + _mm512_reduce_add_ps(a);
+    }
+}
+
+/* vdpbf16ps GEMV: 4 rows per pass, 32 columns (one line of each row) per step, x in bf16. */
+SP_BF16DQ static void gemv_bf16_dp(const uint16_t *w, long ldw, const float *b, const uint16_t *xb, const int *blk,
+                                 int nblk, int d, int r0, int r1, float *out) {
+    const int nb = (d + 31) >> 5;
+    const __mmask32 lb = lanes_mask32(d - 32 * (nb - 1));
+    int r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        const uint16_t *w0 = w + (size_t)r * ldw;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+        for (int k = 0; k < nblk; k++) {
+            const size_t off = (size_t)blk[k] * d;
+            for (int v = 0; v < nb; v++) {
+                const __mmask32 m = v == nb - 1 ? lb : (__mmask32)0xFFFFFFFFu;
+                const size_t o = off + 32 * (size_t)v;
+                const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, xb + o);
+                if (r + 8 <= r1)
+                    for (int i = 4; i < 8; i++) _mm_prefetch((const char *)(w0 + i * ldw + o), _MM_HINT_T0);
+                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(m, w0 + o), xv);
+                a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_maskz_loadu_epi16(m, w0 + ldw + o), xv);
+                a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_maskz_loadu_epi16(m, w0 + 2 * ldw + o), xv);
+                a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_maskz_loadu_epi16(m, w0 + 3 * ldw + o), xv);
+            }
+        }
+        out[r] = (b ? b[r] : 0.0f) + _mm512_reduce_add_ps(a0);
+        out[r + 1] = (b ? b[r + 1] : 0.0f) + _mm512_reduce_add_ps(a1);
+        out[r + 2] = (b ? b[r + 2] : 0.0f) + _mm512_reduce_add_ps(a2);
+        out[r + 3] = (b ? b[r + 3] : 0.0f) + _mm512_reduce_add_ps(a3);
+    }
+    for (; r < r1; r++) {
+        const uint16_t *wr = w + (size_t)r * ldw;
+        __m512 a = _mm512_setzero_ps();
+        for (int k = 0; k < nblk; k++) {
+            const size_t off = (size_t)blk[k] * d;
+            for (int v = 0; v < nb; v++) {
+                const __mmask32 m = v == nb - 1 ? lb : (__mmask32)0xFFFFFFFFu;
+                const size_t o = off + 32 * (size_t)v;
+                a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_maskz_loadu_epi16(m, wr + o),
+                                     (__m512bh)_mm512_maskz_loadu_epi16(m, xb + o));
+            }
+        }
+        out[r] = (b ? b[r] : 0.0f) + _mm512_reduce_add_ps(a);
+    }
+}
+#endif
+
+void sparse_decode_attend_bf16(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
+                               float gate, float *scores, float *out, sparse_bf16_isa isa) {
+    if (n <= 0) {
+        for (int e = 0; e < d; e++) out[e] = 0.0f;
+        return;
+    }
+#if SP_X86
+    if (d <= 128 && isa == SPARSE_BF16_DP) {
+        decode_bf16_dp(q, K, V, ld, n, d, gate, scores, out);
+        return;
+    }
+    if (d <= 128 && isa == SPARSE_BF16_AVX512) {
+        decode_bf16_avx(q, K, V, ld, n, d, gate, scores, out);
+        return;
+    }
+#endif
+    decode_bf16_ref(q, K, V, ld, n, d, gate, scores, out);
+}
+
+void sparse_decode_gemv_bf16(const uint16_t *w, long ldw, const float *b, const float *x, const uint16_t *xb,
+                             const int *blk, int nblk, int d, int r0, int r1, float *out, sparse_bf16_isa isa) {
+#if SP_X86
+    if (isa == SPARSE_BF16_DP && xb) {
+        gemv_bf16_dp(w, ldw, b, xb, blk, nblk, d, r0, r1, out);
+        return;
+    }
+    if (isa >= SPARSE_BF16_AVX512) {
+        gemv_bf16_avx(w, ldw, b, x, blk, nblk, d, r0, r1, out);
+        return;
+    }
+#endif
+    decode_gemv_bf16_ref(w, ldw, b, x, blk, nblk, d, r0, r1, out);
 }
