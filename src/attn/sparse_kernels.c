@@ -474,28 +474,44 @@ static float decode_exp_ref(float *scores, int n, float mx, float cl2) {
     return sum;
 }
 
-static void decode_ref(const float *q, const float *K, const float *V, long ld, int n, int d,
-                       float gate, float *scores, float *out) {
+/* Key (value = false) or value (true) j, element e of a decode cache with row stride ld: fp32
+ * rows (b16 = 0), or bf16 (b16 = 1: keys in rows, values pair-interleaved as
+ * sparse_decode_attend_bf16 reads them). */
+static inline float kv_at(const int b16, const void *P, long ld, int j, int e, bool value) {
+    if (!b16) return ((const float *)P)[(size_t)j * ld + e];
+    const uint16_t *h = P;
+    return bf16_value(value ? h[(size_t)(j >> 1) * 2 * ld + 2 * (size_t)e + (j & 1)] : h[(size_t)j * ld + e]);
+}
+
+/* The portable decode of either cache (kv_at). */
+static inline void decode_ref(const int b16, const float *q, const void *K, const void *V, long ld, int n, int d,
+                              float gate, float *scores, float *out) {
     const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
     float mx = -INFINITY;
     for (int j = 0; j < n; j++) {
-        const float *kj = K + (size_t)j * ld;
         float s = 0.0f;
-        for (int e = 0; e < d; e++) s += q[e] * kj[e];
+        for (int e = 0; e < d; e++) s += q[e] * kv_at(b16, K, ld, j, e, false);
         scores[j] = s; /* raw: the max is subtracted before scaling (see the softmax tiles) */
         mx = s > mx ? s : mx;
     }
     const float sum = decode_exp_ref(scores, n, mx, cl2);
     for (int e = 0; e < d; e++) out[e] = 0.0f;
-    for (int j = 0; j < n; j++) {
-        const float *vj = V + (size_t)j * ld;
-        for (int e = 0; e < d; e++) out[e] += scores[j] * vj[e];
-    }
+    for (int j = 0; j < n; j++)
+        for (int e = 0; e < d; e++) out[e] += scores[j] * kv_at(b16, V, ld, j, e, true);
     const float f = gate / sum;
     for (int e = 0; e < d; e++) out[e] *= f;
 }
 
 #if SP_X86
+#define SP_AVX512BW __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define SP_BF16DQ __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+/* The decode kernels' AVX-512 subset (F, DQ, BW, VL: every AVX-512 CPU but the Xeon Phis). */
+static bool decode_avx512(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+
 /* Lane j of the result = horizontal sum of v[j], j < 16. */
 SP_INLINE SP_AVX512 __m512 hsum16(const __m512 *v) {
     __m512 t[8], u[4];
@@ -528,35 +544,68 @@ SP_INLINE SP_AVX512 float decode_exp_avx(float *scores, int n, __m512 vmax, floa
     return _mm512_reduce_add_ps(vsum);
 }
 
-/* d <= 64: scores 16 keys at a time (one reduction tree per block), exp2 over vectors, and the
- * weighted sum of V rows into 4 interleaved accumulators (keys j mod 4), added in a fixed order. */
-SP_AVX512 static void decode_avx(const float *q, const float *K, const float *V, long ld, int n,
-                                 int d, float gate, float *scores, float *out) {
-    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
+SP_INLINE __mmask32 lanes_mask32(int lanes) {
+    return lanes >= 32 ? (__mmask32)0xFFFFFFFFu : lanes <= 0 ? (__mmask32)0 : (__mmask32)((1u << lanes) - 1u);
+}
+/* 16 bf16 (lanes of m) widened to fp32. */
+SP_INLINE SP_AVX512BW __m512 widen16(const uint16_t *p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+/* 16 weights at w + o (lanes of m) as fp32: fp32 (b16 = 0) or bf16 widened (b16 = 1). */
+SP_INLINE SP_AVX512BW __m512 load16(const int b16, const void *w, size_t o, __mmask16 m) {
+    return b16 ? widen16((const uint16_t *)w + o, m) : _mm512_maskz_loadu_ps(m, (const float *)w + o);
+}
+/* The even (lo) and odd (hi) bf16 of 16 pairs, as fp32. */
+SP_INLINE SP_AVX512BW __m512 pair_lo(__m512i x) { return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)); }
+SP_INLINE SP_AVX512BW __m512 pair_hi(__m512i x) {
+    return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+/* Prefetches the lines of [p, p + bytes). */
+SP_INLINE void prefetch_span(const void *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
+
+/* Raw scores q.k_j of n keys into scores[0..n), 16 keys per reduction tree; key j at K + j ld,
+ * fp32 (b16 = 0) or bf16 widened (b16 = 1), d <= 128; software prefetch SP_PF_KEYS keys ahead.
+ * Returns lanes whose max is the scores' max. */
+SP_INLINE SP_AVX512BW __m512 scores_avx(const int b16, const float *q, const void *K, long ld, int n, int d,
+                                        float *scores) {
     const int nv = (d + 15) >> 4;
+    const size_t es = b16 ? sizeof(uint16_t) : sizeof(float);
     const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
-    __m512 qv[4];
+    __m512 qv[8];
     for (int v = 0; v < nv; v++) qv[v] = _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, q + 16 * v);
     __m512 vmax = _mm512_set1_ps(-INFINITY);
-    const int lines = (int)((d * sizeof(float) + 63) / 64); /* cache lines per row */
     for (int j0 = 0; j0 < n; j0 += 16) {
         const int jn = imin(16, n - j0);
         for (int jj = j0 + SP_PF_KEYS; jj < imin(j0 + SP_PF_KEYS + 16, n); jj++)
-            for (int l = 0; l < lines; l++) _mm_prefetch((const char *)(K + (size_t)jj * ld) + 64 * l, _MM_HINT_T0);
+            prefetch_span((const char *)K + (size_t)jj * ld * es, (size_t)d * es);
         __m512 acc[16];
         for (int jj = 0; jj < 16; jj++) {
             acc[jj] = _mm512_setzero_ps();
             if (jj >= jn) continue;
-            const float *kj = K + (size_t)(j0 + jj) * ld;
+            const size_t kj = (size_t)(j0 + jj) * ld;
             for (int v = 0; v < nv; v++)
-                acc[jj] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, kj + 16 * v), qv[v], acc[jj]);
+                acc[jj] = _mm512_fmadd_ps(load16(b16, K, kj + 16 * (size_t)v, v == nv - 1 ? lm : (__mmask16)0xFFFF),
+                                          qv[v], acc[jj]);
         }
         const __mmask16 jm = lanes_mask(jn);
         const __m512 sv = hsum16(acc); /* raw scores: scaled after the max is subtracted */
         _mm512_mask_storeu_ps(scores + j0, jm, sv);
         vmax = _mm512_mask_max_ps(vmax, jm, vmax, sv);
     }
-    const float sum = decode_exp_avx(scores, n, vmax, cl2);
+    return vmax;
+}
+
+/* d <= 64: scores 16 keys at a time (one reduction tree per block), exp2 over vectors, and the
+ * weighted sum of V rows into 4 interleaved accumulators (keys j mod 4), added in a fixed order. */
+SP_AVX512BW static void decode_avx(const float *q, const float *K, const float *V, long ld, int n,
+                                   int d, float gate, float *scores, float *out) {
+    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
+    const int nv = (d + 15) >> 4;
+    const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
+    const int lines = (int)((d * sizeof(float) + 63) / 64); /* cache lines per row */
+    const float sum = decode_exp_avx(scores, n, scores_avx(0, q, K, ld, n, d, scores), cl2);
     __m512 o[4][4];
     for (int a = 0; a < 4; a++)
         for (int v = 0; v < 4; v++) o[a][v] = _mm512_setzero_ps();
@@ -592,27 +641,29 @@ void sparse_decode_attend_f32(const float *q, const float *K, const float *V, lo
         return;
     }
 #if SP_X86
-    if (d <= 64 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) {
+    if (d <= 64 && decode_avx512()) {
         decode_avx(q, K, V, ld, n, d, gate, scores, out);
         return;
     }
 #endif
-    decode_ref(q, K, V, ld, n, d, gate, scores, out);
+    decode_ref(0, q, K, V, ld, n, d, gate, scores, out);
 }
 
 /* ------------------------------------------------------------------------------------------------
  * Decode: matrix-vector products over column blocks (q/k/v rows, W_O of the selected heads)
  * ---------------------------------------------------------------------------------------------- */
 
-static void decode_gemv_ref(const float *w, long ldw, const float *b, const float *x, const int *blk,
-                            int nblk, int d, int r0, int r1, float *out) {
+/* The portable GEMV on fp32 (b16 = 0) or bf16 (b16 = 1) weights. */
+static inline void decode_gemv_ref(const int b16, const void *w, long ldw, const float *b, const float *x,
+                                   const int *blk, int nblk, int d, int r0, int r1, float *out) {
     for (int r = r0; r < r1; r++) {
-        const float *wr = w + (size_t)r * ldw;
+        const size_t wr = (size_t)r * ldw;
         float s = 0.0f;
         for (int k = 0; k < nblk; k++) {
-            const size_t off = (size_t)blk[k] * d;
+            const size_t off = wr + (size_t)blk[k] * d;
             float t = 0.0f;
-            for (int e = 0; e < d; e++) t += wr[off + e] * x[off + e];
+            for (int e = 0; e < d; e++)
+                t += (b16 ? bf16_value(((const uint16_t *)w)[off + e]) : ((const float *)w)[off + e]) * x[off - wr + e];
             s += t;
         }
         out[r] = (b ? b[r] : 0.0f) + s;
@@ -620,60 +671,49 @@ static void decode_gemv_ref(const float *w, long ldw, const float *b, const floa
 }
 
 #if SP_X86
-/* 4 rows at a time: one accumulator vector per row over every block's d columns (x is loaded
- * once per 4 rows), one reduction per row. */
-SP_AVX512 static void decode_gemv_avx(const float *w, long ldw, const float *b, const float *x, const int *blk,
-                                      int nblk, int d, int r0, int r1, float *out) {
+/* 4 rows per pass (a last group of fewer rows repeats its last row and writes only its own): one
+ * accumulator vector per row over every block's d columns, 16 per step (x loaded once per 4
+ * rows), one reduction per row; weights fp32 (b16 = 0) or bf16 widened (b16 = 1). */
+SP_INLINE SP_AVX512BW void gemv_avx(const int b16, const void *w, long ldw, const float *b, const float *x,
+                                    const int *blk, int nblk, int d, int r0, int r1, float *out) {
     const int nv = (d + 15) >> 4;
     const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
-    int r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const float *w0 = w + (size_t)r * ldw;
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    for (int r = r0; r < r1; r += 4) {
+        const int R = imin(4, r1 - r);
+        size_t row[4];
+        for (int i = 0; i < 4; i++) row[i] = (size_t)(r + imin(i, R - 1)) * ldw;
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         for (int k = 0; k < nblk; k++) {
             const size_t off = (size_t)blk[k] * d;
             for (int v = 0; v < nv; v++) {
                 const __mmask16 m = v == nv - 1 ? lm : (__mmask16)0xFFFF;
                 const size_t o = off + 16 * (size_t)v;
                 const __m512 xv = _mm512_maskz_loadu_ps(m, x + o);
-                if (r + 8 <= r1) /* the same columns of the next 4 rows */
-                    for (int i = 4; i < 8; i++) _mm_prefetch((const char *)(w0 + i * ldw + o), _MM_HINT_T0);
-                a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + o), xv, a0);
-                a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + ldw + o), xv, a1);
-                a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + 2 * ldw + o), xv, a2);
-                a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + 3 * ldw + o), xv, a3);
+                if (r + 8 <= r1 && (!b16 || !(v & 1))) /* the same columns of the next 4 rows, a line each */
+                    for (int i = 0; i < 4; i++)
+                        _mm_prefetch((const char *)w + (row[i] + 4 * (size_t)ldw + o) * (b16 ? 2 : 4), _MM_HINT_T0);
+                for (int i = 0; i < 4; i++) a[i] = _mm512_fmadd_ps(load16(b16, w, row[i] + o, m), xv, a[i]);
             }
         }
-        out[r] = (b ? b[r] : 0.0f) + _mm512_reduce_add_ps(a0);
-        out[r + 1] = (b ? b[r + 1] : 0.0f) + _mm512_reduce_add_ps(a1);
-        out[r + 2] = (b ? b[r + 2] : 0.0f) + _mm512_reduce_add_ps(a2);
-        out[r + 3] = (b ? b[r + 3] : 0.0f) + _mm512_reduce_add_ps(a3);
+        for (int i = 0; i < R; i++) out[r + i] = (b ? b[r + i] : 0.0f) + _mm512_reduce_add_ps(a[i]);
     }
-    for (; r < r1; r++) {
-        const float *wr = w + (size_t)r * ldw;
-        __m512 a = _mm512_setzero_ps();
-        for (int k = 0; k < nblk; k++) {
-            const size_t off = (size_t)blk[k] * d;
-            for (int v = 0; v < nv; v++) {
-                const __mmask16 m = v == nv - 1 ? lm : (__mmask16)0xFFFF;
-                const size_t o = off + 16 * (size_t)v;
-                a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, wr + o), _mm512_maskz_loadu_ps(m, x + o), a);
-            }
-        }
-        out[r] = (b ? b[r] : 0.0f) + _mm512_reduce_add_ps(a);
-    }
+}
+
+SP_AVX512BW static void decode_gemv_avx(const float *w, long ldw, const float *b, const float *x, const int *blk,
+                                        int nblk, int d, int r0, int r1, float *out) {
+    gemv_avx(0, w, ldw, b, x, blk, nblk, d, r0, r1, out);
 }
 #endif
 
 void sparse_decode_gemv_f32(const float *w, long ldw, const float *b, const float *x, const int *blk,
                             int nblk, int d, int r0, int r1, float *out) {
 #if SP_X86
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) {
+    if (decode_avx512()) {
         decode_gemv_avx(w, ldw, b, x, blk, nblk, d, r0, r1, out);
         return;
     }
 #endif
-    decode_gemv_ref(w, ldw, b, x, blk, nblk, d, r0, r1, out);
+    decode_gemv_ref(0, w, ldw, b, x, blk, nblk, d, r0, r1, out);
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -684,9 +724,7 @@ void sparse_decode_gemv_f32(const float *w, long ldw, const float *b, const floa
 
 sparse_bf16_isa sparse_bf16_isa_detect(void) {
 #if SP_X86
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-        return bf16_detect().avx512_bf16 ? SPARSE_BF16_DP : SPARSE_BF16_AVX512;
+    if (decode_avx512()) return bf16_detect().avx512_bf16 ? SPARSE_BF16_DP : SPARSE_BF16_AVX512;
 #endif
     return SPARSE_BF16_PORTABLE;
 }
@@ -695,66 +733,7 @@ const char *sparse_bf16_isa_name(sparse_bf16_isa isa) {
     return isa == SPARSE_BF16_DP ? "vdpbf16ps" : isa == SPARSE_BF16_AVX512 ? "avx512 widen+fma" : "portable";
 }
 
-/* Value j, element e of a pair-interleaved bf16 V (sparse_decode_attend_bf16). */
-static inline float vpair(const uint16_t *V, long ld, int j, int e) {
-    return bf16_value(V[(size_t)(j >> 1) * 2 * ld + 2 * (size_t)e + (j & 1)]);
-}
-
-static void decode_bf16_ref(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
-                            float gate, float *scores, float *out) {
-    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
-    float mx = -INFINITY;
-    for (int j = 0; j < n; j++) {
-        const uint16_t *kj = K + (size_t)j * ld;
-        float s = 0.0f;
-        for (int e = 0; e < d; e++) s += q[e] * bf16_value(kj[e]);
-        scores[j] = s;
-        mx = s > mx ? s : mx;
-    }
-    const float sum = decode_exp_ref(scores, n, mx, cl2);
-    for (int e = 0; e < d; e++) out[e] = 0.0f;
-    for (int j = 0; j < n; j++)
-        for (int e = 0; e < d; e++) out[e] += scores[j] * vpair(V, ld, j, e);
-    const float f = gate / sum;
-    for (int e = 0; e < d; e++) out[e] *= f;
-}
-
-static void decode_gemv_bf16_ref(const uint16_t *w, long ldw, const float *b, const float *x, const int *blk,
-                                 int nblk, int d, int r0, int r1, float *out) {
-    for (int r = r0; r < r1; r++) {
-        const uint16_t *wr = w + (size_t)r * ldw;
-        float s = 0.0f;
-        for (int k = 0; k < nblk; k++) {
-            const size_t off = (size_t)blk[k] * d;
-            float t = 0.0f;
-            for (int e = 0; e < d; e++) t += bf16_value(wr[off + e]) * x[off + e];
-            s += t;
-        }
-        out[r] = (b ? b[r] : 0.0f) + s;
-    }
-}
-
 #if SP_X86
-#define SP_AVX512BW __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
-#define SP_BF16DQ __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,fma")))
-
-SP_INLINE __mmask32 lanes_mask32(int lanes) {
-    return lanes >= 32 ? (__mmask32)0xFFFFFFFFu : lanes <= 0 ? (__mmask32)0 : (__mmask32)((1u << lanes) - 1u);
-}
-/* 16 bf16 (lanes of m) widened to fp32. */
-SP_INLINE SP_AVX512BW __m512 widen16(const uint16_t *p, __mmask16 m) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-}
-/* The even (lo) and odd (hi) bf16 of 16 pairs, as fp32. */
-SP_INLINE SP_AVX512BW __m512 pair_lo(__m512i x) { return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)); }
-SP_INLINE SP_AVX512BW __m512 pair_hi(__m512i x) {
-    return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xFFFF0000u)));
-}
-/* Prefetches the bytes [p, p + bytes) (whole lines). */
-SP_INLINE void prefetch_span(const void *p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
-}
-
 /* The widening kernel, d <= 128: as decode_avx with every key and value widened to fp32 in
  * registers; values come in pairs of positions (vpair), the two halves into two accumulator sets. */
 SP_AVX512BW static void decode_bf16_avx(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
@@ -762,27 +741,7 @@ SP_AVX512BW static void decode_bf16_avx(const float *q, const uint16_t *K, const
     const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
     const int nv = (d + 15) >> 4;
     const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
-    __m512 qv[8];
-    for (int v = 0; v < nv; v++) qv[v] = _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, q + 16 * v);
-    __m512 vmax = _mm512_set1_ps(-INFINITY);
-    for (int j0 = 0; j0 < n; j0 += 16) {
-        const int jn = imin(16, n - j0);
-        if (j0 + SP_PF_KEYS < n)
-            prefetch_span(K + (size_t)(j0 + SP_PF_KEYS) * ld, sizeof(uint16_t) * (size_t)imin(16, n - j0 - SP_PF_KEYS) * ld);
-        __m512 acc[16];
-        for (int jj = 0; jj < 16; jj++) {
-            acc[jj] = _mm512_setzero_ps();
-            if (jj >= jn) continue;
-            const uint16_t *kj = K + (size_t)(j0 + jj) * ld;
-            for (int v = 0; v < nv; v++)
-                acc[jj] = _mm512_fmadd_ps(widen16(kj + 16 * v, v == nv - 1 ? lm : (__mmask16)0xFFFF), qv[v], acc[jj]);
-        }
-        const __mmask16 jm = lanes_mask(jn);
-        const __m512 sv = hsum16(acc);
-        _mm512_mask_storeu_ps(scores + j0, jm, sv);
-        vmax = _mm512_mask_max_ps(vmax, jm, vmax, sv);
-    }
-    const float sum = decode_exp_avx(scores, n, vmax, cl2);
+    const float sum = decode_exp_avx(scores, n, scores_avx(1, q, K, ld, n, d, scores), cl2);
     __m512 o0[8], o1[8];
     for (int v = 0; v < nv; v++) o0[v] = o1[v] = _mm512_setzero_ps();
     const int np = (n + 1) >> 1;
@@ -874,58 +833,21 @@ SP_BF16DQ static void decode_bf16_dp(const float *q, const uint16_t *K, const ui
                               _mm512_mul_ps(_mm512_add_ps(o0[v], o1[v]), f));
 }
 
-/* Widening GEMV: 4 rows per pass, 16 columns per step (bf16 widened, fp32 x). */
 SP_AVX512BW static void gemv_bf16_avx(const uint16_t *w, long ldw, const float *b, const float *x, const int *blk,
                                       int nblk, int d, int r0, int r1, float *out) {
-    const int nv = (d + 15) >> 4;
-    const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
-    int r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const uint16_t *w0 = w + (size_t)r * ldw;
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-        for (int k = 0; k < nblk; k++) {
-            const size_t off = (size_t)blk[k] * d;
-            for (int v = 0; v < nv; v++) {
-                const __mmask16 m = v == nv - 1 ? lm : (__mmask16)0xFFFF;
-                const size_t o = off + 16 * (size_t)v;
-                const __m512 xv = _mm512_maskz_loadu_ps(m, x + o);
-                if (r + 8 <= r1 && !(v & 1)) /* the same columns of the next 4 rows, a line per 32 */
-                    for (int i = 4; i < 8; i++) _mm_prefetch((const char *)(w0 + i * ldw + o), _MM_HINT_T0);
-                a0 = _mm512_fmadd_ps(widen16(w0 + o, m), xv, a0);
-                a1 = _mm512_fmadd_ps(widen16(w0 + ldw + o, m), xv, a1);
-                a2 = _mm512_fmadd_ps(widen16(w0 + 2 * ldw + o, m), xv, a2);
-                a3 = _mm512_fmadd_ps(widen16(w0 + 3 * ldw + o, m), xv, a3);
-            }
-        }
-        out[r] = (b ? b[r] : 0.0f) + _mm512_reduce_add_ps(a0);
-        out[r + 1] = (b ? b[r + 1] : 0.0f) + _mm512_reduce_add_ps(a1);
-        out[r + 2] = (b ? b[r + 2] : 0.0f) + _mm512_reduce_add_ps(a2);
-        out[r + 3] = (b ? b[r + 3] : 0.0f) + _mm512_reduce_add_ps(a3);
-    }
-    for (; r < r1; r++) {
-        const uint16_t *wr = w + (size_t)r * ldw;
-        __m512 a = _mm512_setzero_ps();
-        for (int k = 0; k < nblk; k++) {
-            const size_t off = (size_t)blk[k] * d;
-            for (int v = 0; v < nv; v++) {
-                const __mmask16 m = v == nv - 1 ? lm : (__mmask16)0xFFFF;
-                const size_t o = off + 16 * (size_t)v;
-                a = _mm512_fmadd_ps(widen16(wr + o, m), _mm512_maskz_loadu_ps(m, x + o), a);
-            }
-        }
-        out[r] = (b ? b[r] : 0.0f) + _mm512_reduce_add_ps(a);
-    }
+    gemv_avx(1, w, ldw, b, x, blk, nblk, d, r0, r1, out);
 }
 
-/* vdpbf16ps GEMV: 4 rows per pass, 32 columns (one line of each row) per step, x in bf16. */
+/* vdpbf16ps GEMV: as gemv_avx with 32 columns (one line of each row) per step and x in bf16. */
 SP_BF16DQ static void gemv_bf16_dp(const uint16_t *w, long ldw, const float *b, const uint16_t *xb, const int *blk,
-                                 int nblk, int d, int r0, int r1, float *out) {
+                                   int nblk, int d, int r0, int r1, float *out) {
     const int nb = (d + 31) >> 5;
     const __mmask32 lb = lanes_mask32(d - 32 * (nb - 1));
-    int r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const uint16_t *w0 = w + (size_t)r * ldw;
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    for (int r = r0; r < r1; r += 4) {
+        const int R = imin(4, r1 - r);
+        const uint16_t *row[4];
+        for (int i = 0; i < 4; i++) row[i] = w + (size_t)(r + imin(i, R - 1)) * ldw;
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         for (int k = 0; k < nblk; k++) {
             const size_t off = (size_t)blk[k] * d;
             for (int v = 0; v < nb; v++) {
@@ -933,31 +855,12 @@ SP_BF16DQ static void gemv_bf16_dp(const uint16_t *w, long ldw, const float *b, 
                 const size_t o = off + 32 * (size_t)v;
                 const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, xb + o);
                 if (r + 8 <= r1)
-                    for (int i = 4; i < 8; i++) _mm_prefetch((const char *)(w0 + i * ldw + o), _MM_HINT_T0);
-                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(m, w0 + o), xv);
-                a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_maskz_loadu_epi16(m, w0 + ldw + o), xv);
-                a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_maskz_loadu_epi16(m, w0 + 2 * ldw + o), xv);
-                a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_maskz_loadu_epi16(m, w0 + 3 * ldw + o), xv);
+                    for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(row[i] + 4 * (size_t)ldw + o), _MM_HINT_T0);
+                for (int i = 0; i < 4; i++)
+                    a[i] = _mm512_dpbf16_ps(a[i], (__m512bh)_mm512_maskz_loadu_epi16(m, row[i] + o), xv);
             }
         }
-        out[r] = (b ? b[r] : 0.0f) + _mm512_reduce_add_ps(a0);
-        out[r + 1] = (b ? b[r + 1] : 0.0f) + _mm512_reduce_add_ps(a1);
-        out[r + 2] = (b ? b[r + 2] : 0.0f) + _mm512_reduce_add_ps(a2);
-        out[r + 3] = (b ? b[r + 3] : 0.0f) + _mm512_reduce_add_ps(a3);
-    }
-    for (; r < r1; r++) {
-        const uint16_t *wr = w + (size_t)r * ldw;
-        __m512 a = _mm512_setzero_ps();
-        for (int k = 0; k < nblk; k++) {
-            const size_t off = (size_t)blk[k] * d;
-            for (int v = 0; v < nb; v++) {
-                const __mmask32 m = v == nb - 1 ? lb : (__mmask32)0xFFFFFFFFu;
-                const size_t o = off + 32 * (size_t)v;
-                a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_maskz_loadu_epi16(m, wr + o),
-                                     (__m512bh)_mm512_maskz_loadu_epi16(m, xb + o));
-            }
-        }
-        out[r] = (b ? b[r] : 0.0f) + _mm512_reduce_add_ps(a);
+        for (int i = 0; i < R; i++) out[r + i] = (b ? b[r + i] : 0.0f) + _mm512_reduce_add_ps(a[i]);
     }
 }
 #endif
@@ -978,7 +881,7 @@ void sparse_decode_attend_bf16(const float *q, const uint16_t *K, const uint16_t
         return;
     }
 #endif
-    decode_bf16_ref(q, K, V, ld, n, d, gate, scores, out);
+    decode_ref(1, q, K, V, ld, n, d, gate, scores, out);
 }
 
 void sparse_decode_gemv_bf16(const uint16_t *w, long ldw, const float *b, const float *x, const uint16_t *xb,
@@ -993,5 +896,5 @@ void sparse_decode_gemv_bf16(const uint16_t *w, long ldw, const float *b, const 
         return;
     }
 #endif
-    decode_gemv_bf16_ref(w, ldw, b, x, blk, nblk, d, r0, r1, out);
+    decode_gemv_ref(1, w, ldw, b, x, blk, nblk, d, r0, r1, out);
 }
