@@ -566,15 +566,18 @@ SP_INLINE void prefetch_span(const void *p, size_t bytes) {
 }
 
 /* Raw scores q.k_j of n keys into scores[0..n), 16 keys per reduction tree; key j at K + j ld,
- * fp32 (b16 = 0) or bf16 widened (b16 = 1), d <= 128; software prefetch SP_PF_KEYS keys ahead.
- * Returns lanes whose max is the scores' max. */
-SP_INLINE SP_AVX512BW __m512 scores_avx(const int b16, const float *q, const void *K, long ld, int n, int d,
-                                        float *scores) {
-    const int nv = (d + 15) >> 4;
+ * fp32 (b16 = 0) or bf16 widened (b16 = 1); software prefetch SP_PF_KEYS keys ahead. NV (a
+ * compile-time 2, 4 or 8, so that the accumulators stay in registers) vectors of 16 cover d <= 16
+ * NV, lanes past d masked. Returns lanes whose max is the scores' max. */
+SP_INLINE SP_AVX512BW __m512 scores_avx(const int b16, const int NV, const float *q, const void *K, long ld, int n,
+                                        int d, float *scores) {
     const size_t es = b16 ? sizeof(uint16_t) : sizeof(float);
-    const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
+    __mmask16 mk[8];
     __m512 qv[8];
-    for (int v = 0; v < nv; v++) qv[v] = _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, q + 16 * v);
+    for (int v = 0; v < NV; v++) {
+        mk[v] = lanes_mask(d - 16 * v);
+        qv[v] = _mm512_maskz_loadu_ps(mk[v], q + 16 * v);
+    }
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     for (int j0 = 0; j0 < n; j0 += 16) {
         const int jn = imin(16, n - j0);
@@ -585,9 +588,8 @@ SP_INLINE SP_AVX512BW __m512 scores_avx(const int b16, const float *q, const voi
             acc[jj] = _mm512_setzero_ps();
             if (jj >= jn) continue;
             const size_t kj = (size_t)(j0 + jj) * ld;
-            for (int v = 0; v < nv; v++)
-                acc[jj] = _mm512_fmadd_ps(load16(b16, K, kj + 16 * (size_t)v, v == nv - 1 ? lm : (__mmask16)0xFFFF),
-                                          qv[v], acc[jj]);
+            for (int v = 0; v < NV; v++)
+                acc[jj] = _mm512_fmadd_ps(load16(b16, K, kj + 16 * (size_t)v, mk[v]), qv[v], acc[jj]);
         }
         const __mmask16 jm = lanes_mask(jn);
         const __m512 sv = hsum16(acc); /* raw scores: scaled after the max is subtracted */
@@ -597,18 +599,20 @@ SP_INLINE SP_AVX512BW __m512 scores_avx(const int b16, const float *q, const voi
     return vmax;
 }
 
-/* d <= 64: scores 16 keys at a time (one reduction tree per block), exp2 over vectors, and the
- * weighted sum of V rows into 4 interleaved accumulators (keys j mod 4), added in a fixed order. */
-SP_AVX512BW static void decode_avx(const float *q, const float *K, const float *V, long ld, int n,
-                                   int d, float gate, float *scores, float *out) {
+/* d <= 16 NV (NV = 2, 4): scores 16 keys at a time (one reduction tree per block), exp2 over
+ * vectors, and the weighted sum of V rows into 4 interleaved accumulators (keys j mod 4), added
+ * in a fixed order. */
+SP_INLINE SP_AVX512BW void decode_avx_nv(const int NV, const float *q, const float *K, const float *V, long ld,
+                                         int n, int d, float gate, float *scores, float *out) {
     const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
-    const int nv = (d + 15) >> 4;
-    const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
     const int lines = (int)((d * sizeof(float) + 63) / 64); /* cache lines per row */
-    const float sum = decode_exp_avx(scores, n, scores_avx(0, q, K, ld, n, d, scores), cl2);
+    const float sum = decode_exp_avx(scores, n, scores_avx(0, NV, q, K, ld, n, d, scores), cl2);
+    __mmask16 mk[4];
     __m512 o[4][4];
-    for (int a = 0; a < 4; a++)
-        for (int v = 0; v < 4; v++) o[a][v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; v++) {
+        mk[v] = lanes_mask(d - 16 * v);
+        for (int a = 0; a < 4; a++) o[a][v] = _mm512_setzero_ps();
+    }
     int j = 0;
     for (; j + 4 <= n; j += 4) {
         for (int jj = j + SP_PF_KEYS; jj < imin(j + SP_PF_KEYS + 4, n); jj++)
@@ -616,21 +620,25 @@ SP_AVX512BW static void decode_avx(const float *q, const float *K, const float *
         for (int a = 0; a < 4; a++) {
             const __m512 pj = _mm512_set1_ps(scores[j + a]);
             const float *vj = V + (size_t)(j + a) * ld;
-            for (int v = 0; v < nv; v++)
-                o[a][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, vj + 16 * v), o[a][v]);
+            for (int v = 0; v < NV; v++) o[a][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(mk[v], vj + 16 * v), o[a][v]);
         }
     }
     for (; j < n; j++) {
         const __m512 pj = _mm512_set1_ps(scores[j]);
         const float *vj = V + (size_t)j * ld;
-        for (int v = 0; v < nv; v++)
-            o[0][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, vj + 16 * v), o[0][v]);
+        for (int v = 0; v < NV; v++) o[0][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(mk[v], vj + 16 * v), o[0][v]);
     }
     const __m512 f = _mm512_set1_ps(gate / sum);
-    for (int v = 0; v < nv; v++) {
+    for (int v = 0; v < NV; v++) {
         const __m512 r = _mm512_add_ps(_mm512_add_ps(o[0][v], o[1][v]), _mm512_add_ps(o[2][v], o[3][v]));
-        _mm512_mask_storeu_ps(out + 16 * v, v == nv - 1 ? lm : (__mmask16)0xFFFF, _mm512_mul_ps(r, f));
+        _mm512_mask_storeu_ps(out + 16 * v, mk[v], _mm512_mul_ps(r, f));
     }
+}
+
+SP_AVX512BW static void decode_avx(const float *q, const float *K, const float *V, long ld, int n, int d, float gate,
+                                   float *scores, float *out) {
+    if (d <= 32) decode_avx_nv(2, q, K, V, ld, n, d, gate, scores, out);
+    else decode_avx_nv(4, q, K, V, ld, n, d, gate, scores, out);
 }
 #endif
 
@@ -734,67 +742,72 @@ const char *sparse_bf16_isa_name(sparse_bf16_isa isa) {
 }
 
 #if SP_X86
-/* The widening kernel, d <= 128: as decode_avx with every key and value widened to fp32 in
- * registers; values come in pairs of positions (vpair), the two halves into two accumulator sets. */
-SP_AVX512BW static void decode_bf16_avx(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
-                                        float gate, float *scores, float *out) {
+/* The widening kernel, d <= 16 NV: scores as decode_avx with the keys widened to fp32 in
+ * registers; values in pairs of positions (sparse_decode_attend_bf16), each 32-lane load split
+ * into its two positions (pair_lo, pair_hi), two accumulator sets. The last pair of an odd n
+ * holds one position: the other half is masked, never read. */
+SP_INLINE SP_AVX512BW void decode_bf16_avx_nv(const int NV, const float *q, const uint16_t *K, const uint16_t *V,
+                                              long ld, int n, int d, float gate, float *scores, float *out) {
     const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
-    const int nv = (d + 15) >> 4;
-    const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
-    const float sum = decode_exp_avx(scores, n, scores_avx(1, q, K, ld, n, d, scores), cl2);
+    const float sum = decode_exp_avx(scores, n, scores_avx(1, NV, q, K, ld, n, d, scores), cl2);
+    __mmask32 mp[8];
     __m512 o0[8], o1[8];
-    for (int v = 0; v < nv; v++) o0[v] = o1[v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; v++) {
+        mp[v] = lanes_mask32(2 * (d - 16 * v));
+        o0[v] = o1[v] = _mm512_setzero_ps();
+    }
     const int np = (n + 1) >> 1;
-    const __mmask32 lm2 = lanes_mask32(2 * (d - 16 * (nv - 1)));
+    const __mmask32 half = n & 1 ? 0x55555555u : 0xFFFFFFFFu;
     for (int t = 0; t < np; t++) {
         const uint16_t *vt = V + (size_t)t * 2 * ld;
-        if (t + SP_PF_KEYS / 2 < np) prefetch_span(vt + (size_t)SP_PF_KEYS * ld, sizeof(uint16_t) * 2 * (size_t)d);
+        if (2 * t + SP_PF_KEYS < n) prefetch_span(vt + (size_t)SP_PF_KEYS * ld, sizeof(uint16_t) * 2 * (size_t)d);
         const __m512 p0 = _mm512_set1_ps(scores[2 * t]);
-        const bool odd = 2 * t + 1 == n; /* the last pair holds one position: its other half is not read */
-        const __m512 p1 = _mm512_set1_ps(odd ? 0.0f : scores[2 * t + 1]);
-        for (int v = 0; v < nv; v++) {
-            __mmask32 m = v == nv - 1 ? lm2 : (__mmask32)0xFFFFFFFFu;
-            if (odd) m &= 0x55555555u;
-            const __m512i x = _mm512_maskz_loadu_epi16(m, vt + 32 * v);
+        const __m512 p1 = _mm512_set1_ps(2 * t + 1 < n ? scores[2 * t + 1] : 0.0f);
+        const __mmask32 h = t == np - 1 ? half : 0xFFFFFFFFu;
+        for (int v = 0; v < NV; v++) {
+            const __m512i x = _mm512_maskz_loadu_epi16(mp[v] & h, vt + 32 * v);
             o0[v] = _mm512_fmadd_ps(pair_lo(x), p0, o0[v]);
             o1[v] = _mm512_fmadd_ps(pair_hi(x), p1, o1[v]);
         }
     }
     const __m512 f = _mm512_set1_ps(gate / sum);
-    for (int v = 0; v < nv; v++)
-        _mm512_mask_storeu_ps(out + 16 * v, v == nv - 1 ? lm : (__mmask16)0xFFFF,
-                              _mm512_mul_ps(_mm512_add_ps(o0[v], o1[v]), f));
+    for (int v = 0; v < NV; v++)
+        _mm512_mask_storeu_ps(out + 16 * v, lanes_mask(d - 16 * v), _mm512_mul_ps(_mm512_add_ps(o0[v], o1[v]), f));
 }
 
-/* The vdpbf16ps kernel, d <= 128: q rounded to bf16, each score one vdpbf16ps chain over pairs of
- * dimensions (16 keys per reduction tree); probabilities rounded to bf16 in pairs of positions,
- * times the pair-interleaved values, two accumulator sets (even / odd pairs). */
-SP_BF16DQ static void decode_bf16_dp(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
-                                   float gate, float *scores, float *out) {
+SP_AVX512BW static void decode_bf16_avx(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
+                                        float gate, float *scores, float *out) {
+    if (d <= 32) decode_bf16_avx_nv(2, q, K, V, ld, n, d, gate, scores, out);
+    else if (d <= 64) decode_bf16_avx_nv(4, q, K, V, ld, n, d, gate, scores, out);
+    else decode_bf16_avx_nv(8, q, K, V, ld, n, d, gate, scores, out);
+}
+
+/* The vdpbf16ps kernel, d <= 16 NV: q rounded to bf16, each score one vdpbf16ps chain over pairs
+ * of dimensions (16 keys per reduction tree); probabilities rounded to bf16 in pairs of positions,
+ * times the pair-interleaved values, two pairs per step into two accumulator sets. */
+SP_INLINE SP_BF16DQ void decode_bf16_dp_nv(const int NV, const float *q, const uint16_t *K, const uint16_t *V,
+                                           long ld, int n, int d, float gate, float *scores, float *out) {
     const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
-    const int nb = (d + 31) >> 5, nv = (d + 15) >> 4;
-    const __mmask32 lb = lanes_mask32(d - 32 * (nb - 1));
-    const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
+    const int NB = NV / 2; /* vectors of 32 bf16 per key */
+    __mmask32 mb[4], mp[8];
     __m512bh qb[4];
-    for (int v = 0; v < nb; v++) {
-        const __m512 lo = _mm512_maskz_loadu_ps(lanes_mask(d - 32 * v), q + 32 * v);
-        const __m512 hi = _mm512_maskz_loadu_ps(lanes_mask(d - 32 * v - 16), q + 32 * v + 16);
-        qb[v] = _mm512_cvtne2ps_pbh(hi, lo);
+    for (int v = 0; v < NB; v++) {
+        mb[v] = lanes_mask32(d - 32 * v);
+        qb[v] = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(lanes_mask(d - 32 * v - 16), q + 32 * v + 16),
+                                    _mm512_maskz_loadu_ps(lanes_mask(d - 32 * v), q + 32 * v));
     }
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     for (int j0 = 0; j0 < n; j0 += 16) {
         const int jn = imin(16, n - j0);
-        if (j0 + SP_PF_KEYS < n)
-            prefetch_span(K + (size_t)(j0 + SP_PF_KEYS) * ld, sizeof(uint16_t) * (size_t)imin(16, n - j0 - SP_PF_KEYS) * ld);
+        for (int jj = j0 + SP_PF_KEYS; jj < imin(j0 + SP_PF_KEYS + 16, n); jj++)
+            prefetch_span(K + (size_t)jj * ld, sizeof(uint16_t) * (size_t)d);
         __m512 acc[16];
         for (int jj = 0; jj < 16; jj++) {
             acc[jj] = _mm512_setzero_ps();
             if (jj >= jn) continue;
             const uint16_t *kj = K + (size_t)(j0 + jj) * ld;
-            for (int v = 0; v < nb; v++)
-                acc[jj] = _mm512_dpbf16_ps(
-                    acc[jj], (__m512bh)_mm512_maskz_loadu_epi16(v == nb - 1 ? lb : (__mmask32)0xFFFFFFFFu, kj + 32 * v),
-                    qb[v]);
+            for (int v = 0; v < NB; v++)
+                acc[jj] = _mm512_dpbf16_ps(acc[jj], (__m512bh)_mm512_maskz_loadu_epi16(mb[v], kj + 32 * v), qb[v]);
         }
         const __mmask16 jm = lanes_mask(jn);
         const __m512 sv = hsum16(acc);
@@ -803,34 +816,43 @@ SP_BF16DQ static void decode_bf16_dp(const float *q, const uint16_t *K, const ui
     }
     const float sum = decode_exp_avx(scores, n, vmax, cl2);
     __m512 o0[8], o1[8];
-    for (int v = 0; v < nv; v++) o0[v] = o1[v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; v++) {
+        mp[v] = lanes_mask32(2 * (d - 16 * v));
+        o0[v] = o1[v] = _mm512_setzero_ps();
+    }
     const int np = (n + 1) >> 1;
-    const __mmask32 lm2 = lanes_mask32(2 * (d - 16 * (nv - 1)));
+    const __mmask32 half = n & 1 ? 0x55555555u : 0xFFFFFFFFu; /* the last pair of an odd n: one position */
     uint32_t pp[16]; /* 16 pairs of probabilities (bf16, even position in the low half) */
     for (int t0 = 0; t0 < np; t0 += 16) {
-        const int j = 2 * t0;
+        const int j = 2 * t0, tn = imin(16, np - t0);
         const __m512 lo = _mm512_maskz_loadu_ps(lanes_mask(n - j), scores + j);
         const __m512 hi = _mm512_maskz_loadu_ps(lanes_mask(n - j - 16), scores + j + 16);
         _mm512_storeu_si512((void *)pp, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-        const int tn = imin(16, np - t0);
-        for (int tt = 0; tt < tn; tt++) {
+        for (int tt = 0; tt < tn; tt += 2) {
             const int t = t0 + tt;
-            const uint16_t *vt = V + (size_t)t * 2 * ld;
-            if (t + SP_PF_KEYS / 2 < np) prefetch_span(vt + (size_t)SP_PF_KEYS * ld, sizeof(uint16_t) * 2 * (size_t)d);
-            const __m512bh bp = (__m512bh)_mm512_set1_epi32((int)pp[tt]);
-            const bool odd = 2 * t + 1 == n; /* one position: the other half of the pair is not read */
-            __m512 *o = tt & 1 ? o1 : o0;
-            for (int v = 0; v < nv; v++) {
-                __mmask32 m = v == nv - 1 ? lm2 : (__mmask32)0xFFFFFFFFu;
-                if (odd) m &= 0x55555555u;
-                o[v] = _mm512_dpbf16_ps(o[v], (__m512bh)_mm512_maskz_loadu_epi16(m, vt + 32 * v), bp);
+            const bool two = tt + 1 < tn;
+            const uint16_t *va = V + (size_t)t * 2 * ld, *vb = va + 2 * ld;
+            if (2 * t + SP_PF_KEYS < n) prefetch_span(va + (size_t)SP_PF_KEYS * ld, sizeof(uint16_t) * 4 * (size_t)d);
+            const __m512bh pa = (__m512bh)_mm512_set1_epi32((int)pp[tt]);
+            const __m512bh pb = (__m512bh)_mm512_set1_epi32(two ? (int)pp[tt + 1] : 0);
+            const __mmask32 ha = t == np - 1 ? half : 0xFFFFFFFFu;
+            const __mmask32 hb = !two ? 0u : t + 1 == np - 1 ? half : 0xFFFFFFFFu;
+            for (int v = 0; v < NV; v++) {
+                o0[v] = _mm512_dpbf16_ps(o0[v], (__m512bh)_mm512_maskz_loadu_epi16(mp[v] & ha, va + 32 * v), pa);
+                o1[v] = _mm512_dpbf16_ps(o1[v], (__m512bh)_mm512_maskz_loadu_epi16(mp[v] & hb, vb + 32 * v), pb);
             }
         }
     }
     const __m512 f = _mm512_set1_ps(gate / sum);
-    for (int v = 0; v < nv; v++)
-        _mm512_mask_storeu_ps(out + 16 * v, v == nv - 1 ? lm : (__mmask16)0xFFFF,
-                              _mm512_mul_ps(_mm512_add_ps(o0[v], o1[v]), f));
+    for (int v = 0; v < NV; v++)
+        _mm512_mask_storeu_ps(out + 16 * v, lanes_mask(d - 16 * v), _mm512_mul_ps(_mm512_add_ps(o0[v], o1[v]), f));
+}
+
+SP_BF16DQ static void decode_bf16_dp(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
+                                     float gate, float *scores, float *out) {
+    if (d <= 32) decode_bf16_dp_nv(2, q, K, V, ld, n, d, gate, scores, out);
+    else if (d <= 64) decode_bf16_dp_nv(4, q, K, V, ld, n, d, gate, scores, out);
+    else decode_bf16_dp_nv(8, q, K, V, ld, n, d, gate, scores, out);
 }
 
 SP_AVX512BW static void gemv_bf16_avx(const uint16_t *w, long ldw, const float *b, const float *x, const int *blk,
