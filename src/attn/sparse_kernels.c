@@ -551,6 +551,23 @@ SP_INLINE __mmask32 lanes_mask32(int lanes) {
 SP_INLINE SP_AVX512BW __m512 widen16(const uint16_t *p, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
+/* The four horizontal sums of a[0..4) (lane i = sum of a[i]), in one reduction tree. */
+SP_INLINE SP_AVX512BW __m128 hsum4(const __m512 *a) {
+    const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+    const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+    const __m512d d01 = _mm512_castps_pd(s01), d23 = _mm512_castps_pd(s23);
+    const __m512 s = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d01, d23)),
+                                   _mm512_castpd_ps(_mm512_unpackhi_pd(d01, d23))); /* per 128 bits: 0 1 2 3 */
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+/* out[r .. r + R) = b[..] (or 0) + the sums of a[0..R), R <= 4. */
+SP_INLINE SP_AVX512BW void store_rows(float *out, const float *b, int r, int R, const __m512 *a) {
+    const __mmask8 m = (__mmask8)((1u << R) - 1u);
+    __m128 v = hsum4(a);
+    if (b) v = _mm_add_ps(v, _mm_maskz_loadu_ps(m, b + r));
+    _mm_mask_storeu_ps(out + r, m, v);
+}
 /* 16 weights at w + o (lanes of m) as fp32: fp32 (b16 = 0) or bf16 widened (b16 = 1). */
 SP_INLINE SP_AVX512BW __m512 load16(const int b16, const void *w, size_t o, __mmask16 m) {
     return b16 ? widen16((const uint16_t *)w + o, m) : _mm512_maskz_loadu_ps(m, (const float *)w + o);
@@ -703,7 +720,7 @@ SP_INLINE SP_AVX512BW void gemv_avx(const int b16, const void *w, long ldw, cons
                 for (int i = 0; i < 4; i++) a[i] = _mm512_fmadd_ps(load16(b16, w, row[i] + o, m), xv, a[i]);
             }
         }
-        for (int i = 0; i < R; i++) out[r + i] = (b ? b[r + i] : 0.0f) + _mm512_reduce_add_ps(a[i]);
+        store_rows(out, b, r, R, a);
     }
 }
 
@@ -882,7 +899,7 @@ SP_BF16DQ static void gemv_bf16_dp(const uint16_t *w, long ldw, const float *b, 
                     a[i] = _mm512_dpbf16_ps(a[i], (__m512bh)_mm512_maskz_loadu_epi16(m, row[i] + o), xv);
             }
         }
-        for (int i = 0; i < R; i++) out[r + i] = (b ? b[r + i] : 0.0f) + _mm512_reduce_add_ps(a[i]);
+        store_rows(out, b, r, R, a);
     }
 }
 #endif
