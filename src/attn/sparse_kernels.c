@@ -591,6 +591,7 @@ SP_INLINE SP_AVX512BW __m512 scores_avx(const int b16, const int NV, const float
     const size_t es = b16 ? sizeof(uint16_t) : sizeof(float);
     __mmask16 mk[8];
     __m512 qv[8];
+    #pragma GCC unroll 16
     for (int v = 0; v < NV; v++) {
         mk[v] = lanes_mask(d - 16 * v);
         qv[v] = _mm512_maskz_loadu_ps(mk[v], q + 16 * v);
@@ -601,10 +602,12 @@ SP_INLINE SP_AVX512BW __m512 scores_avx(const int b16, const int NV, const float
         for (int jj = j0 + SP_PF_KEYS; jj < imin(j0 + SP_PF_KEYS + 16, n); jj++)
             prefetch_span((const char *)K + (size_t)jj * ld * es, (size_t)d * es);
         __m512 acc[16];
+        #pragma GCC unroll 16
         for (int jj = 0; jj < 16; jj++) {
             acc[jj] = _mm512_setzero_ps();
             if (jj >= jn) continue;
             const size_t kj = (size_t)(j0 + jj) * ld;
+            #pragma GCC unroll 16
             for (int v = 0; v < NV; v++)
                 acc[jj] = _mm512_fmadd_ps(load16(b16, K, kj + 16 * (size_t)v, mk[v]), qv[v], acc[jj]);
         }
@@ -626,26 +629,32 @@ SP_INLINE SP_AVX512BW void decode_avx_nv(const int NV, const float *q, const flo
     const float sum = decode_exp_avx(scores, n, scores_avx(0, NV, q, K, ld, n, d, scores), cl2);
     __mmask16 mk[4];
     __m512 o[4][4];
+    #pragma GCC unroll 16
     for (int v = 0; v < NV; v++) {
         mk[v] = lanes_mask(d - 16 * v);
+        #pragma GCC unroll 16
         for (int a = 0; a < 4; a++) o[a][v] = _mm512_setzero_ps();
     }
     int j = 0;
     for (; j + 4 <= n; j += 4) {
         for (int jj = j + SP_PF_KEYS; jj < imin(j + SP_PF_KEYS + 4, n); jj++)
             for (int l = 0; l < lines; l++) _mm_prefetch((const char *)(V + (size_t)jj * ld) + 64 * l, _MM_HINT_T0);
+        #pragma GCC unroll 16
         for (int a = 0; a < 4; a++) {
             const __m512 pj = _mm512_set1_ps(scores[j + a]);
             const float *vj = V + (size_t)(j + a) * ld;
+            #pragma GCC unroll 16
             for (int v = 0; v < NV; v++) o[a][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(mk[v], vj + 16 * v), o[a][v]);
         }
     }
     for (; j < n; j++) {
         const __m512 pj = _mm512_set1_ps(scores[j]);
         const float *vj = V + (size_t)j * ld;
+        #pragma GCC unroll 16
         for (int v = 0; v < NV; v++) o[0][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(mk[v], vj + 16 * v), o[0][v]);
     }
     const __m512 f = _mm512_set1_ps(gate / sum);
+    #pragma GCC unroll 16
     for (int v = 0; v < NV; v++) {
         const __m512 r = _mm512_add_ps(_mm512_add_ps(o[0][v], o[1][v]), _mm512_add_ps(o[2][v], o[3][v]));
         _mm512_mask_storeu_ps(out + 16 * v, mk[v], _mm512_mul_ps(r, f));
@@ -717,7 +726,10 @@ SP_INLINE SP_AVX512BW void gemv_avx(const int b16, const void *w, long ldw, cons
                 if (r + 8 <= r1 && (!b16 || !(v & 1))) /* the same columns of the next 4 rows, a line each */
                     for (int i = 0; i < 4; i++)
                         _mm_prefetch((const char *)w + (row[i] + 4 * (size_t)ldw + o) * (b16 ? 2 : 4), _MM_HINT_T0);
-                for (int i = 0; i < 4; i++) a[i] = _mm512_fmadd_ps(load16(b16, w, row[i] + o, m), xv, a[i]);
+                a[0] = _mm512_fmadd_ps(load16(b16, w, row[0] + o, m), xv, a[0]); /* unrolled: a[] in registers */
+                a[1] = _mm512_fmadd_ps(load16(b16, w, row[1] + o, m), xv, a[1]);
+                a[2] = _mm512_fmadd_ps(load16(b16, w, row[2] + o, m), xv, a[2]);
+                a[3] = _mm512_fmadd_ps(load16(b16, w, row[3] + o, m), xv, a[3]);
             }
         }
         store_rows(out, b, r, R, a);
@@ -769,6 +781,7 @@ SP_INLINE SP_AVX512BW void decode_bf16_avx_nv(const int NV, const float *q, cons
     const float sum = decode_exp_avx(scores, n, scores_avx(1, NV, q, K, ld, n, d, scores), cl2);
     __mmask32 mp[8];
     __m512 o0[8], o1[8];
+    #pragma GCC unroll 16
     for (int v = 0; v < NV; v++) {
         mp[v] = lanes_mask32(2 * (d - 16 * v));
         o0[v] = o1[v] = _mm512_setzero_ps();
@@ -781,6 +794,7 @@ SP_INLINE SP_AVX512BW void decode_bf16_avx_nv(const int NV, const float *q, cons
         const __m512 p0 = _mm512_set1_ps(scores[2 * t]);
         const __m512 p1 = _mm512_set1_ps(2 * t + 1 < n ? scores[2 * t + 1] : 0.0f);
         const __mmask32 h = t == np - 1 ? half : 0xFFFFFFFFu;
+        #pragma GCC unroll 16
         for (int v = 0; v < NV; v++) {
             const __m512i x = _mm512_maskz_loadu_epi16(mp[v] & h, vt + 32 * v);
             o0[v] = _mm512_fmadd_ps(pair_lo(x), p0, o0[v]);
@@ -788,6 +802,7 @@ SP_INLINE SP_AVX512BW void decode_bf16_avx_nv(const int NV, const float *q, cons
         }
     }
     const __m512 f = _mm512_set1_ps(gate / sum);
+    #pragma GCC unroll 16
     for (int v = 0; v < NV; v++)
         _mm512_mask_storeu_ps(out + 16 * v, lanes_mask(d - 16 * v), _mm512_mul_ps(_mm512_add_ps(o0[v], o1[v]), f));
 }
@@ -808,6 +823,7 @@ SP_INLINE SP_BF16DQ void decode_bf16_dp_nv(const int NV, const float *q, const u
     const int NB = NV / 2; /* vectors of 32 bf16 per key */
     __mmask32 mb[4], mp[8];
     __m512bh qb[4];
+    #pragma GCC unroll 16
     for (int v = 0; v < NB; v++) {
         mb[v] = lanes_mask32(d - 32 * v);
         qb[v] = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(lanes_mask(d - 32 * v - 16), q + 32 * v + 16),
@@ -819,10 +835,12 @@ SP_INLINE SP_BF16DQ void decode_bf16_dp_nv(const int NV, const float *q, const u
         for (int jj = j0 + SP_PF_KEYS; jj < imin(j0 + SP_PF_KEYS + 16, n); jj++)
             prefetch_span(K + (size_t)jj * ld, sizeof(uint16_t) * (size_t)d);
         __m512 acc[16];
+        #pragma GCC unroll 16
         for (int jj = 0; jj < 16; jj++) {
             acc[jj] = _mm512_setzero_ps();
             if (jj >= jn) continue;
             const uint16_t *kj = K + (size_t)(j0 + jj) * ld;
+            #pragma GCC unroll 16
             for (int v = 0; v < NB; v++)
                 acc[jj] = _mm512_dpbf16_ps(acc[jj], (__m512bh)_mm512_maskz_loadu_epi16(mb[v], kj + 32 * v), qb[v]);
         }
@@ -833,6 +851,7 @@ SP_INLINE SP_BF16DQ void decode_bf16_dp_nv(const int NV, const float *q, const u
     }
     const float sum = decode_exp_avx(scores, n, vmax, cl2);
     __m512 o0[8], o1[8];
+    #pragma GCC unroll 16
     for (int v = 0; v < NV; v++) {
         mp[v] = lanes_mask32(2 * (d - 16 * v));
         o0[v] = o1[v] = _mm512_setzero_ps();
@@ -854,6 +873,7 @@ SP_INLINE SP_BF16DQ void decode_bf16_dp_nv(const int NV, const float *q, const u
             const __m512bh pb = (__m512bh)_mm512_set1_epi32(two ? (int)pp[tt + 1] : 0);
             const __mmask32 ha = t == np - 1 ? half : 0xFFFFFFFFu;
             const __mmask32 hb = !two ? 0u : t + 1 == np - 1 ? half : 0xFFFFFFFFu;
+            #pragma GCC unroll 16
             for (int v = 0; v < NV; v++) {
                 o0[v] = _mm512_dpbf16_ps(o0[v], (__m512bh)_mm512_maskz_loadu_epi16(mp[v] & ha, va + 32 * v), pa);
                 o1[v] = _mm512_dpbf16_ps(o1[v], (__m512bh)_mm512_maskz_loadu_epi16(mp[v] & hb, vb + 32 * v), pb);
@@ -861,6 +881,7 @@ SP_INLINE SP_BF16DQ void decode_bf16_dp_nv(const int NV, const float *q, const u
         }
     }
     const __m512 f = _mm512_set1_ps(gate / sum);
+    #pragma GCC unroll 16
     for (int v = 0; v < NV; v++)
         _mm512_mask_storeu_ps(out + 16 * v, lanes_mask(d - 16 * v), _mm512_mul_ps(_mm512_add_ps(o0[v], o1[v]), f));
 }
@@ -895,8 +916,10 @@ SP_BF16DQ static void gemv_bf16_dp(const uint16_t *w, long ldw, const float *b, 
                 const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, xb + o);
                 if (r + 8 <= r1)
                     for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(row[i] + 4 * (size_t)ldw + o), _MM_HINT_T0);
-                for (int i = 0; i < 4; i++)
-                    a[i] = _mm512_dpbf16_ps(a[i], (__m512bh)_mm512_maskz_loadu_epi16(m, row[i] + o), xv);
+                a[0] = _mm512_dpbf16_ps(a[0], (__m512bh)_mm512_maskz_loadu_epi16(m, row[0] + o), xv);
+                a[1] = _mm512_dpbf16_ps(a[1], (__m512bh)_mm512_maskz_loadu_epi16(m, row[1] + o), xv);
+                a[2] = _mm512_dpbf16_ps(a[2], (__m512bh)_mm512_maskz_loadu_epi16(m, row[2] + o), xv);
+                a[3] = _mm512_dpbf16_ps(a[3], (__m512bh)_mm512_maskz_loadu_epi16(m, row[3] + o), xv);
             }
         }
         store_rows(out, b, r, R, a);
