@@ -591,7 +591,7 @@ SP_INLINE SP_AVX512BW __m512 scores_avx(const int b16, const int NV, const float
     const size_t es = b16 ? sizeof(uint16_t) : sizeof(float);
     __mmask16 mk[8];
     __m512 qv[8];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int v = 0; v < NV; v++) {
         mk[v] = lanes_mask(d - 16 * v);
         qv[v] = _mm512_maskz_loadu_ps(mk[v], q + 16 * v);
@@ -602,12 +602,12 @@ SP_INLINE SP_AVX512BW __m512 scores_avx(const int b16, const int NV, const float
         for (int jj = j0 + SP_PF_KEYS; jj < imin(j0 + SP_PF_KEYS + 16, n); jj++)
             prefetch_span((const char *)K + (size_t)jj * ld * es, (size_t)d * es);
         __m512 acc[16];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int jj = 0; jj < 16; jj++) {
             acc[jj] = _mm512_setzero_ps();
             if (jj >= jn) continue;
             const size_t kj = (size_t)(j0 + jj) * ld;
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int v = 0; v < NV; v++)
                 acc[jj] = _mm512_fmadd_ps(load16(b16, K, kj + 16 * (size_t)v, mk[v]), qv[v], acc[jj]);
         }
@@ -629,32 +629,32 @@ SP_INLINE SP_AVX512BW void decode_avx_nv(const int NV, const float *q, const flo
     const float sum = decode_exp_avx(scores, n, scores_avx(0, NV, q, K, ld, n, d, scores), cl2);
     __mmask16 mk[4];
     __m512 o[4][4];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int v = 0; v < NV; v++) {
         mk[v] = lanes_mask(d - 16 * v);
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int a = 0; a < 4; a++) o[a][v] = _mm512_setzero_ps();
     }
     int j = 0;
     for (; j + 4 <= n; j += 4) {
         for (int jj = j + SP_PF_KEYS; jj < imin(j + SP_PF_KEYS + 4, n); jj++)
             for (int l = 0; l < lines; l++) _mm_prefetch((const char *)(V + (size_t)jj * ld) + 64 * l, _MM_HINT_T0);
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int a = 0; a < 4; a++) {
             const __m512 pj = _mm512_set1_ps(scores[j + a]);
             const float *vj = V + (size_t)(j + a) * ld;
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int v = 0; v < NV; v++) o[a][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(mk[v], vj + 16 * v), o[a][v]);
         }
     }
     for (; j < n; j++) {
         const __m512 pj = _mm512_set1_ps(scores[j]);
         const float *vj = V + (size_t)j * ld;
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int v = 0; v < NV; v++) o[0][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(mk[v], vj + 16 * v), o[0][v]);
     }
     const __m512 f = _mm512_set1_ps(gate / sum);
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int v = 0; v < NV; v++) {
         const __m512 r = _mm512_add_ps(_mm512_add_ps(o[0][v], o[1][v]), _mm512_add_ps(o[2][v], o[3][v]));
         _mm512_mask_storeu_ps(out + 16 * v, mk[v], _mm512_mul_ps(r, f));
@@ -771,6 +771,14 @@ const char *sparse_bf16_isa_name(sparse_bf16_isa isa) {
 }
 
 #if SP_X86
+/* out[d] = f (o0 + o1): the two accumulator sets of the bf16 P V. */
+SP_INLINE SP_AVX512BW void store_pairs(const int NV, float *out, const __m512 *o0, const __m512 *o1, int d, float f) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; v++)
+        _mm512_mask_storeu_ps(out + 16 * v, lanes_mask(d - 16 * v),
+                              _mm512_mul_ps(_mm512_add_ps(o0[v], o1[v]), _mm512_set1_ps(f)));
+}
+
 /* The widening kernel, d <= 16 NV: scores as decode_avx with the keys widened to fp32 in
  * registers; values in pairs of positions (sparse_decode_attend_bf16), each 32-lane load split
  * into its two positions (pair_lo, pair_hi), two accumulator sets. The last pair of an odd n
@@ -781,7 +789,7 @@ SP_INLINE SP_AVX512BW void decode_bf16_avx_nv(const int NV, const float *q, cons
     const float sum = decode_exp_avx(scores, n, scores_avx(1, NV, q, K, ld, n, d, scores), cl2);
     __mmask32 mp[8];
     __m512 o0[8], o1[8];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int v = 0; v < NV; v++) {
         mp[v] = lanes_mask32(2 * (d - 16 * v));
         o0[v] = o1[v] = _mm512_setzero_ps();
@@ -794,17 +802,14 @@ SP_INLINE SP_AVX512BW void decode_bf16_avx_nv(const int NV, const float *q, cons
         const __m512 p0 = _mm512_set1_ps(scores[2 * t]);
         const __m512 p1 = _mm512_set1_ps(2 * t + 1 < n ? scores[2 * t + 1] : 0.0f);
         const __mmask32 h = t == np - 1 ? half : 0xFFFFFFFFu;
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int v = 0; v < NV; v++) {
             const __m512i x = _mm512_maskz_loadu_epi16(mp[v] & h, vt + 32 * v);
             o0[v] = _mm512_fmadd_ps(pair_lo(x), p0, o0[v]);
             o1[v] = _mm512_fmadd_ps(pair_hi(x), p1, o1[v]);
         }
     }
-    const __m512 f = _mm512_set1_ps(gate / sum);
-    #pragma GCC unroll 16
-    for (int v = 0; v < NV; v++)
-        _mm512_mask_storeu_ps(out + 16 * v, lanes_mask(d - 16 * v), _mm512_mul_ps(_mm512_add_ps(o0[v], o1[v]), f));
+    store_pairs(NV, out, o0, o1, d, gate / sum);
 }
 
 SP_AVX512BW static void decode_bf16_avx(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
@@ -823,7 +828,7 @@ SP_INLINE SP_BF16DQ void decode_bf16_dp_nv(const int NV, const float *q, const u
     const int NB = NV / 2; /* vectors of 32 bf16 per key */
     __mmask32 mb[4], mp[8];
     __m512bh qb[4];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int v = 0; v < NB; v++) {
         mb[v] = lanes_mask32(d - 32 * v);
         qb[v] = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(lanes_mask(d - 32 * v - 16), q + 32 * v + 16),
@@ -835,12 +840,12 @@ SP_INLINE SP_BF16DQ void decode_bf16_dp_nv(const int NV, const float *q, const u
         for (int jj = j0 + SP_PF_KEYS; jj < imin(j0 + SP_PF_KEYS + 16, n); jj++)
             prefetch_span(K + (size_t)jj * ld, sizeof(uint16_t) * (size_t)d);
         __m512 acc[16];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int jj = 0; jj < 16; jj++) {
             acc[jj] = _mm512_setzero_ps();
             if (jj >= jn) continue;
             const uint16_t *kj = K + (size_t)(j0 + jj) * ld;
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int v = 0; v < NB; v++)
                 acc[jj] = _mm512_dpbf16_ps(acc[jj], (__m512bh)_mm512_maskz_loadu_epi16(mb[v], kj + 32 * v), qb[v]);
         }
@@ -851,7 +856,7 @@ SP_INLINE SP_BF16DQ void decode_bf16_dp_nv(const int NV, const float *q, const u
     }
     const float sum = decode_exp_avx(scores, n, vmax, cl2);
     __m512 o0[8], o1[8];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int v = 0; v < NV; v++) {
         mp[v] = lanes_mask32(2 * (d - 16 * v));
         o0[v] = o1[v] = _mm512_setzero_ps();
@@ -873,17 +878,14 @@ SP_INLINE SP_BF16DQ void decode_bf16_dp_nv(const int NV, const float *q, const u
             const __m512bh pb = (__m512bh)_mm512_set1_epi32(two ? (int)pp[tt + 1] : 0);
             const __mmask32 ha = t == np - 1 ? half : 0xFFFFFFFFu;
             const __mmask32 hb = !two ? 0u : t + 1 == np - 1 ? half : 0xFFFFFFFFu;
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int v = 0; v < NV; v++) {
                 o0[v] = _mm512_dpbf16_ps(o0[v], (__m512bh)_mm512_maskz_loadu_epi16(mp[v] & ha, va + 32 * v), pa);
                 o1[v] = _mm512_dpbf16_ps(o1[v], (__m512bh)_mm512_maskz_loadu_epi16(mp[v] & hb, vb + 32 * v), pb);
             }
         }
     }
-    const __m512 f = _mm512_set1_ps(gate / sum);
-    #pragma GCC unroll 16
-    for (int v = 0; v < NV; v++)
-        _mm512_mask_storeu_ps(out + 16 * v, lanes_mask(d - 16 * v), _mm512_mul_ps(_mm512_add_ps(o0[v], o1[v]), f));
+    store_pairs(NV, out, o0, o1, d, gate / sum);
 }
 
 SP_BF16DQ static void decode_bf16_dp(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
