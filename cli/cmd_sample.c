@@ -86,7 +86,7 @@ int cmd_sample(int argc, char **argv) {
         {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: of those, keep the smallest set with probability >= P (default 0.95)", false, ARG_IN_OC(0, 1)},
         {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false, ARG_ANY},
         {"--context-full", ARG_CHOICE, &full, "slide|stop", "when the context is full: slide (re-encode its last half and go on; default) or stop", false, ARG_ANY},
-        CLI_PRECISION_SPEC(&precision),
+        {"--precision", ARG_CHOICE, &precision, "fp32|bf16", "decode in fp32 (default) or from bf16 weights and a bf16 KV cache with fp32 accumulation (see below); a CPU without AVX-512 decodes in fp32 and says so", false, ARG_ANY},
         {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write the prompt's ids (tokens [1, n]), the logits after each from the KV cache (logits [1, n, V]) and from the full forward pass (logits_forward), and the generated ids (generated [1, g]) as safetensors", false, ARG_ANY},
     };
     int rc = args_parse("sample", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
