@@ -27,6 +27,7 @@ typedef struct bdm_opts {
     uint64_t seed;                      /* prompt ids: splitmix64(seed) % vocab */
     const char *text;                   /* or the tokens of this file, repeated (NULL: random) */
     bool json, profile;                 /* JSON rows; per-phase times (text: a table per row) */
+    bool fp32, bf16;                    /* precisions to run (at least one): both interleaved */
 } bdm_opts;
 /* Prefill and decode tokens/s of each model (prints the table); 0 ok, 1 runtime error. */
 int bench_decode_models(const bdm_opts *o);

@@ -47,7 +47,9 @@ typedef struct bd_run {
     double cpu; /* process CPU seconds over the timed steps (all threads) */
 } bd_run;
 
-static int bd_init(bd_run *r, const bd_model *m, int hs, int k, int ctx, moh_error *err) {
+/* A synthetic model with router k (0: none, else learned hs + k) and its cache for ctx tokens,
+ * fp32 or bf16 (weights and cache), the cache filled with random keys and values. */
+static int bd_init(bd_run *r, const bd_model *m, int hs, int k, int ctx, bool bf16, moh_error *err) {
     memset(r, 0, sizeof *r);
     moh_lm_config *c = &r->cfg;
     c->hidden_size = m->C;
@@ -68,16 +70,18 @@ static int bd_init(bd_run *r, const bd_model *m, int hs, int k, int ctx, moh_err
     if (lm_params_init_f32(&r->p, c, err)) return err->code;
     r->have_p = true;
     lm_params_init_random(c, &r->p, 1234, 0.02);
-    if (lm_kv_init(&r->kv, c, ctx, err)) return err->code;
+    if (bf16 ? lm_kv_init_bf16(&r->kv, c, &r->p, ctx, err) : lm_kv_init(&r->kv, c, ctx, err)) return err->code;
     r->have_kv = true;
-    r->logits = malloc(sizeof(float) * (size_t)m->V);
+    const size_t rows = (size_t)ctx * m->d;
+    r->logits = malloc(sizeof(float) * ((size_t)m->V > 2 * rows ? (size_t)m->V : 2 * rows));
     if (!r->logits) return moh_fail(err, MOH_E_NOMEM, "bench decode: out of memory");
     uint64_t s = 42;
-    const size_t n = (size_t)m->L * ctx * c->attn.n_kv_heads * m->d;
-    for (size_t i = 0; i < n; i++) {
-        r->kv.k[i] = (float)((int64_t)(moh_rng_next(&s) >> 40) - (1 << 23)) * (1.0f / (1 << 23));
-        r->kv.v[i] = (float)((int64_t)(moh_rng_next(&s) >> 40) - (1 << 23)) * (1.0f / (1 << 23));
-    }
+    for (int l = 0; l < m->L; l++)
+        for (int g = 0; g < c->attn.n_kv_heads; g++) { /* K and V rows of one head, through logits */
+            for (size_t i = 0; i < 2 * rows; i++)
+                r->logits[i] = (float)((int64_t)(moh_rng_next(&s) >> 40) - (1 << 23)) * (1.0f / (1 << 23));
+            lm_kv_write(&r->kv, c, l, g, 0, ctx, r->logits, r->logits + rows);
+        }
     return MOH_OK;
 }
 
@@ -134,7 +138,7 @@ int bench_decode(int argc, char **argv) {
         const char *model, *context, *config, *text, *precision;
         int tokens, repeats, threads;
         uint64_t seed;
-    } a = {false, false, "all", NULL, NULL, NULL, NULL, -1, 3, 0, 1};
+    } a = {false, false, "all", NULL, NULL, NULL, "fp32", -1, 3, 0, 1};
     const arg_spec specs[] = {
         {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false, ARG_ANY},
         {"--model", ARG_STR, &a.model, "small|llm|all|PATH", "small: configs/moh-75 geometry (256 wide, 6 layers, 8 heads); llm: 1024 wide, 4 layers, 16 heads (default all); or a model to load: a .gguf, a Hugging Face folder, a moh checkpoint (up to 4 --model PATH: ratios to the first)", false, ARG_ANY},
@@ -145,25 +149,34 @@ int bench_decode(int argc, char **argv) {
         {"--threads", ARG_INT, &a.threads, "N", "OpenMP threads (default: OMP_NUM_THREADS, else every core)", false, ARG_IN(1, 1024)},
         {"--seed", ARG_U64, &a.seed, "S", "--model PATH: prompt ids uniform over the vocabulary from splitmix64(S) (default 1)", false, ARG_ANY},
         {"--text", ARG_STR, &a.text, "FILE", "--model PATH: the prompt is FILE's tokens (the model's tokenizer, or bytes), repeated", false, ARG_ANY},
-        CLI_PRECISION_SPEC(&a.precision),
+        {"--precision", ARG_CHOICE, &a.precision, "fp32|bf16|both", "decode (and prefill) in fp32, in bf16 (bf16 weights and KV cache, fp32 accumulation: vdpbf16ps, or widened to fp32 without AVX512-BF16; a CPU without AVX-512 runs fp32 and says so), or both, interleaved, with the bf16/fp32 ratio (default fp32)", false, ARG_ANY},
         {"--profile", ARG_FLAG, &a.profile, NULL, "time per phase (qkv, attention, wo, mlp, lm_head, other) of decode (--model PATH: and prefill)", false, ARG_ANY},
     };
     int prc = args_parse("bench decode", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                          "[--json] [--model small|llm|all | --config NAME] [--context 512,2048,8192] [--tokens T] [--repeats R]\n"
-                         "                        [--threads N]\n"
+                         "                        [--threads N] [--precision fp32|bf16|both] [--profile]\n"
                          "       moh bench decode --model PATH [--model PATH2 ...] [--context 512,2048] [--tokens 128] [--repeats R]\n"
-                         "                        [--threads N] [--seed S | --text FILE] [--profile] [--json]",
+                         "                        [--threads N] [--precision fp32|bf16|both] [--seed S | --text FILE] [--profile] [--json]",
                          "Synthetic models: KV-cache decoding tokens/s, dense MHA (router none) vs MoH with 75% and\n"
                          "50% of the heads active (learned router; skipped heads run no attention and no W_O term).\n"
                          "--model PATH: a loaded model (weights dequantised to float32 once). Per prompt length:\n"
                          "prefill tokens/s (the prompt in one batched forward on the head-sparse attention path,\n"
                          "filling the KV cache) and decode tokens/s (T new tokens, greedy, KV-cache steps). With\n"
-                         "several --model, the runs are interleaved and each is also given as a ratio to the first.\n");
+                         "several --model, the runs are interleaved and each is also given as a ratio to the first.\n"
+                         "--precision bf16: the weights (a copy made once per model) and the KV cache in bf16, every\n"
+                         "product accumulating in fp32; both: fp32 and bf16 runs interleaved, each bf16 row with its\n"
+                         "bf16/fp32 tokens/s ratio.\n");
     if (prc) return prc == 1 ? 0 : prc;
     if (a.threads > 0) omp_set_num_threads(a.threads);
-    cli_precision_fp32_only("bench decode", a.precision, "decoding (and prefill)");
+    bool prec[2] = {strcmp(a.precision, "bf16") != 0, strcmp(a.precision, "fp32") != 0}; /* fp32, bf16 */
+    char why[160];
+    if (prec[1] && lm_decode_precision(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16) {
+        fprintf(stderr, "moh bench decode: --precision %s runs fp32 only: %s\n", a.precision, why);
+        prec[0] = true;
+        prec[1] = false;
+    }
     bdm_opts mo = {.tokens = a.tokens > 0 ? a.tokens : 128, .repeats = a.repeats, .seed = a.seed, .text = a.text,
-                   .json = a.json, .profile = a.profile};
+                   .json = a.json, .profile = a.profile, .fp32 = prec[0], .bf16 = prec[1]};
     for (int i = 1; i + 1 < argc; i++) { /* every --model value (args_parse keeps the last) */
         if (strcmp(argv[i], "--model")) continue;
         if (mo.nmodels == BDM_MAX_MODELS) {
@@ -229,8 +242,10 @@ int bench_decode(int argc, char **argv) {
         char cond[256];
         bench_conditions(cond, sizeof cond);
         printf("moh bench decode: %s; %s; %d timed tokens per repeat, %d repeats\n", cpu, cond, a.tokens, a.repeats);
-        printf("%-6s %7s %-14s %8s %24s %9s %8s %10s\n", "model", "context", "router", "active", "tokens/s median (min-max)",
-               "ms/token", "speedup", "cpu-ms/tok");
+        if (prec[1]) printf("bf16 rows: bf16 weights and KV cache, %s kernels, fp32 accumulation\n",
+                            sparse_bf16_isa_name(sparse_bf16_isa_detect()));
+        printf("%-6s %7s %-14s %-5s %8s %24s %9s %8s %10s%s\n", "model", "context", "router", "prec", "active",
+               "tokens/s median (min-max)", "ms/token", "speedup", "cpu-ms/tok", prec[0] && prec[1] ? "  bf16/fp32" : "");
     }
     bool first = true;
     for (int mi = 0; mi < nm; mi++) {
@@ -238,21 +253,24 @@ int bench_decode(int argc, char **argv) {
         const bd_model *m = &models[mi];
         for (int ci = 0; ci < nc; ci++) {
             const int ctx = ctxs[ci] > a.tokens ? ctxs[ci] : a.tokens + 1;
-            bd_run runs[3];
+            bd_run runs[6]; /* [precision (fp32, bf16) * 3 + router (dense, 75 %, 50 %)] */
             const int ks[3] = {0, m->k75, m->k50};
             memset(runs, 0, sizeof runs);
-            int status = 0;
-            for (int g = 0; g < 3 && !status; g++) status = bd_init(&runs[g], m, m->hs, ks[g], ctx, &err);
-            for (int g = 0; g < 3 && !status; g++) status = bd_steps(&runs[g], ctx, a.tokens < 4 ? a.tokens : 4, &err);
-            for (int g = 0; g < 3; g++) {
+            int status = 0, order[6], nrun = 0;
+            for (int g = 0; g < 6; g++)
+                if (prec[g / 3]) order[nrun++] = g;
+            for (int i = 0; i < nrun && !status; i++)
+                status = bd_init(&runs[order[i]], m, m->hs, ks[order[i] % 3], ctx, order[i] >= 3, &err);
+            for (int i = 0; i < nrun && !status; i++) status = bd_steps(&runs[order[i]], ctx, a.tokens < 4 ? a.tokens : 4, &err);
+            for (int g = 0; g < 6; g++) {
                 runs[g].run0 = runs[g].kv.heads_run;
                 runs[g].total0 = runs[g].kv.heads_total;
                 memset(runs[g].kv.phase_s, 0, sizeof runs[g].kv.phase_s);
             }
             for (int rep = 0; rep < a.repeats && !status; rep++) {
                 fprintf(stderr, "[%s context %d] repeat %d/%d\n", m->name, ctx, rep + 1, a.repeats);
-                for (int k = 0; k < 3 && !status; k++) {
-                    bd_run *r = &runs[(k + rep) % 3];
+                for (int k = 0; k < nrun && !status; k++) {
+                    bd_run *r = &runs[order[(k + rep) % nrun]];
                     const double t0 = omp_get_wtime(), c0 = bench_cpu_seconds();
                     status = bd_steps(r, ctx, a.tokens, &err);
                     r->t[rep] = omp_get_wtime() - t0;
@@ -261,34 +279,38 @@ int bench_decode(int argc, char **argv) {
             }
             if (status) {
                 fprintf(stderr, "moh bench decode: %s\n", err.msg);
-                for (int g = 0; g < 3; g++) bd_free(&runs[g]);
+                for (int g = 0; g < 6; g++) bd_free(&runs[g]);
                 if (a.json) printf("]\n");
                 return 1;
             }
-            double dense_tps = 0.0;
-            for (int g = 0; g < 3; g++) {
+            for (int i = 0; i < nrun; i++) {
+                const int g = order[i];
                 bd_run *r = &runs[g];
                 const bench_stats st = bench_summarise(r->t, a.repeats);
                 const double tps = a.tokens / st.median;
-                if (g == 0) dense_tps = tps;
+                const double dense_tps = a.tokens / bench_summarise(runs[g - g % 3].t, a.repeats).median;
+                const bool pair = g >= 3 && prec[0]; /* a bf16 row with its fp32 twin */
+                const double vs = pair ? bench_summarise(runs[g - 3].t, a.repeats).median / st.median : 1.0;
                 const long hr = r->kv.heads_run - r->run0, ht = r->kv.heads_total - r->total0;
                 const double active = ht ? (double)hr / ht : 1.0;
                 const double per_tok = 1e3 / ((double)a.repeats * a.tokens), cpu_ms = r->cpu * per_tok;
+                const int k = ks[g % 3];
                 char router[32];
-                if (ks[g] == 0) snprintf(router, sizeof router, "none (dense)");
-                else snprintf(router, sizeof router, "learned %d+%d", m->hs, ks[g]);
+                if (k == 0) snprintf(router, sizeof router, "none (dense)");
+                else snprintf(router, sizeof router, "learned %d+%d", m->hs, k);
                 if (a.json) {
                     printf("%s  {\"model\": \"%s\", \"context\": %d, \"router\": \"%s\", \"shared_heads\": %d, "
                            "\"top_k\": %d, \"active\": %.4f, \"tokens_per_s\": %.3f, \"tokens_per_s_min\": %.3f, "
                            "\"tokens_per_s_max\": %.3f, \"ms_per_token\": %.4f, \"speedup\": %.4f, \"tokens\": %d, "
-                           "\"repeats\": %d, \"threads\": %d, \"cpu_ms_per_token\": %.4f",
-                           first ? "" : ",\n", m->name, ctx, ks[g] ? "learned" : "none", ks[g] ? m->hs : 0, ks[g],
-                           active, tps, a.tokens / st.max, a.tokens / st.min, st.median * 1e3 / a.tokens,
-                           tps / dense_tps, a.tokens, a.repeats, threads, cpu_ms);
+                           "\"repeats\": %d, \"threads\": %d, \"cpu_ms_per_token\": %.4f, \"precision\": \"%s\", "
+                           "\"speedup_vs_fp32\": %.4f",
+                           first ? "" : ",\n", m->name, ctx, k ? "learned" : "none", k ? m->hs : 0, k, active, tps,
+                           a.tokens / st.max, a.tokens / st.min, st.median * 1e3 / a.tokens, tps / dense_tps, a.tokens,
+                           a.repeats, threads, cpu_ms, g >= 3 ? "bf16" : "fp32", vs);
                     if (a.profile) {
                         printf(", \"phases_ms_per_token\": {");
-                        for (int i = 0; i < LM_NPHASE; i++)
-                            printf("%s\"%s\": %.5f", i ? ", " : "", lm_phase_name(i), r->kv.phase_s[i] * per_tok);
+                        for (int j = 0; j < LM_NPHASE; j++)
+                            printf("%s\"%s\": %.5f", j ? ", " : "", lm_phase_name(j), r->kv.phase_s[j] * per_tok);
                         printf("}");
                     }
                     printf("}");
@@ -296,17 +318,19 @@ int bench_decode(int argc, char **argv) {
                 } else {
                     char tp[64];
                     snprintf(tp, sizeof tp, "%.1f (%.1f-%.1f)", tps, a.tokens / st.max, a.tokens / st.min);
-                    printf("%-6s %7d %-14s %8.3f %24s %9.3f %8.3f %10.3f\n", m->name, ctx, router, active, tp,
-                           st.median * 1e3 / a.tokens, tps / dense_tps, cpu_ms);
+                    printf("%-6s %7d %-14s %-5s %8.3f %24s %9.3f %8.3f %10.3f", m->name, ctx, router,
+                           g >= 3 ? "bf16" : "fp32", active, tp, st.median * 1e3 / a.tokens, tps / dense_tps, cpu_ms);
+                    if (pair) printf(" %10.3f", vs);
+                    printf("\n");
                     if (a.profile) {
                         printf("       phases ms/token (mean):");
-                        for (int i = 0; i < LM_NPHASE; i++) printf(" %s %.3f", lm_phase_name(i), r->kv.phase_s[i] * per_tok);
+                        for (int j = 0; j < LM_NPHASE; j++) printf(" %s %.3f", lm_phase_name(j), r->kv.phase_s[j] * per_tok);
                         printf("\n");
                     }
                 }
                 fflush(stdout);
             }
-            for (int g = 0; g < 3; g++) bd_free(&runs[g]);
+            for (int g = 0; g < 6; g++) bd_free(&runs[g]);
         }
     }
     if (a.json) printf("\n]\n");

@@ -30,8 +30,8 @@
 
 typedef struct bdm_run {
     const char *path;
-    model m;
-    bool have_m, have_kv, have_ws;
+    model m;                             /* the fp32 run's (or only run's); a bf16 twin borrows it */
+    bool have_m, have_kv, have_ws, bf16;
     const moh_lm_config *cfg;
     const lm_params_f32 *p;
     lm_kv_cache kv;
@@ -86,11 +86,15 @@ static int bdm_prompt(bdm_run *r, const bdm_opts *o, int n, moh_error *err) {
     return MOH_OK;
 }
 
-static int bdm_init(bdm_run *r, const char *path, const bdm_opts *o, moh_error *err) {
+/* Opens path (or borrows the model of twin, the same path's fp32 run) and makes the cache and
+ * prefill workspace, bf16 ones when bf16. */
+static int bdm_init(bdm_run *r, const char *path, const bdm_run *twin, bool bf16, const bdm_opts *o, moh_error *err) {
     memset(r, 0, sizeof *r);
     r->path = path;
-    if (model_open(&r->m, path, err)) return err->code;
-    r->have_m = true;
+    r->bf16 = bf16;
+    if (twin) r->m = twin->m;
+    else if (model_open(&r->m, path, err)) return err->code;
+    r->have_m = !twin;
     if (strcmp(r->m.fam->task, "text-generation"))
         return moh_fail(err, MOH_E_ARG, "%s is a %s (model_type \"%s\"): decode benchmarks text generation only", path,
                         r->m.fam->summary, r->m.fam->model_type);
@@ -108,10 +112,12 @@ static int bdm_init(bdm_run *r, const char *path, const bdm_opts *o, moh_error *
                             "prompt of %d tokens\n", path, o->ctxs[c], o->tokens, N, r->plen[c]);
         if (r->plen[c] > maxp) maxp = r->plen[c];
     }
-    if (lm_kv_init(&r->kv, r->cfg, maxp + o->tokens, err)) return err->code;
+    if (bf16 ? lm_kv_init_bf16(&r->kv, r->cfg, r->p, maxp + o->tokens, err) : lm_kv_init(&r->kv, r->cfg, maxp + o->tokens, err))
+        return err->code;
     r->have_kv = true;
     if (lm_prefill_init(&r->ws, r->cfg, maxp, err)) return err->code;
     r->have_ws = true;
+    if (bf16 && lm_prefill_set_bf16(&r->ws, r->cfg, &r->kv, err)) return err->code;
     if (!(r->logits = malloc(sizeof(float) * (size_t)r->cfg->vocab_size)))
         return moh_fail(err, MOH_E_NOMEM, "out of memory");
     return bdm_prompt(r, o, maxp, err);
@@ -173,26 +179,29 @@ static void bdm_phases(const bdm_run *r, int c, int repeats, int tokens, bool js
 
 int bench_decode_models(const bdm_opts *o) {
     moh_error err = {0};
-    bdm_run *runs = calloc((size_t)o->nmodels, sizeof *runs);
+    /* run k * npr + i: model k in precision i (fp32 first when both); a bf16 twin borrows the model */
+    const int npr = (o->fp32 ? 1 : 0) + (o->bf16 ? 1 : 0), nr = o->nmodels * npr;
+    bdm_run *runs = calloc((size_t)nr, sizeof *runs);
     if (!runs) {
         fprintf(stderr, "moh bench decode: out of memory\n");
         return 1;
     }
     int status = 0;
-    for (int k = 0; k < o->nmodels && !status; k++) {
-        fprintf(stderr, "[loading %s]\n", o->models[k]);
-        status = bdm_init(&runs[k], o->models[k], o, &err);
+    for (int i = 0; i < nr && !status; i++) {
+        const int k = i / npr, pi = i % npr;
+        if (!pi) fprintf(stderr, "[loading %s]\n", o->models[k]);
+        status = bdm_init(&runs[i], o->models[k], pi ? &runs[i - pi] : NULL, o->bf16 && pi == npr - 1, o, &err);
     }
-    for (int k = 0; k < o->nmodels && !status; k++) { /* warm-up: kernels, page faults */
+    for (int i = 0; i < nr && !status; i++) { /* warm-up: kernels, page faults */
         double a, b;
-        const int n = runs[k].plen[0] < 64 ? runs[k].plen[0] : 64;
-        status = bdm_once(&runs[k], n, o->tokens < 2 ? o->tokens : 2, &a, &b, NULL, NULL, &err);
+        const int n = runs[i].plen[0] < 64 ? runs[i].plen[0] : 64;
+        status = bdm_once(&runs[i], n, o->tokens < 2 ? o->tokens : 2, &a, &b, NULL, NULL, &err);
     }
     for (int rep = 0; rep < o->repeats && !status; rep++)
         for (int c = 0; c < o->nc && !status; c++) {
             fprintf(stderr, "[context %d] repeat %d/%d\n", o->ctxs[c], rep + 1, o->repeats);
-            for (int j = 0; j < o->nmodels && !status; j++) {
-                bdm_run *r = &runs[(j + rep) % o->nmodels];
+            for (int j = 0; j < nr && !status; j++) {
+                bdm_run *r = &runs[(j + rep) % nr];
                 const long hr = r->kv.heads_run, ht = r->kv.heads_total;
                 status = bdm_once(r, r->plen[c], o->tokens, &r->tp[c][rep], &r->td[c][rep], r->php[c], r->phd[c], &err);
                 r->hrun[c] += r->kv.heads_run - hr;
@@ -201,7 +210,7 @@ int bench_decode_models(const bdm_opts *o) {
         }
     if (status) {
         fprintf(stderr, "moh bench decode: %s\n", err.msg);
-        for (int k = 0; k < o->nmodels; k++) bdm_free(&runs[k]);
+        for (int i = nr - 1; i >= 0; i--) bdm_free(&runs[i]);
         free(runs);
         return 1;
     }
@@ -211,6 +220,7 @@ int bench_decode_models(const bdm_opts *o) {
     char cpu[256], cond[256];
     bench_cpu_model(cpu, sizeof cpu);
     bench_conditions(cond, sizeof cond);
+    const bool both = o->fp32 && o->bf16;
     if (!o->json) {
         printf("moh bench decode: %s; %s; prompt then %d new tokens (greedy), %d repeats (median); prompt ids: ", cpu,
                cond, o->tokens, o->repeats);
@@ -218,24 +228,35 @@ int bench_decode_models(const bdm_opts *o) {
         else printf("uniform over the vocabulary, splitmix64 seed %llu\n", (unsigned long long)o->seed);
         for (int k = 0; k < o->nmodels; k++) {
             char d[256];
-            runs[k].m.fam->describe(runs[k].cfg, runs[k].m.n, d, sizeof d);
+            runs[k * npr].m.fam->describe(runs[k * npr].cfg, runs[k * npr].m.n, d, sizeof d);
             printf("  [%d] %s: %s\n", k + 1, o->models[k], d);
         }
-        printf("%-4s %6s %26s %26s %9s %7s", "", "prompt", "prefill tok/s med (min-max)", "decode tok/s med (min-max)",
-               "ms/token", "heads");
+        if (o->bf16) {
+            char d[256];
+            lm_kv_describe(&runs[npr - 1].kv, d, sizeof d);
+            printf("  bf16 rows: %s; prefill: oneDNN bf16 matmul and bf16 attention tiles\n", d);
+        }
+        printf("%-4s %-5s %6s %26s %26s %9s %7s", "", "prec", "prompt", "prefill tok/s med (min-max)",
+               "decode tok/s med (min-max)", "ms/token", "heads");
         if (o->nmodels > 1) printf(" %9s %9s", "prefill/1", "decode/1");
+        if (both) printf(" %9s %9s", "pf bf/fp", "dec bf/fp");
         printf("\n");
     } else printf("[\n");
     bool first = true;
     for (int c = 0; c < o->nc; c++)
-        for (int k = 0; k < o->nmodels; k++) {
-            bdm_run *r = &runs[k];
+        for (int i = 0; i < nr; i++) {
+            bdm_run *r = &runs[i], *r0 = &runs[i % npr], *tw = &runs[i - i % npr];
+            const int k = i / npr;
             const bench_stats sp = bench_summarise(r->tp[c], o->repeats), sd = bench_summarise(r->td[c], o->repeats);
             const double ptps = r->plen[c] / sp.median, dtps = o->tokens / sd.median;
-            const bench_stats sp0 = k ? bench_summarise(runs[0].tp[c], o->repeats) : sp;
-            const bench_stats sd0 = k ? bench_summarise(runs[0].td[c], o->repeats) : sd;
-            /* ratio of tokens/s: run 0's time over this one's (same context; prompts may differ) */
-            const double rp = (r->plen[c] / sp.median) / (runs[0].plen[c] / sp0.median), rd = sd0.median / sd.median;
+            const bench_stats sp0 = bench_summarise(r0->tp[c], o->repeats), sd0 = bench_summarise(r0->td[c], o->repeats);
+            /* ratio of tokens/s: the first model's (same precision) time over this one's (same
+             * context; prompts may differ) */
+            const double rp = (r->plen[c] / sp.median) / (r0->plen[c] / sp0.median), rd = sd0.median / sd.median;
+            /* bf16 rows: over the same model's fp32 run */
+            const bool pair = both && r->bf16;
+            const double bp = pair ? bench_summarise(tw->tp[c], o->repeats).median / sp.median : 1.0;
+            const double bd = pair ? bench_summarise(tw->td[c], o->repeats).median / sd.median : 1.0;
             const double share = r->htot[c] ? (double)r->hrun[c] / r->htot[c] : 1.0;
             if (o->json) {
                 printf("%s  {\"model\": ", first ? "" : ",\n");
@@ -245,10 +266,11 @@ int bench_decode_models(const bdm_opts *o) {
                        "\"decode_tokens_per_s\": %.3f, \"decode_tokens_per_s_min\": %.3f, \"decode_tokens_per_s_max\": "
                        "%.3f, \"prefill_ratio\": %.4f, \"decode_ratio\": %.4f, \"heads_active\": %.4f, \"threads\": %d, "
                        "\"repeats\": %d, \"prompt_ids\": \"%s\", \"seed\": %llu, \"prompt_hash\": \"%016llx\", "
-                       "\"peak_rss_mb\": %.1f",
+                       "\"peak_rss_mb\": %.1f, \"precision\": \"%s\", \"prefill_vs_fp32\": %.4f, \"decode_vs_fp32\": %.4f",
                        o->ctxs[c], r->plen[c], o->tokens, ptps, r->plen[c] / sp.max, r->plen[c] / sp.min, dtps,
                        o->tokens / sd.max, o->tokens / sd.min, rp, rd, share, omp_get_max_threads(), o->repeats,
-                       o->text ? "text" : "random", (unsigned long long)o->seed, (unsigned long long)r->hash[c], rss_mb);
+                       o->text ? "text" : "random", (unsigned long long)o->seed, (unsigned long long)r->hash[c], rss_mb,
+                       r->bf16 ? "bf16" : "fp32", bp, bd);
                 bdm_phases(r, c, o->repeats, o->tokens, true);
                 printf("}");
                 first = false;
@@ -257,15 +279,17 @@ int bench_decode_models(const bdm_opts *o) {
             char a[64], b[64];
             snprintf(a, sizeof a, "%.1f (%.1f-%.1f)", ptps, r->plen[c] / sp.max, r->plen[c] / sp.min);
             snprintf(b, sizeof b, "%.2f (%.2f-%.2f)", dtps, o->tokens / sd.max, o->tokens / sd.min);
-            printf("[%d]  %6d %26s %26s %9.2f %7.3f", k + 1, r->plen[c], a, b, sd.median * 1e3 / o->tokens, share);
+            printf("[%d]  %-5s %6d %26s %26s %9.2f %7.3f", k + 1, r->bf16 ? "bf16" : "fp32", r->plen[c], a, b,
+                   sd.median * 1e3 / o->tokens, share);
             if (o->nmodels > 1) printf(" %9.3f %9.3f", rp, rd);
+            if (pair) printf(" %9.3f %9.3f", bp, bd);
             printf("\n");
             if (o->profile) bdm_phases(r, c, o->repeats, o->tokens, false);
         }
     if (o->json) printf("\n]\n");
-    else printf("peak RSS %.0f MB (weights float32, once per model; KV caches for %d + %d tokens)\n", rss_mb,
-                runs[0].kv.max_T - o->tokens, o->tokens);
-    for (int k = 0; k < o->nmodels; k++) bdm_free(&runs[k]);
+    else printf("peak RSS %.0f MB (weights float32 once per model%s; KV caches for %d + %d tokens)\n", rss_mb,
+                o->bf16 ? ", plus a bf16 copy for the bf16 runs" : "", runs[0].kv.max_T - o->tokens, o->tokens);
+    for (int i = nr - 1; i >= 0; i--) bdm_free(&runs[i]); /* bf16 twins before the model they borrow */
     free(runs);
     return 0;
 }

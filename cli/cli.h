@@ -47,10 +47,6 @@ void cli_config_not_found(const char *cmd, const char *config);
 #define CLI_PRECISION_HELP "compute precision: fp32, or bf16 (GEMMs and attention tiles in bf16 with fp32 accumulation and fp32 master weights; softmax, norms, router and losses fp32); a CPU without AVX512-BF16/AMX-BF16 runs fp32 and says so"
 #define CLI_PRECISION_SPEC(dst) {"--precision", ARG_CHOICE, (dst), "fp32|bf16", CLI_PRECISION_HELP, false, ARG_ANY}
 bool cli_precision_bf16(const char *value);
-/* For a command whose work has no bf16 path yet (KV-cache decoding): with --precision bf16, one
- * line on stderr "moh CMD: --precision bf16: WHAT runs fp32 (...)" giving the reason (no bf16
- * hardware, or not implemented). */
-void cli_precision_fp32_only(const char *cmd, const char *value, const char *what);
 /* The precision a command runs for --precision value (NULL: fp32), with one line on stderr when
  * bf16 was asked: "moh CMD: --precision bf16 runs fp32: WHY" (no bf16 hardware) or
  * "moh CMD: compute bf16 (...)" (precision_describe). */

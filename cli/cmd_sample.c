@@ -86,12 +86,12 @@ int cmd_sample(int argc, char **argv) {
         {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: of those, keep the smallest set with probability >= P (default 0.95)", false, ARG_IN_OC(0, 1)},
         {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false, ARG_ANY},
         {"--context-full", ARG_CHOICE, &full, "slide|stop", "when the context is full: slide (re-encode its last half and go on; default) or stop", false, ARG_ANY},
-        CLI_PRECISION_SPEC(&precision),
+        {"--precision", ARG_CHOICE, &precision, "fp32|bf16", "decode in fp32 (default) or from bf16 weights and a bf16 KV cache with fp32 accumulation (see below); a CPU without AVX-512 decodes in fp32 and says so", false, ARG_ANY},
         {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write the prompt's ids (tokens [1, n]), the logits after each from the KV cache (logits [1, n, V]) and from the full forward pass (logits_forward), and the generated ids (generated [1, g]) as safetensors", false, ARG_ANY},
     };
     int rc = args_parse("sample", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint PATH [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
-                        "                  [--seed S] [--context-full slide|stop] [--dump-logits FILE]",
+                        "                  [--seed S] [--context-full slide|stop] [--precision fp32|bf16] [--dump-logits FILE]",
                         "Prints the prompt and its continuation to stdout, and speed and the share of\n"
                         "attention heads computed to stderr.\n"
                         "Sampling order (as transformers' generate()): logits / temperature, softmax;\n"
@@ -101,7 +101,11 @@ int cmd_sample(int argc, char **argv) {
                         "When the N positions are full, slide keeps the most recent N/2 tokens,\n"
                         "re-encodes them from position 0 and goes on (a note on stderr the first time);\n"
                         "stop ends generation there (a line on stderr; exit 0). A prompt longer than N\n"
-                        "bytes: slide encodes its last N bytes (with a note), stop refuses it.\n");
+                        "bytes: slide encodes its last N bytes (with a note), stop refuses it.\n"
+                        "--precision bf16: a bf16 copy of the weights (made once) and a bf16 KV cache; every\n"
+                        "product accumulates in fp32 (vdpbf16ps, or widened to fp32 on an AVX-512 CPU without\n"
+                        "AVX512-BF16); norms, router, softmax and sampling fp32. A CPU without AVX-512 decodes\n"
+                        "in fp32 and says so. --dump-logits' full forward pass is fp32.\n");
     if (rc) return rc == 1 ? 0 : rc;
     if (!ckpt == !model_path) {
         fprintf(stderr, "moh sample: %s\n", ckpt ? "--checkpoint and --model are the same option: give one"
@@ -109,7 +113,14 @@ int cmd_sample(int argc, char **argv) {
         return 2;
     }
     if (!ckpt) ckpt = model_path;
-    cli_precision_fp32_only("sample", precision, "KV-cache decoding");
+    bool bf16 = cli_precision_bf16(precision);
+    if (bf16) {
+        char why[160];
+        if (lm_decode_precision(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16) {
+            fprintf(stderr, "moh sample: --precision bf16: decoding runs fp32 (%s)\n", why);
+            bf16 = false;
+        }
+    }
     const bool slide = !strcmp(full, "slide");
     moh_error err = {0};
     const model_family *fam = NULL;
@@ -148,13 +159,18 @@ int cmd_sample(int argc, char **argv) {
     uint8_t *piece = NULL; /* a decoded token (BPE models) */
     float *all = NULL;     /* --dump-logits: the prompt's ids and logits [n, V], the generated ids */
     int *ptok = NULL, *gen_ids = NULL, gen_cap = 0;
-    if (!logits || !c || !hist || lm_kv_init(&kv, &cfg, N, &err)) {
+    if (!logits || !c || !hist || (bf16 ? lm_kv_init_bf16(&kv, &cfg, &p, N, &err) : lm_kv_init(&kv, &cfg, N, &err))) {
         fprintf(stderr, "moh sample: %s\n", err.msg[0] ? err.msg : "out of memory");
         free(logits);
         free(c);
         free(hist);
         model_free(&m);
         return 1;
+    }
+    if (bf16) {
+        char d[160];
+        lm_kv_describe(&kv, d, sizeof d);
+        fprintf(stderr, "moh sample: %s\n", d);
     }
     fputs(prompt, stdout);
     /* the prompt's tokens: bytes, or the model's BPE ids; an empty prompt starts from a newline,

@@ -216,12 +216,3 @@ moh_precision cli_precision_run(const char *cmd, const char *value) {
     return p;
 }
 
-void cli_precision_fp32_only(const char *cmd, const char *value, const char *what) {
-    if (!cli_precision_bf16(value)) return;
-    char why[160];
-    if (precision_resolve(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16)
-        fprintf(stderr, "moh %s: --precision bf16: %s runs fp32 (%s)\n", cmd, what, why);
-    else
-        fprintf(stderr, "moh %s: --precision bf16: %s runs fp32 (bf16 KV-cache decoding is not implemented yet)\n",
-                cmd, what);
-}

@@ -2,7 +2,9 @@
 # --precision fp32|bf16 through the CLI on a tiny LM: a CPU without bf16 hardware (simulated with
 # MOH_NO_BF16=1) runs fp32 and says so in one line, with the fp32 run's exact losses; --precision
 # fp32 equals no flag bitwise; where the CPU has bf16, training says which kernels run, its losses
-# track fp32, eval in bf16 gives the fp32 bits/byte to 1e-2, and the checkpoint stays F32.
+# track fp32, eval in bf16 gives the fp32 bits/byte to 1e-2, and the checkpoint stays F32; on an
+# AVX-512 CPU `moh sample --precision bf16` decodes in bf16 and says with which kernels, and
+# `moh bench decode --precision both` gives bf16 rows with their ratio to fp32.
 # The same for the image families on vit-moh-75 (reference and head-sparse attention) and
 # dit-moh-75 (train, eval; the DiT's sample too), 3 tiny steps each: without bf16 the weights and
 # images equal fp32 bitwise.
@@ -105,6 +107,28 @@ if [ "$bf16hw" = 1 ]; then
   check "grep -q 'compute bf16' '$T/sb.txt'" "sample bf16: no compute line"
   check "python3 -c 'import sys; a=open(sys.argv[1],\"rb\").read()[16:]; b=open(sys.argv[2],\"rb\").read()[16:]; d=sum(abs(x-y) for x,y in zip(a,b))/len(a); sys.exit(not (len(a)==len(b) and 0 < d < 8))' '$T/sf.idx' '$T/sb.idx'" \
         "sample bf16 images not close to fp32 (mean abs pixel difference outside (0, 8))"
+fi
+
+# bf16 KV-cache decoding: any AVX-512 CPU (vdpbf16ps with AVX512-BF16, else bf16 widened to fp32)
+if grep -qw avx512bw /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo; then
+  "$MOH" sample --checkpoint "$T/fp32" --prompt "verse 1" --max-tokens 30 --temperature 0 --precision bf16 \
+    > "$T/sb.out" 2> "$T/sb.err" || bad "sample --precision bf16 exited $?"
+  check "grep -q '^moh sample: bf16 weights and KV cache' '$T/sb.err' && [ \$(wc -c < '$T/sb.out') -ge 37 ]" \
+        "sample bf16: $(cat "$T/sb.err")"
+  MOH_NO_BF16=1 "$MOH" sample --checkpoint "$T/fp32" --prompt "verse 1" --max-tokens 30 --temperature 0 --precision bf16 \
+    > /dev/null 2> "$T/sw.err" || bad "sample --precision bf16 without AVX512-BF16 exited $?"
+  check "grep -q 'avx512 widen+fma kernels' '$T/sw.err'" "sample bf16, MOH_NO_BF16=1: $(cat "$T/sw.err")"
+  # bench decode --precision both: fp32 rows, then bf16 rows, each with its ratio to its fp32 twin
+  "$MOH" bench decode --model small --context 40 --tokens 4 --repeats 1 --threads 1 --precision both --json \
+    > "$T/bd.json" 2>/dev/null || bad "bench decode --precision both exited $?"
+  check "python3 - '$T/bd.json' <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert [x['precision'] for x in r] == ['fp32'] * 3 + ['bf16'] * 3 and [x['top_k'] for x in r] == [0, 4, 2] * 2, r
+for f, b in zip(r[:3], r[3:]):
+    assert f['speedup_vs_fp32'] == 1.0 and abs(b['speedup_vs_fp32'] - b['tokens_per_s'] / f['tokens_per_s']) < 2e-3 * b['speedup_vs_fp32'], (f, b)
+    assert b['active'] == f['active'], (f, b)
+PY" "bench decode --precision both: $(head -c 600 "$T/bd.json")"
 fi
 
 finish

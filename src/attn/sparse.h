@@ -182,4 +182,31 @@ void sparse_decode_attend_f32(const float *q, const float *K, const float *V, lo
 void sparse_decode_gemv_f32(const float *w, long ldw, const float *b, const float *x, const int *blk,
                             int nblk, int d, int r0, int r1, float *out);
 
+/* bf16 twins of the two decode kernels (bf16 weights and KV cache, fp32 accumulation), in one of
+ * three instruction sets picked at run time:
+ *  - SPARSE_BF16_DP: vdpbf16ps (AVX512-BF16): the other operand (x, q, probabilities) is rounded
+ *    to bf16 too, products of pairs accumulate in fp32;
+ *  - SPARSE_BF16_AVX512: AVX-512F/BW without BF16: bf16 widened to fp32 in registers, fp32 FMA
+ *    against the fp32 operand;
+ *  - SPARSE_BF16_PORTABLE: the same as AVX512 in C loops (any CPU; the slow reference). */
+typedef enum sparse_bf16_isa { SPARSE_BF16_PORTABLE = 0, SPARSE_BF16_AVX512 = 1, SPARSE_BF16_DP = 2 } sparse_bf16_isa;
+/* The best this CPU has (cpuid at run time; MOH_NO_BF16=1 rules out DP, as bf16_detect). */
+sparse_bf16_isa sparse_bf16_isa_detect(void);
+/* "vdpbf16ps", "avx512 widen+fma", "portable". */
+const char *sparse_bf16_isa_name(sparse_bf16_isa isa);
+
+/* sparse_decode_attend_f32 on a bf16 cache: out[d] = gate * sum_j softmax_j(q.k_j / sqrt(d)) v_j
+ * over n keys, q fp32 [d]. Key j: K[j ld .. j ld + d) (bf16, row-major); value j, element e:
+ * V[(j / 2) 2 ld + 2 e + j % 2] (bf16, pairs of positions interleaved: vdpbf16ps' layout for
+ * P V). Scores and softmax fp32 (scores [n] scratch); DP also rounds q and the probabilities to
+ * bf16. AVX-512 kernels for d <= 128, else the portable loops. */
+void sparse_decode_attend_bf16(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
+                               float gate, float *scores, float *out, sparse_bf16_isa isa);
+
+/* sparse_decode_gemv_f32 with bf16 weights: out[r] = b[r] + sum_k W[r, blk[k] d ..+ d] . x[..]
+ * (r0 <= r < r1), W bf16 row-major (row stride ldw), b fp32 (may be NULL), x fp32; xb = bf16(x)
+ * of the same length, read by SPARSE_BF16_DP only (may be NULL otherwise). 4 rows per pass. */
+void sparse_decode_gemv_bf16(const uint16_t *w, long ldw, const float *b, const float *x, const uint16_t *xb,
+                             const int *blk, int nblk, int d, int r0, int r1, float *out, sparse_bf16_isa isa);
+
 #endif

@@ -541,32 +541,54 @@ void sp_bwd_ds(bool avx, int R, int nk, float *const *s, float *const *dp, const
  * Decode: one query against the cached keys of one head
  * ---------------------------------------------------------------------------------------------- */
 
-static void decode_ref(const float *q, const float *K, const float *V, long ld, int n, int d,
-                       float gate, float *scores, float *out) {
-    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
-    float mx = -INFINITY;
-    for (int j = 0; j < n; j++) {
-        const float *kj = K + (size_t)j * ld;
-        float s = 0.0f;
-        for (int e = 0; e < d; e++) s += q[e] * kj[e];
-        scores[j] = s; /* raw: the max is subtracted before scaling (see the softmax tiles) */
-        mx = s > mx ? s : mx;
-    }
+/* scores[0..n) raw, their max mx -> 2^((s - mx) cl2) in place; returns the sum. */
+static float decode_exp_ref(float *scores, int n, float mx, float cl2) {
     float sum = 0.0f;
     for (int j = 0; j < n; j++) {
         scores[j] = exp2f((scores[j] - mx) * cl2);
         sum += scores[j];
     }
-    for (int e = 0; e < d; e++) out[e] = 0.0f;
+    return sum;
+}
+
+/* Key (value = false) or value (true) j, element e of a decode cache with row stride ld: fp32
+ * rows (b16 = 0), or bf16 (b16 = 1: keys in rows, values pair-interleaved as
+ * sparse_decode_attend_bf16 reads them). */
+static inline float kv_at(const int b16, const void *P, long ld, int j, int e, bool value) {
+    if (!b16) return ((const float *)P)[(size_t)j * ld + e];
+    const uint16_t *h = P;
+    return bf16_value(value ? h[(size_t)(j >> 1) * 2 * ld + 2 * (size_t)e + (j & 1)] : h[(size_t)j * ld + e]);
+}
+
+/* The portable decode of either cache (kv_at). */
+static inline void decode_ref(const int b16, const float *q, const void *K, const void *V, long ld, int n, int d,
+                              float gate, float *scores, float *out) {
+    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
+    float mx = -INFINITY;
     for (int j = 0; j < n; j++) {
-        const float *vj = V + (size_t)j * ld;
-        for (int e = 0; e < d; e++) out[e] += scores[j] * vj[e];
+        float s = 0.0f;
+        for (int e = 0; e < d; e++) s += q[e] * kv_at(b16, K, ld, j, e, false);
+        scores[j] = s; /* raw: the max is subtracted before scaling (see the softmax tiles) */
+        mx = s > mx ? s : mx;
     }
+    const float sum = decode_exp_ref(scores, n, mx, cl2);
+    for (int e = 0; e < d; e++) out[e] = 0.0f;
+    for (int j = 0; j < n; j++)
+        for (int e = 0; e < d; e++) out[e] += scores[j] * kv_at(b16, V, ld, j, e, true);
     const float f = gate / sum;
     for (int e = 0; e < d; e++) out[e] *= f;
 }
 
 #if SP_X86
+#define SP_AVX512BW __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define SP_BF16DQ __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+/* The decode kernels' AVX-512 subset (F, DQ, BW, VL: every AVX-512 CPU but the Xeon Phis). */
+static bool decode_avx512(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+
 /* Lane j of the result = horizontal sum of v[j], j < 16. */
 SP_INLINE SP_AVX512 __m512 hsum16(const __m512 *v) {
     __m512 t[8], u[4];
@@ -584,36 +606,10 @@ SP_INLINE SP_AVX512 __m512 hsum16(const __m512 *v) {
                          _mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* d <= 64: scores 16 keys at a time (one reduction tree per block), exp2 over vectors, and the
- * weighted sum of V rows into 4 interleaved accumulators (keys j mod 4), added in a fixed order. */
-SP_AVX512 static void decode_avx(const float *q, const float *K, const float *V, long ld, int n,
-                                 int d, float gate, float *scores, float *out) {
-    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
-    const int nv = (d + 15) >> 4;
-    const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
-    __m512 qv[4];
-    for (int v = 0; v < nv; v++) qv[v] = _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, q + 16 * v);
-    const __m512 vc = _mm512_set1_ps(cl2);
-    __m512 vmax = _mm512_set1_ps(-INFINITY);
-    const int lines = (int)((d * sizeof(float) + 63) / 64); /* cache lines per row */
-    for (int j0 = 0; j0 < n; j0 += 16) {
-        const int jn = imin(16, n - j0);
-        for (int jj = j0 + SP_PF_KEYS; jj < imin(j0 + SP_PF_KEYS + 16, n); jj++)
-            for (int l = 0; l < lines; l++) _mm_prefetch((const char *)(K + (size_t)jj * ld) + 64 * l, _MM_HINT_T0);
-        __m512 acc[16];
-        for (int jj = 0; jj < 16; jj++) {
-            acc[jj] = _mm512_setzero_ps();
-            if (jj >= jn) continue;
-            const float *kj = K + (size_t)(j0 + jj) * ld;
-            for (int v = 0; v < nv; v++)
-                acc[jj] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, kj + 16 * v), qv[v], acc[jj]);
-        }
-        const __mmask16 jm = lanes_mask(jn);
-        const __m512 sv = hsum16(acc); /* raw scores: scaled after the max is subtracted */
-        _mm512_mask_storeu_ps(scores + j0, jm, sv);
-        vmax = _mm512_mask_max_ps(vmax, jm, vmax, sv);
-    }
-    const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+/* The softmax pass of the decode kernels: scores[0..n) raw, vmax lanes whose max is theirs ->
+ * 2^((s - max) cl2) in place; returns the sum. */
+SP_INLINE SP_AVX512 float decode_exp_avx(float *scores, int n, __m512 vmax, float cl2) {
+    const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax)), vc = _mm512_set1_ps(cl2);
     __m512 vsum = _mm512_setzero_ps();
     for (int j0 = 0; j0 < n; j0 += 16) {
         const __mmask16 jm = lanes_mask(n - j0);
@@ -622,31 +618,130 @@ SP_AVX512 static void decode_avx(const float *q, const float *K, const float *V,
         _mm512_mask_storeu_ps(scores + j0, jm, p);
         vsum = _mm512_add_ps(vsum, p);
     }
+    return _mm512_reduce_add_ps(vsum);
+}
+
+SP_INLINE __mmask32 lanes_mask32(int lanes) {
+    return lanes >= 32 ? (__mmask32)0xFFFFFFFFu : lanes <= 0 ? (__mmask32)0 : (__mmask32)((1u << lanes) - 1u);
+}
+/* 16 bf16 (lanes of m) widened to fp32. */
+SP_INLINE SP_AVX512BW __m512 widen16(const uint16_t *p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+/* The four horizontal sums of a[0..4) (lane i = sum of a[i]), in one reduction tree. */
+SP_INLINE SP_AVX512BW __m128 hsum4(const __m512 *a) {
+    const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+    const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+    const __m512d d01 = _mm512_castps_pd(s01), d23 = _mm512_castps_pd(s23);
+    const __m512 s = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d01, d23)),
+                                   _mm512_castpd_ps(_mm512_unpackhi_pd(d01, d23))); /* per 128 bits: 0 1 2 3 */
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+/* out[r .. r + R) = b[..] (or 0) + the sums of a[0..R), R <= 4. */
+SP_INLINE SP_AVX512BW void store_rows(float *out, const float *b, int r, int R, const __m512 *a) {
+    const __mmask8 m = (__mmask8)((1u << R) - 1u);
+    __m128 v = hsum4(a);
+    if (b) v = _mm_add_ps(v, _mm_maskz_loadu_ps(m, b + r));
+    _mm_mask_storeu_ps(out + r, m, v);
+}
+/* 16 weights at w + o (lanes of m) as fp32: fp32 (b16 = 0) or bf16 widened (b16 = 1). */
+SP_INLINE SP_AVX512BW __m512 load16(const int b16, const void *w, size_t o, __mmask16 m) {
+    return b16 ? widen16((const uint16_t *)w + o, m) : _mm512_maskz_loadu_ps(m, (const float *)w + o);
+}
+/* The even (lo) and odd (hi) bf16 of 16 pairs, as fp32. */
+SP_INLINE SP_AVX512BW __m512 pair_lo(__m512i x) { return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)); }
+SP_INLINE SP_AVX512BW __m512 pair_hi(__m512i x) {
+    return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+/* Prefetches the lines of [p, p + bytes). */
+SP_INLINE void prefetch_span(const void *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
+
+/* Raw scores q.k_j of n keys into scores[0..n), 16 keys per reduction tree; key j at K + j ld,
+ * fp32 (b16 = 0) or bf16 widened (b16 = 1); software prefetch SP_PF_KEYS keys ahead. NV (a
+ * compile-time 2, 4 or 8, so that the accumulators stay in registers) vectors of 16 cover d <= 16
+ * NV, lanes past d masked. Returns lanes whose max is the scores' max. */
+SP_INLINE SP_AVX512BW __m512 scores_avx(const int b16, const int NV, const float *q, const void *K, long ld, int n,
+                                        int d, float *scores) {
+    const size_t es = b16 ? sizeof(uint16_t) : sizeof(float);
+    __mmask16 mk[8];
+    __m512 qv[8];
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; v++) {
+        mk[v] = lanes_mask(d - 16 * v);
+        qv[v] = _mm512_maskz_loadu_ps(mk[v], q + 16 * v);
+    }
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        const int jn = imin(16, n - j0);
+        for (int jj = j0 + SP_PF_KEYS; jj < imin(j0 + SP_PF_KEYS + 16, n); jj++)
+            prefetch_span((const char *)K + (size_t)jj * ld * es, (size_t)d * es);
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int jj = 0; jj < 16; jj++) {
+            acc[jj] = _mm512_setzero_ps();
+            if (jj >= jn) continue;
+            const size_t kj = (size_t)(j0 + jj) * ld;
+#pragma GCC unroll 16
+            for (int v = 0; v < NV; v++)
+                acc[jj] = _mm512_fmadd_ps(load16(b16, K, kj + 16 * (size_t)v, mk[v]), qv[v], acc[jj]);
+        }
+        const __mmask16 jm = lanes_mask(jn);
+        const __m512 sv = hsum16(acc); /* raw scores: scaled after the max is subtracted */
+        _mm512_mask_storeu_ps(scores + j0, jm, sv);
+        vmax = _mm512_mask_max_ps(vmax, jm, vmax, sv);
+    }
+    return vmax;
+}
+
+/* d <= 16 NV (NV = 2, 4): scores 16 keys at a time (one reduction tree per block), exp2 over
+ * vectors, and the weighted sum of V rows into 4 interleaved accumulators (keys j mod 4), added
+ * in a fixed order. */
+SP_INLINE SP_AVX512BW void decode_avx_nv(const int NV, const float *q, const float *K, const float *V, long ld,
+                                         int n, int d, float gate, float *scores, float *out) {
+    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
+    const int lines = (int)((d * sizeof(float) + 63) / 64); /* cache lines per row */
+    const float sum = decode_exp_avx(scores, n, scores_avx(0, NV, q, K, ld, n, d, scores), cl2);
+    __mmask16 mk[4];
     __m512 o[4][4];
-    for (int a = 0; a < 4; a++)
-        for (int v = 0; v < 4; v++) o[a][v] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; v++) {
+        mk[v] = lanes_mask(d - 16 * v);
+#pragma GCC unroll 16
+        for (int a = 0; a < 4; a++) o[a][v] = _mm512_setzero_ps();
+    }
     int j = 0;
     for (; j + 4 <= n; j += 4) {
         for (int jj = j + SP_PF_KEYS; jj < imin(j + SP_PF_KEYS + 4, n); jj++)
             for (int l = 0; l < lines; l++) _mm_prefetch((const char *)(V + (size_t)jj * ld) + 64 * l, _MM_HINT_T0);
+#pragma GCC unroll 16
         for (int a = 0; a < 4; a++) {
             const __m512 pj = _mm512_set1_ps(scores[j + a]);
             const float *vj = V + (size_t)(j + a) * ld;
-            for (int v = 0; v < nv; v++)
-                o[a][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, vj + 16 * v), o[a][v]);
+#pragma GCC unroll 16
+            for (int v = 0; v < NV; v++) o[a][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(mk[v], vj + 16 * v), o[a][v]);
         }
     }
     for (; j < n; j++) {
         const __m512 pj = _mm512_set1_ps(scores[j]);
         const float *vj = V + (size_t)j * ld;
-        for (int v = 0; v < nv; v++)
-            o[0][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(v == nv - 1 ? lm : (__mmask16)0xFFFF, vj + 16 * v), o[0][v]);
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; v++) o[0][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(mk[v], vj + 16 * v), o[0][v]);
     }
-    const __m512 f = _mm512_set1_ps(gate / _mm512_reduce_add_ps(vsum));
-    for (int v = 0; v < nv; v++) {
+    const __m512 f = _mm512_set1_ps(gate / sum);
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; v++) {
         const __m512 r = _mm512_add_ps(_mm512_add_ps(o[0][v], o[1][v]), _mm512_add_ps(o[2][v], o[3][v]));
-        _mm512_mask_storeu_ps(out + 16 * v, v == nv - 1 ? lm : (__mmask16)0xFFFF, _mm512_mul_ps(r, f));
+        _mm512_mask_storeu_ps(out + 16 * v, mk[v], _mm512_mul_ps(r, f));
     }
+}
+
+SP_AVX512BW static void decode_avx(const float *q, const float *K, const float *V, long ld, int n, int d, float gate,
+                                   float *scores, float *out) {
+    if (d <= 32) decode_avx_nv(2, q, K, V, ld, n, d, gate, scores, out);
+    else decode_avx_nv(4, q, K, V, ld, n, d, gate, scores, out);
 }
 #endif
 
@@ -657,27 +752,29 @@ void sparse_decode_attend_f32(const float *q, const float *K, const float *V, lo
         return;
     }
 #if SP_X86
-    if (d <= 64 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) {
+    if (d <= 64 && decode_avx512()) {
         decode_avx(q, K, V, ld, n, d, gate, scores, out);
         return;
     }
 #endif
-    decode_ref(q, K, V, ld, n, d, gate, scores, out);
+    decode_ref(0, q, K, V, ld, n, d, gate, scores, out);
 }
 
 /* ------------------------------------------------------------------------------------------------
  * Decode: matrix-vector products over column blocks (q/k/v rows, W_O of the selected heads)
  * ---------------------------------------------------------------------------------------------- */
 
-static void decode_gemv_ref(const float *w, long ldw, const float *b, const float *x, const int *blk,
-                            int nblk, int d, int r0, int r1, float *out) {
+/* The portable GEMV on fp32 (b16 = 0) or bf16 (b16 = 1) weights. */
+static inline void decode_gemv_ref(const int b16, const void *w, long ldw, const float *b, const float *x,
+                                   const int *blk, int nblk, int d, int r0, int r1, float *out) {
     for (int r = r0; r < r1; r++) {
-        const float *wr = w + (size_t)r * ldw;
+        const size_t wr = (size_t)r * ldw;
         float s = 0.0f;
         for (int k = 0; k < nblk; k++) {
-            const size_t off = (size_t)blk[k] * d;
+            const size_t off = wr + (size_t)blk[k] * d;
             float t = 0.0f;
-            for (int e = 0; e < d; e++) t += wr[off + e] * x[off + e];
+            for (int e = 0; e < d; e++)
+                t += (b16 ? bf16_value(((const uint16_t *)w)[off + e]) : ((const float *)w)[off + e]) * x[off - wr + e];
             s += t;
         }
         out[r] = (b ? b[r] : 0.0f) + s;
@@ -685,58 +782,260 @@ static void decode_gemv_ref(const float *w, long ldw, const float *b, const floa
 }
 
 #if SP_X86
-/* 4 rows at a time: one accumulator vector per row over every block's d columns (x is loaded
- * once per 4 rows), one reduction per row. */
-SP_AVX512 static void decode_gemv_avx(const float *w, long ldw, const float *b, const float *x, const int *blk,
-                                      int nblk, int d, int r0, int r1, float *out) {
+/* 4 rows per pass (a last group of fewer rows repeats its last row and writes only its own): one
+ * accumulator vector per row over every block's d columns, 16 per step (x loaded once per 4
+ * rows), one reduction per row; weights fp32 (b16 = 0) or bf16 widened (b16 = 1). */
+SP_INLINE SP_AVX512BW void gemv_avx(const int b16, const void *w, long ldw, const float *b, const float *x,
+                                    const int *blk, int nblk, int d, int r0, int r1, float *out) {
     const int nv = (d + 15) >> 4;
     const __mmask16 lm = lanes_mask(d - 16 * (nv - 1));
-    int r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const float *w0 = w + (size_t)r * ldw;
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    for (int r = r0; r < r1; r += 4) {
+        const int R = imin(4, r1 - r);
+        size_t row[4];
+        for (int i = 0; i < 4; i++) row[i] = (size_t)(r + imin(i, R - 1)) * ldw;
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         for (int k = 0; k < nblk; k++) {
             const size_t off = (size_t)blk[k] * d;
             for (int v = 0; v < nv; v++) {
                 const __mmask16 m = v == nv - 1 ? lm : (__mmask16)0xFFFF;
                 const size_t o = off + 16 * (size_t)v;
                 const __m512 xv = _mm512_maskz_loadu_ps(m, x + o);
-                if (r + 8 <= r1) /* the same columns of the next 4 rows */
-                    for (int i = 4; i < 8; i++) _mm_prefetch((const char *)(w0 + i * ldw + o), _MM_HINT_T0);
-                a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + o), xv, a0);
-                a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + ldw + o), xv, a1);
-                a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + 2 * ldw + o), xv, a2);
-                a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + 3 * ldw + o), xv, a3);
+                if (r + 8 <= r1 && (!b16 || !(v & 1))) /* the same columns of the next 4 rows, a line each */
+                    for (int i = 0; i < 4; i++)
+                        _mm_prefetch((const char *)w + (row[i] + 4 * (size_t)ldw + o) * (b16 ? 2 : 4), _MM_HINT_T0);
+                a[0] = _mm512_fmadd_ps(load16(b16, w, row[0] + o, m), xv, a[0]); /* unrolled: a[] in registers */
+                a[1] = _mm512_fmadd_ps(load16(b16, w, row[1] + o, m), xv, a[1]);
+                a[2] = _mm512_fmadd_ps(load16(b16, w, row[2] + o, m), xv, a[2]);
+                a[3] = _mm512_fmadd_ps(load16(b16, w, row[3] + o, m), xv, a[3]);
             }
         }
-        out[r] = (b ? b[r] : 0.0f) + _mm512_reduce_add_ps(a0);
-        out[r + 1] = (b ? b[r + 1] : 0.0f) + _mm512_reduce_add_ps(a1);
-        out[r + 2] = (b ? b[r + 2] : 0.0f) + _mm512_reduce_add_ps(a2);
-        out[r + 3] = (b ? b[r + 3] : 0.0f) + _mm512_reduce_add_ps(a3);
+        store_rows(out, b, r, R, a);
     }
-    for (; r < r1; r++) {
-        const float *wr = w + (size_t)r * ldw;
-        __m512 a = _mm512_setzero_ps();
-        for (int k = 0; k < nblk; k++) {
-            const size_t off = (size_t)blk[k] * d;
-            for (int v = 0; v < nv; v++) {
-                const __mmask16 m = v == nv - 1 ? lm : (__mmask16)0xFFFF;
-                const size_t o = off + 16 * (size_t)v;
-                a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, wr + o), _mm512_maskz_loadu_ps(m, x + o), a);
-            }
-        }
-        out[r] = (b ? b[r] : 0.0f) + _mm512_reduce_add_ps(a);
-    }
+}
+
+SP_AVX512BW static void decode_gemv_avx(const float *w, long ldw, const float *b, const float *x, const int *blk,
+                                        int nblk, int d, int r0, int r1, float *out) {
+    gemv_avx(0, w, ldw, b, x, blk, nblk, d, r0, r1, out);
 }
 #endif
 
 void sparse_decode_gemv_f32(const float *w, long ldw, const float *b, const float *x, const int *blk,
                             int nblk, int d, int r0, int r1, float *out) {
 #if SP_X86
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) {
+    if (decode_avx512()) {
         decode_gemv_avx(w, ldw, b, x, blk, nblk, d, r0, r1, out);
         return;
     }
 #endif
-    decode_gemv_ref(w, ldw, b, x, blk, nblk, d, r0, r1, out);
+    decode_gemv_ref(0, w, ldw, b, x, blk, nblk, d, r0, r1, out);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Decode on bf16 weights and a bf16 KV cache (sparse.h: sparse_decode_*_bf16). bf16 -> fp32 is
+ * exact (the upper half of a float), so the portable and the widening kernels differ from fp32
+ * kernels on the same rounded data only by the order of the sums.
+ * ---------------------------------------------------------------------------------------------- */
+
+sparse_bf16_isa sparse_bf16_isa_detect(void) {
+#if SP_X86
+    if (decode_avx512()) return bf16_detect().avx512_bf16 ? SPARSE_BF16_DP : SPARSE_BF16_AVX512;
+#endif
+    return SPARSE_BF16_PORTABLE;
+}
+
+const char *sparse_bf16_isa_name(sparse_bf16_isa isa) {
+    return isa == SPARSE_BF16_DP ? "vdpbf16ps" : isa == SPARSE_BF16_AVX512 ? "avx512 widen+fma" : "portable";
+}
+
+#if SP_X86
+/* out[d] = f (o0 + o1): the two accumulator sets of the bf16 P V. */
+SP_INLINE SP_AVX512BW void store_pairs(const int NV, float *out, const __m512 *o0, const __m512 *o1, int d, float f) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; v++)
+        _mm512_mask_storeu_ps(out + 16 * v, lanes_mask(d - 16 * v),
+                              _mm512_mul_ps(_mm512_add_ps(o0[v], o1[v]), _mm512_set1_ps(f)));
+}
+
+/* The widening kernel, d <= 16 NV: scores as decode_avx with the keys widened to fp32 in
+ * registers; values in pairs of positions (sparse_decode_attend_bf16), each 32-lane load split
+ * into its two positions (pair_lo, pair_hi), two accumulator sets. The last pair of an odd n
+ * holds one position: the other half is masked, never read. */
+SP_INLINE SP_AVX512BW void decode_bf16_avx_nv(const int NV, const float *q, const uint16_t *K, const uint16_t *V,
+                                              long ld, int n, int d, float gate, float *scores, float *out) {
+    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
+    const float sum = decode_exp_avx(scores, n, scores_avx(1, NV, q, K, ld, n, d, scores), cl2);
+    __mmask32 mp[8];
+    __m512 o0[8], o1[8];
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; v++) {
+        mp[v] = lanes_mask32(2 * (d - 16 * v));
+        o0[v] = o1[v] = _mm512_setzero_ps();
+    }
+    const int np = (n + 1) >> 1;
+    const __mmask32 half = n & 1 ? 0x55555555u : 0xFFFFFFFFu;
+    for (int t = 0; t < np; t++) {
+        const uint16_t *vt = V + (size_t)t * 2 * ld;
+        if (2 * t + SP_PF_KEYS < n) prefetch_span(vt + (size_t)SP_PF_KEYS * ld, sizeof(uint16_t) * 2 * (size_t)d);
+        const __m512 p0 = _mm512_set1_ps(scores[2 * t]);
+        const __m512 p1 = _mm512_set1_ps(2 * t + 1 < n ? scores[2 * t + 1] : 0.0f);
+        const __mmask32 h = t == np - 1 ? half : 0xFFFFFFFFu;
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; v++) {
+            const __m512i x = _mm512_maskz_loadu_epi16(mp[v] & h, vt + 32 * v);
+            o0[v] = _mm512_fmadd_ps(pair_lo(x), p0, o0[v]);
+            o1[v] = _mm512_fmadd_ps(pair_hi(x), p1, o1[v]);
+        }
+    }
+    store_pairs(NV, out, o0, o1, d, gate / sum);
+}
+
+SP_AVX512BW static void decode_bf16_avx(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
+                                        float gate, float *scores, float *out) {
+    if (d <= 32) decode_bf16_avx_nv(2, q, K, V, ld, n, d, gate, scores, out);
+    else if (d <= 64) decode_bf16_avx_nv(4, q, K, V, ld, n, d, gate, scores, out);
+    else decode_bf16_avx_nv(8, q, K, V, ld, n, d, gate, scores, out);
+}
+
+/* The vdpbf16ps kernel, d <= 16 NV: q rounded to bf16, each score one vdpbf16ps chain over pairs
+ * of dimensions (16 keys per reduction tree); probabilities rounded to bf16 in pairs of positions,
+ * times the pair-interleaved values, two pairs per step into two accumulator sets. */
+SP_INLINE SP_BF16DQ void decode_bf16_dp_nv(const int NV, const float *q, const uint16_t *K, const uint16_t *V,
+                                           long ld, int n, int d, float gate, float *scores, float *out) {
+    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
+    const int NB = NV / 2; /* vectors of 32 bf16 per key */
+    __mmask32 mb[4], mp[8];
+    __m512bh qb[4];
+#pragma GCC unroll 16
+    for (int v = 0; v < NB; v++) {
+        mb[v] = lanes_mask32(d - 32 * v);
+        qb[v] = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(lanes_mask(d - 32 * v - 16), q + 32 * v + 16),
+                                    _mm512_maskz_loadu_ps(lanes_mask(d - 32 * v), q + 32 * v));
+    }
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        const int jn = imin(16, n - j0);
+        for (int jj = j0 + SP_PF_KEYS; jj < imin(j0 + SP_PF_KEYS + 16, n); jj++)
+            prefetch_span(K + (size_t)jj * ld, sizeof(uint16_t) * (size_t)d);
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int jj = 0; jj < 16; jj++) {
+            acc[jj] = _mm512_setzero_ps();
+            if (jj >= jn) continue;
+            const uint16_t *kj = K + (size_t)(j0 + jj) * ld;
+#pragma GCC unroll 16
+            for (int v = 0; v < NB; v++)
+                acc[jj] = _mm512_dpbf16_ps(acc[jj], (__m512bh)_mm512_maskz_loadu_epi16(mb[v], kj + 32 * v), qb[v]);
+        }
+        const __mmask16 jm = lanes_mask(jn);
+        const __m512 sv = hsum16(acc);
+        _mm512_mask_storeu_ps(scores + j0, jm, sv);
+        vmax = _mm512_mask_max_ps(vmax, jm, vmax, sv);
+    }
+    const float sum = decode_exp_avx(scores, n, vmax, cl2);
+    __m512 o0[8], o1[8];
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; v++) {
+        mp[v] = lanes_mask32(2 * (d - 16 * v));
+        o0[v] = o1[v] = _mm512_setzero_ps();
+    }
+    const int np = (n + 1) >> 1;
+    const __mmask32 half = n & 1 ? 0x55555555u : 0xFFFFFFFFu; /* the last pair of an odd n: one position */
+    uint32_t pp[16]; /* 16 pairs of probabilities (bf16, even position in the low half) */
+    for (int t0 = 0; t0 < np; t0 += 16) {
+        const int j = 2 * t0, tn = imin(16, np - t0);
+        const __m512 lo = _mm512_maskz_loadu_ps(lanes_mask(n - j), scores + j);
+        const __m512 hi = _mm512_maskz_loadu_ps(lanes_mask(n - j - 16), scores + j + 16);
+        _mm512_storeu_si512((void *)pp, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        for (int tt = 0; tt < tn; tt += 2) {
+            const int t = t0 + tt;
+            const bool two = tt + 1 < tn;
+            const uint16_t *va = V + (size_t)t * 2 * ld, *vb = va + 2 * ld;
+            if (2 * t + SP_PF_KEYS < n) prefetch_span(va + (size_t)SP_PF_KEYS * ld, sizeof(uint16_t) * 4 * (size_t)d);
+            const __m512bh pa = (__m512bh)_mm512_set1_epi32((int)pp[tt]);
+            const __m512bh pb = (__m512bh)_mm512_set1_epi32(two ? (int)pp[tt + 1] : 0);
+            const __mmask32 ha = t == np - 1 ? half : 0xFFFFFFFFu;
+            const __mmask32 hb = !two ? 0u : t + 1 == np - 1 ? half : 0xFFFFFFFFu;
+#pragma GCC unroll 16
+            for (int v = 0; v < NV; v++) {
+                o0[v] = _mm512_dpbf16_ps(o0[v], (__m512bh)_mm512_maskz_loadu_epi16(mp[v] & ha, va + 32 * v), pa);
+                o1[v] = _mm512_dpbf16_ps(o1[v], (__m512bh)_mm512_maskz_loadu_epi16(mp[v] & hb, vb + 32 * v), pb);
+            }
+        }
+    }
+    store_pairs(NV, out, o0, o1, d, gate / sum);
+}
+
+SP_BF16DQ static void decode_bf16_dp(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
+                                     float gate, float *scores, float *out) {
+    if (d <= 32) decode_bf16_dp_nv(2, q, K, V, ld, n, d, gate, scores, out);
+    else if (d <= 64) decode_bf16_dp_nv(4, q, K, V, ld, n, d, gate, scores, out);
+    else decode_bf16_dp_nv(8, q, K, V, ld, n, d, gate, scores, out);
+}
+
+SP_AVX512BW static void gemv_bf16_avx(const uint16_t *w, long ldw, const float *b, const float *x, const int *blk,
+                                      int nblk, int d, int r0, int r1, float *out) {
+    gemv_avx(1, w, ldw, b, x, blk, nblk, d, r0, r1, out);
+}
+
+/* vdpbf16ps GEMV: as gemv_avx with 32 columns (one line of each row) per step and x in bf16. */
+SP_BF16DQ static void gemv_bf16_dp(const uint16_t *w, long ldw, const float *b, const uint16_t *xb, const int *blk,
+                                   int nblk, int d, int r0, int r1, float *out) {
+    const int nb = (d + 31) >> 5;
+    const __mmask32 lb = lanes_mask32(d - 32 * (nb - 1));
+    for (int r = r0; r < r1; r += 4) {
+        const int R = imin(4, r1 - r);
+        const uint16_t *row[4];
+        for (int i = 0; i < 4; i++) row[i] = w + (size_t)(r + imin(i, R - 1)) * ldw;
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int k = 0; k < nblk; k++) {
+            const size_t off = (size_t)blk[k] * d;
+            for (int v = 0; v < nb; v++) {
+                const __mmask32 m = v == nb - 1 ? lb : (__mmask32)0xFFFFFFFFu;
+                const size_t o = off + 32 * (size_t)v;
+                const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, xb + o);
+                if (r + 8 <= r1)
+                    for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(row[i] + 4 * (size_t)ldw + o), _MM_HINT_T0);
+                a[0] = _mm512_dpbf16_ps(a[0], (__m512bh)_mm512_maskz_loadu_epi16(m, row[0] + o), xv);
+                a[1] = _mm512_dpbf16_ps(a[1], (__m512bh)_mm512_maskz_loadu_epi16(m, row[1] + o), xv);
+                a[2] = _mm512_dpbf16_ps(a[2], (__m512bh)_mm512_maskz_loadu_epi16(m, row[2] + o), xv);
+                a[3] = _mm512_dpbf16_ps(a[3], (__m512bh)_mm512_maskz_loadu_epi16(m, row[3] + o), xv);
+            }
+        }
+        store_rows(out, b, r, R, a);
+    }
+}
+#endif
+
+void sparse_decode_attend_bf16(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
+                               float gate, float *scores, float *out, sparse_bf16_isa isa) {
+    if (n <= 0) {
+        for (int e = 0; e < d; e++) out[e] = 0.0f;
+        return;
+    }
+#if SP_X86
+    if (d <= 128 && isa == SPARSE_BF16_DP) {
+        decode_bf16_dp(q, K, V, ld, n, d, gate, scores, out);
+        return;
+    }
+    if (d <= 128 && isa == SPARSE_BF16_AVX512) {
+        decode_bf16_avx(q, K, V, ld, n, d, gate, scores, out);
+        return;
+    }
+#endif
+    decode_ref(1, q, K, V, ld, n, d, gate, scores, out);
+}
+
+void sparse_decode_gemv_bf16(const uint16_t *w, long ldw, const float *b, const float *x, const uint16_t *xb,
+                             const int *blk, int nblk, int d, int r0, int r1, float *out, sparse_bf16_isa isa) {
+#if SP_X86
+    if (isa == SPARSE_BF16_DP && xb) {
+        gemv_bf16_dp(w, ldw, b, xb, blk, nblk, d, r0, r1, out);
+        return;
+    }
+    if (isa >= SPARSE_BF16_AVX512) {
+        gemv_bf16_avx(w, ldw, b, x, blk, nblk, d, r0, r1, out);
+        return;
+    }
+#endif
+    decode_gemv_ref(1, w, ldw, b, x, blk, nblk, d, r0, r1, out);
 }

@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,92 +26,190 @@ static double lap(double *ph, int i, double t) {
 /* Rows of W_O per task of wo_selected. */
 #define DECODE_WO_ROWS 64
 
+/* The bf16 copy of the weights at w (a cache built by lm_kv_init_bf16 for these parameters). */
+static const uint16_t *w16(const lm_kv_cache *kv, const float *w) { return bf16_mirror_of(&kv->w16, w); }
+
+/* kv->xb[off .. off + n) = bf16(x[off ..]): the vdpbf16ps kernels' copy of a product's input. */
+static void input16(lm_kv_cache *kv, const float *x, size_t off, size_t n) {
+    if (kv->bf16 && kv->isa == SPARSE_BF16_DP) bf16_from_f32(kv->xb + off, x + off, n);
+}
+
+/* Rows r0 .. r1 of W x over column blocks blk (sparse_decode_gemv_f32 / _bf16 by the cache's
+ * precision; x already in kv->xb for bf16). */
+static void gemv_rows(const lm_kv_cache *kv, float *out, const float *w, long ldw, const float *b, const float *x,
+                      const int *blk, int nblk, int d, int r0, int r1) {
+    if (kv->bf16) sparse_decode_gemv_bf16(w16(kv, w), ldw, b, x, kv->xb, blk, nblk, d, r0, r1, out, kv->isa);
+    else sparse_decode_gemv_f32(w, ldw, b, x, blk, nblk, d, r0, r1, out);
+}
+
 /* q/k/v rows for the learned router: the d rows of every task head t (task[0..ntask): query heads
  * i < h that the token selects, then the KV rows as heads h .. h + 2 h_kv) of W_qkv [qd, C] times x
  * [C] plus the bias, into qkv [qd]; one parallel region (dynamic: a thread that wakes late does
  * not hold up the rest). */
-static void qkv_selected(float *qkv, const float *w, const float *b, const float *x, const int *task, int ntask,
-                         int d, int C) {
+static void qkv_selected(lm_kv_cache *kv, float *qkv, const float *w, const float *b, const float *x, const int *task,
+                         int ntask, int d, int C) {
     static const int whole[1] = {0};
+    input16(kv, x, 0, (size_t)C);
 #pragma omp parallel for schedule(dynamic, 1) if ((long)ntask * d * C >= DECODE_PAR_WORK)
-    for (int t = 0; t < ntask; t++)
-        sparse_decode_gemv_f32(w, C, b, x, whole, 1, C, task[t] * d, (task[t] + 1) * d, qkv);
+    for (int t = 0; t < ntask; t++) gemv_rows(kv, qkv, w, C, b, x, whole, 1, C, task[t] * d, (task[t] + 1) * d);
 }
 
-/* out[C] = b + sum over the nsel selected heads of W_O[:, i d:(i+1) d] og_i: the W_O columns of
- * skipped heads are never read. W_O [C, h d] row-major; b may be NULL. */
-static void wo_selected(float *out, const float *w_o, const float *b, const float *og, const int *sel, int nsel,
-                        int C, int h, int d) {
-    const int nt = (C + DECODE_WO_ROWS - 1) / DECODE_WO_ROWS;
-#pragma omp parallel for schedule(dynamic, 1) if ((long)C * nsel * d >= DECODE_PAR_WORK)
+/* out[R] = b + sum over the nblk column blocks blk of W[:, blk d .. blk d + d] x[blk d ..]: W [R,
+ * ldw] row-major, rows in tasks of DECODE_WO_ROWS. W_O of the selected heads (x = og [h d]: the W_O
+ * columns of skipped heads are never read), and in bf16 every dense product (blk = {0}, d = the
+ * input width). b may be NULL. */
+static void gemv_blocks(lm_kv_cache *kv, float *out, const float *w, long ldw, const float *b, const float *x,
+                        const int *blk, int nblk, int d, int R) {
+    for (int k = 0; k < nblk; k++) input16(kv, x, (size_t)blk[k] * d, (size_t)d);
+    const int nt = (R + DECODE_WO_ROWS - 1) / DECODE_WO_ROWS;
+#pragma omp parallel for schedule(dynamic, 1) if ((long)R * nblk * d >= DECODE_PAR_WORK)
     for (int t = 0; t < nt; t++) {
-        const int r0 = t * DECODE_WO_ROWS, r1 = r0 + DECODE_WO_ROWS < C ? r0 + DECODE_WO_ROWS : C;
-        sparse_decode_gemv_f32(w_o, (long)h * d, b, og, sel, nsel, d, r0, r1, out);
+        const int r0 = t * DECODE_WO_ROWS, r1 = r0 + DECODE_WO_ROWS < R ? r0 + DECODE_WO_ROWS : R;
+        gemv_rows(kv, out, w, ldw, b, x, blk, nblk, d, r0, r1);
     }
 }
 
-int lm_kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, int max_T, moh_error *err) {
+/* out[O] = W x + b for W [O, I] (nn.Linear, one token): oneDNN in fp32, gemv_blocks in bf16. */
+static void linear1(lm_kv_cache *kv, float *out, const float *x, const float *w, const float *b, int I, int O) {
+    static const int whole[1] = {0};
+    if (kv->bf16) gemv_blocks(kv, out, w, I, b, x, whole, 1, I, O);
+    else linear_forward_f32(out, x, w, b, 1, I, O);
+}
+
+/* The cache's allocations: fp32 activations (and K/V unless bf16), the head lists, the router
+ * scratch; bf16: the bf16 K/V, the input scratch and the weights' copy of p. */
+static int kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, int max_T, moh_error *err) {
     memset(kv, 0, sizeof *kv);
+    if (max_T < 1) return moh_fail(err, MOH_E_ARG, "KV cache: %d tokens, expected >= 1", max_T);
     const moh_attn_config *a = &cfg->attn;
+    const bool b16 = p != NULL;
     const size_t L = (size_t)cfg->num_hidden_layers, C = (size_t)cfg->hidden_size;
     const size_t kvd = (size_t)a->n_kv_heads * a->head_dim, hd = (size_t)a->n_heads * a->head_dim;
     const size_t I = (size_t)cfg->intermediate_size, qd = (size_t)attn_qkv_dim(a);
+    const size_t kvn = b16 ? 0 : L * max_T * kvd, Tp = (size_t)max_T + (max_T & 1);
     /* scores: one [max_T] row per query head, so heads can run in parallel */
-    const size_t sizes[] = {L * max_T * kvd, L * max_T * kvd, C, C, qd, hd, C, I, I,
-                            (size_t)a->n_heads * max_T};
+    const size_t sizes[] = {kvn, kvn, C, C, qd, hd, C, I, I, (size_t)a->n_heads * max_T};
     float **fields[] = {&kv->k, &kv->v, &kv->x, &kv->xn, &kv->qkv, &kv->og, &kv->tmp, &kv->gate, &kv->up, &kv->scores};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
     kv->block = malloc(total * sizeof(float));
-    if (!kv->block) return moh_fail(err, MOH_E_NOMEM, "KV cache: cannot allocate %zu MiB", (total * 4) >> 20);
+    kv->task = malloc(sizeof(int) * (size_t)(a->n_heads + 2 * a->n_kv_heads));
+    size_t xn = C > hd ? C : hd;
+    xn = xn > I ? xn : I;
+    if (b16) { /* zeroed: the unused half of a last odd value pair is never NaN */
+        kv->kb = calloc(2 * L * Tp * kvd + xn, sizeof(uint16_t));
+        kv->vb = kv->kb ? kv->kb + L * Tp * kvd : NULL;
+        kv->xb = kv->kb ? kv->vb + L * Tp * kvd : NULL;
+    }
+    if (!kv->block || !kv->task || (b16 && !kv->kb)) {
+        lm_kv_free(kv);
+        return moh_fail(err, MOH_E_NOMEM, "KV cache: cannot allocate %zu MiB for %d tokens",
+                        (total * 4 + (b16 ? 4 * L * Tp * kvd : 0)) >> 20, max_T);
+    }
     float *cur = kv->block;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        *fields[i] = cur;
+        *fields[i] = sizes[i] ? cur : NULL;
         cur += sizes[i];
     }
-    kv->task = malloc(sizeof(int) * (size_t)(a->n_heads + 2 * a->n_kv_heads));
-    if (!kv->task) {
-        free(kv->block);
-        kv->block = NULL;
-        return moh_fail(err, MOH_E_NOMEM, "KV cache: cannot allocate the head lists");
+    if (b16) {
+        if (bf16_mirror_init(&kv->w16, p->data, p->n, err)) {
+            lm_kv_free(kv);
+            return err->code;
+        }
+        bf16_mirror_sync(&kv->w16);
+        kv->bf16 = true;
+        kv->isa = sparse_bf16_isa_detect();
     }
     if (attn_cache_init_f32(&kv->router, a, 1, 1, err)) {
-        free(kv->block);
-        free(kv->task);
-        kv->block = NULL;
-        kv->task = NULL;
+        lm_kv_free(kv);
         return err->code;
     }
+    kv->have_router = true;
     kv->max_T = max_T;
     return MOH_OK;
 }
 
+int lm_kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, int max_T, moh_error *err) {
+    return kv_init(kv, cfg, NULL, max_T, err);
+}
+
+int lm_kv_init_bf16(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, int max_T, moh_error *err) {
+    return kv_init(kv, cfg, p, max_T, err);
+}
+
 void lm_kv_free(lm_kv_cache *kv) {
-    if (kv->block) attn_cache_free_f32(&kv->router);
+    if (kv->have_router) attn_cache_free_f32(&kv->router);
+    bf16_mirror_free(&kv->w16);
     free(kv->block);
     free(kv->task);
+    free(kv->kb);
     memset(kv, 0, sizeof *kv);
 }
 
 void lm_kv_reset(lm_kv_cache *kv) { kv->pos = 0; }
+
+void lm_kv_write(lm_kv_cache *kv, const moh_lm_config *cfg, int l, int g, int pos, int n, const float *k,
+                 const float *v) {
+    const int d = cfg->attn.head_dim;
+    const size_t head = (size_t)l * cfg->attn.n_kv_heads + (size_t)g;
+    if (!kv->bf16) {
+        const size_t off = (head * kv->max_T + (size_t)pos) * d;
+        memcpy(kv->k + off, k, sizeof(float) * (size_t)n * d);
+        memcpy(kv->v + off, v, sizeof(float) * (size_t)n * d);
+        return;
+    }
+    const size_t base = head * (size_t)(kv->max_T + (kv->max_T & 1)) * d;
+    bf16_from_f32(kv->kb + base + (size_t)pos * d, k, (size_t)n * d);
+    uint16_t *vb = kv->vb + base;
+    for (int i = 0; i < n; i++) {
+        const int t = pos + i;
+        uint16_t *dst = vb + (size_t)(t >> 1) * 2 * d + (t & 1);
+        for (int e = 0; e < d; e++) dst[2 * e] = bf16_round(v[(size_t)i * d + e]);
+    }
+}
+
+moh_precision lm_decode_precision(moh_precision asked, char *why, size_t cap) {
+    if (cap) why[0] = 0;
+    if (asked != MOH_PRECISION_BF16) return MOH_PRECISION_FP32;
+    if (sparse_bf16_isa_detect() >= SPARSE_BF16_AVX512) return MOH_PRECISION_BF16;
+    snprintf(why, cap, "this CPU has no AVX-512 (bf16 decoding needs AVX-512F/BW, or AVX512-BF16)");
+    return MOH_PRECISION_FP32;
+}
+
+void lm_kv_describe(const lm_kv_cache *kv, char *out, size_t cap) {
+    if (!kv->bf16) snprintf(out, cap, "fp32");
+    else
+        snprintf(out, cap, "bf16 weights and KV cache, %s kernels, fp32 accumulation (norms, router, softmax fp32)",
+                 sparse_bf16_isa_name(kv->isa));
+}
+
+/* A bf16 cache runs only the parameters it holds the copy of: MOH_E_ARG otherwise. */
+static int check_params(const lm_kv_cache *kv, const lm_params_f32 *p, moh_error *err) {
+    if (kv->bf16 && (p->data != kv->w16.src || p->n != kv->w16.n))
+        return moh_fail(err, MOH_E_ARG, "bf16 KV cache: parameters other than the %zu values it was built for",
+                        kv->w16.n);
+    return MOH_OK;
+}
 
 int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, int token,
                    float *logits, moh_error *err) {
     const moh_attn_config *a = &cfg->attn;
     const int L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size;
     const int h = a->n_heads, hkv = a->n_kv_heads, d = a->head_dim, grp = h / hkv;
-    const int qd = attn_qkv_dim(a), kvd = hkv * d, pos = kv->pos;
+    const int qd = attn_qkv_dim(a), pos = kv->pos;
     const float eps = (float)cfg->rms_norm_eps;
     if (pos >= kv->max_T)
         return moh_fail(err, MOH_E_ARG, "KV cache full: %d tokens (raise the context)", kv->max_T);
     if (token < 0 || token >= cfg->vocab_size)
         return moh_fail(err, MOH_E_ARG, "token %d out of range [0, %d)", token, cfg->vocab_size);
+    if (check_params(kv, p, err)) return err->code;
+    /* per KV head: fp32 [max_T, d] rows; bf16 keys [Tp, d], values in position pairs [Tp / 2, d, 2] */
+    const size_t hstride = (size_t)(kv->bf16 ? kv->max_T + (kv->max_T & 1) : kv->max_T) * d;
     double *ph = kv->phase_s, t = omp_get_wtime();
     embedding_forward_f32(kv->x, &token, p->embed, 1, C);
     float rstd;
     for (int l = 0; l < L; l++) {
         const lm_block_f32 *b = &p->blocks[l];
-        float *K = kv->k + ((size_t)l * kv->max_T) * kvd, *V = kv->v + ((size_t)l * kv->max_T) * kvd;
         rmsnorm_forward_f32(kv->xn, &rstd, kv->x, b->ln1, 1, C, eps);
         t = lap(ph, LM_PH_OTHER, t);
         int *sel = kv->task, nsel = 0; /* the heads this token runs */
@@ -122,51 +221,52 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
                 if (kv->router.gates[i] != 0.0f) sel[nsel++] = i;
                 else memset(kv->qkv + (size_t)i * d, 0, sizeof(float) * d);
             for (int j = 0; j < 2 * hkv; j++) sel[nsel + j] = h + j;
-            qkv_selected(kv->qkv, b->attn.w_qkv, b->attn.b_qkv, kv->xn, sel, nsel + 2 * hkv, d, C);
+            qkv_selected(kv, kv->qkv, b->attn.w_qkv, b->attn.b_qkv, kv->xn, sel, nsel + 2 * hkv, d, C);
         } else { /* none: every head; query_norm: every q is needed to choose */
-            linear_forward_f32(kv->qkv, kv->xn, b->attn.w_qkv, b->attn.b_qkv, 1, C, qd);
+            linear1(kv, kv->qkv, kv->xn, b->attn.w_qkv, b->attn.b_qkv, C, qd);
             router_forward_f32(a, &b->attn, kv->xn, kv->qkv, 1, &kv->router);
             for (int i = 0; i < h; i++)
                 if (kv->router.gates[i] != 0.0f) sel[nsel++] = i;
         }
         if (a->rope_theta > 0) rope_forward_f32(kv->qkv, 1, qd, h + hkv, &pos, a);
-        for (int g = 0; g < hkv; g++) { /* head-major: each head's keys are one contiguous stream */
-            memcpy(K + ((size_t)g * kv->max_T + pos) * d, kv->qkv + (size_t)(h + g) * d, sizeof(float) * d);
-            memcpy(V + ((size_t)g * kv->max_T + pos) * d, kv->qkv + (size_t)(h + hkv + g) * d, sizeof(float) * d);
-        }
+        for (int g = 0; g < hkv; g++) /* head-major: each head's keys are one contiguous stream */
+            lm_kv_write(kv, cfg, l, g, pos, 1, kv->qkv + (size_t)(h + g) * d, kv->qkv + (size_t)(h + hkv + g) * d);
         t = lap(ph, LM_PH_QKV, t);
         /* attention of the selected heads only (spec §10), one task per head; og of the others
          * is never read */
         kv->heads_total += h;
         kv->heads_run += nsel;
+        const size_t l0 = (size_t)l * hkv * hstride;
 #pragma omp parallel for schedule(dynamic, 1) if ((long)nsel * (pos + 1) * d >= 65536)
         for (int k = 0; k < nsel; k++) {
-            const int i = sel[k], kvh = i / grp;
-            sparse_decode_attend_f32(kv->qkv + (size_t)i * d, K + (size_t)kvh * kv->max_T * d,
-                                     V + (size_t)kvh * kv->max_T * d, d, pos + 1, d, kv->router.gates[i],
-                                     kv->scores + (size_t)i * kv->max_T, kv->og + (size_t)i * d);
+            const int i = sel[k];
+            const size_t at = l0 + (size_t)(i / grp) * hstride;
+            float *q = kv->qkv + (size_t)i * d, *sc = kv->scores + (size_t)i * kv->max_T, *o = kv->og + (size_t)i * d;
+            if (kv->bf16)
+                sparse_decode_attend_bf16(q, kv->kb + at, kv->vb + at, d, pos + 1, d, kv->router.gates[i], sc, o, kv->isa);
+            else sparse_decode_attend_f32(q, kv->k + at, kv->v + at, d, pos + 1, d, kv->router.gates[i], sc, o);
         }
         t = lap(ph, LM_PH_ATTN, t);
-        if (nsel < h) wo_selected(kv->tmp, b->attn.w_o, b->attn.b_o, kv->og, sel, nsel, C, h, d);
-        else linear_forward_f32(kv->tmp, kv->og, b->attn.w_o, b->attn.b_o, 1, h * d, C);
+        if (nsel < h) gemv_blocks(kv, kv->tmp, b->attn.w_o, (long)h * d, b->attn.b_o, kv->og, sel, nsel, d, C);
+        else linear1(kv, kv->tmp, kv->og, b->attn.w_o, b->attn.b_o, h * d, C);
         t = lap(ph, LM_PH_WO, t);
         for (int c = 0; c < C; c++) kv->x[c] += kv->tmp[c];
         rmsnorm_forward_f32(kv->xn, &rstd, kv->x, b->ln2, 1, C, eps);
         t = lap(ph, LM_PH_OTHER, t);
         if (b->w_up == b->w_gate + (size_t)I * C && kv->up == kv->gate + I) /* [2I, C]: one product */
-            linear_forward_f32(kv->gate, kv->xn, b->w_gate, NULL, 1, C, 2 * I);
+            linear1(kv, kv->gate, kv->xn, b->w_gate, NULL, C, 2 * I);
         else {
-            linear_forward_f32(kv->gate, kv->xn, b->w_gate, NULL, 1, C, I);
-            linear_forward_f32(kv->up, kv->xn, b->w_up, NULL, 1, C, I);
+            linear1(kv, kv->gate, kv->xn, b->w_gate, NULL, C, I);
+            linear1(kv, kv->up, kv->xn, b->w_up, NULL, C, I);
         }
         swiglu_forward_f32(kv->gate, kv->gate, kv->up, I);
-        linear_forward_f32(kv->tmp, kv->gate, b->w_down, NULL, 1, I, C);
+        linear1(kv, kv->tmp, kv->gate, b->w_down, NULL, I, C);
         t = lap(ph, LM_PH_MLP, t);
         for (int c = 0; c < C; c++) kv->x[c] += kv->tmp[c];
     }
     t = lap(ph, LM_PH_OTHER, t);
     rmsnorm_forward_f32(kv->xn, &rstd, kv->x, p->norm, 1, C, eps);
-    linear_forward_f32(logits, kv->xn, p->lm_head, NULL, 1, C, cfg->vocab_size);
+    linear1(kv, logits, kv->xn, p->lm_head, NULL, C, cfg->vocab_size);
     lap(ph, LM_PH_HEAD, t);
     kv->pos++;
     return MOH_OK;
@@ -193,21 +293,40 @@ int lm_prefill_init(lm_prefill_ws *w, const moh_lm_config *cfg, int max_n, moh_e
     return MOH_OK;
 }
 
+int lm_prefill_set_bf16(lm_prefill_ws *w, const moh_lm_config *cfg, const lm_kv_cache *kv, moh_error *err) {
+    if (!kv->bf16) return moh_fail(err, MOH_E_ARG, "prefill: bf16 asked for a float32 KV cache");
+    if (!w->bf16 && bf16_ctx_new(&w->bf16, &kv->w16, err)) return err->code;
+    bf16_ctx_set_weights(w->bf16, &kv->w16);
+    if (sparse_cache_set_bf16(&w->sc, &cfg->attn, w->bf16, err)) return err->code;
+    w->bf16_kv = kv;
+    return MOH_OK;
+}
+
 void lm_prefill_free(lm_prefill_ws *w) {
     if (w->block) sparse_cache_free(&w->sc);
+    bf16_ctx_free(w->bf16);
     free(w->block);
     memset(w, 0, sizeof *w);
+}
+
+/* nn.Linear over the prompt's rows: bf16 GEMMs when the workspace is set to bf16. */
+static void prefill_linear(const lm_prefill_ws *w, float *out, const float *x, const float *wt, int n, int I, int O) {
+    if (w->bf16) bf16_linear_forward(w->bf16, out, x, wt, NULL, n, I, O);
+    else linear_forward_f32(out, x, wt, NULL, n, I, O);
 }
 
 int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, lm_prefill_ws *w,
                const int *tok, int n, float *logits, moh_error *err) {
     const moh_attn_config *a = &cfg->attn;
     const int L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size;
-    const int hkv = a->n_kv_heads, d = a->head_dim, kvd = hkv * d;
+    const int hkv = a->n_kv_heads, d = a->head_dim;
     const float eps = (float)cfg->rms_norm_eps;
     if (n < 1 || n > w->max_n || n > kv->max_T)
         return moh_fail(err, MOH_E_ARG, "prefill: %d tokens, expected 1..%d (workspace) and <= %d (KV cache)", n,
                         w->max_n, kv->max_T);
+    if (w->bf16 && w->bf16_kv != kv)
+        return moh_fail(err, MOH_E_ARG, "prefill: the workspace computes in bf16 for another KV cache");
+    if (check_params(kv, p, err)) return err->code;
     for (int i = 0; i < n; i++)
         if (tok[i] < 0 || tok[i] >= cfg->vocab_size)
             return moh_fail(err, MOH_E_ARG, "prefill: token %d at position %d out of range [0, %d)", tok[i], i,
@@ -224,11 +343,8 @@ int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv
         const double a0 = w->sc.phase_s[SPARSE_PH_ATTN], o0 = w->sc.phase_s[SPARSE_PH_WO];
         sparse_forward_f32(a, &b->attn, xn, 1, n, y, &w->sc);
         /* K (after RoPE) and V of every KV head: the sparse cache holds them head-major [h_kv, n, d] */
-        float *K = kv->k + (size_t)l * kv->max_T * kvd, *V = kv->v + (size_t)l * kv->max_T * kvd;
-        for (int g = 0; g < hkv; g++) {
-            memcpy(K + (size_t)g * kv->max_T * d, w->sc.kh + (size_t)g * n * d, sizeof(float) * (size_t)n * d);
-            memcpy(V + (size_t)g * kv->max_T * d, w->sc.vh + (size_t)g * n * d, sizeof(float) * (size_t)n * d);
-        }
+        for (int g = 0; g < hkv; g++)
+            lm_kv_write(kv, cfg, l, g, 0, n, w->sc.kh + (size_t)g * n * d, w->sc.vh + (size_t)g * n * d);
         kv->heads_run += sparse_pairs(a, &w->sc);
         kv->heads_total += (long)n * a->n_heads;
         const double now = omp_get_wtime();
@@ -239,16 +355,16 @@ int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv
         for (size_t i = 0; i < nC; i++) x[i] += y[i];
         rmsnorm_forward_f32(xn, rstd, x, b->ln2, n, C, eps);
         t = lap(ph, LM_PH_OTHER, t);
-        linear_forward_f32(w->gate, xn, b->w_gate, NULL, n, C, I);
-        linear_forward_f32(w->up, xn, b->w_up, NULL, n, C, I);
+        prefill_linear(w, w->gate, xn, b->w_gate, n, C, I);
+        prefill_linear(w, w->up, xn, b->w_up, n, C, I);
         swiglu_forward_f32(w->gate, w->gate, w->up, (long)n * I);
-        linear_forward_f32(y, w->gate, b->w_down, NULL, n, I, C);
+        prefill_linear(w, y, w->gate, b->w_down, n, I, C);
         t = lap(ph, LM_PH_MLP, t);
         for (size_t i = 0; i < nC; i++) x[i] += y[i];
     }
     t = lap(ph, LM_PH_OTHER, t);
     rmsnorm_forward_f32(xn, rstd, x + (size_t)(n - 1) * C, p->norm, 1, C, eps);
-    linear_forward_f32(logits, xn, p->lm_head, NULL, 1, C, cfg->vocab_size);
+    linear1(kv, logits, xn, p->lm_head, NULL, C, cfg->vocab_size);
     lap(ph, LM_PH_HEAD, t);
     kv->pos = n;
     return MOH_OK;

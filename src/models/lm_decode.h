@@ -1,13 +1,20 @@
-/* KV-cache decoding of the decoder LM, one token at a time (float32). Per token and layer, K and
- * V are appended for every KV head; for the heads the token's router does not select (gate == 0)
- * there is no q (learned router), no attention and no W_O term: the skipped heads cost nothing
- * (spec §10: what may be skipped). Selected heads run in parallel (sparse_decode_attend_f32).
- * A prompt can instead be encoded in one batched pass (lm_prefill, head-sparse attention) that
- * leaves the same cache. */
+/* KV-cache decoding of the decoder LM, one token at a time (float32, or bf16 weights and cache).
+ * Per token and layer, K and V are appended for every KV head; for the heads the token's router
+ * does not select (gate == 0) there is no q (learned router), no attention and no W_O term: the
+ * skipped heads cost nothing (spec §10: what may be skipped). Selected heads run in parallel
+ * (sparse_decode_attend_f32 / _bf16). A prompt can instead be encoded in one batched pass
+ * (lm_prefill, head-sparse attention) that leaves the same cache.
+ *
+ * bf16 (lm_kv_init_bf16): the cache owns a bf16 copy of the parameter buffer, made once at init,
+ * and keeps K and V in bf16; every matrix-vector product (q/k/v, W_O, MLP, LM head) and the
+ * attention read bf16 and accumulate in fp32 (sparse.h: vdpbf16ps, or widened to fp32 on an
+ * AVX-512 CPU without AVX512-BF16); embedding, RMSNorm, router, RoPE, softmax, SwiGLU and the
+ * residual stream stay fp32. Decode reads about half the bytes per token. */
 #ifndef MOH_LM_DECODE_H
 #define MOH_LM_DECODE_H
 #include "attn/sparse.h"
 #include "models/lm.h"
+#include "ops/bf16.h"
 
 /* Phases of decode steps and prefills, timed into lm_kv_cache.phase_s (wall seconds,
  * accumulated; zero them to restart). */
@@ -26,8 +33,16 @@ const char *lm_phase_name(int i);
 typedef struct lm_kv_cache {
     int max_T;             /* capacity in tokens */
     int pos;               /* tokens already in the cache = position of the next token */
-    float *k, *v;          /* [L, h_kv, max_T, d] (head-major), keys after RoPE */
+    float *k, *v;          /* fp32: [L, h_kv, max_T, d] (head-major), keys after RoPE; bf16: NULL */
+    /* bf16 (lm_kv_init_bf16; else false / NULL). Tp = max_T rounded up to even. */
+    bool bf16;
+    uint16_t *kb;          /* [L, h_kv, Tp, d] keys after RoPE, bf16 */
+    uint16_t *vb;          /* [L, h_kv, Tp / 2, d, 2] values, bf16, positions 2t and 2t + 1 interleaved */
+    bf16_mirror w16;       /* bf16 copy of the parameter buffer given at init (owned) */
+    uint16_t *xb;          /* [max(C, h d, I)] the input of the current product in bf16 (vdpbf16ps) */
+    sparse_bf16_isa isa;   /* kernels (sparse_bf16_isa_detect at init; tests may lower it) */
     attn_cache_f32 router; /* router scratch for one token (B = N = 1) */
+    bool have_router;
     float *x, *xn, *qkv, *og, *tmp, *gate, *up, *scores;
     int *task;             /* [h + 2 h_kv]: the selected heads of the current token, then q/k/v tasks */
     long heads_run, heads_total; /* (token, layer, head) attention rows computed / possible */
@@ -35,15 +50,33 @@ typedef struct lm_kv_cache {
     void *block;
 } lm_kv_cache;
 
-/* Allocates a cache for up to max_T tokens. MOH_OK, MOH_E_NOMEM. */
+/* Allocates a float32 cache for up to max_T tokens. MOH_OK, MOH_E_NOMEM. */
 int lm_kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, int max_T, moh_error *err);
+/* A bf16 cache for up to max_T tokens decoding the parameters p (their bf16 copy is made here,
+ * once; p must stay unchanged and be the p given to every lm_decode_step / lm_prefill on this
+ * cache). Works on any CPU (portable kernels without AVX-512; lm_decode_precision says whether it
+ * pays). MOH_OK, MOH_E_NOMEM. */
+int lm_kv_init_bf16(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, int max_T, moh_error *err);
 void lm_kv_free(lm_kv_cache *kv);
 /* Empties the cache (pos = 0) without freeing it. */
 void lm_kv_reset(lm_kv_cache *kv);
+/* Writes K and V of KV head g in layer l at positions pos .. pos + n (< max_T): k, v [n, d]
+ * float32 rows (keys after RoPE), rounded to bf16 for a bf16 cache. Does not move kv->pos. */
+void lm_kv_write(lm_kv_cache *kv, const moh_lm_config *cfg, int l, int g, int pos, int n, const float *k,
+                 const float *v);
 /* Feeds token (0 <= token < V) at position kv->pos and writes the next-token logits [V].
- * Returns MOH_OK, or MOH_E_ARG when the cache is full or the token is out of range. */
+ * Returns MOH_OK, or MOH_E_ARG when the cache is full, the token is out of range, or (bf16) p is
+ * not the parameter buffer the cache was built for. */
 int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, int token,
                    float *logits, moh_error *err);
+
+/* The precision decoding runs when `asked` is asked for: bf16 on a CPU with AVX-512F/BW (with
+ * AVX512-BF16: vdpbf16ps, else widened to fp32), else fp32 with why[cap] saying so ("" when
+ * nothing was refused). */
+moh_precision lm_decode_precision(moh_precision asked, char *why, size_t cap);
+/* One line naming what kv decodes with: "fp32", or "bf16 weights and KV cache, <kernels>, fp32
+ * accumulation". */
+void lm_kv_describe(const lm_kv_cache *kv, char *out, size_t cap);
 
 /* Scratch of lm_prefill for prompts of up to max_n tokens: one layer's activations at a time
  * (x, xn, y [max_n, C]; gate, up [max_n, I]; rstd [max_n]) and one head-sparse attention cache (sparse.h,
@@ -52,10 +85,16 @@ typedef struct lm_prefill_ws {
     int max_n;
     float *x, *xn, *y, *gate, *up, *rstd;
     sparse_cache sc;
+    bf16_ctx *bf16;              /* lm_prefill_set_bf16: bf16 GEMMs over a cache's weights (owned) */
+    const lm_kv_cache *bf16_kv;  /* ... of this cache */
     void *block;
 } lm_prefill_ws;
 /* MOH_OK, MOH_E_ARG (max_n < 1), MOH_E_NOMEM. */
 int lm_prefill_init(lm_prefill_ws *w, const moh_lm_config *cfg, int max_n, moh_error *err);
+/* bf16 prefill into the bf16 cache kv (which must stay at its address): the linear layers through
+ * oneDNN's bf16 matmul on kv's bf16 weights and the head-sparse attention's bf16 tiles
+ * (sparse_cache_set_bf16), fp32 accumulation. MOH_OK, MOH_E_ARG (kv is not bf16), MOH_E_NOMEM. */
+int lm_prefill_set_bf16(lm_prefill_ws *w, const moh_lm_config *cfg, const lm_kv_cache *kv, moh_error *err);
 void lm_prefill_free(lm_prefill_ws *w);
 /* Batched prefill: empties the cache and encodes tok[0..n) (ids < V) from position 0 in one
  * forward pass over the n tokens, layer by layer: RMSNorm, head-sparse attention
@@ -63,8 +102,10 @@ void lm_prefill_free(lm_prefill_ws *w);
  * as lm_forward_f32 computes them. Each layer's K (after RoPE) and V go into the cache as n
  * lm_decode_step calls would put them; logits [V] are the next-token logits after tok[n-1]
  * (the LM head runs on that token only). Decoding goes on with lm_decode_step at position n.
- * Returns MOH_OK, or MOH_E_ARG when n < 1, n > w->max_n, n > kv->max_T or a token is out of
- * range. */
+ * A bf16 cache gets its K and V rounded to bf16; the workspace computes in bf16 when set for
+ * this cache (lm_prefill_set_bf16), else in fp32.
+ * Returns MOH_OK, or MOH_E_ARG when n < 1, n > w->max_n, n > kv->max_T, a token is out of range,
+ * or w was set to bf16 for another cache. */
 int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, lm_prefill_ws *w,
                const int *tok, int n, float *logits, moh_error *err);
 #endif
