@@ -55,24 +55,7 @@ fi
 
 # the image families on their shipped configs (28x28 IDX data written here, a few tiny steps):
 # ViT vit-moh-75 (reference attention, its default, and head-sparse) and DiT dit-moh-75
-python3 - "$T/img" <<'PY'
-import os, random, struct, sys
-d = sys.argv[1]; os.makedirs(d)
-rnd = random.Random(5)
-def split(n):
-    imgs, labs = bytearray(), bytearray()
-    for i in range(n):
-        k = rnd.randrange(10); labs.append(k)
-        px = bytearray(rnd.randrange(40) for _ in range(784))
-        for y in range(1 + (k * 26) // 10, 4 + (k * 26) // 10):
-            for x in range(2, 26): px[y * 28 + x] = 200 + rnd.randrange(56)
-        imgs += px
-    return struct.pack('>IIII', 0x803, n, 28, 28) + imgs, struct.pack('>II', 0x801, n) + labs
-for name, n in (('train', 96), ('t10k', 32)):
-    i, l = split(n)
-    open(f'{d}/{name}-images-idx3-ubyte', 'wb').write(i)
-    open(f'{d}/{name}-labels-idx1-ubyte', 'wb').write(l)
-PY
+band_idx "$T/img" 96 32
 f32() { python3 -c 'import json,struct,sys; f=open(sys.argv[1],"rb"); n=struct.unpack("<Q",f.read(8))[0]; h=json.loads(f.read(n)); sys.exit(any(v["dtype"]!="F32" for k,v in h.items() if k!="__metadata__"))' "$1"; }
 field() { "$MOH" eval --checkpoint "$1" --data "$T/img" --json "${@:3}" 2>/dev/null | grep -o "\"$2\": [0-9.e-]*" | head -1 | grep -o '[0-9.e-]*$'; }
 for run in "vit-moh-75:" "vit-moh-75:--sparse-attn" "dit-moh-75:"; do

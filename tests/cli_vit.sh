@@ -8,26 +8,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 # 600 train / 200 test images of 28x28: class k is a bright horizontal band at row 1 + 2.6 k
-python3 - "$T/data" <<'EOF'
-import gzip, os, random, struct, sys
-d = sys.argv[1]; os.makedirs(d)
-rnd = random.Random(5)
-def split(n):
-    imgs, labs = bytearray(), bytearray()
-    for i in range(n):
-        k = rnd.randrange(10); labs.append(k)
-        px = bytearray(rnd.randrange(40) for _ in range(784))
-        y0 = 1 + (k * 26) // 10
-        for y in range(y0, y0 + 3):
-            for x in range(2, 26): px[y * 28 + x] = 200 + rnd.randrange(56)
-        imgs += px
-    return struct.pack('>IIII', 0x803, n, 28, 28) + imgs, struct.pack('>II', 0x801, n) + labs
-ti, tl = split(600); vi, vl = split(200)
-open(f'{d}/train-images-idx3-ubyte.gz', 'wb').write(gzip.compress(ti))
-open(f'{d}/train-labels-idx1-ubyte', 'wb').write(tl)
-open(f'{d}/t10k-images-idx3-ubyte', 'wb').write(vi)
-open(f'{d}/t10k-labels-idx1-ubyte.gz', 'wb').write(gzip.compress(vl))
-EOF
+band_idx "$T/data" 600 200 gz
 cat >"$T/vit.json" <<'EOF'
 {"model_type": "vit", "embed_dim": 16, "depth": 2, "num_heads": 4, "mlp_ratio": 2,
  "router": "learned", "shared_heads": 1, "top_k": 2, "_comment": "cli test"}

@@ -54,3 +54,30 @@ one_line_error() {
   fi
   return 1
 }
+
+# band_idx DIR NTRAIN NTEST [gz]: MNIST-style IDX files of 28x28 images (random.Random(5)) where
+# class k is a bright horizontal band at row 1 + 2.6 k; gz: the training images and the test labels
+# gzip-compressed (both forms read back)
+band_idx() {
+  python3 - "$@" <<'PY'
+import gzip, os, random, struct, sys
+d, ntrain, ntest = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]); gz = sys.argv[4:] == ['gz']
+os.makedirs(d)
+rnd = random.Random(5)
+def split(n):
+    imgs, labs = bytearray(), bytearray()
+    for i in range(n):
+        k = rnd.randrange(10); labs.append(k)
+        px = bytearray(rnd.randrange(40) for _ in range(784))
+        y0 = 1 + (k * 26) // 10
+        for y in range(y0, y0 + 3):
+            for x in range(2, 26): px[y * 28 + x] = 200 + rnd.randrange(56)
+        imgs += px
+    return struct.pack('>IIII', 0x803, n, 28, 28) + imgs, struct.pack('>II', 0x801, n) + labs
+def put(name, data, z):
+    open(f'{d}/{name}' + ('.gz' if z else ''), 'wb').write(gzip.compress(data) if z else data)
+ti, tl = split(ntrain); vi, vl = split(ntest)
+put('train-images-idx3-ubyte', ti, gz); put('train-labels-idx1-ubyte', tl, False)
+put('t10k-images-idx3-ubyte', vi, False); put('t10k-labels-idx1-ubyte', vl, gz)
+PY
+}
