@@ -20,7 +20,7 @@
 #include "../cli/cli.h"
 #include "bench.h"
 #include "models/model.h"
-#include "train/adamw.h"
+#include "train/optim.h"
 
 #define BT_MAX_CFG 8
 #define BT_MAX_PH 48
@@ -35,11 +35,11 @@ typedef struct bt_run {
     moh_batch batch;   /* the synthetic batch (arrays in batch_buf) */
     void *batch_buf;
     float *mom, *vel;
-    bool *decay;
+    optim opt[2];      /* [precision]: AdamW or Muon (Newton-Schulz in fp32, in bf16) */
     double t[4][64];   /* [path + 2 precision][repeat] seconds per step */
     double cpu[4][64]; /* [path + 2 precision][repeat] process CPU seconds per step (bench_cpu_seconds) */
     double loss[4];
-    double t_clip[4], t_opt[4]; /* [path + 2 precision] seconds in clip_grad_norm and adamw_step, accumulated */
+    double t_clip[4], t_opt[4]; /* [path + 2 precision] seconds in clip_grad_norm and the optimizer, accumulated */
 } bt_run;
 
 static void bt_free(bt_run *r) {
@@ -52,14 +52,15 @@ static void bt_free(bt_run *r) {
     free(r->batch_buf);
     free(r->mom);
     free(r->vel);
-    free(r->decay);
+    optim_free(&r->opt[0]);
+    optim_free(&r->opt[1]);
     memset(r, 0, sizeof *r);
 }
 
 /* Loads config `name`, random weights (seed 7), gradients, both activations and the batch of B
  * examples of *T tokens (*T <= 0: the config's longest sequence; images ignore it). Family and
  * tokens per example must be those of first when given (the first config's run). */
-static int bt_init(bt_run *r, const char *name, int B, int *T, const bt_run *first, const bool want[4],
+static int bt_init(bt_run *r, const char *name, int B, int *T, const bt_run *first, const bool want[4], int optimizer,
                    moh_error *err) {
     memset(r, 0, sizeof *r);
     snprintf(r->name, sizeof r->name, "%.63s", name);
@@ -96,15 +97,9 @@ static int bt_init(bt_run *r, const char *name, int B, int *T, const bt_run *fir
                         fam->tokens_per_example(first->m.cfg, &first->batch));
     r->mom = calloc(r->m.n, sizeof(float));
     r->vel = calloc(r->m.n, sizeof(float));
-    r->decay = calloc(r->m.n, sizeof(bool));
-    if (!r->mom || !r->vel || !r->decay) return moh_fail(err, MOH_E_NOMEM, "bench train: out of memory");
-    int nt = 0;
-    model_tensor *ts = model_tensors(&r->m, &nt);
-    if (!ts) return moh_fail(err, MOH_E_NOMEM, "bench train: out of memory");
-    for (int i = 0; i < nt; i++)
-        for (size_t j = 0; j < ts[i].numel; j++) r->decay[ts[i].offset + j] = ts[i].decay;
-    free(ts);
-    return MOH_OK;
+    if (!r->mom || !r->vel) return moh_fail(err, MOH_E_NOMEM, "bench train: out of memory");
+    if ((rc = optim_init(&r->opt[0], &r->m, optimizer, false, err))) return rc;
+    return optim_init(&r->opt[1], &r->m, optimizer, r->mw.data != NULL, err);
 }
 
 /* Forward + backward of the batch through path 0 (reference) or 1 (sparse), + 2 in bf16, into
@@ -123,11 +118,12 @@ static double bt_grad(bt_run *r, int path) {
  * returns the loss. */
 static double bt_step(bt_run *r, int path, long step) {
     static const adamw_config ac = {0.9, 0.95, 1e-8, 0.1};
+    static const muon_config mc = {.momentum = 0.95, .weight_decay = 0.1, .ns_steps = 5};
     const double loss = bt_grad(r, path);
     const double t0 = omp_get_wtime();
     clip_grad_norm(r->gdata, r->m.n, 1.0);
     const double t1 = omp_get_wtime();
-    adamw_step(&ac, r->m.data, r->gdata, r->mom, r->vel, r->decay, r->m.n, step, 1e-4);
+    optim_step(&r->opt[path >= 2], &ac, &mc, r->m.data, r->gdata, r->mom, r->vel, step, 1e-4, 1e-4);
     r->t_clip[path] += t1 - t0;
     r->t_opt[path] += omp_get_wtime() - t1;
     return loss;
@@ -152,8 +148,8 @@ static double bt_check(bt_run *r, double *loss_err) {
     return num / fmax(den, 1e-30);
 }
 
-/* The phases of r's steps on path: ms per timed step (nsteps), then clip, adamw and their total
- * (the top-level phases plus clip and AdamW) into nm/sec/sub [BT_MAX_PH + 3]; returns the count,
+/* The phases of r's steps on path: ms per timed step (nsteps), then clip, the optimizer ("adamw",
+ * or "muon": Muon and AdamW on the rest) and their total (the top-level phases plus those two) into nm/sec/sub [BT_MAX_PH + 3]; returns the count,
  * 0 when the family does not time its phases. */
 static int bt_phases(bt_run *r, int path, int nsteps, const char **nm, double *sec, bool *sub) {
     if (!r->m.fam->phase_times) return 0;
@@ -164,7 +160,7 @@ static int bt_phases(bt_run *r, int path, int nsteps, const char **nm, double *s
         if (!sub[k]) top += sec[k];
     }
     nm[nph] = "clip";
-    nm[nph + 1] = "adamw";
+    nm[nph + 1] = r->opt[0].kind == OPTIM_MUON ? "muon" : "adamw";
     nm[nph + 2] = "total";
     sec[nph] = r->t_clip[path] * 1e3 / nsteps;
     sec[nph + 1] = r->t_opt[path] * 1e3 / nsteps;
@@ -226,23 +222,24 @@ static void bt_print_phases(bt_run *runs, int nn, const bool want[4], int nsteps
 int bench_train(int argc, char **argv) {
     struct {
         bool json, phases;
-        const char *configs, *path, *precision;
+        const char *configs, *path, *precision, *optimizer;
         int batch, seq, steps, repeats;
-    } a = {false, false, "mha,moh-90,moh-75,moh-50", "both", "fp32", 16, 0, 2, 3};
+    } a = {false, false, "mha,moh-90,moh-75,moh-50", "both", "fp32", "adamw", 16, 0, 2, 3};
     const arg_spec specs[] = {
         {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false, ARG_ANY},
         {"--configs", ARG_STR, &a.configs, "A,B,...", "configs of one model family, names in configs/ or paths; the first is the baseline (default mha,moh-90,moh-75,moh-50)", false, ARG_ANY},
         {"--path", ARG_CHOICE, &a.path, "sparse|reference|both", "attention path of the step (default both)", false, ARG_ANY},
         {"--precision", ARG_CHOICE, &a.precision, "fp32|bf16|both", "compute precision of the step (bf16: GEMMs and attention tiles in bf16, fp32 master weights); both: every row in each, interleaved, with the bf16/fp32 ratio (default fp32)", false, ARG_ANY},
+        {"--optimizer", ARG_CHOICE, &a.optimizer, "adamw|muon", "the update of each step (moh train --optimizer; muon: Muon on the hidden matrices, AdamW on the rest; default adamw)", false, ARG_ANY},
         {"--batch", ARG_INT, &a.batch, "B", "examples (sequences, images) per step (default 16)", false, ARG_GE(1)},
         {"--seq", ARG_INT, &a.seq, "T", "text: sequence length (default: the first config's max_position_embeddings)", false, ARG_GE(1)},
         {"--steps", ARG_INT, &a.steps, "S", "timed optimizer steps per repeat (default 2)", false, ARG_GE(1)},
         {"--repeats", ARG_INT, &a.repeats, "R", "repeats, interleaved over configs and paths (default 3, max 64)", false, ARG_IN(1, 64)},
-        {"--phases", ARG_FLAG, &a.phases, NULL, "also print ms per step of each phase of the timed steps (forward, backward, clipping, AdamW; families that time them: the LM); with --json a phase_ms object per row", false, ARG_ANY},
+        {"--phases", ARG_FLAG, &a.phases, NULL, "also print ms per step of each phase of the timed steps (forward, backward, clipping, the optimizer; families that time them: the LM); with --json a phase_ms object per row", false, ARG_ANY},
     };
     int prc = args_parse("bench train", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                         "[--json] [--configs mha,moh-75] [--path sparse|reference|both] [--precision fp32|bf16|both] [--batch B] [--seq T] [--steps S] [--repeats R] [--phases]",
-                         "Training tokens/s of any model family: forward + backward + clipping + AdamW on a random batch\n(random bytes for the LM, random pixels for the ViT), dense MHA vs MoH configs, with the reference\nattention and with the head-sparse attention path. Image tokens: patches (+ class token).\n");
+                         "[--json] [--configs mha,moh-75] [--path sparse|reference|both] [--precision fp32|bf16|both] [--optimizer adamw|muon] [--batch B] [--seq T] [--steps S] [--repeats R] [--phases]",
+                         "Training tokens/s of any model family: forward + backward + clipping + AdamW (or Muon) on a random batch\n(random bytes for the LM, random pixels for the ViT), dense MHA vs MoH configs, with the reference\nattention and with the head-sparse attention path. Image tokens: patches (+ class token).\n");
     if (prc) return prc == 1 ? 0 : prc;
     const bool p_ref = !strcmp(a.path, "reference") || !strcmp(a.path, "both");
     const bool p_sp = !strcmp(a.path, "sparse") || !strcmp(a.path, "both");
@@ -268,7 +265,7 @@ int bench_train(int argc, char **argv) {
     int T = a.seq, status = 0;
     for (int i = 0; i < nn && !status; i++) {
         fprintf(stderr, "[bench train] loading %s\n", names[i]);
-        status = bt_init(&runs[i], names[i], a.batch, &T, i ? &runs[0] : NULL, want, &err);
+        status = bt_init(&runs[i], names[i], a.batch, &T, i ? &runs[0] : NULL, want, !strcmp(a.optimizer, "muon"), &err);
     }
     const int B = a.batch;
     /* both paths must compute the same model */

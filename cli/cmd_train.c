@@ -38,6 +38,7 @@ int cmd_train(int argc, char **argv) {
     train_hparams *f = &o.flags;
     const char *config = NULL, *init = NULL, *precision = NULL;
     bool no_flip = false, no_augment = false, sparse = false, reference = false;
+    const char *optimizer = NULL;
     long eval_tokens = LONG_MIN;
     const arg_spec specs[] = {
         {"--config", ARG_STR, &config, "NAME|FILE", "model config: a JSON file or a name from configs/ (moh-75, mha, vit-moh-75, vit-mha, dit-moh-75, ...; moh --list-configs); its model_type picks the family", false, ARG_ANY},
@@ -58,6 +59,8 @@ int cmd_train(int argc, char **argv) {
         {"--weight-decay", ARG_DOUBLE, &f->weight_decay, "WD", "AdamW decoupled weight decay on weight matrices", false, ARG_GE(0)},
         {"--beta1", ARG_DOUBLE, &f->beta1, "B1", "AdamW beta1", false, ARG_IN(0, 0.999999)},
         {"--beta2", ARG_DOUBLE, &f->beta2, "B2", "AdamW beta2", false, ARG_IN(0, 0.999999)},
+        {"--optimizer", ARG_CHOICE, &optimizer, "adamw|muon", "adamw (default), or muon: Muon (momentum 0.95, Nesterov, 5 Newton-Schulz steps, update scaled to AdamW's RMS) on the attention and MLP weight matrices at --muon-lr, AdamW at --lr on embeddings, heads, routers, norms and biases", false, ARG_ANY},
+        {"--muon-lr", ARG_DOUBLE, &f->muon_lr, "LR", "--optimizer muon: peak lr of the Muon-updated matrices, same warmup and decay as --lr; weight decay on them is times this lr (default: --lr, Muon's update being scaled to AdamW's RMS)", false, ARG_IN_OC(0, 1000)},
         {"--grad-clip", ARG_DOUBLE, &f->grad_clip, "C", "clip the global gradient norm to C (default 1.0; 0 = off)", false, ARG_GE(0)},
         {"--ema-decay", ARG_DOUBLE, &f->ema_decay, "D", "dit: EMA of the weights with decay min(D, (1+n)/(10+n)) after update n; model.safetensors holds the EMA (default 0.999; 0 = off)", false, ARG_IN(0, 0.999999999)},
         {"--eval-every", ARG_LONG, &f->eval_every, "N", "validate and checkpoint every N steps (0 = every epoch, or only at the end)", false, ARG_GE(0)},
@@ -85,14 +88,16 @@ int cmd_train(int argc, char **argv) {
     char epilog[4096];
     int used = snprintf(epilog, sizeof epilog,
                         "Loss = the family's loss (cross-entropy; label-smoothed for vit) + load_balance_coef *\n"
-                        "mean over layers of the load-balance loss (spec §2). AdamW, linear warmup + cosine\n"
-                        "decay, global-norm clipping. A step whose loss or gradient norm is not finite is\n"
+                        "mean over layers of the load-balance loss (spec §2). AdamW (--optimizer muon: Muon\n"
+                        "on the attention and MLP matrices), linear warmup + cosine decay, global-norm\n"
+                        "clipping. A step whose loss or gradient norm is not finite is\n"
                         "skipped (warning, \"skipped\" in metrics.jsonl), never applied or saved. Ctrl-C saves\n"
                         "a checkpoint and exits (130); --resume continues it. On --resume a flag that changes\n"
                         "an optimisation value (--lr, --min-lr-ratio, --weight-decay, --beta1/2, --grad-clip,\n"
-                        "--ema-decay,\n"
+                        "--ema-decay, --muon-lr,\n"
                         "--warmup, --steps, --eval-*) is applied from the next step with a printed note; one\n"
-                        "that changes the batches (--batch-size, --seq-len, --grad-accum, --shards, --seed,\n"
+                        "that changes the batches or the optimizer (--batch-size, --seq-len, --grad-accum,\n"
+                        "--shards, --seed, --optimizer,\n"
                         "--val-fraction, --train-limit, --crop-pad, --no-flip, --no-augment) is refused.\n"
                         "--init PATH continue-tunes a pretrained model (moh / HF folder, .gguf): its config\n"
                         "and weights, its tokenizer for the text (a BPE model trains on its tokens; bits per\n"
@@ -122,6 +127,7 @@ int cmd_train(int argc, char **argv) {
         }
         f->eval_limit = eval_tokens;
     }
+    if (optimizer) f->optimizer = !strcmp(optimizer, "muon");
     if (sparse && reference) {
         fprintf(stderr, "moh train: --sparse-attn and --reference-attention exclude each other\n");
         return 2;

@@ -3,7 +3,8 @@
 #  1. gradient accumulation 2 x batch 8 gives the gradient of batch 16 in 2 shards (each shard, like
 #     each micro-batch, has its own load-balance statistics) to <= 1e-6 relative, and with
 #     load_balance_coef 0 the gradient of batch 16 in one shard;
-#  2. a resume that repeats no flag reproduces the uninterrupted run bitwise (weights and losses);
+#  2. a resume that repeats no flag reproduces the uninterrupted run bitwise (weights and losses),
+#     with AdamW and with --optimizer muon;
 #  3. a resume with a changed --lr prints a note and trains at the new lr from the next step; a
 #     changed --batch-size is refused and leaves the checkpoint untouched;
 #  4. an injected NaN gradient is skipped (weights unchanged, counted in metrics.jsonl) and never
@@ -100,6 +101,30 @@ for fam in lm vit; do
   check "[ $rc -eq 1 ] && grep -q -- '--batch-size 3 contradicts the checkpoint in .* (batch_size' <<<\"\$out\"" "$fam: changed --batch-size on resume: rc $rc: $out"
   check "[ \"$before\" = \"\$(md5sum < '$T/$fam-lr/optimizer.safetensors')\" ]" "$fam: a refused resume changed the checkpoint"
 done
+
+# 2b. --optimizer muon (Muon on the hidden matrices, AdamW on the rest): trains (losses differ from
+# AdamW's and fall), resumes bitwise (the momentum is in optimizer.safetensors), refuses a switch on
+# resume and an unknown optimizer with one line
+for fam in lm vit; do
+  if [ $fam = lm ]; then run=(--config "$T/lm.json" "${lm[@]}" --batch-size 4 --lr 3e-3 --warmup 2);
+  else run=(--config "$T/vit.json" "${vit[@]}" --batch-size 16 --shards 2 --lr 3e-3 --warmup 2); fi
+  data=$([ $fam = lm ] && echo "$T/corpus.txt" || echo "$IDX")
+  "$MOH" train "${run[@]}" --out "$T/$fam-mu-full" --steps 12 --optimizer muon || bad "$fam muon run"
+  "$MOH" train "${run[@]}" --out "$T/$fam-mu-adamw" --steps 12 || bad "$fam adamw twin"
+  check "[ \"\$(losses '$T/$fam-mu-full/metrics.jsonl')\" != \"\$(losses '$T/$fam-mu-adamw/metrics.jsonl')\" ]" "$fam: --optimizer muon gave AdamW's losses"
+  first=$(field_at "$T/$fam-mu-full/metrics.jsonl" 1 loss); last=$(field_at "$T/$fam-mu-full/metrics.jsonl" 12 loss)
+  check "python3 -c 'assert $last < $first, ($first, $last)'" "$fam: muon loss did not fall ($first -> $last)"
+  "$MOH" train "${run[@]}" --out "$T/$fam-mu-half" --steps 12 --optimizer muon --stop-at-step 5 || bad "$fam muon first half"
+  "$MOH" train --resume --data "$data" --out "$T/$fam-mu-half" --quiet || bad "$fam muon resume"
+  check "cmp -s '$T/$fam-mu-full/model.safetensors' '$T/$fam-mu-half/model.safetensors'" "$fam: resumed muon weights differ from the uninterrupted run"
+  before=$(md5sum < "$T/$fam-mu-half/optimizer.safetensors")
+  out=$("$MOH" train --resume --data "$data" --out "$T/$fam-mu-half" --optimizer adamw --steps 14 2>&1); rc=$?
+  check "[ $rc -eq 1 ] && grep -q -- '--optimizer adamw contradicts the checkpoint in .* (optimizer muon)' <<<\"\$out\"" "$fam: optimizer switch on resume: rc $rc: $out"
+  check "[ \"$before\" = \"\$(md5sum < '$T/$fam-mu-half/optimizer.safetensors')\" ]" "$fam: a refused optimizer switch changed the checkpoint"
+done
+if one_line_error 1 "muon-lr 0.01 applies to --optimizer muon" "$MOH" train --config "$T/lm.json" "${lm[@]}" --out "$T/mlr" --steps 2 --muon-lr 0.01; then ok; else bad "--muon-lr with adamw: $why"; fi
+if one_line_error 2 "optimizer 'sgd' is not one of adamw|muon" "$MOH" train --config "$T/lm.json" "${lm[@]}" --out "$T/sgd" --steps 2 --optimizer sgd; then ok; else bad "--optimizer sgd: $why"; fi
+check "[ ! -e '$T/sgd/optimizer.safetensors' ]" "--optimizer sgd wrote a checkpoint"
 
 # 3b. --warmup is the schedule's warmup, fresh and on resume (a note); --epochs on resume; a resume
 # whose --stop-at-step is not after the checkpoint; a damaged second moment; a FIFO as text data

@@ -546,6 +546,12 @@ static void cli_bench_test(test_ctx *ctx) {
                count_of(out, "\"attn.bwd_router\"") == 2 && count_of(out, "\"total\"") == 4,
           "moh bench train --phases --json: phase_ms objects missing");
     free(out);
+    snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive '%s' bench train --json --phases --optimizer muon --configs moh-50 --path sparse --precision both --batch 1 --seq 16 --steps 1 --repeats 1 2>/dev/null", bin);
+    out = run_capture(cmd, &st);
+    /* the optimizer phase is named after it; bf16 rows run where the CPU has bf16 (else fp32, twice) */
+    CHECK(ctx, out && st == 0 && count_of(out, "\"muon\"") >= 1 && count_of(out, "\"adamw\"") == 0,
+          "moh bench train --optimizer muon --phases: status %d, no muon phase", st);
+    free(out);
     snprintf(cmd, sizeof cmd, "'%s' bench attention --pass sideways >/dev/null 2>&1", bin);
     free(run_capture(cmd, &st));
     CHECK(ctx, WIFEXITED(st) && WEXITSTATUS(st) == 2, "moh bench attention --pass sideways: want exit 2");

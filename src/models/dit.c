@@ -86,7 +86,8 @@ typedef struct tensor_list {
     size_t off;
 } tensor_list;
 
-static void push(tensor_list *L, bool decay, int init, int ndim, const int64_t *shape, const char *fmt, int layer) {
+/* decay: 0 none, 1 weight decay, 2 decay and a hidden matrix (model_tensor.hidden: Muon) */
+static void push(tensor_list *L, int decay, int init, int ndim, const int64_t *shape, const char *fmt, int layer) {
     model_tensor *e = &L->t[L->n];
     L->init[L->n] = (unsigned char)init;
     L->n++;
@@ -98,7 +99,8 @@ static void push(tensor_list *L, bool decay, int init, int ndim, const int64_t *
         if (i < ndim) e->numel *= (size_t)shape[i];
     }
     e->offset = L->off;
-    e->decay = decay;
+    e->decay = decay > 0;
+    e->hidden = decay == 2;
     L->off += e->numel;
 }
 
@@ -125,16 +127,16 @@ static model_tensor *build(const moh_dit_config *cfg, int *n, unsigned char **in
     for (int l = 0; l < Ln; l++) {
         const moh_attn_config *a = &cfg->attn[l];
         /* the attention tensors in attn_params_bind order */
-        push(&L, true, INIT_XAVIER, 2, SHAPE(3 * D, D), "blocks.%d.attn.qkv.weight", l);
+        push(&L, 2, INIT_XAVIER, 2, SHAPE(3 * D, D), "blocks.%d.attn.qkv.weight", l);
         push(&L, false, INIT_ZERO, 1, SHAPE(3 * D), "blocks.%d.attn.qkv.bias", l);
-        push(&L, true, INIT_XAVIER, 2, SHAPE(D, D), "blocks.%d.attn.proj.weight", l);
+        push(&L, 2, INIT_XAVIER, 2, SHAPE(D, D), "blocks.%d.attn.proj.weight", l);
         push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.attn.proj.bias", l);
         if (attn_has_wg(a)) push(&L, true, INIT_XAVIER, 2, SHAPE(attn_routed_heads(a), D), "blocks.%d.attn.wg.weight", l);
         if (attn_has_wg0(a)) push(&L, true, INIT_XAVIER, 2, SHAPE(2, D), "blocks.%d.attn.wg_0.weight", l);
         if (attn_has_wg1(a)) push(&L, true, INIT_XAVIER, 2, SHAPE(a->shared_heads, D), "blocks.%d.attn.wg_1.weight", l);
-        push(&L, true, INIT_XAVIER, 2, SHAPE(Hm, D), "blocks.%d.mlp.fc1.weight", l);
+        push(&L, 2, INIT_XAVIER, 2, SHAPE(Hm, D), "blocks.%d.mlp.fc1.weight", l);
         push(&L, false, INIT_ZERO, 1, SHAPE(Hm), "blocks.%d.mlp.fc1.bias", l);
-        push(&L, true, INIT_XAVIER, 2, SHAPE(D, Hm), "blocks.%d.mlp.fc2.weight", l);
+        push(&L, 2, INIT_XAVIER, 2, SHAPE(D, Hm), "blocks.%d.mlp.fc2.weight", l);
         push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.mlp.fc2.bias", l);
         push(&L, true, INIT_ZERO, 2, SHAPE(6 * D, D), "blocks.%d.adaLN_modulation.1.weight", l);
         push(&L, false, INIT_ZERO, 1, SHAPE(6 * D), "blocks.%d.adaLN_modulation.1.bias", l);

@@ -147,7 +147,8 @@ int lm_acts_set_bf16_f32(lm_acts_f32 *a, const moh_lm_config *cfg, const bf16_mi
     return MOH_OK;
 }
 
-static void push(lm_tensor *t, int *n, size_t *off, bool decay, int64_t r, int64_t c, const char *fmt, int layer) {
+/* decay: 0 none, 1 AdamW weight decay, 2 decay and a hidden matrix (model_tensor.hidden) */
+static void push(lm_tensor *t, int *n, size_t *off, int decay, int64_t r, int64_t c, const char *fmt, int layer) {
     lm_tensor *e = &t[(*n)++];
     snprintf(e->name, sizeof e->name, fmt, layer);
     e->ndim = c > 0 ? 2 : 1;
@@ -155,7 +156,8 @@ static void push(lm_tensor *t, int *n, size_t *off, bool decay, int64_t r, int64
     e->shape[1] = c > 0 ? c : 0;
     e->numel = (size_t)r * (size_t)(c > 0 ? c : 1);
     e->offset = *off;
-    e->decay = decay;
+    e->decay = decay > 0;
+    e->hidden = decay == 2;
     *off += e->numel;
 }
 
@@ -171,26 +173,26 @@ lm_tensor *lm_tensors_named(const moh_lm_config *cfg, model_naming scheme, int *
     size_t off = 0;
     *n = 0;
     /* HF LlamaForCausalLM names, or llama.cpp's (LLM_TN; the MoH routers as blk.N.moh_wg*) */
-    push(t, n, &off, true, V, C, g ? "token_embd.weight" : "model.embed_tokens.weight", 0);
+    push(t, n, &off, 1, V, C, g ? "token_embd.weight" : "model.embed_tokens.weight", 0);
     for (int l = 0; l < L; l++) {
-        push(t, n, &off, false, C, 0, g ? "blk.%d.attn_norm.weight" : "model.layers.%d.input_layernorm.weight", l);
-        push(t, n, &off, true, hd, C, g ? "blk.%d.attn_q.weight" : "model.layers.%d.self_attn.q_proj.weight", l);
-        push(t, n, &off, true, kvd, C, g ? "blk.%d.attn_k.weight" : "model.layers.%d.self_attn.k_proj.weight", l);
-        push(t, n, &off, true, kvd, C, g ? "blk.%d.attn_v.weight" : "model.layers.%d.self_attn.v_proj.weight", l);
-        push(t, n, &off, true, C, hd, g ? "blk.%d.attn_output.weight" : "model.layers.%d.self_attn.o_proj.weight", l);
+        push(t, n, &off, 0, C, 0, g ? "blk.%d.attn_norm.weight" : "model.layers.%d.input_layernorm.weight", l);
+        push(t, n, &off, 2, hd, C, g ? "blk.%d.attn_q.weight" : "model.layers.%d.self_attn.q_proj.weight", l);
+        push(t, n, &off, 2, kvd, C, g ? "blk.%d.attn_k.weight" : "model.layers.%d.self_attn.k_proj.weight", l);
+        push(t, n, &off, 2, kvd, C, g ? "blk.%d.attn_v.weight" : "model.layers.%d.self_attn.v_proj.weight", l);
+        push(t, n, &off, 2, C, hd, g ? "blk.%d.attn_output.weight" : "model.layers.%d.self_attn.o_proj.weight", l);
         if (attn_has_wg(a))
-            push(t, n, &off, true, attn_routed_heads(a), C, g ? "blk.%d.moh_wg.weight" : "model.layers.%d.self_attn.wg.weight", l);
+            push(t, n, &off, 1, attn_routed_heads(a), C, g ? "blk.%d.moh_wg.weight" : "model.layers.%d.self_attn.wg.weight", l);
         if (attn_has_wg0(a))
-            push(t, n, &off, true, 2, C, g ? "blk.%d.moh_wg_0.weight" : "model.layers.%d.self_attn.wg_0.weight", l);
+            push(t, n, &off, 1, 2, C, g ? "blk.%d.moh_wg_0.weight" : "model.layers.%d.self_attn.wg_0.weight", l);
         if (attn_has_wg1(a))
-            push(t, n, &off, true, a->shared_heads, C, g ? "blk.%d.moh_wg_1.weight" : "model.layers.%d.self_attn.wg_1.weight", l);
-        push(t, n, &off, false, C, 0, g ? "blk.%d.ffn_norm.weight" : "model.layers.%d.post_attention_layernorm.weight", l);
-        push(t, n, &off, true, I, C, g ? "blk.%d.ffn_gate.weight" : "model.layers.%d.mlp.gate_proj.weight", l);
-        push(t, n, &off, true, I, C, g ? "blk.%d.ffn_up.weight" : "model.layers.%d.mlp.up_proj.weight", l);
-        push(t, n, &off, true, C, I, g ? "blk.%d.ffn_down.weight" : "model.layers.%d.mlp.down_proj.weight", l);
+            push(t, n, &off, 1, a->shared_heads, C, g ? "blk.%d.moh_wg_1.weight" : "model.layers.%d.self_attn.wg_1.weight", l);
+        push(t, n, &off, 0, C, 0, g ? "blk.%d.ffn_norm.weight" : "model.layers.%d.post_attention_layernorm.weight", l);
+        push(t, n, &off, 2, I, C, g ? "blk.%d.ffn_gate.weight" : "model.layers.%d.mlp.gate_proj.weight", l);
+        push(t, n, &off, 2, I, C, g ? "blk.%d.ffn_up.weight" : "model.layers.%d.mlp.up_proj.weight", l);
+        push(t, n, &off, 2, C, I, g ? "blk.%d.ffn_down.weight" : "model.layers.%d.mlp.down_proj.weight", l);
     }
-    push(t, n, &off, false, C, 0, g ? "output_norm.weight" : "model.norm.weight", 0);
-    if (!cfg->tie_word_embeddings) push(t, n, &off, true, V, C, g ? "output.weight" : "lm_head.weight", 0);
+    push(t, n, &off, 0, C, 0, g ? "output_norm.weight" : "model.norm.weight", 0);
+    if (!cfg->tie_word_embeddings) push(t, n, &off, 1, V, C, g ? "output.weight" : "lm_head.weight", 0);
     return t;
 }
 

@@ -32,6 +32,8 @@ typedef struct model_tensor {
     size_t offset;   /* in floats from the start of the parameter buffer */
     size_t numel;
     bool decay;      /* AdamW weight decay applies */
+    bool hidden;     /* a hidden weight matrix (attention / MLP projection): --optimizer muon
+                      * updates it; embeddings, heads, routers, norms, biases stay on AdamW */
 } model_tensor;
 
 /* Naming schemes of the tensor registry. */
@@ -94,6 +96,9 @@ typedef struct train_hparams {
     long eval_limit;    /* items per periodic validation (0 = the whole split) */
     long log_every;
     int attention;      /* attention path: 1 head-sparse, 2 reference (0 = the family's default) */
+    int optimizer;      /* 0 AdamW everywhere; 1 Muon on the hidden matrices (train/muon.h), AdamW
+                         * on the rest */
+    double muon_lr;     /* Muon's peak lr (the schedule of lr scaled by muon_lr / lr); 0 = lr */
     double ema_decay;   /* EMA of the weights (0 = none): after every applied step
                          * ema = d ema + (1 - d) w with d = min(ema_decay, (1 + step) / (10 + step));
                          * model.safetensors then holds the EMA weights (diffusion families) */

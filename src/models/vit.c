@@ -58,7 +58,8 @@ typedef struct tensor_list {
     size_t off;
 } tensor_list;
 
-static void push(tensor_list *L, bool decay, int init, int ndim, const int64_t *shape, const char *fmt, int layer) {
+/* decay: 0 none, 1 weight decay, 2 decay and a hidden matrix (model_tensor.hidden: Muon) */
+static void push(tensor_list *L, int decay, int init, int ndim, const int64_t *shape, const char *fmt, int layer) {
     vit_tensor *e = &L->t[L->n];
     L->init[L->n] = (unsigned char)init;
     L->n++;
@@ -70,7 +71,8 @@ static void push(tensor_list *L, bool decay, int init, int ndim, const int64_t *
         if (i < ndim) e->numel *= (size_t)shape[i];
     }
     e->offset = L->off;
-    e->decay = decay;
+    e->decay = decay > 0;
+    e->hidden = decay == 2;
     L->off += e->numel;
 }
 
@@ -96,9 +98,9 @@ static vit_tensor *build(const moh_vit_config *cfg, int *n, unsigned char **init
         push(&L, false, INIT_ONE, 1, SHAPE(D), "blocks.%d.norm1.weight", l);
         push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.norm1.bias", l);
         /* the attention tensors in attn_params_bind order (attn_tensors_f32 names) */
-        push(&L, true, INIT_TRUNC02, 2, SHAPE(3 * D, D), "blocks.%d.attn.qkv.weight", l);
+        push(&L, 2, INIT_TRUNC02, 2, SHAPE(3 * D, D), "blocks.%d.attn.qkv.weight", l);
         push(&L, false, INIT_ZERO, 1, SHAPE(3 * D), "blocks.%d.attn.qkv.bias", l);
-        push(&L, true, INIT_TRUNC02, 2, SHAPE(D, D), "blocks.%d.attn.proj.weight", l);
+        push(&L, 2, INIT_TRUNC02, 2, SHAPE(D, D), "blocks.%d.attn.proj.weight", l);
         push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.attn.proj.bias", l);
         if (attn_has_wg(a))
             push(&L, true, INIT_TRUNC02, 2, SHAPE(attn_routed_heads(a), D), "blocks.%d.attn.wg.weight", l);
@@ -107,9 +109,9 @@ static vit_tensor *build(const moh_vit_config *cfg, int *n, unsigned char **init
             push(&L, true, INIT_TRUNC02, 2, SHAPE(a->shared_heads, D), "blocks.%d.attn.wg_1.weight", l);
         push(&L, false, INIT_ONE, 1, SHAPE(D), "blocks.%d.norm2.weight", l);
         push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.norm2.bias", l);
-        push(&L, true, INIT_TRUNC02, 2, SHAPE(Hm, D), "blocks.%d.mlp.fc1.weight", l);
+        push(&L, 2, INIT_TRUNC02, 2, SHAPE(Hm, D), "blocks.%d.mlp.fc1.weight", l);
         push(&L, false, INIT_ZERO, 1, SHAPE(Hm), "blocks.%d.mlp.fc1.bias", l);
-        push(&L, true, INIT_TRUNC02, 2, SHAPE(D, Hm), "blocks.%d.mlp.fc2.weight", l);
+        push(&L, 2, INIT_TRUNC02, 2, SHAPE(D, Hm), "blocks.%d.mlp.fc2.weight", l);
         push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.mlp.fc2.bias", l);
     }
     const bool tok = cfg->global_pool == VIT_POOL_TOKEN;

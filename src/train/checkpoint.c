@@ -52,6 +52,8 @@ static const train_key TRAIN_KEYS[] = {
     {"eval_limit", 'l', HP(eval_limit), 0, 1e15, "--eval-limit", 'a'},
     {"attention", 'i', HP(attention), 1, 2, "--sparse-attn|--reference-attention", 'a'}, /* 1 sparse, 2 ref */
     {"ema_decay", 'd', HP(ema_decay), 0, 0.999999999, "--ema-decay", 'a'},
+    {"optimizer", 'i', HP(optimizer), 0, 1, "--optimizer", 'r'}, /* 0 adamw, 1 muon */
+    {"muon_lr", 'd', HP(muon_lr), 0, 1e3, "--muon-lr", 'a'}, /* 0: the same as lr */
 };
 enum { NUM_KEYS = (int)(sizeof TRAIN_KEYS / sizeof TRAIN_KEYS[0]) };
 

@@ -12,6 +12,7 @@
 
 #include "core/fsutil.h"
 #include "train/adamw.h"
+#include "train/optim.h"
 #include "train/dist.h"
 #include "train/train_util.h"
 
@@ -21,7 +22,8 @@ void train_hparams_unset(train_hparams *h) {
                          .grad_accum = INT_MIN, .shards = INT_MIN, .seed = 0, .val_fraction = NAN,
                          .train_limit = LONG_MIN, .crop_pad = INT_MIN, .hflip = INT_MIN, .epochs = NAN,
                          .eval_every = LONG_MIN, .eval_limit = LONG_MIN, .log_every = LONG_MIN,
-                         .attention = INT_MIN, .ema_decay = NAN};
+                         .attention = INT_MIN, .ema_decay = NAN, .optimizer = INT_MIN,
+                         .muon_lr = NAN};
 }
 
 void train_options_defaults(train_options *o) {
@@ -50,6 +52,10 @@ static bool flag_given(const train_options *o, const train_key *k) {
 }
 
 static void fmt_value(const train_key *k, const char *p, char *out, size_t cap) {
+    if (!strcmp(k->key, "optimizer")) {
+        snprintf(out, cap, "%s", *(const int *)p == 1 ? "muon" : "adamw");
+        return;
+    }
     if (!strcmp(k->key, "attention") || !strcmp(k->key, "hflip")) {
         const int v = *(const int *)p;
         snprintf(out, cap, "%s", k->key[0] == 'a' ? (v == 1 ? "head-sparse" : "reference") : v ? "on" : "off");
@@ -148,10 +154,15 @@ static int merge_hparams(const train_options *o, const model_family *fam, int ma
         printf("note: %s/optimizer.safetensors (an older format) does not record every hyperparameter: using %s\n",
                o->out_dir, missing);
     if (!(hp.lr > 0 && isfinite(hp.lr)) || !(hp.beta1 >= 0 && hp.beta1 < 1) || !(hp.beta2 >= 0 && hp.beta2 < 1) ||
-        !(hp.weight_decay >= 0) || !(hp.min_lr_ratio >= 0 && hp.min_lr_ratio <= 1) || !(hp.grad_clip >= 0))
+        !(hp.weight_decay >= 0) || !(hp.min_lr_ratio >= 0 && hp.min_lr_ratio <= 1) || !(hp.grad_clip >= 0) ||
+        !(hp.muon_lr >= 0 && isfinite(hp.muon_lr)))
         return moh_fail(err, MOH_E_ARG, "--lr %g, --beta1 %g, --beta2 %g, --weight-decay %g, --min-lr-ratio %g, "
-                        "--grad-clip %g: expected lr > 0, betas in [0, 1), min-lr-ratio in [0, 1], the others >= 0",
-                        hp.lr, hp.beta1, hp.beta2, hp.weight_decay, hp.min_lr_ratio, hp.grad_clip);
+                        "--grad-clip %g, --muon-lr %g: expected lr > 0, betas in [0, 1), min-lr-ratio in [0, 1], "
+                        "the others >= 0", hp.lr, hp.beta1, hp.beta2, hp.weight_decay, hp.min_lr_ratio,
+                        hp.grad_clip, hp.muon_lr);
+    if (!isnan(o->flags.muon_lr) && hp.optimizer != 1)
+        return moh_fail(err, MOH_E_ARG, "--muon-lr %g applies to --optimizer muon; this run uses adamw (expected "
+                        "--optimizer muon, or no --muon-lr)", o->flags.muon_lr);
     if (hp.batch_size < 1 || hp.grad_accum < 1)
         return moh_fail(err, MOH_E_ARG, "--batch-size %d, --grad-accum %d: expected >= 1", hp.batch_size, hp.grad_accum);
     if (hp.shards > hp.batch_size) /* shards set the load-balance statistics: never change them silently */
@@ -176,7 +187,7 @@ typedef struct trainer {
     size_t gn;
     float *m1, *m2;          /* AdamW moments [m.n] */
     float *ema;              /* EMA of the weights [m.n] (hp.ema_decay > 0), else NULL */
-    bool *decay;             /* [m.n] */
+    optim opt;               /* AdamW, or Muon + AdamW (hp.optimizer) */
     train_state st;
     FILE *metrics;
 } trainer;
@@ -235,14 +246,7 @@ static int setup(trainer *tr, moh_error *err) {
     const model_family *fam = m->fam;
     tr->m1 = calloc(m->n, sizeof(float));
     tr->m2 = calloc(m->n, sizeof(float));
-    tr->decay = calloc(m->n, sizeof(bool));
-    if (!tr->m1 || !tr->m2 || !tr->decay) return moh_fail(err, MOH_E_NOMEM, "optimizer state: out of memory");
-    int nt = 0;
-    model_tensor *ts = model_tensors(m, &nt);
-    if (!ts) return moh_fail(err, MOH_E_NOMEM, "out of memory");
-    for (int i = 0; i < nt; i++)
-        for (size_t j = 0; j < ts[i].numel; j++) tr->decay[ts[i].offset + j] = ts[i].decay;
-    free(ts);
+    if (!tr->m1 || !tr->m2) return moh_fail(err, MOH_E_NOMEM, "optimizer state: out of memory");
     train_keys_present present = 0;
     train_hparams defaults;
     fam->train_defaults(&defaults);
@@ -255,6 +259,9 @@ static int setup(trainer *tr, moh_error *err) {
     const int max_T = fam->max_seq_len ? fam->max_seq_len(m->cfg) : 0;
     if ((rc = merge_hparams(o, fam, max_T, &tr->st, present, err))) return rc;
     const train_hparams *hp = &tr->st.hp;
+    char why_prec[8];
+    const bool bf16 = precision_resolve(o->precision, why_prec, sizeof why_prec) == MOH_PRECISION_BF16;
+    if ((rc = optim_init(&tr->opt, m, hp->optimizer, bf16, err))) return rc;
     if (!(hp->ema_decay >= 0 && hp->ema_decay < 1))
         return moh_fail(err, MOH_E_ARG, "--ema-decay is %g, expected a number in [0, 1) (0 = no EMA)", hp->ema_decay);
     if (hp->ema_decay == 0) { /* no EMA: model.safetensors holds the trained weights */
@@ -306,7 +313,7 @@ static void teardown(trainer *tr) {
     free(tr->m1);
     free(tr->m2);
     free(tr->ema);
-    free(tr->decay);
+    optim_free(&tr->opt);
     if (tr->metrics) fclose(tr->metrics);
 }
 
@@ -559,6 +566,8 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
         if (!auto_total && spe > 0) printf(", %.2f epochs of %ld", (double)total / spe, spe);
         if (!auto_total) printf(")");
         printf(", warmup %ld, lr %g, seed %llu", warmup, hp->lr, (unsigned long long)hp->seed);
+        if (hp->optimizer == 1)
+            printf(", Muon at lr %g on the hidden matrices", hp->muon_lr > 0 ? hp->muon_lr : hp->lr);
         if (R > 1) printf("; %d ranks (MPI) of %d shard%s each", R, hp->shards / R, hp->shards / R == 1 ? "" : "s");
         printf("\n");
         fflush(stdout);
@@ -567,6 +576,7 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
     const eval_split split = {d->rank, R, eval_sum, d}; /* validation split across the ranks */
     const train_progress watch = {pet, d};
     const adamw_config ac = {hp->beta1, hp->beta2, 1e-8, hp->weight_decay};
+    const muon_config mc = {.momentum = 0.95, .weight_decay = hp->weight_decay, .ns_steps = 5};
     moh_batch b = {0};
     while (st->step < total) {
         const long step = st->step;
@@ -659,7 +669,8 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
             }
         } else {
             bad_run = 0;
-            adamw_step(&ac, m->data, tr.gdata, tr.m1, tr.m2, tr.decay, m->n, step + 1, lr);
+            const double lr_muon = hp->muon_lr > 0 ? lr * hp->muon_lr / hp->lr : lr; /* the same schedule */
+            optim_step(&tr.opt, &ac, &mc, m->data, tr.gdata, tr.m1, tr.m2, step + 1, lr, lr_muon);
             if (tr.ema) { /* decay warmed up over the first updates: min(d, (1 + n) / (10 + n)) */
                 const double n = (double)(step + 1), dn = (1.0 + n) / (10.0 + n);
                 const float dd = (float)(hp->ema_decay < dn ? hp->ema_decay : dn), one = 1.0f - dd;

@@ -1,6 +1,6 @@
 /* The one trainer of every model family (model.h): batch source -> model shards forward/backward
- * -> gradient accumulation -> non-finite guard -> global-norm clip -> AdamW with warmup + cosine ->
- * checkpoint (checkpoint.h), with periodic validation, a progress line, metrics.jsonl, time-fitted
+ * -> gradient accumulation -> non-finite guard -> global-norm clip -> AdamW (or Muon) with warmup +
+ * cosine -> checkpoint (checkpoint.h), with periodic validation, a progress line, metrics.jsonl, time-fitted
  * schedules, Ctrl-C saves and resume. */
 #ifndef MOH_TRAINER_H
 #define MOH_TRAINER_H

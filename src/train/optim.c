@@ -1,0 +1,49 @@
+#include "train/optim.h"
+
+#include <stdlib.h>
+
+int optim_init(optim *o, const model *m, int kind, bool bf16, moh_error *err) {
+    *o = (optim){.kind = kind, .n = m->n};
+    o->ts = model_tensors(m, &o->nt);
+    o->decay = calloc(m->n, sizeof(bool));
+    if (!o->ts || !o->decay) return moh_fail(err, MOH_E_NOMEM, "optimizer: out of memory");
+    size_t work = 0;
+    for (int i = 0; i < o->nt; i++) {
+        const model_tensor *e = &o->ts[i];
+        for (size_t j = 0; j < e->numel; j++) o->decay[e->offset + j] = e->decay;
+        if (e->hidden && e->ndim == 2) {
+            const size_t w = muon_work_floats((int)e->shape[0], (int)e->shape[1]);
+            work = w > work ? w : work;
+        }
+    }
+    if (kind != OPTIM_MUON) return MOH_OK;
+    if (!work)
+        return moh_fail(err, MOH_E_ARG, "--optimizer muon: a %s (model_type \"%s\") marks no hidden weight matrices "
+                        "for Muon; expected --optimizer adamw", m->fam->summary, m->fam->model_type);
+    if (!(o->work = malloc(sizeof(float) * work))) return moh_fail(err, MOH_E_NOMEM, "Muon: out of memory");
+    return bf16 ? bf16_ctx_new(&o->bc, NULL, err) : MOH_OK;
+}
+
+void optim_free(optim *o) {
+    free(o->ts);
+    free(o->decay);
+    free(o->work);
+    bf16_ctx_free(o->bc);
+    *o = (optim){0};
+}
+
+void optim_step(const optim *o, const adamw_config *ac, const muon_config *mc, float *w, const float *g,
+                float *m1, float *m2, long t, double lr, double muon_lr) {
+    if (o->kind != OPTIM_MUON) {
+        adamw_step(ac, w, g, m1, m2, o->decay, o->n, t, lr);
+        return;
+    }
+    for (int i = 0; i < o->nt; i++) {
+        const model_tensor *e = &o->ts[i];
+        const size_t k = e->offset;
+        if (e->hidden && e->ndim == 2)
+            muon_step(mc, o->bc, w + k, g + k, m1 + k, (int)e->shape[0], (int)e->shape[1], muon_lr, o->work);
+        else
+            adamw_step(ac, w + k, g + k, m1 + k, m2 + k, o->decay + k, e->numel, t, lr);
+    }
+}

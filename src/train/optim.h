@@ -1,0 +1,31 @@
+/* The optimizer over a model's parameter buffer, shared by the trainer and `moh bench train`:
+ * AdamW on every tensor (train/adamw.h), or Muon (train/muon.h) on the tensors the family's
+ * registry marks hidden (attention and MLP matrices) and AdamW on the rest. */
+#ifndef MOH_OPTIM_H
+#define MOH_OPTIM_H
+#include "models/model.h"
+#include "train/adamw.h"
+#include "train/muon.h"
+
+enum { OPTIM_ADAMW = 0, OPTIM_MUON = 1 }; /* train_hparams.optimizer */
+
+typedef struct optim {
+    int kind;          /* OPTIM_ADAMW or OPTIM_MUON */
+    model_tensor *ts;  /* the model's tensor registry [nt] */
+    int nt;
+    size_t n;          /* parameters */
+    bool *decay;       /* [n]: AdamW weight decay applies */
+    float *work;       /* Muon scratch for the largest hidden matrix (OPTIM_MUON) */
+    bf16_ctx *bc;      /* Muon's Newton-Schulz products in bf16, or NULL (fp32) */
+} optim;
+
+/* For model m: kind, and bf16 (Newton-Schulz in bf16; the caller has resolved that the CPU has
+ * it). MOH_E_NOMEM; MOH_E_ARG for Muon on a family that marks no hidden matrix. */
+int optim_init(optim *o, const model *m, int kind, bool bf16, moh_error *err);
+void optim_free(optim *o);
+
+/* One update of w [n] from g [n] at 1-based step t: AdamW at lr (moments m1, m2 [n]); with Muon
+ * the hidden matrices at muon_lr (momentum in m1 there; m2 untouched). */
+void optim_step(const optim *o, const adamw_config *ac, const muon_config *mc, float *w, const float *g,
+                float *m1, float *m2, long t, double lr, double muon_lr);
+#endif
