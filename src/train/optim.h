@@ -15,8 +15,10 @@ typedef struct optim {
     int nt;
     size_t n;          /* parameters */
     bool *decay;       /* [n]: AdamW weight decay applies */
-    float *work;       /* Muon scratch for the largest hidden matrix (OPTIM_MUON) */
-    bf16_ctx *bc;      /* Muon's Newton-Schulz products in bf16, or NULL (fp32) */
+    int nctx;          /* Muon: threads that update matrices side by side */
+    size_t work_floats;/* Muon scratch per thread (the largest hidden matrix's) */
+    float *work;       /* [nctx * work_floats] */
+    bf16_ctx **bc;     /* [nctx]: Newton-Schulz products in bf16, or NULLs (fp32) */
 } optim;
 
 /* For model m: kind, and bf16 (Newton-Schulz in bf16; the caller has resolved that the CPU has
@@ -25,7 +27,7 @@ int optim_init(optim *o, const model *m, int kind, bool bf16, moh_error *err);
 void optim_free(optim *o);
 
 /* One update of w [n] from g [n] at 1-based step t: AdamW at lr (moments m1, m2 [n]); with Muon
- * the hidden matrices at muon_lr (momentum in m1 there; m2 untouched). */
+ * the hidden matrices at muon_lr (momentum in m1 there; m2 untouched), whole matrices per thread. */
 void optim_step(const optim *o, const adamw_config *ac, const muon_config *mc, float *w, const float *g,
                 float *m1, float *m2, long t, double lr, double muon_lr);
 #endif

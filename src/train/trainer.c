@@ -52,6 +52,10 @@ static bool flag_given(const train_options *o, const train_key *k) {
 }
 
 static void fmt_value(const train_key *k, const char *p, char *out, size_t cap) {
+    if (!strcmp(k->key, "muon_lr") && *(const double *)p == 0) {
+        snprintf(out, cap, "0 (= lr)");
+        return;
+    }
     if (!strcmp(k->key, "optimizer")) {
         snprintf(out, cap, "%s", *(const int *)p == 1 ? "muon" : "adamw");
         return;
