@@ -330,8 +330,8 @@ int bench_train(int argc, char **argv) {
         else {
             char cond[256];
             bench_conditions(cond, sizeof cond);
-            printf("moh bench train: %s; %s; B=%d T=%d (%.0f tokens/step), %d steps x %d repeats\n",
-                   cpu, cond, B, N, tokens, a.steps, a.repeats);
+            printf("moh bench train: %s; %s; B=%d T=%d (%.0f tokens/step), %d steps x %d repeats, optimizer %s\n",
+                   cpu, cond, B, N, tokens, a.steps, a.repeats, a.optimizer);
             if (pr_bf16) printf("compute (bf16 rows): %s\n", bfline);
             printf("%-10s %-16s %8s %28s %10s %9s %12s%s\n", "config", "path", "active", "tokens/s median (min-max)",
                    "ms/step", "speedup", "cpu-ms/step", pr_bf16 && pr_fp32 ? "   bf16/fp32" : "");
@@ -358,10 +358,10 @@ int bench_train(int argc, char **argv) {
                     printf(", \"path\": \"%s\", \"active\": %.4f, \"tokens_per_s\": %.2f, \"tokens_per_s_min\": %.2f, "
                            "\"tokens_per_s_max\": %.2f, \"ms_per_step\": %.2f, \"speedup\": %.4f, \"batch\": %d, "
                            "\"seq\": %d, \"steps\": %d, \"repeats\": %d, \"threads\": %d, \"loss\": %.4f, "
-                           "\"cpu_ms_per_step\": %.2f, \"precision\": \"%s\", \"speedup_vs_fp32\": %.4f",
+                           "\"cpu_ms_per_step\": %.2f, \"precision\": \"%s\", \"optimizer\": \"%s\", \"speedup_vs_fp32\": %.4f",
                            pname, share, tps, tokens / st.max, tokens / st.min, st.median * 1e3, tps / base, B, N,
                            a.steps, a.repeats, threads, r->loss[path], cpu_ms, path >= 2 ? "bf16" : "fp32",
-                           pair ? vs : 1.0);
+                           a.optimizer, pair ? vs : 1.0);
                     if (a.phases) bt_json_phases(r, path, a.repeats * a.steps);
                     printf("}");
                 } else {

@@ -56,7 +56,7 @@ int cmd_train(int argc, char **argv) {
         {"--lr", ARG_DOUBLE, &f->lr, "LR", "peak learning rate (--init: default 5e-5, a fine-tuning rate)", false, ARG_IN_OC(0, 1000)},
         {"--min-lr-ratio", ARG_DOUBLE, &f->min_lr_ratio, "R", "final lr = R * peak after cosine decay", false, ARG_IN(0, 1)},
         {"--warmup", ARG_LONG, &f->warmup, "N", "linear warmup steps (default min(100 or an epoch, steps/10))", false, ARG_GE(0)},
-        {"--weight-decay", ARG_DOUBLE, &f->weight_decay, "WD", "AdamW decoupled weight decay on weight matrices", false, ARG_GE(0)},
+        {"--weight-decay", ARG_DOUBLE, &f->weight_decay, "WD", "decoupled weight decay on weight matrices, times the lr (AdamW's, and Muon's with --optimizer muon)", false, ARG_GE(0)},
         {"--beta1", ARG_DOUBLE, &f->beta1, "B1", "AdamW beta1", false, ARG_IN(0, 0.999999)},
         {"--beta2", ARG_DOUBLE, &f->beta2, "B2", "AdamW beta2", false, ARG_IN(0, 0.999999)},
         {"--optimizer", ARG_CHOICE, &optimizer, "adamw|muon", "adamw (default), or muon: Muon (momentum 0.95, Nesterov, 5 Newton-Schulz steps, update scaled to AdamW's RMS) on the attention and MLP weight matrices at --muon-lr, AdamW at --lr on embeddings, heads, routers, norms and biases", false, ARG_ANY},

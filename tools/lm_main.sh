@@ -29,7 +29,7 @@ if [ -e "$out/model.safetensors" ] || [ -e "$out/optimizer.safetensors" ]; then
 fi
 # The recipe for a 10-minute budget (docs/results-lm.md, "The main job"): bf16; Muon on the
 # attention and MLP matrices (AdamW 0.9/0.95 on the rest); the trainer's LM defaults (batch
-# 16 x 256, lr 2e-3 for both, warmup 100) but for weight decay 0.5 and the cosine decaying to 0;
+# 16 x 256, lr 2e-3 for both, warmup min(100, steps / 10)) but for weight decay 0.5 and the cosine decaying to 0;
 # validation every 200 steps on 32768 predictions (the last: the whole split)
 echo "== training $config on data/kjv for ${minutes} minutes (output: $out)"
 ./build/moh train --config "$config" --data data/kjv --out "$out" --max-minutes "$minutes" --precision bf16 \

@@ -618,6 +618,7 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
             fitted = fit[2] != 0;
         }
         const double lr = lr_schedule(step, warmup, fitted ? total : 1L << 40, hp->lr, hp->lr * hp->min_lr_ratio);
+        const double lr_muon = hp->muon_lr > 0 ? lr * hp->muon_lr / hp->lr : lr; /* the same schedule */
         memset(tr.gdata, 0, sizeof(float) * tr.gn);
         double loss = 0.0, ce = 0.0, lb = 0.0;
         for (int micro = 0; micro < hp->grad_accum; micro++) {
@@ -673,7 +674,6 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
             }
         } else {
             bad_run = 0;
-            const double lr_muon = hp->muon_lr > 0 ? lr * hp->muon_lr / hp->lr : lr; /* the same schedule */
             optim_step(&tr.opt, &ac, &mc, m->data, tr.gdata, tr.m1, tr.m2, step + 1, lr, lr_muon);
             if (tr.ema) { /* decay warmed up over the first updates: min(d, (1 + n) / (10 + n)) */
                 const double n = (double)(step + 1), dn = (1.0 + n) / (10.0 + n);
@@ -761,6 +761,7 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
                     loss_s, ce_s, lb_s, lr, gn_s, fam_json, tr.train.seen_key, st->examples_seen, st->elapsed_s,
                     train_cpu_s() - c0, step_s, tr.train.unit, (double)(st->step - start_step) * per_step / train_s, smin,
                     smax);
+            if (hp->optimizer == OPTIM_MUON) fprintf(mf, ", \"muon_lr\": %.6g", lr_muon);
             if (st->skipped > 0) fprintf(mf, ", \"skipped\": %ld", st->skipped);
             if (bad) fprintf(mf, ", \"step_skipped\": true");
             if (fitted) fprintf(mf, ", \"total_steps\": %ld", total);
