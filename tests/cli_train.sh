@@ -122,6 +122,22 @@ for fam in lm vit; do
   check "[ $rc -eq 1 ] && grep -q -- '--optimizer adamw contradicts the checkpoint in .* (optimizer muon)' <<<\"\$out\"" "$fam: optimizer switch on resume: rc $rc: $out"
   check "[ \"$before\" = \"\$(md5sum < '$T/$fam-mu-half/optimizer.safetensors')\" ]" "$fam: a refused optimizer switch changed the checkpoint"
 done
+# a checkpoint from before Muon (no optimizer / muon_lr keys) resumes as AdamW, bitwise, and refuses
+# a switch to Muon
+"$MOH" train --config "$T/lm.json" "${lm[@]}" --batch-size 4 --out "$T/pre" --steps 8 --stop-at-step 3 || bad "pre-Muon run"
+python3 - "$T/pre/optimizer.safetensors" <<'PY' || bad "could not strip the Muon keys"
+import json, struct, sys
+p = sys.argv[1]; b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+for k in ('optimizer', 'muon_lr'): del h['__metadata__'][k]
+hs = json.dumps(h).encode(); hs += b' ' * ((8 - len(hs) % 8) % 8)
+open(p, 'wb').write(struct.pack('<Q', len(hs)) + hs + b[8 + n:])
+PY
+cp -r "$T/pre" "$T/pre2"
+out=$("$MOH" train --resume --data "$T/corpus.txt" --out "$T/pre2" --optimizer muon 2>&1); rc=$?
+check "[ $rc -eq 1 ] && grep -q -- '--optimizer muon contradicts the checkpoint in .* (optimizer adamw)' <<<\"\$out\"" "pre-Muon checkpoint + --optimizer muon: rc $rc: $out"
+"$MOH" train --resume --data "$T/corpus.txt" --out "$T/pre" --quiet || bad "pre-Muon checkpoint does not resume"
+"$MOH" train --config "$T/lm.json" "${lm[@]}" --batch-size 4 --out "$T/pre-full" --steps 8 || bad "pre-Muon twin"
+check "cmp -s '$T/pre/model.safetensors' '$T/pre-full/model.safetensors'" "pre-Muon checkpoint: resumed weights differ from the uninterrupted AdamW run"
 if one_line_error 1 "muon-lr 0.01 applies to --optimizer muon" "$MOH" train --config "$T/lm.json" "${lm[@]}" --out "$T/mlr" --steps 2 --muon-lr 0.01; then ok; else bad "--muon-lr with adamw: $why"; fi
 if one_line_error 2 "optimizer 'sgd' is not one of adamw|muon" "$MOH" train --config "$T/lm.json" "${lm[@]}" --out "$T/sgd" --steps 2 --optimizer sgd; then ok; else bad "--optimizer sgd: $why"; fi
 check "[ ! -e '$T/sgd/optimizer.safetensors' ]" "--optimizer sgd wrote a checkpoint"

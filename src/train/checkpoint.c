@@ -448,8 +448,17 @@ int checkpoint_load_optimizer_ema(const char *dir, const model *m, float *params
     for (int i = 0; i < NUM_KEYS && !rc; i++) {
         const train_key *k = &TRAIN_KEYS[i];
         const char *name = old ? v1_name(fmt, k->key) : k->key;
-        if (!name) continue;
         char *p = (char *)st + k->offset;
+        if (k->offset == HP(optimizer) || k->offset == HP(muon_lr)) {
+            /* a checkpoint from before Muon lacks both: it was trained by AdamW (muon_lr 0 = lr) */
+            if (!name || !moh_st_meta(&sf, name)) {
+                if (k->type == 'i') *(int *)p = 0;
+                else *(double *)p = 0.0;
+                *present |= (train_keys_present)1 << i;
+                continue;
+            }
+        }
+        if (!name) continue;
         if (k->type == 'u') {
             const char *s = moh_st_meta(&sf, name);
             char *end = NULL;

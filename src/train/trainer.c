@@ -104,6 +104,14 @@ static int merge_hparams(const train_options *o, const model_family *fam, int ma
     int nk = 0;
     const train_key *keys = train_state_keys(&nk);
     char missing[512] = "";
+    /* the optimizer in force (flag, else checkpoint, else default), before any note is printed */
+    const int ko = train_state_key_index("optimizer");
+    const int opt = o->flags.optimizer != INT_MIN                   ? o->flags.optimizer
+                    : o->resume && ko >= 0 && (present >> ko & 1) ? st->hp.optimizer
+                                                                    : hp.optimizer;
+    if (!isnan(o->flags.muon_lr) && opt != 1)
+        return moh_fail(err, MOH_E_ARG, "--muon-lr %g applies to --optimizer muon; this run uses adamw (expected "
+                        "--optimizer muon, or no --muon-lr)", o->flags.muon_lr);
     for (int i = 0; i < nk; i++) {
         const train_key *k = &keys[i];
         if (!key_in_hp(k)) continue;
@@ -164,9 +172,6 @@ static int merge_hparams(const train_options *o, const model_family *fam, int ma
                         "--grad-clip %g, --muon-lr %g: expected lr > 0, betas in [0, 1), min-lr-ratio in [0, 1], "
                         "the others >= 0", hp.lr, hp.beta1, hp.beta2, hp.weight_decay, hp.min_lr_ratio,
                         hp.grad_clip, hp.muon_lr);
-    if (!isnan(o->flags.muon_lr) && hp.optimizer != 1)
-        return moh_fail(err, MOH_E_ARG, "--muon-lr %g applies to --optimizer muon; this run uses adamw (expected "
-                        "--optimizer muon, or no --muon-lr)", o->flags.muon_lr);
     if (hp.batch_size < 1 || hp.grad_accum < 1)
         return moh_fail(err, MOH_E_ARG, "--batch-size %d, --grad-accum %d: expected >= 1", hp.batch_size, hp.grad_accum);
     if (hp.shards > hp.batch_size) /* shards set the load-balance statistics: never change them silently */
@@ -666,9 +671,12 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
                 fprintf(stderr, "moh train: warning: step %ld: loss %g, gradient norm %g: not finite, step skipped (%d in "
                         "a row, %ld in the run)\n", step + 1, loss, gnorm, bad_run, st->skipped);
             if (bad_run >= o->max_bad_steps) {
+                char muon_hint[64] = "";
+                if (hp->optimizer == 1)
+                    snprintf(muon_hint, sizeof muon_hint, " or --muon-lr (now %g)", hp->muon_lr > 0 ? hp->muon_lr : hp->lr);
                 rc = moh_fail(err, MOH_E_ARG, "steps %ld-%ld: loss or gradient not finite %d times in a row; stopped "
-                              "(the last checkpoint in %s is intact); lower --lr (now %g)", step + 2 - bad_run, step + 1,
-                              bad_run, o->out_dir, hp->lr);
+                              "(the last checkpoint in %s is intact); lower --lr (now %g)%s", step + 2 - bad_run,
+                              step + 1, bad_run, o->out_dir, hp->lr, muon_hint);
                 if (d->rank != 0) err->msg[0] = '\0'; /* the same on every rank: rank 0 says it */
                 goto stop;
             }
