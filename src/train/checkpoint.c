@@ -178,9 +178,27 @@ int checkpoint_save_ema(const char *dir, const model *m, const float *m1, const 
         rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory while saving", dir);
         goto out;
     }
-    if (m1 && m2 && st) {
+    if ((rc = checkpoint_save_tokenizer(dir, m, err))) goto out;
+    {
+        const char *meta[] = {"format", "pt"};
+        make_entries(e, names, ts, nt, "", ema ? ema : m->data); /* the EMA weights are the model's */
+        join(path, sizeof path, dir, "model.safetensors");
+        if ((rc = moh_st_write_meta(path, e, nt, meta, 1, err))) goto out;
+    }
+    {
+        char *json = m->fam->config_to_json(m->cfg);
+        if (!json) {
+            rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory writing config.json", dir);
+            goto out;
+        }
+        join(path, sizeof path, dir, "config.json");
+        rc = fs_write_atomic(path, json, strlen(json), err);
+        free(json);
+    }
+    if (!rc && m1 && m2 && st) {
         /* one self-contained file for --resume: weights, moments and training state together, so a
-         * crash between two file renames can never pair weights with foreign moments */
+         * crash between two file renames can never pair weights with foreign moments; written last,
+         * so that a folder holding it also holds config.json (and the tokenizer) */
         make_entries(e, names, ts, nt, "param.", m->data);
         make_entries(e + nt, names + nt, ts, nt, "m.", m1);
         make_entries(e + 2 * nt, names + 2 * nt, ts, nt, "v.", m2);
@@ -198,23 +216,6 @@ int checkpoint_save_ema(const char *dir, const model *m, const float *m1, const 
         }
         join(path, sizeof path, dir, "optimizer.safetensors");
         if ((rc = moh_st_write_meta(path, e, (ema ? 4 : 3) * nt, meta, NUM_KEYS + 2, err))) goto out;
-    }
-    if ((rc = checkpoint_save_tokenizer(dir, m, err))) goto out;
-    {
-        const char *meta[] = {"format", "pt"};
-        make_entries(e, names, ts, nt, "", ema ? ema : m->data); /* the EMA weights are the model's */
-        join(path, sizeof path, dir, "model.safetensors");
-        if ((rc = moh_st_write_meta(path, e, nt, meta, 1, err))) goto out;
-    }
-    {
-        char *json = m->fam->config_to_json(m->cfg);
-        if (!json) {
-            rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory writing config.json", dir);
-            goto out;
-        }
-        join(path, sizeof path, dir, "config.json");
-        rc = fs_write_atomic(path, json, strlen(json), err);
-        free(json);
     }
     /* a byte model: a tokenizer left in dir (of a BPE model saved there before) would make it read
      * as BPE; removed once the model is written */
