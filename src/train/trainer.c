@@ -268,9 +268,6 @@ static int setup(trainer *tr, moh_error *err) {
     const int max_T = fam->max_seq_len ? fam->max_seq_len(m->cfg) : 0;
     if ((rc = merge_hparams(o, fam, max_T, &tr->st, present, err))) return rc;
     const train_hparams *hp = &tr->st.hp;
-    char why_prec[8];
-    const bool bf16 = precision_resolve(o->precision, why_prec, sizeof why_prec) == MOH_PRECISION_BF16;
-    if ((rc = optim_init(&tr->opt, m, hp->optimizer, bf16, err))) return rc;
     if (!(hp->ema_decay >= 0 && hp->ema_decay < 1))
         return moh_fail(err, MOH_E_ARG, "--ema-decay is %g, expected a number in [0, 1) (0 = no EMA)", hp->ema_decay);
     if (hp->ema_decay == 0) { /* no EMA: model.safetensors holds the trained weights */
@@ -301,6 +298,9 @@ static int setup(trainer *tr, moh_error *err) {
     char why[192];
     if ((rc = model_shards_set_precision(&tr->w, m, o->precision, why, sizeof why, err))) return rc;
     if (*why && !o->quiet) printf("moh train: --precision bf16 runs fp32: %s\n", why);
+    /* Muon's Newton-Schulz products in bf16 where the step runs bf16 */
+    const bool bf16 = o->precision == MOH_PRECISION_BF16 && !*why;
+    if ((rc = optim_init(&tr->opt, m, hp->optimizer, bf16, err))) return rc;
     if ((rc = fam->params_new(m->cfg, &tr->g, &tr->gdata, &tr->gn, err))) return rc;
     if (!o->resume) {
         if (!o->init_path) fam->init_random(m->cfg, m->params, hp->seed); /* else the pretrained weights */
