@@ -261,6 +261,17 @@ int bench_decode(int argc, char **argv) {
                 if (prec[g / 3]) order[nrun++] = g;
             for (int i = 0; i < nrun && !status; i++)
                 status = bd_init(&runs[order[i]], m, m->hs, ks[order[i] % 3], ctx, order[i] >= 3, &err);
+            for (int g = 0; g < 6 && !status; g++) /* one team split per precision: rows differ only in heads run */
+                if (prec[g / 3]) {
+                    bd_run *r = &runs[g];
+                    if (g % 3 == 0) lm_kv_calibrate(&r->kv, &r->cfg, &r->p);
+                    else {
+                        r->kv.par_work = runs[g - g % 3].kv.par_work;
+                        r->kv.team_s = runs[g - g % 3].kv.team_s;
+                        r->kv.mac_s = runs[g - g % 3].kv.mac_s;
+                        r->kv.team_size = runs[g - g % 3].kv.team_size;
+                    }
+                }
             for (int i = 0; i < nrun && !status; i++) status = bd_steps(&runs[order[i]], ctx, a.tokens < 4 ? a.tokens : 4, &err);
             for (int g = 0; g < 6; g++) {
                 runs[g].run0 = runs[g].kv.heads_run;
@@ -325,7 +336,8 @@ int bench_decode(int argc, char **argv) {
                     if (a.profile) {
                         printf("       phases ms/token (mean):");
                         for (int j = 0; j < LM_NPHASE; j++) printf(" %s %.3f", lm_phase_name(j), r->kv.phase_s[j] * per_tok);
-                        printf("\n");
+                        printf("\n       team of %d: start-up %.1f us, one thread %.2f GMAC/s: split from %ld multiply-adds\n",
+                               r->kv.team_size, r->kv.team_s * 1e6, r->kv.mac_s > 0 ? 1e-9 / r->kv.mac_s : 0.0, r->kv.par_work);
                     }
                 }
                 fflush(stdout);

@@ -7,7 +7,8 @@
  *  2. models (dense, MoH, MoH with GQA and a tied head, query-norm router): the next-token logits of
  *     token-by-token bf16 decoding against fp32 decoding (the head-sparse decode path) and against
  *     the full fp32 forward on the reference attention path (every head, then gated), and after a
- *     bf16 prefill (head-sparse attention with bf16 tiles) against fp32.
+ *     bf16 prefill (head-sparse attention with bf16 tiles) against fp32; bf16 decoding with every
+ *     product on the OpenMP team gives the same bits as with every product on one thread.
  * Bound for the logits, relative to their largest magnitude: 8u = 3.1e-2. Every weight (and for
  * vdpbf16ps every product input) is rounded once, relative error <= u each, so one product term is
  * off by <= 2u and a dot product of random-sign terms by ~2u of its magnitude; the residual stream
@@ -19,6 +20,7 @@
  * layer's gates (kv.router) show every flip; the query-norm model has one layer (its router reads
  * the bf16 q).
  * Exit 77 when this CPU has no AVX-512 (only the portable kernels could be checked). */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,7 +128,7 @@ static void model_check(test_ctx *ctx, const model_case *mc, sparse_bf16_isa isa
     const int T = 37, n0 = 21, V = 256; /* odd: the last value pair of the bf16 cache is half full */
     lm_params_f32 p;
     lm_acts_f32 a;
-    lm_kv_cache k32, k16, k16p;
+    lm_kv_cache k32, k16, k16p, k16t;
     lm_prefill_ws ws;
     CHECK(ctx, lm_params_init_f32(&p, &c, &err) == MOH_OK, "%s", err.msg);
     lm_params_init_random(&c, &p, 5, 1.0 / sqrt((double)mc->C)); /* about unit gain per product */
@@ -134,22 +136,27 @@ static void model_check(test_ctx *ctx, const model_case *mc, sparse_bf16_isa isa
     CHECK(ctx, lm_kv_init(&k32, &c, T, &err) == MOH_OK, "%s", err.msg);
     CHECK(ctx, lm_kv_init_bf16(&k16, &c, &p, T, &err) == MOH_OK, "%s", err.msg);
     CHECK(ctx, lm_kv_init_bf16(&k16p, &c, &p, T, &err) == MOH_OK, "%s", err.msg);
+    CHECK(ctx, lm_kv_init_bf16(&k16t, &c, &p, T, &err) == MOH_OK, "%s", err.msg);
+    k16.par_work = LONG_MAX; /* every product on this thread; k16t: every product on the team */
+    k16t.par_work = 1;
     CHECK(ctx, lm_prefill_init(&ws, &c, n0, &err) == MOH_OK, "%s", err.msg);
     CHECK(ctx, lm_prefill_set_bf16(&ws, &c, &k16p, &err) == MOH_OK, "%s", err.msg);
     CHECK(ctx, k16.bf16 && !k16.k && k16.kb && !k32.bf16, "%s: cache precision flags", mc->name);
-    k16.isa = k16p.isa = isa;
+    k16.isa = k16p.isa = k16t.isa = isa;
     int tok[37];
     test_rng rng = {1234};
     for (int t = 0; t < T; t++) tok[t] = (int)(test_rng_u64(&rng) % V);
     lm_forward_f32(&c, &p, &a, tok, NULL, 1, T);
     float l32[256], l16[256], lp[256];
     double w32 = 0, wref = 0, wpre = 0, wflip = 0;
-    int flips = 0, compared = 0;
+    int flips = 0, compared = 0, team_differ = 0;
     unsigned sel32[37]; /* the last layer's heads of each token in fp32 */
     const bool routed = mc->router != MOH_ROUTER_NONE;
     for (int t = 0; t < T; t++) {
         CHECK(ctx, lm_decode_step(&c, &p, &k32, tok[t], l32, &err) == MOH_OK, "%s", err.msg);
         CHECK(ctx, lm_decode_step(&c, &p, &k16, tok[t], l16, &err) == MOH_OK, "%s", err.msg);
+        CHECK(ctx, lm_decode_step(&c, &p, &k16t, tok[t], lp, &err) == MOH_OK, "%s", err.msg);
+        team_differ += memcmp(lp, l16, sizeof l16) != 0;
         sel32[t] = selected(k32.router.gates, mc->h);
         const double e = test_rel_err_f32(l16, l32, V), er = test_rel_err_f32(l16, a.logits + (size_t)t * V, V);
         if (routed && selected(k16.router.gates, mc->h) != sel32[t]) {
@@ -174,6 +181,8 @@ static void model_check(test_ctx *ctx, const model_case *mc, sparse_bf16_isa isa
         wpre = e > wpre ? e : wpre;
     }
     const double bound = 8 * U;
+    CHECK(ctx, team_differ == 0, "%s %s: %d of %d tokens' logits change when the products run on the team", mc->name,
+          sparse_bf16_isa_name(isa), team_differ, T);
     CHECK(ctx, compared >= T - T / 5, "%s %s: %d of %d tokens route differently in bf16", mc->name,
           sparse_bf16_isa_name(isa), flips, T);
     CHECK(ctx, w32 < bound, "%s %s: bf16 vs fp32 decode logits rel err %.3g > %.3g", mc->name, sparse_bf16_isa_name(isa), w32, bound);
@@ -193,6 +202,7 @@ static void model_check(test_ctx *ctx, const model_case *mc, sparse_bf16_isa isa
            "%d flipped tokens (worst %.2e)\n", mc->name, sparse_bf16_isa_name(isa), w32, wref, wpre, flips, wflip);
     lm_prefill_free(&ws);
     lm_kv_free(&k16p);
+    lm_kv_free(&k16t);
     lm_kv_free(&k16);
     lm_kv_free(&k32);
     lm_acts_free_f32(&a);

@@ -1,8 +1,12 @@
 /* KV-cache decoding (lm_decode_step, which skips unselected heads) gives the same next-token
  * logits as the full causal forward pass at every position, dense and MoH, with GQA. A batched
  * prefill (lm_prefill: head-sparse attention) of a prompt leaves the cache as token-by-token
- * decoding does, and decoding after it gives the same logits. */
+ * decoding does, and decoding after it gives the same logits. Every product on the calling thread
+ * and every product on the OpenMP team (lm_kv_cache.par_work) give the same bits, and the first
+ * step calibrates the split. */
+#include <limits.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "models/lm_decode.h"
@@ -40,11 +44,27 @@ static void run(test_ctx *ctx, const char *name, moh_router router, int hkv, boo
     lm_forward_f32(&c, &p, &a, tok, NULL, 1, T);
     float logits[256];
     double worst = 0.0;
+    /* every product on this thread here, every product on the OpenMP team in kv3: the same bits */
+    lm_kv_cache kv3;
+    CHECK(ctx, lm_kv_init(&kv3, &c, T, &err) == MOH_OK, "%s", err.msg);
+    kv.par_work = LONG_MAX;
+    kv3.par_work = 1;
+    float *serial = malloc(sizeof(float) * (size_t)T * 256);
+    CHECK(ctx, serial != NULL, "out of memory");
     for (int t = 0; t < T; t++) {
-        CHECK(ctx, lm_decode_step(&c, &p, &kv, tok[t], logits, &err) == MOH_OK, "%s", err.msg);
-        const double e = test_rel_err_f32(logits, a.logits + (size_t)t * 256, 256);
+        CHECK(ctx, lm_decode_step(&c, &p, &kv, tok[t], serial + (size_t)t * 256, &err) == MOH_OK, "%s", err.msg);
+        const double e = test_rel_err_f32(serial + (size_t)t * 256, a.logits + (size_t)t * 256, 256);
         worst = e > worst ? e : worst;
     }
+    int differ = 0;
+    for (int t = 0; t < T; t++) {
+        CHECK(ctx, lm_decode_step(&c, &p, &kv3, tok[t], logits, &err) == MOH_OK, "%s", err.msg);
+        differ += memcmp(logits, serial + (size_t)t * 256, sizeof logits) != 0;
+    }
+    CHECK(ctx, differ == 0, "%s: %d of %d tokens' logits change when the products run on the team", name, differ, T);
+    CHECK(ctx, kv3.heads_run == kv.heads_run, "%s: the team ran %ld heads, one thread %ld", name, kv3.heads_run, kv.heads_run);
+    lm_kv_free(&kv3);
+    free(serial);
     CHECK(ctx, worst < 1e-4, "%s: decode logits differ from the full forward: rel %.3g", name, worst);
     const double share = (double)kv.heads_run / (double)kv.heads_total;
     if (router == MOH_ROUTER_NONE) CHECK(ctx, share == 1.0, "%s: dense must run every head", name);
@@ -56,6 +76,9 @@ static void run(test_ctx *ctx, const char *name, moh_router router, int hkv, boo
     CHECK(ctx, lm_kv_init(&kv2, &c, T, &err) == MOH_OK, "%s", err.msg);
     CHECK(ctx, lm_prefill_init(&ws, &c, n0, &err) == MOH_OK, "%s", err.msg);
     CHECK(ctx, lm_decode_step(&c, &p, &kv2, tok[0], logits, &err) == MOH_OK, "%s", err.msg); /* emptied by prefill */
+    CHECK(ctx, kv2.par_work > 0 && kv2.team_s > 0 && kv2.mac_s > 0 && kv2.team_size >= 1,
+          "%s: the first step did not calibrate the team split (par_work %ld, team %.3g s, %.3g s/MAC, %d threads)", name,
+          kv2.par_work, kv2.team_s, kv2.mac_s, kv2.team_size);
     CHECK(ctx, lm_prefill(&c, &p, &kv2, &ws, tok, n0, logits, &err) == MOH_OK, "%s", err.msg);
     double pworst = test_rel_err_f32(logits, a.logits + (size_t)(n0 - 1) * 256, 256);
     CHECK(ctx, kv2.pos == n0, "%s: prefill left pos %d, want %d", name, kv2.pos, n0);

@@ -20,9 +20,10 @@ static double lap(double *ph, int i, double t) {
     return now;
 }
 
-/* Work (multiply-adds) below which a decode matrix-vector product runs on the calling thread:
- * waking a sleeping OpenMP team costs more than the product below it. */
-#define DECODE_PAR_WORK 262144L
+/* Attention's cost per (head, key, element), q.k and p v with the softmax between, in multiply-adds
+ * of a matrix-vector product (par_work's unit): measured 2.2x (bf16, `moh bench decode --profile`,
+ * small model at context 512: 17.5 G such units/s against 39 GMAC/s). */
+#define DECODE_ATTN_WORK 4L
 /* Rows of W_O per task of wo_selected. */
 #define DECODE_WO_ROWS 64
 
@@ -42,15 +43,26 @@ static void gemv_rows(const lm_kv_cache *kv, float *out, const float *w, long ld
     else sparse_decode_gemv_f32(w, ldw, b, x, blk, nblk, d, r0, r1, out);
 }
 
-/* q/k/v rows for the learned router: the d rows of every task head t (task[0..ntask): query heads
- * i < h that the token selects, then the KV rows as heads h .. h + 2 h_kv) of W_qkv [qd, C] times x
- * [C] plus the bias, into qkv [qd]; one parallel region (dynamic: a thread that wakes late does
- * not hold up the rest). */
+/* q/k/v rows for the learned router: the d rows of every task head t (task[0..ntask), ascending:
+ * query heads i < h that the token selects, then the KV rows as heads h .. h + 2 h_kv) of W_qkv
+ * [qd, C] times x [C] plus the bias, into qkv [qd]. On this thread: one product per run of adjacent
+ * heads (a call per head costed 16 % more on the same rows: each call restarts the kernel's
+ * prefetch); on the team: a task per head (dynamic: a thread that wakes late does not hold up
+ * the rest). */
 static void qkv_selected(lm_kv_cache *kv, float *qkv, const float *w, const float *b, const float *x, const int *task,
                          int ntask, int d, int C) {
     static const int whole[1] = {0};
     input16(kv, x, 0, (size_t)C);
-#pragma omp parallel for schedule(dynamic, 1) if ((long)ntask * d * C >= DECODE_PAR_WORK)
+    if ((long)ntask * d * C < kv->par_work) { /* on this thread, with no OpenMP call (ops_impl.h: OPS_SERIAL) */
+        for (int t = 0; t < ntask;) {
+            int e = t + 1;
+            while (e < ntask && task[e] == task[e - 1] + 1) e++;
+            gemv_rows(kv, qkv, w, C, b, x, whole, 1, C, task[t] * d, (task[e - 1] + 1) * d);
+            t = e;
+        }
+        return;
+    }
+#pragma omp parallel for schedule(dynamic, 1)
     for (int t = 0; t < ntask; t++) gemv_rows(kv, qkv, w, C, b, x, whole, 1, C, task[t] * d, (task[t] + 1) * d);
 }
 
@@ -61,19 +73,58 @@ static void qkv_selected(lm_kv_cache *kv, float *qkv, const float *w, const floa
 static void gemv_blocks(lm_kv_cache *kv, float *out, const float *w, long ldw, const float *b, const float *x,
                         const int *blk, int nblk, int d, int R) {
     for (int k = 0; k < nblk; k++) input16(kv, x, (size_t)blk[k] * d, (size_t)d);
+    if ((long)R * nblk * d < kv->par_work) {
+        gemv_rows(kv, out, w, ldw, b, x, blk, nblk, d, 0, R);
+        return;
+    }
     const int nt = (R + DECODE_WO_ROWS - 1) / DECODE_WO_ROWS;
-#pragma omp parallel for schedule(dynamic, 1) if ((long)R * nblk * d >= DECODE_PAR_WORK)
+#pragma omp parallel for schedule(dynamic, 1)
     for (int t = 0; t < nt; t++) {
         const int r0 = t * DECODE_WO_ROWS, r1 = r0 + DECODE_WO_ROWS < R ? r0 + DECODE_WO_ROWS : R;
         gemv_rows(kv, out, w, ldw, b, x, blk, nblk, d, r0, r1);
     }
 }
 
-/* out[O] = W x + b for W [O, I] (nn.Linear, one token): oneDNN in fp32, gemv_blocks in bf16. */
+/* out[O] = W x + b for W [O, I] (nn.Linear, one token): gemv_blocks over the whole row, so the
+ * cache's par_work decides whether the team wakes. */
 static void linear1(lm_kv_cache *kv, float *out, const float *x, const float *w, const float *b, int I, int O) {
     static const int whole[1] = {0};
-    if (kv->bf16) gemv_blocks(kv, out, w, I, b, x, whole, 1, I, O);
-    else linear_forward_f32(out, x, w, b, 1, I, O);
+    gemv_blocks(kv, out, w, I, b, x, whole, 1, I, O);
+}
+
+/* Head i's attention over positions 0 .. pos of the layer whose K/V start at l0 (hstride per KV
+ * head), its gated output into og (sparse_decode_attend_f32 / _bf16). */
+static void attend_head(lm_kv_cache *kv, size_t l0, size_t hstride, int i, int grp, int d, int pos) {
+    const size_t at = l0 + (size_t)(i / grp) * hstride;
+    float *q = kv->qkv + (size_t)i * d, *sc = kv->scores + (size_t)i * kv->max_T, *o = kv->og + (size_t)i * d;
+    if (kv->bf16) sparse_decode_attend_bf16(q, kv->kb + at, kv->vb + at, d, pos + 1, d, kv->router.gates[i], sc, o, kv->isa);
+    else sparse_decode_attend_f32(q, kv->k + at, kv->v + at, d, pos + 1, d, kv->router.gates[i], sc, o);
+}
+
+/* The learned router's gates for one token x [C] into r->gates [h] (spec §1, §10): with top_k >= 1
+ * the logits z = [wg; wg_0; wg_1] x by fp32 dot products on this thread (one product when
+ * attn_params_bind left the three adjacent), then router_learned_rows: the values router_forward_f32
+ * gives, without a GEMM call or OpenMP region per token; top_k = 0 (all heads shared) goes through router_forward_f32. The load-balance loss is not
+ * computed. */
+static void route_token(const moh_attn_config *a, const attn_params_f32 *prm, const float *x, attn_cache_f32 *r) {
+    static const int whole[1] = {0};
+    const int C = a->hidden_size, E = attn_routed_heads(a), hs = a->shared_heads;
+    if (a->top_k < 1 || E < 1) {
+        router_forward_f32(a, prm, x, NULL, 1, r);
+        return;
+    }
+    const int nh = hs >= 1 ? 2 : 0, nz = E + nh + (hs >= 2 ? hs : 0);
+    float *z = r->scratch; /* [E + W + h_s + 2] >= nz */
+    const bool adjacent = (!nh || prm->w_h == prm->w_r + (size_t)E * C) &&
+                          (nz == E + nh || prm->w_s == prm->w_r + (size_t)(E + nh) * C); /* attn_params_bind */
+    if (adjacent) sparse_decode_gemv_f32(prm->w_r, C, NULL, x, whole, 1, C, 0, nz, z);
+    else
+        for (int j = 0; j < nz; j++) {
+            const float *w = j < E ? prm->w_r + (size_t)j * C : j < E + nh ? prm->w_h + (size_t)(j - E) * C
+                                                                            : prm->w_s + (size_t)(j - E - nh) * C;
+            sparse_decode_gemv_f32(w, C, NULL, x, whole, 1, C, 0, 1, z + j);
+        }
+    router_learned_rows_f32(a, r, z, 0, 1);
 }
 
 /* The cache's allocations: fp32 activations (and K/V unless bf16), the head lists, the router
@@ -183,6 +234,40 @@ void lm_kv_describe(const lm_kv_cache *kv, char *out, size_t cap) {
                  sparse_bf16_isa_name(kv->isa));
 }
 
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void lm_kv_calibrate(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p) {
+    enum { NREG = 15, NGEMV = 9 };
+    static const int whole[1] = {0};
+    const int n = omp_get_max_threads(), C = cfg->hidden_size, qd = attn_qkv_dim(&cfg->attn);
+    double reg[NREG], best = 1e30;
+    int ran = 0;
+    for (int i = 0; i < NREG; i++) { /* back to back: under passive waits each one wakes the team */
+        const double t0 = omp_get_wtime();
+#pragma omp parallel reduction(+ : ran)
+        ran += 1; /* next to nothing: the start and the join are what is timed */
+        reg[i] = omp_get_wtime() - t0;
+    }
+    kv->team_size = ran / NREG;
+    qsort(reg, NREG, sizeof reg[0], cmp_double);
+    for (int c = 0; c < C; c++) kv->xn[c] = (float)((c % 7) - 3) * 0.25f;
+    for (int i = 0; i < NGEMV; i++) { /* layer 0's W_qkv on this thread, in the cache's precision */
+        const double t0 = omp_get_wtime();
+        input16(kv, kv->xn, 0, (size_t)C);
+        gemv_rows(kv, kv->qkv, p->blocks[0].attn.w_qkv, C, NULL, kv->xn, whole, 1, C, 0, qd);
+        const double dt = omp_get_wtime() - t0;
+        best = dt < best ? dt : best;
+    }
+    kv->team_s = reg[NREG / 2];
+    kv->mac_s = best / ((double)qd * C);
+    /* split when W mac_s (1 - 1 / n) > team_s: the time the other threads take off exceeds waking them */
+    const double w = n > 1 && kv->mac_s > 0 ? kv->team_s / (kv->mac_s * (1.0 - 1.0 / n)) : 1e18;
+    kv->par_work = w < 4096 ? 4096 : w > 1e15 ? (long)1e15 : (long)w;
+}
+
 /* A bf16 cache runs only the parameters it holds the copy of: MOH_E_ARG otherwise. */
 static int check_params(const lm_kv_cache *kv, const lm_params_f32 *p, moh_error *err) {
     if (kv->bf16 && (p->data != kv->w16.src || p->n != kv->w16.n))
@@ -203,6 +288,7 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
     if (token < 0 || token >= cfg->vocab_size)
         return moh_fail(err, MOH_E_ARG, "token %d out of range [0, %d)", token, cfg->vocab_size);
     if (check_params(kv, p, err)) return err->code;
+    if (kv->par_work <= 0) lm_kv_calibrate(kv, cfg, p);
     /* per KV head: fp32 [max_T, d] rows; bf16 keys [Tp, d], values in position pairs [Tp / 2, d, 2] */
     const size_t hstride = (size_t)(kv->bf16 ? kv->max_T + (kv->max_T & 1) : kv->max_T) * d;
     double *ph = kv->phase_s, t = omp_get_wtime();
@@ -216,7 +302,7 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
         if (a->router == MOH_ROUTER_LEARNED) {
             /* the learned router reads x only: route first, then K and V for every KV head and
              * q only for the selected heads (spec §10), in one pass over their W_qkv rows */
-            router_forward_f32(a, &b->attn, kv->xn, NULL, 1, &kv->router);
+            route_token(a, &b->attn, kv->xn, &kv->router);
             for (int i = 0; i < h; i++)
                 if (kv->router.gates[i] != 0.0f) sel[nsel++] = i;
                 else memset(kv->qkv + (size_t)i * d, 0, sizeof(float) * d);
@@ -237,14 +323,11 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
         kv->heads_total += h;
         kv->heads_run += nsel;
         const size_t l0 = (size_t)l * hkv * hstride;
-#pragma omp parallel for schedule(dynamic, 1) if ((long)nsel * (pos + 1) * d >= 65536)
-        for (int k = 0; k < nsel; k++) {
-            const int i = sel[k];
-            const size_t at = l0 + (size_t)(i / grp) * hstride;
-            float *q = kv->qkv + (size_t)i * d, *sc = kv->scores + (size_t)i * kv->max_T, *o = kv->og + (size_t)i * d;
-            if (kv->bf16)
-                sparse_decode_attend_bf16(q, kv->kb + at, kv->vb + at, d, pos + 1, d, kv->router.gates[i], sc, o, kv->isa);
-            else sparse_decode_attend_f32(q, kv->k + at, kv->v + at, d, pos + 1, d, kv->router.gates[i], sc, o);
+        if (DECODE_ATTN_WORK * nsel * (pos + 1) * d < kv->par_work)
+            for (int k = 0; k < nsel; k++) attend_head(kv, l0, hstride, sel[k], grp, d, pos);
+        else {
+#pragma omp parallel for schedule(dynamic, 1)
+            for (int k = 0; k < nsel; k++) attend_head(kv, l0, hstride, sel[k], grp, d, pos);
         }
         t = lap(ph, LM_PH_ATTN, t);
         if (nsel < h) gemv_blocks(kv, kv->tmp, b->attn.w_o, (long)h * d, b->attn.b_o, kv->og, sel, nsel, d, C);

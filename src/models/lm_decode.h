@@ -47,6 +47,13 @@ typedef struct lm_kv_cache {
     int *task;             /* [h + 2 h_kv]: the selected heads of the current token, then q/k/v tasks */
     long heads_run, heads_total; /* (token, layer, head) attention rows computed / possible */
     double phase_s[LM_NPHASE];   /* wall seconds per phase (LM_PH_*), accumulated */
+    /* Team split (lm_kv_calibrate; 0 until the first decode step): a product of at least par_work
+     * multiply-adds (attention: 2 per head, key and element) runs on the OpenMP team, a smaller
+     * one on the calling thread. team_s: seconds to start and join the team (median of empty
+     * regions); mac_s: seconds per multiply-add of a matrix-vector product on one thread. */
+    long par_work;
+    double team_s, mac_s;
+    int team_size;               /* threads that ran the calibration's regions */
     void *block;
 } lm_kv_cache;
 
@@ -69,6 +76,15 @@ void lm_kv_write(lm_kv_cache *kv, const moh_lm_config *cfg, int l, int g, int po
  * not the parameter buffer the cache was built for. */
 int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, int token,
                    float *logits, moh_error *err);
+
+/* Measures what waking the OpenMP team costs (kv->team_s) against one thread's matrix-vector
+ * rate on layer 0's W_qkv (kv->mac_s), and sets kv->par_work, the work from which a decode product
+ * is split across the team: under passive waits on a virtual machine, waking a sleeping thread
+ * costs tens of microseconds, more than a small model's whole product. lm_decode_step calls it on
+ * a cache's first step when par_work is 0; a caller comparing models may copy one cache's
+ * par_work to the others. Overwrites the cache's activation scratch (not the K/V). ~1 ms. Threads
+ * do not change results: every row and head is computed by the same code either way. */
+void lm_kv_calibrate(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p);
 
 /* The precision decoding runs when `asked` is asked for: bf16 on a CPU with AVX-512F/BW (with
  * AVX512-BF16: vdpbf16ps, else widened to fp32), else fp32 with why[cap] saying so ("" when

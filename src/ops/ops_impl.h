@@ -3,10 +3,14 @@
  *
  * Parallelism: OpenMP over rows (or elements / column blocks) only where every output element is
  * written by one thread in a fixed order, so results never depend on the thread count. Sums over
- * rows (dw, db, loss) run in a fixed order: serially per column, or via GEMM. */
+ * rows (dw, db, loss) run in a fixed order: serially per column, or via GEMM. OPS_SERIAL: forward ops
+ * that decoding calls on one token skip OpenMP entirely below their threshold, since an if(0) region
+ * still sets up a one-thread team in libgomp (0.34 us measured, paid several times per layer). */
 
 #ifndef MOH_OPS_IMPL_CONSTANTS
 #define MOH_OPS_IMPL_CONSTANTS
+/* Inverse RoPE frequencies tabulated per call (the rest are computed per use). */
+#define MOH_ROPE_INV_CACHE 512
 /* Columns per block when dw/db are summed over rows in parallel column blocks. */
 #define MOH_OPS_COLBLOCK 64
 /* Cross-entropy rows are split into this many fixed chunks; partial losses (in double) are summed
@@ -127,7 +131,11 @@ static inline real F(rmsnorm_row)(real *o, const real *x, const real *w, int C, 
 }
 
 void F(rmsnorm_forward)(real *out, real *rstd, const real *inp, const real *w, int M, int C, real eps) {
-#pragma omp parallel for if ((long)M * C >= 32768) schedule(static)
+    if ((long)M * C < 32768) { /* below the team's worth: no OpenMP call at all (OPS_SERIAL) */
+        for (int m = 0; m < M; m++) rstd[m] = F(rmsnorm_row)(out + (long)m * C, inp + (long)m * C, w, C, eps);
+        return;
+    }
+#pragma omp parallel for schedule(static)
     for (int m = 0; m < M; m++) rstd[m] = F(rmsnorm_row)(out + (long)m * C, inp + (long)m * C, w, C, eps);
 }
 
@@ -234,9 +242,15 @@ void F(silu_backward)(real *dinp, const real *dout, const real *inp, long n) {
     }
 }
 
+static inline real F(swiglu1)(real g, real u) { return g / ((real)1 + F(r_exp)(-g)) * u; }
+
 void F(swiglu_forward)(real *out, const real *gate, const real *up, long n) {
-#pragma omp parallel for if (n >= 65536) schedule(static)
-    for (long i = 0; i < n; i++) out[i] = gate[i] / ((real)1 + F(r_exp)(-gate[i])) * up[i];
+    if (n < 65536) { /* OPS_SERIAL */
+        for (long i = 0; i < n; i++) out[i] = F(swiglu1)(gate[i], up[i]);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; i++) out[i] = F(swiglu1)(gate[i], up[i]);
 }
 
 void F(swiglu_forward_sig)(real *out, real *sig, const real *gate, const real *up, long n) {
@@ -272,21 +286,26 @@ void F(swiglu_backward_set)(real *dgate, real *dup, const real *dout, const real
 
 /* ---------------------------------------------------------------------------------------------- */
 
-void F(softmax_forward)(real *out, const real *inp, int M, int N) {
-#pragma omp parallel for if ((long)M * N >= 32768) schedule(static)
-    for (int m = 0; m < M; m++) {
-        const real *x = inp + (long)m * N;
-        real *o = out + (long)m * N;
-        real mx = x[0];
-        for (int j = 1; j < N; j++) mx = x[j] > mx ? x[j] : mx;
-        real s = 0;
-        for (int j = 0; j < N; j++) {
-            o[j] = F(r_exp)(x[j] - mx);
-            s += o[j];
-        }
-        real inv = (real)1 / s;
-        for (int j = 0; j < N; j++) o[j] *= inv;
+/* One softmax row: o[N] = softmax(x[N]) (o may be x). */
+static inline void F(softmax_row)(real *o, const real *x, int N) {
+    real mx = x[0];
+    for (int j = 1; j < N; j++) mx = x[j] > mx ? x[j] : mx;
+    real s = 0;
+    for (int j = 0; j < N; j++) {
+        o[j] = F(r_exp)(x[j] - mx);
+        s += o[j];
     }
+    real inv = (real)1 / s;
+    for (int j = 0; j < N; j++) o[j] *= inv;
+}
+
+void F(softmax_forward)(real *out, const real *inp, int M, int N) {
+    if ((long)M * N < 32768) { /* OPS_SERIAL */
+        for (int m = 0; m < M; m++) F(softmax_row)(out + (long)m * N, inp + (long)m * N, N);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) F(softmax_row)(out + (long)m * N, inp + (long)m * N, N);
 }
 
 void F(softmax_backward)(real *dinp, const real *dout, const real *out, int M, int N) {
@@ -362,7 +381,11 @@ void F(cross_entropy_backward)(real *dlogits, const real *probs, const int *targ
 /* ---------------------------------------------------------------------------------------------- */
 
 void F(embedding_forward)(real *out, const int *ids, const real *table, int M, int C) {
-#pragma omp parallel for if ((long)M * C >= 65536) schedule(static)
+    if ((long)M * C < 65536) { /* OPS_SERIAL */
+        for (int m = 0; m < M; m++) memcpy(out + (long)m * C, table + (long)ids[m] * C, sizeof(real) * C);
+        return;
+    }
+#pragma omp parallel for schedule(static)
     for (int m = 0; m < M; m++) {
         const real *row = table + (long)ids[m] * C;
         real *o = out + (long)m * C;
@@ -400,30 +423,36 @@ real F(rope_inv_freq)(const moh_attn_config *a, int j) {
     return ((real)1 - smooth) * inv / factor + smooth * inv;
 }
 
+/* One row's n_heads heads (head_dim each) rotated by position p: inv[j] the inverse frequency j
+ * for j < INV_CACHE (rope_apply's table), the rest computed. */
+static inline void F(rope_row)(real *row, real p, int half, int n_heads, const real *inv, const moh_attn_config *a,
+                               int sign) {
+    for (int j = 0; j < half; j++) {
+        real ang = p * (j < MOH_ROPE_INV_CACHE ? inv[j] : F(rope_inv_freq)(a, j));
+        real c = F(r_cos)(ang), s = F(r_sin)(ang);
+        if (sign < 0) s = -s;
+        for (int h = 0; h < n_heads; h++) {
+            real *q = row + (long)h * a->head_dim;
+            real x1 = q[j], x2 = q[j + half];
+            /* q*cos + rotate_half(q)*sin, rotate_half(q) = cat(-x2, x1) */
+            q[j] = x1 * c + (-x2) * s;
+            q[j + half] = x2 * c + x1 * s;
+        }
+    }
+}
+
 /* sign = +1: forward rotation; -1: its inverse (transpose). */
 static void F(rope_apply)(real *x, int T, int row_stride, int n_heads, const int *pos,
                           const moh_attn_config *a, int sign) {
     const int half = a->head_dim / 2;
-    enum { INV_CACHE = 512 };
-    real inv[INV_CACHE];
-    for (int j = 0; j < half && j < INV_CACHE; j++) inv[j] = F(rope_inv_freq)(a, j);
-#pragma omp parallel for if ((long)T * n_heads * a->head_dim >= 32768) schedule(static)
-    for (int t = 0; t < T; t++) {
-        real *row = x + (long)t * row_stride;
-        real p = (real)pos[t];
-        for (int j = 0; j < half; j++) {
-            real ang = p * (j < INV_CACHE ? inv[j] : F(rope_inv_freq)(a, j));
-            real c = F(r_cos)(ang), s = F(r_sin)(ang);
-            if (sign < 0) s = -s;
-            for (int h = 0; h < n_heads; h++) {
-                real *q = row + (long)h * a->head_dim;
-                real x1 = q[j], x2 = q[j + half];
-                /* q*cos + rotate_half(q)*sin, rotate_half(q) = cat(-x2, x1) */
-                q[j] = x1 * c + (-x2) * s;
-                q[j + half] = x2 * c + x1 * s;
-            }
-        }
+    real inv[MOH_ROPE_INV_CACHE];
+    for (int j = 0; j < half && j < MOH_ROPE_INV_CACHE; j++) inv[j] = F(rope_inv_freq)(a, j);
+    if ((long)T * n_heads * a->head_dim < 32768) { /* OPS_SERIAL */
+        for (int t = 0; t < T; t++) F(rope_row)(x + (long)t * row_stride, (real)pos[t], half, n_heads, inv, a, sign);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) F(rope_row)(x + (long)t * row_stride, (real)pos[t], half, n_heads, inv, a, sign);
 }
 
 void F(rope_forward)(real *x, int T, int row_stride, int n_heads, const int *pos,
