@@ -265,12 +265,7 @@ int bench_decode(int argc, char **argv) {
                 if (prec[g / 3]) {
                     bd_run *r = &runs[g];
                     if (g % 3 == 0) lm_kv_calibrate(&r->kv, &r->cfg, &r->p);
-                    else {
-                        r->kv.par_work = runs[g - g % 3].kv.par_work;
-                        r->kv.team_s = runs[g - g % 3].kv.team_s;
-                        r->kv.mac_s = runs[g - g % 3].kv.mac_s;
-                        r->kv.team_size = runs[g - g % 3].kv.team_size;
-                    }
+                    else lm_kv_copy_split(&r->kv, &runs[g - g % 3].kv);
                 }
             for (int i = 0; i < nrun && !status; i++) status = bd_steps(&runs[order[i]], ctx, a.tokens < 4 ? a.tokens : 4, &err);
             for (int g = 0; g < 6; g++) {
@@ -322,7 +317,7 @@ int bench_decode(int argc, char **argv) {
                         printf(", \"phases_ms_per_token\": {");
                         for (int j = 0; j < LM_NPHASE; j++)
                             printf("%s\"%s\": %.5f", j ? ", " : "", lm_phase_name(j), r->kv.phase_s[j] * per_tok);
-                        printf("}");
+                        printf("}, \"par_work\": %ld, \"team_start_us\": %.2f", r->kv.par_work, r->kv.team_s * 1e6);
                     }
                     printf("}");
                     first = false;
@@ -336,8 +331,9 @@ int bench_decode(int argc, char **argv) {
                     if (a.profile) {
                         printf("       phases ms/token (mean):");
                         for (int j = 0; j < LM_NPHASE; j++) printf(" %s %.3f", lm_phase_name(j), r->kv.phase_s[j] * per_tok);
-                        printf("\n       team of %d: start-up %.1f us, one thread %.2f GMAC/s: split from %ld multiply-adds\n",
-                               r->kv.team_size, r->kv.team_s * 1e6, r->kv.mac_s > 0 ? 1e-9 / r->kv.mac_s : 0.0, r->kv.par_work);
+                        char split[160];
+                        lm_kv_describe_split(&r->kv, split, sizeof split);
+                        printf("\n       %s\n", split);
                     }
                 }
                 fflush(stdout);

@@ -167,9 +167,12 @@ static void bdm_phases(const bdm_run *r, int c, int repeats, int tokens, bool js
         printf("}, \"phases_decode_ms_per_token\": {");
         for (int i = 0; i < LM_NPHASE; i++)
             printf("%s\"%s\": %.5f", i ? ", " : "", lm_phase_name(i), r->phd[c][i] * 1e3 / repeats / tokens);
-        printf("}");
+        printf("}, \"par_work\": %ld, \"team_start_us\": %.2f", r->kv.par_work, r->kv.team_s * 1e6);
         return;
     }
+    char split[160];
+    lm_kv_describe_split(&r->kv, split, sizeof split);
+    printf("  decode %s\n", split);
     printf("  %-10s %14s %7s %16s %7s\n", "phase", "prefill ms", "share", "decode ms/token", "share");
     for (int i = 0; i < LM_NPHASE; i++)
         printf("  %-10s %14.1f %6.1f%% %16.3f %6.1f%%\n", lm_phase_name(i), r->php[c][i] * 1e3 / repeats,
@@ -191,6 +194,11 @@ int bench_decode_models(const bdm_opts *o) {
         const int k = i / npr, pi = i % npr;
         if (!pi) fprintf(stderr, "[loading %s]\n", o->models[k]);
         status = bdm_init(&runs[i], o->models[k], pi ? &runs[i - pi] : NULL, o->bf16 && pi == npr - 1, o, &err);
+    }
+    for (int i = 0; i < nr && !status; i++) { /* one team split per precision for models of the first's width */
+        bdm_run *r = &runs[i], *first = &runs[i % npr];
+        if (i < npr) lm_kv_calibrate(&r->kv, r->cfg, r->p);
+        else if (r->cfg->hidden_size == first->cfg->hidden_size) lm_kv_copy_split(&r->kv, &first->kv);
     }
     for (int i = 0; i < nr && !status; i++) { /* warm-up: kernels, page faults */
         double a, b;

@@ -268,6 +268,20 @@ void lm_kv_calibrate(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_
     kv->par_work = w < 4096 ? 4096 : w > 1e15 ? (long)1e15 : (long)w;
 }
 
+void lm_kv_copy_split(lm_kv_cache *dst, const lm_kv_cache *src) {
+    dst->par_work = src->par_work;
+    dst->team_s = src->team_s;
+    dst->mac_s = src->mac_s;
+    dst->team_size = src->team_size;
+}
+
+void lm_kv_describe_split(const lm_kv_cache *kv, char *out, size_t cap) {
+    if (kv->par_work <= 0 || kv->mac_s <= 0) snprintf(out, cap, "team split not calibrated yet");
+    else
+        snprintf(out, cap, "team of %d: start-up %.1f us, one thread %.2f GMAC/s: split from %ld multiply-adds",
+                 kv->team_size, kv->team_s * 1e6, 1e-9 / kv->mac_s, kv->par_work);
+}
+
 /* A bf16 cache runs only the parameters it holds the copy of: MOH_E_ARG otherwise. */
 static int check_params(const lm_kv_cache *kv, const lm_params_f32 *p, moh_error *err) {
     if (kv->bf16 && (p->data != kv->w16.src || p->n != kv->w16.n))

@@ -85,6 +85,12 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
  * par_work to the others. Overwrites the cache's activation scratch (not the K/V). ~1 ms. Threads
  * do not change results: every row and head is computed by the same code either way. */
 void lm_kv_calibrate(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p);
+/* dst decodes with src's team split (par_work, team_s, mac_s, team_size): benches comparing models
+ * on one rule. */
+void lm_kv_copy_split(lm_kv_cache *dst, const lm_kv_cache *src);
+/* One line on kv's team split: "team of N: start-up X us, one thread Y GMAC/s: split from W
+ * multiply-adds" (or "not calibrated yet"). */
+void lm_kv_describe_split(const lm_kv_cache *kv, char *out, size_t cap);
 
 /* The precision decoding runs when `asked` is asked for: bf16 on a CPU with AVX-512F/BW (with
  * AVX512-BF16: vdpbf16ps, else widened to fp32), else fp32 with why[cap] saying so ("" when
