@@ -1,5 +1,6 @@
 #include "models/lm_decode.h"
 
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -24,8 +25,8 @@ static double lap(double *ph, int i, double t) {
  * of a matrix-vector product (par_work's unit): measured 2.2x (bf16, `moh bench decode --profile`,
  * small model at context 512: 17.5 G such units/s against 39 GMAC/s). */
 #define DECODE_ATTN_WORK 4L
-/* Rows of W_O per task of wo_selected. */
-#define DECODE_WO_ROWS 64
+/* Rows per task when a matrix-vector product runs on the team. */
+#define DECODE_TASK_ROWS 64
 
 /* The bf16 copy of the weights at w (a cache built by lm_kv_init_bf16 for these parameters). */
 static const uint16_t *w16(const lm_kv_cache *kv, const float *w) { return bf16_mirror_of(&kv->w16, w); }
@@ -43,31 +44,45 @@ static void gemv_rows(const lm_kv_cache *kv, float *out, const float *w, long ld
     else sparse_decode_gemv_f32(w, ldw, b, x, blk, nblk, d, r0, r1, out);
 }
 
+/* The rows of the task heads (task[0..ntask), ascending, d rows each) as ranges: runs of adjacent
+ * heads, cut into pieces of at most `piece` rows; pairs (r0, r1) into rr. Returns the count. */
+static int head_ranges(int *rr, const int *task, int ntask, int d, int piece) {
+    int n = 0;
+    for (int t = 0; t < ntask;) {
+        int e = t + 1;
+        while (e < ntask && task[e] == task[e - 1] + 1) e++;
+        for (int r = task[t] * d, end = (task[e - 1] + 1) * d; r < end; n++) {
+            rr[2 * n] = r;
+            r = rr[2 * n + 1] = end - r <= piece ? end : r + piece;
+        }
+        t = e;
+    }
+    return n;
+}
+
 /* q/k/v rows for the learned router: the d rows of every task head t (task[0..ntask), ascending:
  * query heads i < h that the token selects, then the KV rows as heads h .. h + 2 h_kv) of W_qkv
- * [qd, C] times x [C] plus the bias, into qkv [qd]. On this thread: one product per run of adjacent
- * heads (a call per head costed 16 % more on the same rows: each call restarts the kernel's
- * prefetch); on the team: a task per head (dynamic: a thread that wakes late does not hold up
- * the rest). */
+ * [qd, C] times x [C] plus the bias, into qkv [qd]. Adjacent heads' rows go in one product (a call
+ * per head costed 16 % more on the same rows: each call restarts the kernel's prefetch): whole
+ * runs on this thread, pieces of DECODE_TASK_ROWS on the team (dynamic: a thread that wakes late
+ * does not hold up the rest). */
 static void qkv_selected(lm_kv_cache *kv, float *qkv, const float *w, const float *b, const float *x, const int *task,
                          int ntask, int d, int C) {
     static const int whole[1] = {0};
     input16(kv, x, 0, (size_t)C);
+    int *rr = kv->ranges;
     if ((long)ntask * d * C < kv->par_work) { /* on this thread, with no OpenMP call (ops_impl.h: OPS_SERIAL) */
-        for (int t = 0; t < ntask;) {
-            int e = t + 1;
-            while (e < ntask && task[e] == task[e - 1] + 1) e++;
-            gemv_rows(kv, qkv, w, C, b, x, whole, 1, C, task[t] * d, (task[e - 1] + 1) * d);
-            t = e;
-        }
+        const int n = head_ranges(rr, task, ntask, d, INT_MAX);
+        for (int k = 0; k < n; k++) gemv_rows(kv, qkv, w, C, b, x, whole, 1, C, rr[2 * k], rr[2 * k + 1]);
         return;
     }
+    const int n = head_ranges(rr, task, ntask, d, DECODE_TASK_ROWS);
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int t = 0; t < ntask; t++) gemv_rows(kv, qkv, w, C, b, x, whole, 1, C, task[t] * d, (task[t] + 1) * d);
+    for (int k = 0; k < n; k++) gemv_rows(kv, qkv, w, C, b, x, whole, 1, C, rr[2 * k], rr[2 * k + 1]);
 }
 
 /* out[R] = b + sum over the nblk column blocks blk of W[:, blk d .. blk d + d] x[blk d ..]: W [R,
- * ldw] row-major, rows in tasks of DECODE_WO_ROWS. W_O of the selected heads (x = og [h d]: the W_O
+ * ldw] row-major, rows in tasks of DECODE_TASK_ROWS. W_O of the selected heads (x = og [h d]: the W_O
  * columns of skipped heads are never read), and in bf16 every dense product (blk = {0}, d = the
  * input width). b may be NULL. */
 static void gemv_blocks(lm_kv_cache *kv, float *out, const float *w, long ldw, const float *b, const float *x,
@@ -77,10 +92,10 @@ static void gemv_blocks(lm_kv_cache *kv, float *out, const float *w, long ldw, c
         gemv_rows(kv, out, w, ldw, b, x, blk, nblk, d, 0, R);
         return;
     }
-    const int nt = (R + DECODE_WO_ROWS - 1) / DECODE_WO_ROWS;
+    const int nt = (R + DECODE_TASK_ROWS - 1) / DECODE_TASK_ROWS;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int t = 0; t < nt; t++) {
-        const int r0 = t * DECODE_WO_ROWS, r1 = r0 + DECODE_WO_ROWS < R ? r0 + DECODE_WO_ROWS : R;
+        const int r0 = t * DECODE_TASK_ROWS, r1 = r0 + DECODE_TASK_ROWS < R ? r0 + DECODE_TASK_ROWS : R;
         gemv_rows(kv, out, w, ldw, b, x, blk, nblk, d, r0, r1);
     }
 }
@@ -144,7 +159,10 @@ static int kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f3
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
     kv->block = malloc(total * sizeof(float));
-    kv->task = malloc(sizeof(int) * (size_t)(a->n_heads + 2 * a->n_kv_heads));
+    const size_t nt = (size_t)(a->n_heads + 2 * a->n_kv_heads); /* ranges: pieces of runs, see head_ranges */
+    const size_t nr = nt * (size_t)a->head_dim / DECODE_TASK_ROWS + nt + 1;
+    kv->task = malloc(sizeof(int) * (nt + 2 * nr));
+    kv->ranges = kv->task ? kv->task + nt : NULL;
     size_t xn = C > hd ? C : hd;
     xn = xn > I ? xn : I;
     if (b16) { /* zeroed: the unused half of a last odd value pair is never NaN */

@@ -45,6 +45,7 @@ typedef struct lm_kv_cache {
     bool have_router;
     float *x, *xn, *qkv, *og, *tmp, *gate, *up, *scores;
     int *task;             /* [h + 2 h_kv]: the selected heads of the current token, then q/k/v tasks */
+    int *ranges;           /* row ranges (r0, r1) of the q/k/v tasks (inside task's allocation) */
     long heads_run, heads_total; /* (token, layer, head) attention rows computed / possible */
     double phase_s[LM_NPHASE];   /* wall seconds per phase (LM_PH_*), accumulated */
     /* Team split (lm_kv_calibrate; 0 until the first decode step): a product of at least par_work
