@@ -1,8 +1,9 @@
 /* KV-cache decoding of the decoder LM, one token at a time (float32, or bf16 weights and cache).
  * Per token and layer, K and V are appended for every KV head; for the heads the token's router
  * does not select (gate == 0) there is no q (learned router), no attention and no W_O term: the
- * skipped heads cost nothing (spec §10: what may be skipped). Selected heads run in parallel
- * (sparse_decode_attend_f32 / _bf16). A prompt can instead be encoded in one batched pass
+ * skipped heads cost nothing (spec §10: what may be skipped). Selected heads run as tasks
+ * (sparse_decode_attend_f32 / _bf16); each product goes to the OpenMP team only when it is worth
+ * waking it (lm_kv_calibrate). A prompt can instead be encoded in one batched pass
  * (lm_prefill, head-sparse attention) that leaves the same cache.
  *
  * bf16 (lm_kv_init_bf16): the cache owns a bf16 copy of the parameter buffer, made once at init,
