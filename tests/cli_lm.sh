@@ -31,6 +31,14 @@ lb=$(grep -o '"loss": [0-9.]*' "$T/b/metrics.jsonl" | tr '\n' ' ')
 check "[ '$la' = '$lb' ]" "resumed losses differ: [$la] vs [$lb]"
 check "[ \$(wc -l < '$T/b/metrics.jsonl') -eq 24 ]" "resumed metrics.jsonl should have 24 lines"
 
+# 2a. the done line calls a validation "final" only when it covered the whole split: a
+# --stop-at-step pause validates as a periodic validation does (--eval-tokens of it)
+out=$("$MOH" train --config "$T/tiny.json" --data "$T/corpus.txt" --batch-size 4 --seq-len 32 --steps 24 --eval-tokens 2000 \
+  --seed 3 --out "$T/p" --stop-at-step 2 2>&1) || bad "paused run exited $?"
+check "grep -q '^done: 2 steps.*, last ([0-9]* of the split.s [0-9]* predictions) val bits/byte' <<<\"\$out\"" "paused run's done line: $out"
+out=$("$MOH" train --resume --data "$T/corpus.txt" --out "$T/p" --steps 3 2>&1) || bad "resumed run exited $?"
+check "grep -q '^done: 3 steps.*, final val bits/byte' <<<\"\$out\"" "finished run's done line: $out"
+
 # 3. eval: the metric as defined (chunks of T+1 bytes), JSON fields consistent
 js=$("$MOH" eval --checkpoint "$T/a" --data "$T/corpus.txt" --seq-len 32 --json) || bad "eval exited $?"
 n=$(stat -c %s "$T/corpus.txt")

@@ -19,7 +19,7 @@ static void *signal_thread(void *arg) {
         if (sigwait(&s->set, &sig)) continue;
         if (sig == SIGUSR2) return NULL;
         if (atomic_fetch_add(&s->count, 1) >= 1) {
-            static const char msg[] = "moh train: interrupted twice: stopping now (the last checkpoint is intact)\n";
+            static const char msg[] = "moh train: interrupted twice: stopping now (checkpoints already saved are intact)\n";
             if (write(2, msg, sizeof msg - 1) < 0) { /* nothing more to do */
             }
             _exit(130);

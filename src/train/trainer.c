@@ -551,6 +551,7 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
     const double t0 = clk.t0;
     const long start_step = st->step;
     double last_log_train_s = 0.0, last_metric = NAN;
+    long last_eval_n = 0; /* items the last validation covered (the whole split: "final") */
     long last_log_step = start_step;
     int status = 0, bad_run = 0;
     if (!o->quiet) {
@@ -751,6 +752,7 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
                 }
             }
             last_metric = ev.metric;
+            last_eval_n = ev.n;
         }
         char loss_s[32], ce_s[32], gn_s[32]; /* JSON has no nan / inf: null */
         FILE *mf = tr.metrics; /* rank 0 only */
@@ -850,9 +852,12 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
         train_fmt_time(trs, sizeof trs, training_s(&clk, now));
         train_fmt_time(ov, sizeof ov, clk.over_s);
         if (st->skipped) snprintf(sk, sizeof sk, " (%ld skipped: not finite)", st->skipped);
-        printf("done: %ld steps%s, %.0f %s, final %s %.4f, checkpoint in %s (this session: %s wall = %s training + %s "
-               "validation and checkpoints)\n", st->step, sk, st->examples_seen, tr.train.seen_key, fam->metric_name,
-               last_metric, o->out_dir, wall, trs, ov);
+        char which[96] = "final"; /* a --stop-at-step pause validates part of the split, as a periodic one */
+        if (last_eval_n < whole_split)
+            snprintf(which, sizeof which, "last (%ld of the split's %ld %s)", last_eval_n, whole_split, tr.eval.eval_unit);
+        printf("done: %ld steps%s, %.0f %s, %s %s %.4f, checkpoint in %s (this session: %s wall = %s training + %s "
+               "validation and checkpoints)\n", st->step, sk, st->examples_seen, tr.train.seen_key, which,
+               fam->metric_name, last_metric, o->out_dir, wall, trs, ov);
     }
     rc = status;
 stop:
