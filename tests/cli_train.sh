@@ -138,6 +138,22 @@ check "[ $rc -eq 1 ] && grep -q -- '--optimizer muon contradicts the checkpoint 
 "$MOH" train --resume --data "$T/corpus.txt" --out "$T/pre" --quiet || bad "pre-Muon checkpoint does not resume"
 "$MOH" train --config "$T/lm.json" "${lm[@]}" --batch-size 4 --out "$T/pre-full" --steps 8 || bad "pre-Muon twin"
 check "cmp -s '$T/pre/model.safetensors' '$T/pre-full/model.safetensors'" "pre-Muon checkpoint: resumed weights differ from the uninterrupted AdamW run"
+# hand-edited training state: muon_lr on an AdamW checkpoint, a muon_lr that underflows a double
+for bad_lr in 0.01 1e-400; do
+  rm -rf "$T/pre3" && cp -r "$T/pre-full" "$T/pre3"
+  python3 - "$T/pre3/optimizer.safetensors" "$bad_lr" <<'PY' || bad "could not edit muon_lr"
+import json, struct, sys
+p = sys.argv[1]; b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+h['__metadata__']['muon_lr'] = sys.argv[2]
+hs = json.dumps(h).encode(); hs += b' ' * ((8 - len(hs) % 8) % 8)
+open(p, 'wb').write(struct.pack('<Q', len(hs)) + hs + b[8 + n:])
+PY
+  case $bad_lr in
+    0.01) want="field 'muon_lr' is 0.01 with optimizer 0 (AdamW), expected 0" ;;
+    *) want="field 'muon_lr' is 1e-400, expected a finite number in" ;;
+  esac
+  if one_line_error 1 "$want" "$MOH" train --resume --data "$T/corpus.txt" --out "$T/pre3" --steps 9; then ok; else bad "muon_lr $bad_lr in the metadata: $why"; fi
+done
 if one_line_error 1 "muon-lr 0.01 applies to --optimizer muon" "$MOH" train --config "$T/lm.json" "${lm[@]}" --out "$T/mlr" --steps 2 --muon-lr 0.01; then ok; else bad "--muon-lr with adamw: $why"; fi
 if one_line_error 2 "optimizer 'sgd' is not one of adamw|muon" "$MOH" train --config "$T/lm.json" "${lm[@]}" --out "$T/sgd" --steps 2 --optimizer sgd; then ok; else bad "--optimizer sgd: $why"; fi
 check "[ ! -e '$T/sgd/optimizer.safetensors' ]" "--optimizer sgd wrote a checkpoint"

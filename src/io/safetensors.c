@@ -1315,8 +1315,11 @@ int moh_st_meta_number(const moh_safetensors *st, const char *key, double lo, do
     char *end = NULL;
     /* a decimal number as moh writes it ("%ld", "%.17g"): no hex, no sign but '-', no spaces */
     const bool decimal = s && (s[0] == '-' || (s[0] >= '0' && s[0] <= '9')) && !strpbrk(s, "xXpP \t");
+    errno = 0;
     const double v = decimal ? strtod(s, &end) : NAN;
-    if (!s || !decimal || end == s || *end || !isfinite(v) || v < lo || v > hi || (integer && v != floor(v)))
+    /* ERANGE: past a double's range, or so small that it reads as 0 or a subnormal ("1e-400") */
+    if (!s || !decimal || end == s || *end || errno == ERANGE || !isfinite(v) || v < lo || v > hi ||
+        (integer && v != floor(v)))
         return moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field '%s' is %s, expected %s in [%.17g, %.17g]",
                         st->path ? st->path : "<memory>", key, s ? s : "missing",
                         integer ? "an integer" : "a finite number", lo, hi);

@@ -492,6 +492,9 @@ int checkpoint_load_optimizer_ema(const char *dir, const model *m, float *params
         *present |= (train_keys_present)1 << train_state_key_index("hflip");
         *present |= (train_keys_present)1 << train_state_key_index("grad_accum");
     }
+    if (!rc && st->hp.optimizer == 0 && st->hp.muon_lr != 0.0) /* AdamW leaves muon_lr 0 */
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field 'muon_lr' is %.17g with optimizer 0 (AdamW), expected 0",
+                      path, st->hp.muon_lr);
     const train_hparams *hp = &st->hp;
     const bool has_bs = *present >> train_state_key_index("batch_size") & 1;
     const bool has_sh = *present >> train_state_key_index("shards") & 1;
