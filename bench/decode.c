@@ -150,7 +150,7 @@ int bench_decode(int argc, char **argv) {
         {"--seed", ARG_U64, &a.seed, "S", "--model PATH: prompt ids uniform over the vocabulary from splitmix64(S) (default 1)", false, ARG_ANY},
         {"--text", ARG_STR, &a.text, "FILE", "--model PATH: the prompt is FILE's tokens (the model's tokenizer, or bytes), repeated", false, ARG_ANY},
         {"--precision", ARG_CHOICE, &a.precision, "fp32|bf16|both", "decode (and prefill) in fp32, in bf16 (bf16 weights and KV cache, fp32 accumulation: vdpbf16ps, or widened to fp32 without AVX512-BF16; a CPU without AVX-512 runs fp32 and says so), or both, interleaved, with the bf16/fp32 ratio (default fp32)", false, ARG_ANY},
-        {"--profile", ARG_FLAG, &a.profile, NULL, "time per phase (qkv, attention, wo, mlp, lm_head, other) of decode (--model PATH: and prefill)", false, ARG_ANY},
+        {"--profile", ARG_FLAG, &a.profile, NULL, "time per phase (qkv, attention, wo, mlp, lm_head, other) of decode (--model PATH: and prefill), and the team split: 'team of N: start-up X us, one thread Y GMAC/s: split from W multiply-adds' means a decode product of W or more multiply-adds runs on the N threads, a smaller one on one thread (measured on the first token: the smallest product whose time saved on N threads exceeds the start-up)", false, ARG_ANY},
     };
     int prc = args_parse("bench decode", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                          "[--json] [--model small|llm|all | --config NAME] [--context 512,2048,8192] [--tokens T] [--repeats R]\n"

@@ -50,7 +50,7 @@ typedef struct lm_kv_cache {
     long heads_run, heads_total; /* (token, layer, head) attention rows computed / possible */
     double phase_s[LM_NPHASE];   /* wall seconds per phase (LM_PH_*), accumulated */
     /* Team split (lm_kv_calibrate; 0 until the first decode step): a product of at least par_work
-     * multiply-adds (attention: 2 per head, key and element) runs on the OpenMP team, a smaller
+     * multiply-adds (attention: DECODE_ATTN_WORK = 4 per head, key and element) runs on the OpenMP team, a smaller
      * one on the calling thread. team_s: seconds to start and join the team (median of empty
      * regions); mac_s: seconds per multiply-add of a matrix-vector product on one thread. */
     long par_work;
