@@ -3,9 +3,10 @@
  * prefill (lm_prefill: head-sparse attention) of a prompt leaves the cache as token-by-token
  * decoding does, and decoding after it gives the same logits. Every product on the calling thread
  * and every product on the OpenMP team (lm_kv_cache.par_work) give the same bits, and the first
- * step calibrates the split. */
+ * step calibrates the split (never split where the team is one thread). */
 #include <limits.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,6 +80,21 @@ static void run(test_ctx *ctx, const char *name, moh_router router, int hkv, boo
     CHECK(ctx, kv2.par_work > 0 && kv2.team_s > 0 && kv2.mac_s > 0 && kv2.team_size >= 1,
           "%s: the first step did not calibrate the team split (par_work %ld, team %.3g s, %.3g s/MAC, %d threads)", name,
           kv2.par_work, kv2.team_s, kv2.mac_s, kv2.team_size);
+    /* called where its regions get one thread (inside a parallel region, nesting off): no split,
+     * whatever omp_get_max_threads() says */
+    lm_kv_cache kv4;
+    CHECK(ctx, lm_kv_init(&kv4, &c, T, &err) == MOH_OK, "%s", err.msg);
+    omp_set_max_active_levels(1);
+#pragma omp parallel num_threads(2)
+#pragma omp master
+    {
+        omp_set_num_threads(2);
+        lm_kv_calibrate(&kv4, &c, &p);
+    }
+    CHECK(ctx, kv4.team_size == 1 && kv4.par_work >= (long)1e15,
+          "%s: a team of %d thread(s) split from %ld multiply-adds (want never: one thread saves nothing)", name,
+          kv4.team_size, kv4.par_work);
+    lm_kv_free(&kv4);
     CHECK(ctx, lm_prefill(&c, &p, &kv2, &ws, tok, n0, logits, &err) == MOH_OK, "%s", err.msg);
     double pworst = test_rel_err_f32(logits, a.logits + (size_t)(n0 - 1) * 256, 256);
     CHECK(ctx, kv2.pos == n0, "%s: prefill left pos %d, want %d", name, kv2.pos, n0);

@@ -118,9 +118,11 @@ static void attend_head(lm_kv_cache *kv, size_t l0, size_t hstride, int i, int g
 
 /* The learned router's gates for one token x [C] into r->gates [h] (spec §1, §10): with top_k >= 1
  * the logits z = [wg; wg_0; wg_1] x by fp32 dot products on this thread (one product when
- * attn_params_bind left the three adjacent), then router_learned_rows: the values router_forward_f32
- * gives, without a GEMM call or OpenMP region per token; top_k = 0 (all heads shared) goes through router_forward_f32. The load-balance loss is not
- * computed. */
+ * attn_params_bind left the three adjacent), then router_learned_rows: router_forward_f32's
+ * softmaxes and top-k without a GEMM call or OpenMP region per token, on logits that can differ
+ * from its GEMM's in the last bit (another summation order: 1202 of 1680 random logits, C 8..1024),
+ * so a near tie may select another head than the full forward does. top_k = 0 (all heads shared)
+ * goes through router_forward_f32. The load-balance loss is not computed. */
 static void route_token(const moh_attn_config *a, const attn_params_f32 *prm, const float *x, attn_cache_f32 *r) {
     static const int whole[1] = {0};
     const int C = a->hidden_size, E = attn_routed_heads(a), hs = a->shared_heads;
@@ -260,7 +262,7 @@ static int cmp_double(const void *a, const void *b) {
 void lm_kv_calibrate(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p) {
     enum { NREG = 15, NGEMV = 9 };
     static const int whole[1] = {0};
-    const int n = omp_get_max_threads(), C = cfg->hidden_size, qd = attn_qkv_dim(&cfg->attn);
+    const int C = cfg->hidden_size, qd = attn_qkv_dim(&cfg->attn);
     double reg[NREG], best = 1e30;
     int ran = 0;
     for (int i = 0; i < NREG; i++) { /* back to back: under passive waits each one wakes the team */
@@ -269,7 +271,9 @@ void lm_kv_calibrate(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_
         ran += 1; /* next to nothing: the start and the join are what is timed */
         reg[i] = omp_get_wtime() - t0;
     }
-    kv->team_size = ran / NREG;
+    /* the team the regions got, not omp_get_max_threads(): inside a parallel region (nesting off),
+     * under OMP_THREAD_LIMIT or OMP_DYNAMIC it can be one thread, which saves nothing */
+    const int n = kv->team_size = ran / NREG;
     qsort(reg, NREG, sizeof reg[0], cmp_double);
     for (int c = 0; c < C; c++) kv->xn[c] = (float)((c % 7) - 3) * 0.25f;
     for (int i = 0; i < NGEMV; i++) { /* layer 0's W_qkv on this thread, in the cache's precision */

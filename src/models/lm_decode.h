@@ -50,12 +50,13 @@ typedef struct lm_kv_cache {
     long heads_run, heads_total; /* (token, layer, head) attention rows computed / possible */
     double phase_s[LM_NPHASE];   /* wall seconds per phase (LM_PH_*), accumulated */
     /* Team split (lm_kv_calibrate; 0 until the first decode step): a product of at least par_work
-     * multiply-adds (attention: DECODE_ATTN_WORK = 4 per head, key and element) runs on the OpenMP team, a smaller
-     * one on the calling thread. team_s: seconds to start and join the team (median of empty
-     * regions); mac_s: seconds per multiply-add of a matrix-vector product on one thread. */
+     * multiply-adds (attention: DECODE_ATTN_WORK = 4 per head, key and element) runs on the OpenMP team, a smaller one
+     * on the calling thread (never when the calibration's team was one thread). team_s: seconds to
+     * start and join the team (median of empty regions); mac_s: seconds per multiply-add of a
+     * matrix-vector product on one thread. */
     long par_work;
     double team_s, mac_s;
-    int team_size;               /* threads that ran the calibration's regions */
+    int team_size;               /* threads that ran the calibration's regions (the n of the split) */
     void *block;
 } lm_kv_cache;
 
@@ -82,10 +83,13 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
 /* Measures what waking the OpenMP team costs (kv->team_s) against one thread's matrix-vector
  * rate on layer 0's W_qkv (kv->mac_s), and sets kv->par_work, the work from which a decode product
  * is split across the team: under passive waits on a virtual machine, waking a sleeping thread
- * costs tens of microseconds, more than a small model's whole product. lm_decode_step calls it on
- * a cache's first step when par_work is 0; a caller comparing models may copy one cache's
- * par_work to the others. Overwrites the cache's activation scratch (not the K/V). ~1 ms. Threads
- * do not change results: every row and head is computed by the same code either way. */
+ * costs tens of microseconds, more than a small model's whole product. The thread count is the team
+ * its regions got (one inside another parallel region, or under OMP_THREAD_LIMIT=1: no split),
+ * not omp_get_max_threads(). lm_decode_step calls it on a cache's first step when par_work <= 0;
+ * a caller comparing models may copy one cache's par_work to the others. Overwrites the cache's
+ * activation scratch (not the K/V). ~1 ms (15 team starts: more when each takes milliseconds, as
+ * under OMP_WAIT_POLICY=active with the cores busy). Threads do not change results: every row and
+ * head is computed by the same code either way. */
 void lm_kv_calibrate(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p);
 /* dst decodes with src's team split (par_work, team_s, mac_s, team_size): benches comparing models
  * on one rule. */
