@@ -264,7 +264,7 @@ int bench_decode(int argc, char **argv) {
             for (int g = 0; g < 6 && !status; g++) /* one team split per precision: rows differ only in heads run */
                 if (prec[g / 3]) {
                     bd_run *r = &runs[g];
-                    if (g % 3 == 0) lm_kv_calibrate(&r->kv, &r->cfg, &r->p);
+                    if (g % 3 == 0) status = lm_kv_calibrate(&r->kv, &r->cfg, &r->p, &err);
                     else lm_kv_copy_split(&r->kv, &runs[g - g % 3].kv);
                 }
             for (int i = 0; i < nrun && !status; i++) status = bd_steps(&runs[order[i]], ctx, a.tokens < 4 ? a.tokens : 4, &err);

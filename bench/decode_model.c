@@ -197,7 +197,7 @@ int bench_decode_models(const bdm_opts *o) {
     }
     for (int i = 0; i < nr && !status; i++) { /* one team split per precision for models of the first's width */
         bdm_run *r = &runs[i], *first = &runs[i % npr];
-        if (i < npr) lm_kv_calibrate(&r->kv, r->cfg, r->p);
+        if (i < npr) status = lm_kv_calibrate(&r->kv, r->cfg, r->p, &err);
         else if (r->cfg->hidden_size == first->cfg->hidden_size) lm_kv_copy_split(&r->kv, &first->kv);
     }
     for (int i = 0; i < nr && !status; i++) { /* warm-up: kernels, page faults */

@@ -198,6 +198,8 @@ static void model_check(test_ctx *ctx, const model_case *mc, sparse_bf16_isa isa
     lm_params_f32 q = p;
     q.data = p.data + 1;
     CHECK(ctx, lm_decode_step(&c, &q, &k16, tok[0], l16, &err) == MOH_E_ARG, "%s: foreign parameters not refused", mc->name);
+    CHECK(ctx, lm_kv_calibrate(&k16, &c, &q, &err) == MOH_E_ARG, "%s: calibration on foreign parameters not refused",
+          mc->name);
     printf("  %-15s %-17s vs fp32 decode %.2e, vs fp32 reference forward %.2e, bf16 prefill + decode %.2e, "
            "%d flipped tokens (worst %.2e)\n", mc->name, sparse_bf16_isa_name(isa), w32, wref, wpre, flips, wflip);
     lm_prefill_free(&ws);

@@ -83,14 +83,16 @@ static void run(test_ctx *ctx, const char *name, moh_router router, int hkv, boo
     /* called where its regions get one thread (inside a parallel region, nesting off): no split,
      * whatever omp_get_max_threads() says */
     lm_kv_cache kv4;
+    int rc4 = MOH_E_ARG;
     CHECK(ctx, lm_kv_init(&kv4, &c, T, &err) == MOH_OK, "%s", err.msg);
     omp_set_max_active_levels(1);
 #pragma omp parallel num_threads(2)
 #pragma omp master
     {
         omp_set_num_threads(2);
-        lm_kv_calibrate(&kv4, &c, &p);
+        rc4 = lm_kv_calibrate(&kv4, &c, &p, &err);
     }
+    CHECK(ctx, rc4 == MOH_OK, "%s: calibrate: %s", name, err.msg);
     CHECK(ctx, kv4.team_size == 1 && kv4.par_work >= (long)1e15,
           "%s: a team of %d thread(s) split from %ld multiply-adds (want never: one thread saves nothing)", name,
           kv4.team_size, kv4.par_work);

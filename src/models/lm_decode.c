@@ -254,13 +254,22 @@ void lm_kv_describe(const lm_kv_cache *kv, char *out, size_t cap) {
                  sparse_bf16_isa_name(kv->isa));
 }
 
+/* A bf16 cache runs only the parameters it holds the copy of: MOH_E_ARG otherwise. */
+static int check_params(const lm_kv_cache *kv, const lm_params_f32 *p, moh_error *err) {
+    if (kv->bf16 && (p->data != kv->w16.src || p->n != kv->w16.n))
+        return moh_fail(err, MOH_E_ARG, "bf16 KV cache: parameters other than the %zu values it was built for",
+                        kv->w16.n);
+    return MOH_OK;
+}
+
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-void lm_kv_calibrate(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p) {
+int lm_kv_calibrate(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, moh_error *err) {
     enum { NREG = 15, NGEMV = 9 };
+    if (check_params(kv, p, err)) return err->code;
     static const int whole[1] = {0};
     const int C = cfg->hidden_size, qd = attn_qkv_dim(&cfg->attn);
     double reg[NREG], best = 1e30;
@@ -288,6 +297,7 @@ void lm_kv_calibrate(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_
     /* split when W mac_s (1 - 1 / n) > team_s: the time the other threads take off exceeds waking them */
     const double w = n > 1 && kv->mac_s > 0 ? kv->team_s / (kv->mac_s * (1.0 - 1.0 / n)) : 1e18;
     kv->par_work = w < 4096 ? 4096 : w > 1e15 ? (long)1e15 : (long)w;
+    return MOH_OK;
 }
 
 void lm_kv_copy_split(lm_kv_cache *dst, const lm_kv_cache *src) {
@@ -304,13 +314,6 @@ void lm_kv_describe_split(const lm_kv_cache *kv, char *out, size_t cap) {
                  kv->team_size, kv->team_s * 1e6, 1e-9 / kv->mac_s, kv->par_work);
 }
 
-/* A bf16 cache runs only the parameters it holds the copy of: MOH_E_ARG otherwise. */
-static int check_params(const lm_kv_cache *kv, const lm_params_f32 *p, moh_error *err) {
-    if (kv->bf16 && (p->data != kv->w16.src || p->n != kv->w16.n))
-        return moh_fail(err, MOH_E_ARG, "bf16 KV cache: parameters other than the %zu values it was built for",
-                        kv->w16.n);
-    return MOH_OK;
-}
 
 int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, int token,
                    float *logits, moh_error *err) {
@@ -324,7 +327,7 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
     if (token < 0 || token >= cfg->vocab_size)
         return moh_fail(err, MOH_E_ARG, "token %d out of range [0, %d)", token, cfg->vocab_size);
     if (check_params(kv, p, err)) return err->code;
-    if (kv->par_work <= 0) lm_kv_calibrate(kv, cfg, p);
+    if (kv->par_work <= 0 && lm_kv_calibrate(kv, cfg, p, err)) return err->code;
     /* per KV head: fp32 [max_T, d] rows; bf16 keys [Tp, d], values in position pairs [Tp / 2, d, 2] */
     const size_t hstride = (size_t)(kv->bf16 ? kv->max_T + (kv->max_T & 1) : kv->max_T) * d;
     double *ph = kv->phase_s, t = omp_get_wtime();

@@ -50,10 +50,10 @@ typedef struct lm_kv_cache {
     long heads_run, heads_total; /* (token, layer, head) attention rows computed / possible */
     double phase_s[LM_NPHASE];   /* wall seconds per phase (LM_PH_*), accumulated */
     /* Team split (lm_kv_calibrate; 0 until the first decode step): a product of at least par_work
-     * multiply-adds (attention: DECODE_ATTN_WORK = 4 per head, key and element) runs on the OpenMP team, a smaller one
-     * on the calling thread (never when the calibration's team was one thread). team_s: seconds to
-     * start and join the team (median of empty regions); mac_s: seconds per multiply-add of a
-     * matrix-vector product on one thread. */
+     * multiply-adds (attention: DECODE_ATTN_WORK = 4 per head, key and element) runs on the OpenMP
+     * team, a smaller one on the calling thread (never when the calibration's team was one thread).
+     * team_s: seconds to start and join the team (median of empty regions); mac_s: seconds per
+     * multiply-add of a matrix-vector product on one thread. */
     long par_work;
     double team_s, mac_s;
     int team_size;               /* threads that ran the calibration's regions (the n of the split) */
@@ -89,8 +89,9 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
  * a caller comparing models may copy one cache's par_work to the others. Overwrites the cache's
  * activation scratch (not the K/V). ~1 ms (15 team starts: more when each takes milliseconds, as
  * under OMP_WAIT_POLICY=active with the cores busy). Threads do not change results: every row and
- * head is computed by the same code either way. */
-void lm_kv_calibrate(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p);
+ * head is computed by the same code either way. MOH_OK, or MOH_E_ARG (nothing measured) when a bf16
+ * cache is given parameters other than those it was built for. */
+int lm_kv_calibrate(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, moh_error *err);
 /* dst decodes with src's team split (par_work, team_s, mac_s, team_size): benches comparing models
  * on one rule. */
 void lm_kv_copy_split(lm_kv_cache *dst, const lm_kv_cache *src);
