@@ -11,6 +11,8 @@
 #define MOH_OPS_IMPL_CONSTANTS
 /* Inverse RoPE frequencies tabulated per call (the rest are computed per use). */
 #define MOH_ROPE_INV_CACHE 512
+/* Elements per task of the elementwise ops that run in blocks (swiglu_forward). */
+#define MOH_OPS_EW_BLOCK 4096
 /* Columns per block when dw/db are summed over rows in parallel column blocks. */
 #define MOH_OPS_COLBLOCK 64
 /* Cross-entropy rows are split into this many fixed chunks; partial losses (in double) are summed
@@ -242,24 +244,33 @@ void F(silu_backward)(real *dinp, const real *dout, const real *inp, long n) {
     }
 }
 
-static inline real F(swiglu1)(real g, real u) { return g / ((real)1 + F(r_exp)(-g)) * u; }
-
-void F(swiglu_forward)(real *out, const real *gate, const real *up, long n) {
-    if (n < 65536) { /* OPS_SERIAL */
-        for (long i = 0; i < n; i++) out[i] = F(swiglu1)(gate[i], up[i]);
-        return;
+/* Elements [i0, i1) of swiglu_forward(_sig) (sig may be NULL): OPS_VEC_SWIGLU's vector exp where
+ * the CPU has it (the float instantiation on AVX-512, ops.c), else libm's, one element at a time. */
+static inline void F(swiglu_range)(real *out, real *sig, const real *gate, const real *up, long i0, long i1) {
+    if (OPS_VEC_SWIGLU(out + i0, sig ? sig + i0 : NULL, gate + i0, up + i0, i1 - i0)) return;
+    for (long i = i0; i < i1; i++) {
+        const real den = (real)1 + F(r_exp)(-gate[i]);
+        out[i] = gate[i] / den * up[i]; /* torch: silu(g) * u, silu(g) = g / (1 + exp(-g)) */
+        if (sig) sig[i] = (real)1 / den; /* sigmoid(g), for the backward */
     }
-#pragma omp parallel for schedule(static)
-    for (long i = 0; i < n; i++) out[i] = F(swiglu1)(gate[i], up[i]);
 }
 
-void F(swiglu_forward_sig)(real *out, real *sig, const real *gate, const real *up, long n) {
-#pragma omp parallel for if (n >= 65536) schedule(static)
-    for (long i = 0; i < n; i++) {
-        const real den = (real)1 + F(r_exp)(-gate[i]);
-        out[i] = gate[i] / den * up[i]; /* as swiglu_forward */
-        sig[i] = (real)1 / den;         /* as r_sigmoid(gate[i]) */
+/* Blocks of MOH_OPS_EW_BLOCK elements on the team from 65536 elements, else on this thread. */
+static void F(swiglu_blocks)(real *out, real *sig, const real *gate, const real *up, long n) {
+    if (n < 65536) { /* OPS_SERIAL */
+        F(swiglu_range)(out, sig, gate, up, 0, n);
+        return;
     }
+    const long nb = (n + MOH_OPS_EW_BLOCK - 1) / MOH_OPS_EW_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (long b = 0; b < nb; b++)
+        F(swiglu_range)(out, sig, gate, up, b * MOH_OPS_EW_BLOCK, b + 1 < nb ? (b + 1) * MOH_OPS_EW_BLOCK : n);
+}
+
+void F(swiglu_forward)(real *out, const real *gate, const real *up, long n) { F(swiglu_blocks)(out, NULL, gate, up, n); }
+
+void F(swiglu_forward_sig)(real *out, real *sig, const real *gate, const real *up, long n) {
+    F(swiglu_blocks)(out, sig, gate, up, n);
 }
 
 /* d(silu(x) u) / dx and / du, times g; s = sigmoid(x). */
@@ -268,14 +279,33 @@ static inline void F(swiglu_grad)(real *dx, real *du, real g, real x, real s, re
     *du = g * x * s;
 }
 
-void F(swiglu_backward)(real *dgate, real *dup, const real *dout, const real *gate, const real *up, long n) {
-#pragma omp parallel for if (n >= 65536) schedule(static)
-    for (long i = 0; i < n; i++) {
-        real dx, du;
-        F(swiglu_grad)(&dx, &du, dout[i], gate[i], F(r_sigmoid)(gate[i]), up[i]);
-        if (dgate) dgate[i] += dx;
-        if (dup) dup[i] += du;
+/* Elements [i0, i1) of swiglu_backward, the sigmoid as swiglu_forward_sig computes it. */
+static void F(swiglu_backward_range)(real *dgate, real *dup, const real *dout, const real *gate, const real *up,
+                                     long i0, long i1) {
+    real sig[MOH_OPS_EW_BLOCK];
+    for (long b = i0; b < i1; b += MOH_OPS_EW_BLOCK) {
+        const long nb = i1 - b < MOH_OPS_EW_BLOCK ? i1 - b : MOH_OPS_EW_BLOCK;
+        if (!OPS_VEC_SIGMOID(sig, gate + b, nb))
+            for (long i = 0; i < nb; i++) sig[i] = F(r_sigmoid)(gate[b + i]);
+        for (long i = 0; i < nb; i++) {
+            real dx, du;
+            F(swiglu_grad)(&dx, &du, dout[b + i], gate[b + i], sig[i], up[b + i]);
+            if (dgate) dgate[b + i] += dx;
+            if (dup) dup[b + i] += du;
+        }
     }
+}
+
+void F(swiglu_backward)(real *dgate, real *dup, const real *dout, const real *gate, const real *up, long n) {
+    if (n < 65536) { /* OPS_SERIAL */
+        F(swiglu_backward_range)(dgate, dup, dout, gate, up, 0, n);
+        return;
+    }
+    const long nb = (n + MOH_OPS_EW_BLOCK - 1) / MOH_OPS_EW_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (long b = 0; b < nb; b++)
+        F(swiglu_backward_range)(dgate, dup, dout, gate, up, b * MOH_OPS_EW_BLOCK,
+                                 b + 1 < nb ? (b + 1) * MOH_OPS_EW_BLOCK : n);
 }
 
 void F(swiglu_backward_set)(real *dgate, real *dup, const real *dout, const real *gate, const real *sig,
