@@ -11,7 +11,7 @@
 #define MOH_OPS_IMPL_CONSTANTS
 /* Inverse RoPE frequencies tabulated per call (the rest are computed per use). */
 #define MOH_ROPE_INV_CACHE 512
-/* Elements per task of the elementwise ops that run in blocks (swiglu_forward). */
+/* Elements per task of the elementwise ops that run in blocks (their exp on a block at a time). */
 #define MOH_OPS_EW_BLOCK 4096
 /* Columns per block when dw/db are summed over rows in parallel column blocks. */
 #define MOH_OPS_COLBLOCK 64
@@ -202,28 +202,59 @@ void F(gelu_erf_backward)(real *dinp, const real *dout, const real *inp, long n)
     }
 }
 
+/* y[n] = e^y[n] in place: OPS_VEC_EXP's vector exp where the CPU has it (the float instantiation
+ * on AVX-512, ops.c: within 2.2e-7 of float64), else libm's, one at a time. */
+static inline void F(exp_block)(real *y, long n) {
+    if (!OPS_VEC_EXP(y, n))
+        for (long i = 0; i < n; i++) y[i] = F(r_exp)(y[i]);
+}
+
 /* 0.5 x (1 + tanh(u)) computed as x sigmoid(2u): the same function, through exp instead of
  * libm's tanh (which goes through expm1 and took 60% of a DiT forward). */
-void F(gelu_tanh_forward)(real *out, const real *inp, long n) {
-#pragma omp parallel for if (n >= 65536) schedule(static)
+static void F(gelu_tanh_range)(real *out, const real *inp, long i0, long i1) {
+    real e[MOH_OPS_EW_BLOCK];
+    const long n = i1 - i0;
+    #pragma omp simd
     for (long i = 0; i < n; i++) {
-        real x = inp[i];
-        real u = (real)MOH_GELU_K0 * (x + (real)MOH_GELU_K1 * x * x * x);
-        out[i] = x / ((real)1 + F(r_exp)((real)-2 * u));
+        const real x = inp[i0 + i], u = (real)MOH_GELU_K0 * (x + (real)MOH_GELU_K1 * x * x * x);
+        e[i] = (real)-2 * u;
     }
+    F(exp_block)(e, n);
+    #pragma omp simd
+    for (long i = 0; i < n; i++) out[i0 + i] = inp[i0 + i] / ((real)1 + e[i]);
+}
+
+void F(gelu_tanh_forward)(real *out, const real *inp, long n) {
+    const long nb = (n + MOH_OPS_EW_BLOCK - 1) / MOH_OPS_EW_BLOCK;
+#pragma omp parallel for if (n >= 65536) schedule(static)
+    for (long b = 0; b < nb; b++)
+        F(gelu_tanh_range)(out, inp, b * MOH_OPS_EW_BLOCK, b + 1 < nb ? (b + 1) * MOH_OPS_EW_BLOCK : n);
 }
 
 /* d/dx [x s(2u)] = s + 2 x s (1 - s) u', s = sigmoid(2u) (= (1 + tanh u) / 2). */
+static void F(gelu_tanh_backward_range)(real *dinp, const real *dout, const real *inp, long i0, long i1) {
+    real e[MOH_OPS_EW_BLOCK];
+    const long n = i1 - i0;
+    #pragma omp simd
+    for (long i = 0; i < n; i++) {
+        const real x = inp[i0 + i], u = (real)MOH_GELU_K0 * (x + (real)MOH_GELU_K1 * x * x * x);
+        e[i] = (real)-2 * u;
+    }
+    F(exp_block)(e, n);
+    #pragma omp simd
+    for (long i = 0; i < n; i++) {
+        const real x = inp[i0 + i], sg = (real)1 / ((real)1 + e[i]);
+        const real du = (real)MOH_GELU_K0 * ((real)1 + (real)(3 * MOH_GELU_K1) * x * x);
+        dinp[i0 + i] += dout[i0 + i] * (sg + (real)2 * x * sg * ((real)1 - sg) * du);
+    }
+}
+
 void F(gelu_tanh_backward)(real *dinp, const real *dout, const real *inp, long n) {
     if (!dinp) return;
+    const long nb = (n + MOH_OPS_EW_BLOCK - 1) / MOH_OPS_EW_BLOCK;
 #pragma omp parallel for if (n >= 65536) schedule(static)
-    for (long i = 0; i < n; i++) {
-        real x = inp[i];
-        real u = (real)MOH_GELU_K0 * (x + (real)MOH_GELU_K1 * x * x * x);
-        real sg = (real)1 / ((real)1 + F(r_exp)((real)-2 * u));
-        real du = (real)MOH_GELU_K0 * ((real)1 + (real)(3 * MOH_GELU_K1) * x * x);
-        dinp[i] += dout[i] * (sg + (real)2 * x * sg * ((real)1 - sg) * du);
-    }
+    for (long b = 0; b < nb; b++)
+        F(gelu_tanh_backward_range)(dinp, dout, inp, b * MOH_OPS_EW_BLOCK, b + 1 < nb ? (b + 1) * MOH_OPS_EW_BLOCK : n);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -244,21 +275,26 @@ void F(silu_backward)(real *dinp, const real *dout, const real *inp, long n) {
     }
 }
 
-/* Elements [i0, i1) of swiglu_forward(_sig) (sig may be NULL): OPS_VEC_SWIGLU's vector exp where
- * the CPU has it (the float instantiation on AVX-512, ops.c), else libm's, one element at a time. */
+/* Elements [i0, i1) (at most MOH_OPS_EW_BLOCK) of swiglu_forward(_sig); sig may be NULL. */
 static inline void F(swiglu_range)(real *out, real *sig, const real *gate, const real *up, long i0, long i1) {
-    if (OPS_VEC_SWIGLU(out + i0, sig ? sig + i0 : NULL, gate + i0, up + i0, i1 - i0)) return;
-    for (long i = i0; i < i1; i++) {
-        const real den = (real)1 + F(r_exp)(-gate[i]);
-        out[i] = gate[i] / den * up[i]; /* torch: silu(g) * u, silu(g) = g / (1 + exp(-g)) */
-        if (sig) sig[i] = (real)1 / den; /* sigmoid(g), for the backward */
+    real e[MOH_OPS_EW_BLOCK];
+    const long n = i1 - i0;
+    #pragma omp simd
+    for (long i = 0; i < n; i++) e[i] = -gate[i0 + i];
+    F(exp_block)(e, n);
+    #pragma omp simd
+    for (long i = 0; i < n; i++) {
+        const real den = (real)1 + e[i];
+        out[i0 + i] = gate[i0 + i] / den * up[i0 + i]; /* torch: silu(g) * u = g / (1 + exp(-g)) * u */
+        if (sig) sig[i0 + i] = (real)1 / den;         /* sigmoid(g), for the backward */
     }
 }
 
-/* Blocks of MOH_OPS_EW_BLOCK elements on the team from 65536 elements, else on this thread. */
+/* Blocks of MOH_OPS_EW_BLOCK elements, on the team from 65536 elements, else on this thread. */
 static void F(swiglu_blocks)(real *out, real *sig, const real *gate, const real *up, long n) {
     if (n < 65536) { /* OPS_SERIAL */
-        F(swiglu_range)(out, sig, gate, up, 0, n);
+        for (long b = 0; b < n; b += MOH_OPS_EW_BLOCK)
+            F(swiglu_range)(out, sig, gate, up, b, n - b < MOH_OPS_EW_BLOCK ? n : b + MOH_OPS_EW_BLOCK);
         return;
     }
     const long nb = (n + MOH_OPS_EW_BLOCK - 1) / MOH_OPS_EW_BLOCK;
@@ -285,8 +321,11 @@ static void F(swiglu_backward_range)(real *dgate, real *dup, const real *dout, c
     real sig[MOH_OPS_EW_BLOCK];
     for (long b = i0; b < i1; b += MOH_OPS_EW_BLOCK) {
         const long nb = i1 - b < MOH_OPS_EW_BLOCK ? i1 - b : MOH_OPS_EW_BLOCK;
-        if (!OPS_VEC_SIGMOID(sig, gate + b, nb))
-            for (long i = 0; i < nb; i++) sig[i] = F(r_sigmoid)(gate[b + i]);
+        #pragma omp simd
+        for (long i = 0; i < nb; i++) sig[i] = -gate[b + i];
+        F(exp_block)(sig, nb);
+        #pragma omp simd
+        for (long i = 0; i < nb; i++) sig[i] = (real)1 / ((real)1 + sig[i]); /* as swiglu_forward_sig */
         for (long i = 0; i < nb; i++) {
             real dx, du;
             F(swiglu_grad)(&dx, &du, dout[b + i], gate[b + i], sig[i], up[b + i]);
