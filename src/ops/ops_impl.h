@@ -211,16 +211,21 @@ static inline void F(exp_block)(real *y, long n) {
 
 /* 0.5 x (1 + tanh(u)) computed as x sigmoid(2u): the same function, through exp instead of
  * libm's tanh (which goes through expm1 and took 60% of a DiT forward). */
-static void F(gelu_tanh_range)(real *out, const real *inp, long i0, long i1) {
-    real e[MOH_OPS_EW_BLOCK];
-    const long n = i1 - i0;
-    #pragma omp simd
+/* e[n] = exp(-2 u(x)), u(x) = K0 (x + K1 x^3), of x = inp[0..n) (n <= MOH_OPS_EW_BLOCK). */
+static inline void F(gelu_tanh_exp)(real *e, const real *inp, long n) {
+#pragma omp simd
     for (long i = 0; i < n; i++) {
-        const real x = inp[i0 + i], u = (real)MOH_GELU_K0 * (x + (real)MOH_GELU_K1 * x * x * x);
+        const real x = inp[i], u = (real)MOH_GELU_K0 * (x + (real)MOH_GELU_K1 * x * x * x);
         e[i] = (real)-2 * u;
     }
     F(exp_block)(e, n);
-    #pragma omp simd
+}
+
+static void F(gelu_tanh_range)(real *out, const real *inp, long i0, long i1) {
+    real e[MOH_OPS_EW_BLOCK];
+    const long n = i1 - i0;
+    F(gelu_tanh_exp)(e, inp + i0, n);
+#pragma omp simd
     for (long i = 0; i < n; i++) out[i0 + i] = inp[i0 + i] / ((real)1 + e[i]);
 }
 
@@ -235,13 +240,8 @@ void F(gelu_tanh_forward)(real *out, const real *inp, long n) {
 static void F(gelu_tanh_backward_range)(real *dinp, const real *dout, const real *inp, long i0, long i1) {
     real e[MOH_OPS_EW_BLOCK];
     const long n = i1 - i0;
-    #pragma omp simd
-    for (long i = 0; i < n; i++) {
-        const real x = inp[i0 + i], u = (real)MOH_GELU_K0 * (x + (real)MOH_GELU_K1 * x * x * x);
-        e[i] = (real)-2 * u;
-    }
-    F(exp_block)(e, n);
-    #pragma omp simd
+    F(gelu_tanh_exp)(e, inp + i0, n);
+#pragma omp simd
     for (long i = 0; i < n; i++) {
         const real x = inp[i0 + i], sg = (real)1 / ((real)1 + e[i]);
         const real du = (real)MOH_GELU_K0 * ((real)1 + (real)(3 * MOH_GELU_K1) * x * x);
@@ -279,10 +279,10 @@ void F(silu_backward)(real *dinp, const real *dout, const real *inp, long n) {
 static inline void F(swiglu_range)(real *out, real *sig, const real *gate, const real *up, long i0, long i1) {
     real e[MOH_OPS_EW_BLOCK];
     const long n = i1 - i0;
-    #pragma omp simd
+#pragma omp simd
     for (long i = 0; i < n; i++) e[i] = -gate[i0 + i];
     F(exp_block)(e, n);
-    #pragma omp simd
+#pragma omp simd
     for (long i = 0; i < n; i++) {
         const real den = (real)1 + e[i];
         out[i0 + i] = gate[i0 + i] / den * up[i0 + i]; /* torch: silu(g) * u = g / (1 + exp(-g)) * u */
@@ -321,10 +321,10 @@ static void F(swiglu_backward_range)(real *dgate, real *dup, const real *dout, c
     real sig[MOH_OPS_EW_BLOCK];
     for (long b = i0; b < i1; b += MOH_OPS_EW_BLOCK) {
         const long nb = i1 - b < MOH_OPS_EW_BLOCK ? i1 - b : MOH_OPS_EW_BLOCK;
-        #pragma omp simd
+#pragma omp simd
         for (long i = 0; i < nb; i++) sig[i] = -gate[b + i];
         F(exp_block)(sig, nb);
-        #pragma omp simd
+#pragma omp simd
         for (long i = 0; i < nb; i++) sig[i] = (real)1 / ((real)1 + sig[i]); /* as swiglu_forward_sig */
         for (long i = 0; i < nb; i++) {
             real dx, du;
