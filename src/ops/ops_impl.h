@@ -183,6 +183,13 @@ void F(rmsnorm_backward)(real *dinp, real *dw, const real *dout, const real *inp
 
 /* ---------------------------------------------------------------------------------------------- */
 
+/* y[n] = e^y[n] in place: OPS_VEC_EXP's vector exp where the CPU has it (the float instantiation
+ * on AVX-512, ops.c: within 2.2e-7 of float64), else libm's, one at a time. */
+static inline void F(exp_block)(real *y, long n) {
+    if (!OPS_VEC_EXP(y, n))
+        for (long i = 0; i < n; i++) y[i] = F(r_exp)(y[i]);
+}
+
 void F(gelu_erf_forward)(real *out, const real *inp, long n) {
 #pragma omp parallel for if (n >= 65536) schedule(static)
     for (long i = 0; i < n; i++) {
@@ -191,23 +198,28 @@ void F(gelu_erf_forward)(real *out, const real *inp, long n) {
     }
 }
 
-void F(gelu_erf_backward)(real *dinp, const real *dout, const real *inp, long n) {
-    if (!dinp) return;
-#pragma omp parallel for if (n >= 65536) schedule(static)
+static void F(gelu_erf_backward_range)(real *dinp, const real *dout, const real *inp, long i0, long i1) {
+    real e[MOH_OPS_EW_BLOCK];
+    const long n = i1 - i0;
+#pragma omp simd
+    for (long i = 0; i < n; i++) e[i] = (real)-0.5 * inp[i0 + i] * inp[i0 + i];
+    F(exp_block)(e, n);
     for (long i = 0; i < n; i++) {
-        real x = inp[i];
-        real cdf = (real)0.5 * ((real)1 + F(r_erf)(x * (real)0.70710678118654752440));
-        real pdf = F(r_exp)((real)-0.5 * x * x) * (real)0.39894228040143267794; /* 1/sqrt(2 pi) */
-        dinp[i] += dout[i] * (cdf + x * pdf);
+        const real x = inp[i0 + i];
+        const real cdf = (real)0.5 * ((real)1 + F(r_erf)(x * (real)0.70710678118654752440));
+        const real pdf = e[i] * (real)0.39894228040143267794; /* exp(-x^2 / 2) / sqrt(2 pi) */
+        dinp[i0 + i] += dout[i0 + i] * (cdf + x * pdf);
     }
 }
 
-/* y[n] = e^y[n] in place: OPS_VEC_EXP's vector exp where the CPU has it (the float instantiation
- * on AVX-512, ops.c: within 2.2e-7 of float64), else libm's, one at a time. */
-static inline void F(exp_block)(real *y, long n) {
-    if (!OPS_VEC_EXP(y, n))
-        for (long i = 0; i < n; i++) y[i] = F(r_exp)(y[i]);
+void F(gelu_erf_backward)(real *dinp, const real *dout, const real *inp, long n) {
+    if (!dinp) return;
+    const long nb = (n + MOH_OPS_EW_BLOCK - 1) / MOH_OPS_EW_BLOCK;
+#pragma omp parallel for if (n >= 65536) schedule(static)
+    for (long b = 0; b < nb; b++)
+        F(gelu_erf_backward_range)(dinp, dout, inp, b * MOH_OPS_EW_BLOCK, b + 1 < nb ? (b + 1) * MOH_OPS_EW_BLOCK : n);
 }
+
 
 /* 0.5 x (1 + tanh(u)) computed as x sigmoid(2u): the same function, through exp instead of
  * libm's tanh (which goes through expm1 and took 60% of a DiT forward). */
@@ -359,11 +371,10 @@ void F(swiglu_backward_set)(real *dgate, real *dup, const real *dout, const real
 static inline void F(softmax_row)(real *o, const real *x, int N) {
     real mx = x[0];
     for (int j = 1; j < N; j++) mx = x[j] > mx ? x[j] : mx;
+    for (int j = 0; j < N; j++) o[j] = x[j] - mx;
+    F(exp_block)(o, N);
     real s = 0;
-    for (int j = 0; j < N; j++) {
-        o[j] = F(r_exp)(x[j] - mx);
-        s += o[j];
-    }
+    for (int j = 0; j < N; j++) s += o[j];
     real inv = (real)1 / s;
     for (int j = 0; j < N; j++) o[j] *= inv;
 }
