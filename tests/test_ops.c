@@ -441,6 +441,24 @@ static void test_fused_variants(void) {
     CHECK(&T, isnan(oe[ne + 2]) && isnan(se[ne + 2]), "swiglu(nan): %g, sigmoid %g (want nan)", (double)oe[ne + 2],
           (double)se[ne + 2]);
     printf("  swiglu / sigmoid over g in [-104, 104]: worst %.2g relative to float64; +-inf and nan as expf\n", eworst);
+    /* GELU (erf): x in [-12, 12] in steps of 1/64 against float64, the error relative to |x| (the
+     * op's scale: near cdf = 0 both float32 erf's cancel in 1 + erf); +-inf, nan */
+    const long ng = 2 * 12 * 64 + 1;
+    float *xg = zeros32(ng + 3), *yg = zeros32(ng + 3);
+    for (long i = 0; i < ng; i++) xg[i] = -12.0f + (float)i / 64.0f;
+    xg[ng] = INFINITY, xg[ng + 1] = -INFINITY, xg[ng + 2] = NAN;
+    gelu_erf_forward_f32(yg, xg, ng + 3);
+    double gworst = 0.0;
+    for (long i = 0; i < ng; i++) {
+        const double x = xg[i], want = 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+        const double e = x != 0.0 ? fabs(yg[i] - want) / fabs(x) : fabs(yg[i]);
+        gworst = e > gworst ? e : gworst;
+    }
+    CHECK(&T, gworst <= 4 * FLT_EPSILON / 2, "gelu_erf over [-12, 12]: worst error %.3g of |x| (want <= 4 ulp)", gworst);
+    CHECK(&T, isinf(yg[ng]) && yg[ng] > 0 && isnan(yg[ng + 1]) && isnan(yg[ng + 2]),
+          "gelu_erf(+inf, -inf, nan) = %g, %g, %g (want inf, nan as -inf * 0, nan)", (double)yg[ng], (double)yg[ng + 1],
+          (double)yg[ng + 2]);
+    printf("  gelu_erf over x in [-12, 12]: worst %.2g of |x| against float64; +-inf and nan as erff\n", gworst);
 }
 
 /* ========================================== softmax =========================================== */

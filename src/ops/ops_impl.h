@@ -190,23 +190,47 @@ static inline void F(exp_block)(real *y, long n) {
         for (long i = 0; i < n; i++) y[i] = F(r_exp)(y[i]);
 }
 
+/* y[n] = erf(y[n]) in place: OPS_VEC_ERF's vector erf where the CPU has it, else libm's. */
+static inline void F(erf_block)(real *y, long n) {
+    if (!OPS_VEC_ERF(y, n))
+        for (long i = 0; i < n; i++) y[i] = F(r_erf)(y[i]);
+}
+
+/* c[n] = 1 + erf(x / sqrt 2) of x = inp[0..n) (n <= MOH_OPS_EW_BLOCK): twice the normal cdf. */
+static inline void F(gelu_erf_cdf2)(real *c, const real *inp, long n) {
+#pragma omp simd
+    for (long i = 0; i < n; i++) c[i] = inp[i] * (real)0.70710678118654752440;
+    F(erf_block)(c, n);
+#pragma omp simd
+    for (long i = 0; i < n; i++) c[i] = (real)1 + c[i];
+}
+
+static void F(gelu_erf_range)(real *out, const real *inp, long i0, long i1) {
+    real c[MOH_OPS_EW_BLOCK];
+    const long n = i1 - i0;
+    F(gelu_erf_cdf2)(c, inp + i0, n);
+#pragma omp simd
+    for (long i = 0; i < n; i++) out[i0 + i] = inp[i0 + i] * (real)0.5 * c[i];
+}
+
 void F(gelu_erf_forward)(real *out, const real *inp, long n) {
+    const long nb = (n + MOH_OPS_EW_BLOCK - 1) / MOH_OPS_EW_BLOCK;
 #pragma omp parallel for if (n >= 65536) schedule(static)
-    for (long i = 0; i < n; i++) {
-        real x = inp[i];
-        out[i] = x * (real)0.5 * ((real)1 + F(r_erf)(x * (real)0.70710678118654752440));
-    }
+    for (long b = 0; b < nb; b++)
+        F(gelu_erf_range)(out, inp, b * MOH_OPS_EW_BLOCK, b + 1 < nb ? (b + 1) * MOH_OPS_EW_BLOCK : n);
 }
 
 static void F(gelu_erf_backward_range)(real *dinp, const real *dout, const real *inp, long i0, long i1) {
-    real e[MOH_OPS_EW_BLOCK];
+    real e[MOH_OPS_EW_BLOCK], c[MOH_OPS_EW_BLOCK];
     const long n = i1 - i0;
 #pragma omp simd
     for (long i = 0; i < n; i++) e[i] = (real)-0.5 * inp[i0 + i] * inp[i0 + i];
     F(exp_block)(e, n);
+    F(gelu_erf_cdf2)(c, inp + i0, n);
+#pragma omp simd
     for (long i = 0; i < n; i++) {
         const real x = inp[i0 + i];
-        const real cdf = (real)0.5 * ((real)1 + F(r_erf)(x * (real)0.70710678118654752440));
+        const real cdf = (real)0.5 * c[i];
         const real pdf = e[i] * (real)0.39894228040143267794; /* exp(-x^2 / 2) / sqrt(2 pi) */
         dinp[i0 + i] += dout[i0 + i] * (cdf + x * pdf);
     }
