@@ -78,34 +78,25 @@ static OPS_AVX512 void exp_avx512(float *y, long n) {
 }
 #endif
 
-/* The float instantiation's vector erf: 1 when done (AVX-512, checked at run time), else 0. */
-static int erf_vec_f32(float *y, long n) {
+/* The float instantiation's vector functions, in place on y[n]: 1 when done (AVX-512, checked at
+ * run time), else 0 (the caller loops over libm's). */
+enum { OPS_VEC_FN_EXP, OPS_VEC_FN_ERF };
+static int vec_f32(int fn, float *y, long n) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (__builtin_cpu_supports("avx512f")) {
-        erf_avx512(y, n);
+        if (fn == OPS_VEC_FN_EXP) exp_avx512(y, n);
+        else erf_avx512(y, n);
         return 1;
     }
 #endif
-    (void)y, (void)n;
-    return 0;
-}
-
-/* The float instantiation's vector exp: 1 when done (AVX-512, checked at run time), else 0. */
-static int exp_vec_f32(float *y, long n) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx512f")) {
-        exp_avx512(y, n);
-        return 1;
-    }
-#endif
-    (void)y, (void)n;
+    (void)fn, (void)y, (void)n;
     return 0;
 }
 
 #define real float
 #define F(x) x##_f32
-#define OPS_VEC_EXP(y, n) exp_vec_f32(y, n)
-#define OPS_VEC_ERF(y, n) erf_vec_f32(y, n)
+#define OPS_VEC_EXP(y, n) vec_f32(OPS_VEC_FN_EXP, y, n)
+#define OPS_VEC_ERF(y, n) vec_f32(OPS_VEC_FN_ERF, y, n)
 #include "ops_impl.h"
 #undef OPS_VEC_EXP
 #undef OPS_VEC_ERF
