@@ -52,7 +52,7 @@ static int feed(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *k
 }
 
 int cmd_chat(int argc, char **argv) {
-    const char *path = NULL, *system = NULL;
+    const char *path = NULL, *system = NULL, *precision = NULL;
     int max_tokens = 512, top_k = 0;
     double temp = 0.7, top_p = 1.0;
     uint64_t seed = 1;
@@ -64,6 +64,7 @@ int cmd_chat(int argc, char **argv) {
         {"--top-k", ARG_INT, &top_k, "K", "keep the K most likely tokens (default 0 = all)", false, ARG_GE(0)},
         {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: the smallest set of probability >= P (default 1)", false, ARG_IN_OC(0, 1)},
         {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false, ARG_ANY},
+        {"--precision", ARG_CHOICE, &precision, "fp32|bf16", "decode in fp32 (default) or from bf16 weights and a bf16 KV cache with fp32 accumulation, as moh sample; a CPU without AVX-512 decodes in fp32 and says so", false, ARG_ANY},
     };
     int rc = args_parse("chat", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]), "--model FILE.gguf|DIR [options]",
                         "Reads one user message per line on stdin and streams each reply to stdout. /reset starts\n"
@@ -71,6 +72,14 @@ int cmd_chat(int argc, char **argv) {
                         "a turn that would pass the context (max_position_embeddings) is refused with a message\n"
                         "(/reset to go on). A reply ends at <|im_end|> or after --max-tokens.\n");
     if (rc) return rc == 1 ? 0 : rc;
+    bool bf16 = cli_precision_bf16(precision);
+    if (bf16) {
+        char why[160];
+        if (lm_decode_precision(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16) {
+            fprintf(stderr, "moh chat: --precision bf16: decoding runs fp32 (%s)\n", why);
+            bf16 = false;
+        }
+    }
     moh_error err = {0};
     model m;
     if (model_open(&m, path, &err)) {
@@ -107,8 +116,13 @@ int cmd_chat(int argc, char **argv) {
         moh_fail(&err, MOH_E_NOMEM, "out of memory");
         goto fail;
     }
-    if (lm_kv_init(&kv, &cfg, N, &err)) goto fail;
+    if (bf16 ? lm_kv_init_bf16(&kv, &cfg, &p, N, &err) : lm_kv_init(&kv, &cfg, N, &err)) goto fail;
     have_kv = true;
+    if (bf16) {
+        char d[160];
+        lm_kv_describe(&kv, d, sizeof d);
+        fprintf(stderr, "moh chat: %s\n", d);
+    }
     const bool tty = isatty(0) && isatty(2);
     if (tty) fprintf(stderr, "moh chat: %s, context %d tokens; /reset, /exit\n", path, N);
     for (;;) {

@@ -95,6 +95,8 @@ printf 'hi there\nhello again\n/reset\nbye\n' | "$MOH" chat --model "$CHAT" --ma
 check "[ $rc -eq 0 ] && [ \$(wc -l < '$T/c1.out') -eq 3 ] && grep -q 'new conversation' '$T/c1.err'" "chat: rc $rc, $(wc -l < "$T/c1.out") reply lines: $(cat "$T/c1.err")"
 printf 'hi there\nhello again\n/reset\nbye\n' | "$MOH" chat --model "$CHAT" --max-tokens 5 --seed 3 > "$T/c2.out" 2>/dev/null
 check "cmp -s '$T/c1.out' '$T/c2.out'" "chat: the same seed gave other replies"
+printf 'hi there\nbye\n' | "$MOH" chat --model "$CHAT" --max-tokens 5 --seed 3 --precision bf16 > "$T/c9.out" 2> "$T/c9.err"; rc=$?
+check "[ $rc -eq 0 ] && [ \$(wc -l < '$T/c9.out') -eq 2 ] && grep -Eq 'bf16 weights and KV cache|decoding runs fp32' '$T/c9.err'" "chat --precision bf16: rc $rc, $(wc -l < "$T/c9.out") reply lines: $(cat "$T/c9.err")"
 long=$(printf 'word %.0s' $(seq 60))
 printf '%s\nhi\n' "$long" | "$MOH" chat --model "$CHAT" --max-tokens 3 > "$T/c3.out" 2> "$T/c3.err"; rc=$?
 check "[ $rc -eq 0 ] && grep -q 'would pass the context of 64 tokens' '$T/c3.err' && [ \$(wc -l < '$T/c3.out') -eq 1 ]" "chat past the context: rc $rc: $(cat "$T/c3.err")"
