@@ -51,6 +51,10 @@ bool cli_precision_bf16(const char *value);
  * bf16 was asked: "moh CMD: --precision bf16 runs fp32: WHY" (no bf16 hardware) or
  * "moh CMD: compute bf16 (...)" (precision_describe). */
 moh_precision cli_precision_run(const char *cmd, const char *value);
+/* Whether KV-cache decoding (moh sample, moh chat) runs bf16 for --precision value: false for
+ * fp32, and with one line on stderr ("moh CMD: --precision bf16: decoding runs fp32 (WHY)") on a
+ * CPU that cannot (lm_decode_precision). */
+bool cli_decode_bf16(const char *cmd, const char *value);
 
 /* `moh eval` / `moh analyze` progress on stderr: on a terminal a line updated in place and erased
  * at the end; otherwise a line only once the run has taken 2 s, then every 10 s, and a last line.

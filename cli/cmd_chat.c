@@ -72,14 +72,7 @@ int cmd_chat(int argc, char **argv) {
                         "a turn that would pass the context (max_position_embeddings) is refused with a message\n"
                         "(/reset to go on). A reply ends at <|im_end|> or after --max-tokens.\n");
     if (rc) return rc == 1 ? 0 : rc;
-    bool bf16 = cli_precision_bf16(precision);
-    if (bf16) {
-        char why[160];
-        if (lm_decode_precision(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16) {
-            fprintf(stderr, "moh chat: --precision bf16: decoding runs fp32 (%s)\n", why);
-            bf16 = false;
-        }
-    }
+    const bool bf16 = cli_decode_bf16("chat", precision);
     moh_error err = {0};
     model m;
     if (model_open(&m, path, &err)) {

@@ -113,14 +113,7 @@ int cmd_sample(int argc, char **argv) {
         return 2;
     }
     if (!ckpt) ckpt = model_path;
-    bool bf16 = cli_precision_bf16(precision);
-    if (bf16) {
-        char why[160];
-        if (lm_decode_precision(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16) {
-            fprintf(stderr, "moh sample: --precision bf16: decoding runs fp32 (%s)\n", why);
-            bf16 = false;
-        }
-    }
+    const bool bf16 = cli_decode_bf16("sample", precision);
     const bool slide = !strcmp(full, "slide");
     moh_error err = {0};
     const model_family *fam = NULL;

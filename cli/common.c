@@ -11,6 +11,7 @@
 #include "core/fsutil.h"
 #include "ops/bf16.h"
 #include "attn/attn.h"
+#include "models/lm_decode.h"
 #include "models/model.h"
 
 static bool readable(const char *p) { return access(p, R_OK) == 0; }
@@ -202,6 +203,14 @@ void eval_progress_end(eval_progress *pg, long total) {
 }
 
 bool cli_precision_bf16(const char *value) { return value && !strcmp(value, "bf16"); }
+
+bool cli_decode_bf16(const char *cmd, const char *value) {
+    if (!cli_precision_bf16(value)) return false;
+    char why[160];
+    if (lm_decode_precision(MOH_PRECISION_BF16, why, sizeof why) == MOH_PRECISION_BF16) return true;
+    fprintf(stderr, "moh %s: --precision bf16: decoding runs fp32 (%s)\n", cmd, why);
+    return false;
+}
 
 moh_precision cli_precision_run(const char *cmd, const char *value) {
     if (!cli_precision_bf16(value)) return MOH_PRECISION_FP32;
