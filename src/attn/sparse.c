@@ -637,17 +637,16 @@ static void fwd_router_step(const void *arg, int t0, int t1, sp_tws *w) {
 
 /* The learned router (top_k >= 1) split over tokens (bf16 compute), nz = E + nh + ns logits per
  * token (wg x | wg_0 x | wg_1 x). */
-static int sp_router_nz(const moh_attn_config *cfg) {
+int sparse_router_nz(const moh_attn_config *cfg) {
     const int hs = cfg->shared_heads;
     return attn_routed_heads(cfg) + (hs >= 1 ? 2 : 0) + (hs >= 2 ? hs : 0);
 }
 static bool sp_router_split(const moh_attn_config *cfg, const sparse_cache *c) {
     if (!c->bf16 || cfg->router != MOH_ROUTER_LEARNED || cfg->top_k < 1 || attn_routed_heads(cfg) < 1) return false;
-    const int nz = sp_router_nz(cfg); /* W^T fits c->wpack1, SP_TC rows of dz fit w->s */
+    const int nz = sparse_router_nz(cfg); /* W^T fits c->wpack1, SP_TC rows of dz fit w->s */
     return nz <= cfg->n_heads * cfg->head_dim && (size_t)SP_TC * nz <= (size_t)SPARSE_BQ * SPARSE_BK;
 }
-/* Row j < nz of the router's weights (wg, then wg_0, then wg_1) in p (parameters or gradients). */
-static float *router_row(const moh_attn_config *cfg, const attn_params_f32 *p, int j) {
+float *sparse_router_row(const moh_attn_config *cfg, const attn_params_f32 *p, int j) {
     const int E = attn_routed_heads(cfg), C = cfg->hidden_size;
     const int nh = cfg->shared_heads >= 1 ? 2 : 0;
     if (j < E) return p->w_r + (size_t)j * C;
@@ -658,9 +657,9 @@ static float *router_row(const moh_attn_config *cfg, const attn_params_f32 *p, i
 /* Serial: wg | wg_0 | wg_1 transposed into c->wpack1 [C, nz]. */
 static void router_pack_step(const void *arg, int t0, int t1, sp_tws *w) {
     const sp_ctx *x = arg;
-    const int C = x->cfg->hidden_size, nz = sp_router_nz(x->cfg);
+    const int C = x->cfg->hidden_size, nz = sparse_router_nz(x->cfg);
     for (int j = 0; j < nz; j++) {
-        const float *wr = router_row(x->cfg, x->prm, j);
+        const float *wr = sparse_router_row(x->cfg, x->prm, j);
         for (int k = 0; k < C; k++) x->c->wpack1[(size_t)k * nz + j] = wr[k];
     }
 }
@@ -670,7 +669,7 @@ static void router_pack_step(const void *arg, int t0, int t1, sp_tws *w) {
 static void router_fwd_task(const void *arg, int t0, int t1, sp_tws *w) {
     const sp_ctx *x = arg;
     sparse_cache *c = x->c;
-    const int C = x->cfg->hidden_size, nz = sp_router_nz(x->cfg), T = x->B * x->N;
+    const int C = x->cfg->hidden_size, nz = sparse_router_nz(x->cfg), T = x->B * x->N;
     for (int k = 0; k < C; k++) w->pb[k] = c->wpack1 + (size_t)k * nz;
     for (int task = t0; task < t1; task++) {
         const int r0 = task * SP_TC, nr = imin(SP_TC, T - r0);
@@ -1320,11 +1319,11 @@ static void router_bwd_task(const void *arg, int t0, int t1, sp_tws *w) {
     const moh_attn_config *cfg = x->cfg;
     sparse_cache *c = x->c;
     const int C = cfg->hidden_size, E = attn_routed_heads(cfg), hs = cfg->shared_heads, T = x->B * x->N;
-    const int nz = sp_router_nz(cfg), W = attn_router_width(cfg);
+    const int nz = sparse_router_nz(cfg), W = attn_router_width(cfg);
     const int width[3] = {E, hs >= 1 ? 2 : 0, hs >= 2 ? hs : 0};
     float *dp = c->rc.scratch, *ds = dp + (size_t)T * E + (size_t)T * W, *da = ds + (size_t)T * hs;
     const float *grad[3] = {dp, da, ds}, *prob[3] = {c->rc.p, c->rc.a, c->rc.s};
-    for (int k = 0; k < nz; k++) w->pb[k] = router_row(cfg, x->prm, k);
+    for (int k = 0; k < nz; k++) w->pb[k] = sparse_router_row(cfg, x->prm, k);
     for (int task = t0; task < t1; task++) {
         const int r0 = task * SP_TC, nr = imin(SP_TC, T - r0);
         for (int t = r0; t < r0 + nr; t++) memcpy(dp + (size_t)t * E, c->lbv, sizeof(float) * E);
@@ -1352,10 +1351,10 @@ static void router_dw_task(const void *arg, int t0, int t1, sp_tws *w) {
     const sp_ctx *x = arg;
     const moh_attn_config *cfg = x->cfg;
     const sparse_cache *c = x->c;
-    const int C = cfg->hidden_size, T = x->B * x->N, nz = sp_router_nz(cfg);
+    const int C = cfg->hidden_size, T = x->B * x->N, nz = sparse_router_nz(cfg);
     for (int task = t0; task < t1; task++) {
         const int c0 = task * SP_NR, nc = imin(SP_NR, C - c0);
-        for (int j = 0; j < nz; j++) w->pc[j] = router_row(cfg, x->g, j) + c0;
+        for (int j = 0; j < nz; j++) w->pc[j] = sparse_router_row(cfg, x->g, j) + c0;
         for (int k0 = 0; k0 < T; k0 += SP_KC) {
             const int kk = imin(SP_KC, T - k0);
             for (int k = 0; k < kk; k++) {

@@ -128,6 +128,13 @@ typedef struct sparse_cache {
  * for a learned router with top_k == 0, whose gates are all non-zero; else h_s + top_k). */
 int sparse_active_heads(const moh_attn_config *cfg);
 
+/* The learned router's logits per token (top_k >= 1): nz = E + 2 (h_s >= 1: wg_0) + h_s (h_s >= 2:
+ * wg_1) rows of C weights; sparse_router_row gives row j < nz (wg [E, C], then wg_0 [2, C], then
+ * wg_1 [h_s, C], row-major) of p (parameters or gradients), whether attn_params_bind left the three
+ * adjacent or not. Source: the official MoH code's routers (spec §1). */
+int sparse_router_nz(const moh_attn_config *cfg);
+float *sparse_router_row(const moh_attn_config *cfg, const attn_params_f32 *p, int j);
+
 /* Bytes sparse_cache_init allocates for batch B, sequence N and nthreads threads: affine in B*N
  * for fixed B (every buffer is O(B N) or O(N) plus per-thread tiles); the reference cache holds
  * two [B, h, N, N] matrices instead. */

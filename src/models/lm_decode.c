@@ -125,22 +125,19 @@ static void attend_head(lm_kv_cache *kv, size_t l0, size_t hstride, int i, int g
  * goes through router_forward_f32. The load-balance loss is not computed. */
 static void route_token(const moh_attn_config *a, const attn_params_f32 *prm, const float *x, attn_cache_f32 *r) {
     static const int whole[1] = {0};
-    const int C = a->hidden_size, E = attn_routed_heads(a), hs = a->shared_heads;
-    if (a->top_k < 1 || E < 1) {
+    const int C = a->hidden_size;
+    if (a->top_k < 1 || attn_routed_heads(a) < 1) {
         router_forward_f32(a, prm, x, NULL, 1, r);
         return;
     }
-    const int nh = hs >= 1 ? 2 : 0, nz = E + nh + (hs >= 2 ? hs : 0);
+    const int nz = sparse_router_nz(a);
     float *z = r->scratch; /* [E + W + h_s + 2] >= nz */
-    const bool adjacent = (!nh || prm->w_h == prm->w_r + (size_t)E * C) &&
-                          (nz == E + nh || prm->w_s == prm->w_r + (size_t)(E + nh) * C); /* attn_params_bind */
-    if (adjacent) sparse_decode_gemv_f32(prm->w_r, C, NULL, x, whole, 1, C, 0, nz, z);
+    bool adjacent = true; /* as attn_params_bind leaves them: one product */
+    for (int j = 0; j < nz; j++) adjacent = adjacent && sparse_router_row(a, prm, j) == prm->w_r + (size_t)j * C;
+    if (adjacent)
+        sparse_decode_gemv_f32(prm->w_r, C, NULL, x, whole, 1, C, 0, nz, z);
     else
-        for (int j = 0; j < nz; j++) {
-            const float *w = j < E ? prm->w_r + (size_t)j * C : j < E + nh ? prm->w_h + (size_t)(j - E) * C
-                                                                            : prm->w_s + (size_t)(j - E - nh) * C;
-            sparse_decode_gemv_f32(w, C, NULL, x, whole, 1, C, 0, 1, z + j);
-        }
+        for (int j = 0; j < nz; j++) sparse_decode_gemv_f32(sparse_router_row(a, prm, j), C, NULL, x, whole, 1, C, 0, 1, z + j);
     router_learned_rows_f32(a, r, z, 0, 1);
 }
 
