@@ -196,6 +196,24 @@ static inline void F(erf_block)(real *y, long n) {
         for (long i = 0; i < n; i++) y[i] = F(r_erf)(y[i]);
 }
 
+/* The arrays of a blocked elementwise op (which of them it uses is the op's). */
+typedef struct F(ew_args) {
+    real *out, *out2;
+    const real *a, *b, *c;
+} F(ew_args);
+
+/* range(x, i0, i1) over blocks of at most MOH_OPS_EW_BLOCK elements of [0, n): on the team from
+ * 65536 elements, else on this thread with no OpenMP call (OPS_SERIAL). */
+static void F(ew_blocks)(void (*range)(const F(ew_args) *, long, long), const F(ew_args) *arg, long n) {
+    const long nb = (n + MOH_OPS_EW_BLOCK - 1) / MOH_OPS_EW_BLOCK;
+    if (n < 65536) {
+        for (long b = 0; b < nb; b++) range(arg, b * MOH_OPS_EW_BLOCK, b + 1 < nb ? (b + 1) * MOH_OPS_EW_BLOCK : n);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (long b = 0; b < nb; b++) range(arg, b * MOH_OPS_EW_BLOCK, b + 1 < nb ? (b + 1) * MOH_OPS_EW_BLOCK : n);
+}
+
 /* c[n] = 1 + erf(x / sqrt 2) of x = inp[0..n) (n <= MOH_OPS_EW_BLOCK): twice the normal cdf. */
 static inline void F(gelu_erf_cdf2)(real *c, const real *inp, long n) {
 #pragma omp simd
@@ -205,8 +223,11 @@ static inline void F(gelu_erf_cdf2)(real *c, const real *inp, long n) {
     for (long i = 0; i < n; i++) c[i] = (real)1 + c[i];
 }
 
-static void F(gelu_erf_range)(real *out, const real *inp, long i0, long i1) {
+/* out = x.a * cdf(x.a) */
+static void F(gelu_erf_range)(const F(ew_args) *arg, long i0, long i1) {
     real c[MOH_OPS_EW_BLOCK];
+    real *out = arg->out;
+    const real *inp = arg->a;
     const long n = i1 - i0;
     F(gelu_erf_cdf2)(c, inp + i0, n);
 #pragma omp simd
@@ -214,14 +235,15 @@ static void F(gelu_erf_range)(real *out, const real *inp, long i0, long i1) {
 }
 
 void F(gelu_erf_forward)(real *out, const real *inp, long n) {
-    const long nb = (n + MOH_OPS_EW_BLOCK - 1) / MOH_OPS_EW_BLOCK;
-#pragma omp parallel for if (n >= 65536) schedule(static)
-    for (long b = 0; b < nb; b++)
-        F(gelu_erf_range)(out, inp, b * MOH_OPS_EW_BLOCK, b + 1 < nb ? (b + 1) * MOH_OPS_EW_BLOCK : n);
+    const F(ew_args) arg = {.out = out, .a = inp};
+    F(ew_blocks)(F(gelu_erf_range), &arg, n);
 }
 
-static void F(gelu_erf_backward_range)(real *dinp, const real *dout, const real *inp, long i0, long i1) {
+/* out (dinp) += a (dout) * gelu'(b (inp)) */
+static void F(gelu_erf_backward_range)(const F(ew_args) *arg, long i0, long i1) {
     real e[MOH_OPS_EW_BLOCK], c[MOH_OPS_EW_BLOCK];
+    real *dinp = arg->out;
+    const real *dout = arg->a, *inp = arg->b;
     const long n = i1 - i0;
 #pragma omp simd
     for (long i = 0; i < n; i++) e[i] = (real)-0.5 * inp[i0 + i] * inp[i0 + i];
@@ -238,16 +260,13 @@ static void F(gelu_erf_backward_range)(real *dinp, const real *dout, const real 
 
 void F(gelu_erf_backward)(real *dinp, const real *dout, const real *inp, long n) {
     if (!dinp) return;
-    const long nb = (n + MOH_OPS_EW_BLOCK - 1) / MOH_OPS_EW_BLOCK;
-#pragma omp parallel for if (n >= 65536) schedule(static)
-    for (long b = 0; b < nb; b++)
-        F(gelu_erf_backward_range)(dinp, dout, inp, b * MOH_OPS_EW_BLOCK, b + 1 < nb ? (b + 1) * MOH_OPS_EW_BLOCK : n);
+    const F(ew_args) arg = {.out = dinp, .a = dout, .b = inp};
+    F(ew_blocks)(F(gelu_erf_backward_range), &arg, n);
 }
 
-
-/* 0.5 x (1 + tanh(u)) computed as x sigmoid(2u): the same function, through exp instead of
- * libm's tanh (which goes through expm1 and took 60% of a DiT forward). */
-/* e[n] = exp(-2 u(x)), u(x) = K0 (x + K1 x^3), of x = inp[0..n) (n <= MOH_OPS_EW_BLOCK). */
+/* GELU-tanh: 0.5 x (1 + tanh(u)) computed as x sigmoid(2u), the same function through exp instead
+ * of libm's tanh (which goes through expm1 and took 60% of a DiT forward).
+ * e[n] = exp(-2 u(x)), u(x) = K0 (x + K1 x^3), of x = inp[0..n) (n <= MOH_OPS_EW_BLOCK). */
 static inline void F(gelu_tanh_exp)(real *e, const real *inp, long n) {
 #pragma omp simd
     for (long i = 0; i < n; i++) {
@@ -257,8 +276,11 @@ static inline void F(gelu_tanh_exp)(real *e, const real *inp, long n) {
     F(exp_block)(e, n);
 }
 
-static void F(gelu_tanh_range)(real *out, const real *inp, long i0, long i1) {
+/* out = gelu_tanh(a) */
+static void F(gelu_tanh_range)(const F(ew_args) *arg, long i0, long i1) {
     real e[MOH_OPS_EW_BLOCK];
+    real *out = arg->out;
+    const real *inp = arg->a;
     const long n = i1 - i0;
     F(gelu_tanh_exp)(e, inp + i0, n);
 #pragma omp simd
@@ -266,15 +288,16 @@ static void F(gelu_tanh_range)(real *out, const real *inp, long i0, long i1) {
 }
 
 void F(gelu_tanh_forward)(real *out, const real *inp, long n) {
-    const long nb = (n + MOH_OPS_EW_BLOCK - 1) / MOH_OPS_EW_BLOCK;
-#pragma omp parallel for if (n >= 65536) schedule(static)
-    for (long b = 0; b < nb; b++)
-        F(gelu_tanh_range)(out, inp, b * MOH_OPS_EW_BLOCK, b + 1 < nb ? (b + 1) * MOH_OPS_EW_BLOCK : n);
+    const F(ew_args) arg = {.out = out, .a = inp};
+    F(ew_blocks)(F(gelu_tanh_range), &arg, n);
 }
 
-/* d/dx [x s(2u)] = s + 2 x s (1 - s) u', s = sigmoid(2u) (= (1 + tanh u) / 2). */
-static void F(gelu_tanh_backward_range)(real *dinp, const real *dout, const real *inp, long i0, long i1) {
+/* out (dinp) += a (dout) d/dx [x s(2u)] at b (inp): s + 2 x s (1 - s) u', s = sigmoid(2u) (= (1 +
+ * tanh u) / 2). */
+static void F(gelu_tanh_backward_range)(const F(ew_args) *arg, long i0, long i1) {
     real e[MOH_OPS_EW_BLOCK];
+    real *dinp = arg->out;
+    const real *dout = arg->a, *inp = arg->b;
     const long n = i1 - i0;
     F(gelu_tanh_exp)(e, inp + i0, n);
 #pragma omp simd
@@ -287,10 +310,8 @@ static void F(gelu_tanh_backward_range)(real *dinp, const real *dout, const real
 
 void F(gelu_tanh_backward)(real *dinp, const real *dout, const real *inp, long n) {
     if (!dinp) return;
-    const long nb = (n + MOH_OPS_EW_BLOCK - 1) / MOH_OPS_EW_BLOCK;
-#pragma omp parallel for if (n >= 65536) schedule(static)
-    for (long b = 0; b < nb; b++)
-        F(gelu_tanh_backward_range)(dinp, dout, inp, b * MOH_OPS_EW_BLOCK, b + 1 < nb ? (b + 1) * MOH_OPS_EW_BLOCK : n);
+    const F(ew_args) arg = {.out = dinp, .a = dout, .b = inp};
+    F(ew_blocks)(F(gelu_tanh_backward_range), &arg, n);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -311,9 +332,11 @@ void F(silu_backward)(real *dinp, const real *dout, const real *inp, long n) {
     }
 }
 
-/* Elements [i0, i1) (at most MOH_OPS_EW_BLOCK) of swiglu_forward(_sig); sig may be NULL. */
-static inline void F(swiglu_range)(real *out, real *sig, const real *gate, const real *up, long i0, long i1) {
+/* out = silu(a (gate)) b (up), out2 (sig, may be NULL) = sigmoid(gate) */
+static void F(swiglu_range)(const F(ew_args) *arg, long i0, long i1) {
     real e[MOH_OPS_EW_BLOCK];
+    real *out = arg->out, *sig = arg->out2;
+    const real *gate = arg->a, *up = arg->b;
     const long n = i1 - i0;
 #pragma omp simd
     for (long i = 0; i < n; i++) e[i] = -gate[i0 + i];
@@ -326,23 +349,14 @@ static inline void F(swiglu_range)(real *out, real *sig, const real *gate, const
     }
 }
 
-/* Blocks of MOH_OPS_EW_BLOCK elements, on the team from 65536 elements, else on this thread. */
-static void F(swiglu_blocks)(real *out, real *sig, const real *gate, const real *up, long n) {
-    if (n < 65536) { /* OPS_SERIAL */
-        for (long b = 0; b < n; b += MOH_OPS_EW_BLOCK)
-            F(swiglu_range)(out, sig, gate, up, b, n - b < MOH_OPS_EW_BLOCK ? n : b + MOH_OPS_EW_BLOCK);
-        return;
-    }
-    const long nb = (n + MOH_OPS_EW_BLOCK - 1) / MOH_OPS_EW_BLOCK;
-#pragma omp parallel for schedule(static)
-    for (long b = 0; b < nb; b++)
-        F(swiglu_range)(out, sig, gate, up, b * MOH_OPS_EW_BLOCK, b + 1 < nb ? (b + 1) * MOH_OPS_EW_BLOCK : n);
+void F(swiglu_forward)(real *out, const real *gate, const real *up, long n) {
+    const F(ew_args) arg = {.out = out, .a = gate, .b = up};
+    F(ew_blocks)(F(swiglu_range), &arg, n);
 }
 
-void F(swiglu_forward)(real *out, const real *gate, const real *up, long n) { F(swiglu_blocks)(out, NULL, gate, up, n); }
-
 void F(swiglu_forward_sig)(real *out, real *sig, const real *gate, const real *up, long n) {
-    F(swiglu_blocks)(out, sig, gate, up, n);
+    const F(ew_args) arg = {.out = out, .out2 = sig, .a = gate, .b = up};
+    F(ew_blocks)(F(swiglu_range), &arg, n);
 }
 
 /* d(silu(x) u) / dx and / du, times g; s = sigmoid(x). */
@@ -351,36 +365,29 @@ static inline void F(swiglu_grad)(real *dx, real *du, real g, real x, real s, re
     *du = g * x * s;
 }
 
-/* Elements [i0, i1) of swiglu_backward, the sigmoid as swiglu_forward_sig computes it. */
-static void F(swiglu_backward_range)(real *dgate, real *dup, const real *dout, const real *gate, const real *up,
-                                     long i0, long i1) {
+/* out (dgate) and out2 (dup), each may be NULL, += swiglu's gradients from a (dout) at b (gate), c
+ * (up); the sigmoid as swiglu_forward_sig computes it. */
+static void F(swiglu_backward_range)(const F(ew_args) *arg, long i0, long i1) {
     real sig[MOH_OPS_EW_BLOCK];
-    for (long b = i0; b < i1; b += MOH_OPS_EW_BLOCK) {
-        const long nb = i1 - b < MOH_OPS_EW_BLOCK ? i1 - b : MOH_OPS_EW_BLOCK;
+    real *dgate = arg->out, *dup = arg->out2;
+    const real *dout = arg->a, *gate = arg->b, *up = arg->c;
+    const long n = i1 - i0;
 #pragma omp simd
-        for (long i = 0; i < nb; i++) sig[i] = -gate[b + i];
-        F(exp_block)(sig, nb);
+    for (long i = 0; i < n; i++) sig[i] = -gate[i0 + i];
+    F(exp_block)(sig, n);
 #pragma omp simd
-        for (long i = 0; i < nb; i++) sig[i] = (real)1 / ((real)1 + sig[i]); /* as swiglu_forward_sig */
-        for (long i = 0; i < nb; i++) {
-            real dx, du;
-            F(swiglu_grad)(&dx, &du, dout[b + i], gate[b + i], sig[i], up[b + i]);
-            if (dgate) dgate[b + i] += dx;
-            if (dup) dup[b + i] += du;
-        }
+    for (long i = 0; i < n; i++) sig[i] = (real)1 / ((real)1 + sig[i]); /* as swiglu_forward_sig */
+    for (long i = 0; i < n; i++) {
+        real dx, du;
+        F(swiglu_grad)(&dx, &du, dout[i0 + i], gate[i0 + i], sig[i], up[i0 + i]);
+        if (dgate) dgate[i0 + i] += dx;
+        if (dup) dup[i0 + i] += du;
     }
 }
 
 void F(swiglu_backward)(real *dgate, real *dup, const real *dout, const real *gate, const real *up, long n) {
-    if (n < 65536) { /* OPS_SERIAL */
-        F(swiglu_backward_range)(dgate, dup, dout, gate, up, 0, n);
-        return;
-    }
-    const long nb = (n + MOH_OPS_EW_BLOCK - 1) / MOH_OPS_EW_BLOCK;
-#pragma omp parallel for schedule(static)
-    for (long b = 0; b < nb; b++)
-        F(swiglu_backward_range)(dgate, dup, dout, gate, up, b * MOH_OPS_EW_BLOCK,
-                                 b + 1 < nb ? (b + 1) * MOH_OPS_EW_BLOCK : n);
+    const F(ew_args) arg = {.out = dgate, .out2 = dup, .a = dout, .b = gate, .c = up};
+    F(ew_blocks)(F(swiglu_backward_range), &arg, n);
 }
 
 void F(swiglu_backward_set)(real *dgate, real *dup, const real *dout, const real *gate, const real *sig,
