@@ -63,9 +63,9 @@ static int head_ranges(int *rr, const int *task, int ntask, int d, int piece) {
 /* q/k/v rows for the learned router: the d rows of every task head t (task[0..ntask), ascending:
  * query heads i < h that the token selects, then the KV rows as heads h .. h + 2 h_kv) of W_qkv
  * [qd, C] times x [C] plus the bias, into qkv [qd]. Adjacent heads' rows go in one product (a call
- * per head costed 16 % more on the same rows: each call restarts the kernel's prefetch): whole
- * runs on this thread, pieces of DECODE_TASK_ROWS on the team (dynamic: a thread that wakes late
- * does not hold up the rest). */
+ * per head costs 6-16 % more on the same rows, tools/bench/micro.sh: each call restarts the kernel's
+ * prefetch): whole runs on this thread, pieces of DECODE_TASK_ROWS on the team (dynamic: a thread
+ * that wakes late does not hold up the rest). */
 static void qkv_selected(lm_kv_cache *kv, float *qkv, const float *w, const float *b, const float *x, const int *task,
                          int ntask, int d, int C) {
     static const int whole[1] = {0};

@@ -5,7 +5,7 @@
  * written by one thread in a fixed order, so results never depend on the thread count. Sums over
  * rows (dw, db, loss) run in a fixed order: serially per column, or via GEMM. OPS_SERIAL: forward ops
  * that decoding calls on one token skip OpenMP entirely below their threshold, since an if(0) region
- * still sets up a one-thread team in libgomp (0.34 us measured, paid several times per layer). */
+ * still sets up a one-thread team in libgomp (0.24-0.34 us: tools/bench/micro.sh; several per layer). */
 
 #ifndef MOH_OPS_IMPL_CONSTANTS
 #define MOH_OPS_IMPL_CONSTANTS
