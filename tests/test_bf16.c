@@ -117,8 +117,8 @@ static void test_tile(test_ctx *ctx) {
             rows1[i] = c1 + i * n;
             rows2[i] = c2 + i * n;
         }
-        sp_mm_bf16(true, R, n, K2, a, lda, b, ldb, rows1, acc);
-        sp_mm_bf16(false, R, n, K2, a, lda, b, ldb, rows2, acc);
+        sp_mm_bf16(SP_TILES_DP, R, n, K2, a, lda, b, ldb, rows1, acc);
+        sp_mm_bf16(SP_TILES_PORTABLE, R, n, K2, a, lda, b, ldb, rows2, acc);
         const double e = test_rel_err_f32(c1, c2, (long)R * n);
         CHECK(ctx, e <= 1e-5, "vdpbf16ps tile vs portable (acc %d): rel %.3g", acc, e);
     }
@@ -167,6 +167,61 @@ static void test_tile(test_ctx *ctx) {
     free(c2);
 }
 
+/* The AMX tile blocking (16-row A tiles, 16 x 16 C tiles, 64 columns per pass, zero-padded edge
+ * tiles) against the portable loop: the C emulation of the tile instructions on every CPU, the
+ * real tdpbf16ps where the CPU has AMX-BF16 and the OS grants it. Shapes past every block edge
+ * (rows 1..40, columns 1..150, pairs 1..40), strided A and A by row pointers, both acc modes. */
+static void test_amx(test_ctx *ctx) {
+    test_rng r = {21};
+    const bool real = sp_tiles_detect() == SP_TILES_AMX;
+    static const int shp[][3] = {{1, 1, 1}, {16, 16, 16}, {40, 77, 19}, {17, 150, 33}, {33, 64, 32},
+                                 {5, 130, 40}, {32, 16, 1}, {96, 128, 32}};
+    double worst[2] = {0, 0};
+    for (size_t s = 0; s < sizeof shp / sizeof shp[0]; s++) {
+        const int R = shp[s][0], n = shp[s][1], K2 = shp[s][2], lda = 2 * K2 + 6, ldb = 2 * n + 10;
+        uint16_t *a = malloc(sizeof(uint16_t) * R * lda), *b = malloc(sizeof(uint16_t) * K2 * ldb);
+        float *c0 = malloc(sizeof(float) * R * n), *c1 = malloc(sizeof(float) * R * n);
+        float **r0 = malloc(sizeof(float *) * R), **r1 = malloc(sizeof(float *) * R);
+        const uint16_t **ap = malloc(sizeof(uint16_t *) * R);
+        for (int i = 0; i < R * lda; i++) a[i] = bf16_round((float)test_rng_uniform(&r));
+        for (int i = 0; i < K2 * ldb; i++) b[i] = bf16_round((float)test_rng_uniform(&r));
+        for (int i = 0; i < R; i++) {
+            r0[i] = c0 + (size_t)i * n;
+            r1[i] = c1 + (size_t)i * n;
+            ap[i] = a + (size_t)(R - 1 - i) * lda; /* rows by pointer, in another order */
+        }
+        for (int kind = 0; kind < (real ? 2 : 1); kind++) {
+            const sp_tiles isa = kind ? SP_TILES_AMX : SP_TILES_AMX_EMU;
+            for (int acc = 0; acc < 2; acc++)
+                for (int rows = 0; rows < 2; rows++) {
+                    fill(&r, c0, (size_t)R * n, 1.0f);
+                    memcpy(c1, c0, sizeof(float) * R * n);
+                    if (rows) {
+                        sp_mm_bf16_rows(isa, R, n, K2, ap, b, ldb, r1, acc);
+                        sp_mm_bf16_rows(SP_TILES_PORTABLE, R, n, K2, ap, b, ldb, r0, acc);
+                    } else {
+                        sp_mm_bf16(isa, R, n, K2, a, lda, b, ldb, r1, acc);
+                        sp_mm_bf16(SP_TILES_PORTABLE, R, n, K2, a, lda, b, ldb, r0, acc);
+                    }
+                    const double e = test_rel_err_f32(c1, c0, (long)R * n);
+                    worst[kind] = fmax(worst[kind], e);
+                    CHECK(ctx, e <= 1e-5, "%s tiles vs portable, R %d n %d K2 %d acc %d rows %d: rel %.3g",
+                          sp_tiles_name(isa), R, n, K2, acc, rows, e);
+                }
+        }
+        free(a);
+        free(b);
+        free(c0);
+        free(c1);
+        free(r0);
+        free(r1);
+        free(ap);
+    }
+    printf("AMX tiles vs portable: emulation rel %.2e; %s\n", worst[0],
+           real ? "tdpbf16ps ran on this CPU" : "no permitted AMX-BF16 here: the emulation only");
+    if (real) printf("  tdpbf16ps rel %.2e\n", worst[1]);
+}
+
 typedef struct lay_case {
     const char *name;
     int C, h, hkv, d, hs, K;
@@ -176,7 +231,8 @@ typedef struct lay_case {
 
 /* One head-sparse layer of case lc with router `router` (learned: lc's h_s and top_k; none),
  * random weights and inputs from seed, run forward and backward in fp32 (k = 0) and in bf16
- * (k = 1); the caches are kept for inspection. */
+ * (k = 1; its tile products as `tiles` (sp_tiles), or as detected when tiles < 0); the caches are kept
+ * for inspection. */
 typedef struct lay_run {
     moh_attn_config cfg;
     size_t np, T;
@@ -186,7 +242,7 @@ typedef struct lay_run {
     bf16_ctx *b;
     sparse_cache c[2];
 } lay_run;
-static void lay_run_init(test_ctx *ctx, lay_run *L, const lay_case *lc, moh_router router, uint64_t seed) {
+static void lay_run_init(test_ctx *ctx, lay_run *L, const lay_case *lc, moh_router router, uint64_t seed, int tiles) {
     memset(L, 0, sizeof *L);
     moh_attn_config *cfg = &L->cfg;
     moh_attn_config_default(cfg);
@@ -220,7 +276,7 @@ static void lay_run_init(test_ctx *ctx, lay_run *L, const lay_case *lc, moh_rout
         CHECK(ctx, sparse_cache_init(c, cfg, lc->B, lc->N, &err) == MOH_OK, "%s", err.msg);
         if (k) {
             CHECK(ctx, bf16_ctx_new(&L->b, &L->mw, &err) == MOH_OK, "%s", err.msg);
-            CHECK(ctx, sparse_cache_set_bf16(c, cfg, L->b, &err) == MOH_OK, "%s", err.msg);
+            CHECK(ctx, sparse_cache_set_bf16_tiles(c, cfg, L->b, tiles, &err) == MOH_OK, "%s", err.msg);
             CHECK(ctx, c->bf16_tiles, "%s: bf16 tiles not enabled on a CPU with AVX512-BF16", lc->name);
         }
         L->y[k] = malloc(sizeof(float) * T * C);
@@ -250,7 +306,7 @@ static void lay_run_free(lay_run *L) {
  * gradient block. */
 static void test_layer(test_ctx *ctx, const lay_case *lc) {
     lay_run L;
-    lay_run_init(ctx, &L, lc, MOH_ROUTER_LEARNED, 77);
+    lay_run_init(ctx, &L, lc, MOH_ROUTER_LEARNED, 77, -1);
     const size_t T = L.T, C = (size_t)lc->C;
     float *const *y = L.y, *const *dx = L.dx, *const *g = L.g;
     double e = test_rel_err_f32(y[1], y[0], (long)(T * C));
@@ -282,6 +338,30 @@ static void test_layer(test_ctx *ctx, const lay_case *lc) {
     CHECK(ctx, e > 0, "%s: bf16 gradients equal fp32 bitwise (bf16 not used?)", lc->name);
     printf("  grads (worst block) %.2e\n", worst);
     lay_run_free(&L);
+}
+
+/* The same layer with its tile products on AMX (emulated, or real where permitted) against the
+ * portable tile loops, tiles forced on (any CPU): the forward with whole 16-row tiles
+ * (attn_fwd_block_bf16) and every backward product. Only summation orders differ, so y, dx and the
+ * gradients agree far inside bf16's error. */
+static void test_layer_amx(test_ctx *ctx, const lay_case *lc, sp_tiles isa) {
+    lay_run L0, L1;
+    lay_run_init(ctx, &L0, lc, MOH_ROUTER_LEARNED, 77, SP_TILES_PORTABLE);
+    lay_run_init(ctx, &L1, lc, MOH_ROUTER_LEARNED, 77, isa);
+    const size_t T = L0.T, C = (size_t)lc->C;
+    const double ey = test_rel_err_f32(L1.y[1], L0.y[1], (long)(T * C));
+    const double ex = test_rel_err_f32(L1.dx[1], L0.dx[1], (long)(T * C));
+    const double eg = test_rel_err_f32(L1.g[1], L0.g[1], (long)L0.np);
+    const double e0 = test_rel_err_f32(L1.y[1], L1.y[0], (long)(T * C));
+    CHECK(ctx, ey <= 1e-4 && ex <= 1e-3 && eg <= 1e-3,
+          "%s: %s tiles vs portable: y rel %.3g (<= 1e-4), dx %.3g, grads %.3g (<= 1e-3)", lc->name,
+          sp_tiles_name(isa), ey, ex, eg);
+    CHECK(ctx, e0 > 0 && e0 <= 1e-2, "%s: %s tiles: y vs fp32 rel %.3g, expected (0, 1e-2]", lc->name,
+          sp_tiles_name(isa), e0);
+    printf("%-28s %s vs portable tiles: y rel %.2e  dx %.2e  grads %.2e (y vs fp32 %.2e)\n", lc->name,
+           sp_tiles_name(isa), ey, ex, eg, e0);
+    lay_run_free(&L0);
+    lay_run_free(&L1);
 }
 
 /* Elementwise check of a bf16 product against float64: |got - sum a_k b_k| <= eb * sum |a_k b_k|,
@@ -319,9 +399,9 @@ static void prod_report(test_ctx *ctx, const char *layer, const char *what, cons
  * W_{k|v}. And the same tensors against the fp32 layer (relative, as test_layer). The learned
  * router, split over tokens in bf16 mode but fp32 throughout: gates as the fp32 layer's (1e-5,
  * only the logits' summation order differs) and its weight gradient dz^T x within fp32's bound. */
-static void test_products(test_ctx *ctx, const lay_case *lc, moh_router router) {
+static void test_products(test_ctx *ctx, const lay_case *lc, moh_router router, int tiles) {
     lay_run L;
-    lay_run_init(ctx, &L, lc, router, 91);
+    lay_run_init(ctx, &L, lc, router, 91, tiles);
     const int B = lc->B, N = lc->N, C = lc->C, h = lc->h, d = lc->d, hd = h * d, kvd = lc->hkv * d;
     const size_t T = L.T;
     const float *x = L.x, *dy = L.dy;
@@ -330,7 +410,9 @@ static void test_products(test_ctx *ctx, const lay_case *lc, moh_router router) 
     const sparse_cache *c = L.c;
     const sparse_cache *cb = &c[1];
     float *dout[2] = {c[0].dout, c[1].dout};
-    const char *layer = router == MOH_ROUTER_NONE ? "router none" : lc->name;
+    char layer[96];
+    snprintf(layer, sizeof layer, "%s, %s", router == MOH_ROUTER_NONE ? "router none" : lc->name,
+             sp_tiles_name((sp_tiles)cb->tiles_isa));
     printf("%s: bf16 products vs float64\n", layer);
     attn_params_f32 gb, gf;
     attn_params_bind_f32(&gb, L.g[1], &L.cfg);
@@ -556,25 +638,36 @@ static void test_image_step(test_ctx *ctx, const char *name, const char *cfg, bo
 int main(void) {
     test_ctx ctx = {0};
     char why[160];
-    test_round(&ctx); /* portable: runs everywhere */
-    if (precision_resolve(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16 ||
-        !bf16_detect().avx512_bf16) {
-        printf("test_bf16: skipped the bf16 compute checks: %s\n",
-               *why ? why : "no AVX512-BF16 (the bf16 attention tiles need it)");
-        return ctx.failures ? 1 : 77;
-    }
-    test_gemm(&ctx);
-    test_tile(&ctx);
     const lay_case cases[] = {
         {"causal MoH, N 300", 64, 4, 4, 16, 1, 2, true, 2, 300},
         {"bidirectional MoH, N 200", 48, 6, 6, 8, 2, 2, false, 1, 200},
         {"causal GQA, d 32, N 130", 128, 4, 2, 32, 2, 1, true, 2, 130},
         {"odd d 7, no RoPE, N 77", 28, 4, 4, 7, 1, 2, false, 1, 77},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_layer(&ctx, &cases[i]);
-    test_products(&ctx, &cases[0], MOH_ROUTER_LEARNED);
-    test_products(&ctx, &cases[3], MOH_ROUTER_LEARNED);
-    test_products(&ctx, &cases[2], MOH_ROUTER_NONE);
+    const size_t ncases = sizeof cases / sizeof cases[0];
+    test_round(&ctx); /* portable: runs everywhere */
+    test_amx(&ctx);   /* the emulation runs everywhere */
+    /* the AMX blocking through whole layers, tiles forced on: on any CPU (without AVX512-BF16 the
+     * conversions run portable and oneDNN's bf16 GEMMs, if absent, fp32) */
+    for (size_t i = 0; i < ncases; i++) test_layer_amx(&ctx, &cases[i], SP_TILES_AMX_EMU);
+    test_products(&ctx, &cases[0], MOH_ROUTER_LEARNED, SP_TILES_AMX_EMU);
+    test_products(&ctx, &cases[2], MOH_ROUTER_NONE, SP_TILES_AMX_EMU);
+    if (precision_resolve(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16 ||
+        !bf16_detect().avx512_bf16) {
+        printf("test_bf16: the checks above ran; skipped the bf16 compute checks: %s\n",
+               *why ? why : "no AVX512-BF16 (the bf16 attention tiles need it)");
+        return test_finish("test_bf16", &ctx);
+    }
+    test_gemm(&ctx);
+    test_tile(&ctx);
+    for (size_t i = 0; i < ncases; i++) test_layer(&ctx, &cases[i]);
+    test_products(&ctx, &cases[0], MOH_ROUTER_LEARNED, -1);
+    test_products(&ctx, &cases[3], MOH_ROUTER_LEARNED, -1);
+    test_products(&ctx, &cases[2], MOH_ROUTER_NONE, -1);
+    if (sp_tiles_detect() == SP_TILES_AMX) { /* the real tdpbf16ps where permitted */
+        for (size_t i = 0; i < ncases; i++) test_layer_amx(&ctx, &cases[i], SP_TILES_AMX);
+        test_products(&ctx, &cases[0], MOH_ROUTER_LEARNED, SP_TILES_AMX);
+    }
     test_lm_train(&ctx);
     static const char vit[] = "{\"model_type\": \"vit\", \"img_size\": 16, \"patch_size\": 4, \"in_chans\": 1,"
                               " \"num_classes\": 10, \"embed_dim\": 48, \"depth\": 2, \"num_heads\": 4,"

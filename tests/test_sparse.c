@@ -3,7 +3,8 @@
  * parameter gradient agree to 1e-5 relative on configs covering N = 1, N not a multiple of the
  * tile sizes, heads no token selects, top_k = E, h_s = 0, GQA, causal and bidirectional, RoPE on
  * and off (and with rope_scaling llama3 / linear), all routers, biases and B > 1; the portable kernels agree too; results are bitwise the
- * same for 1 and 2 threads; the cache size is linear in N. */
+ * same for 1 and 2 threads (within 1e-6 on CPUs where oneDNN's sgemm itself is not: see
+ * sgemm_thread_invariant); the cache size is linear in N. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include <sys/wait.h>
 
 #include "attn/sparse.h"
+#include "ops/gemm.h"
 #include "test_util.h"
 
 typedef struct sp_case {
@@ -70,13 +72,45 @@ static void run_sparse(test_ctx *ctx, const moh_attn_config *cfg, const attn_par
     sparse_cache_free(&c);
 }
 
+/* Whether oneDNN's sgemm (gemm_f32: the sparse path's dense K/V projection and its gradients)
+ * gives the same bits with one thread as with all at shapes like the layers' below. It does not on
+ * every CPU: on an AVX2-only AMD EPYC, rows at the edges of its per-thread row blocks differed in
+ * the last bits (1e-5 relative). moh's own kernels never depend on the thread count. */
+static bool sgemm_thread_invariant(void) {
+    static const int shp[][3] = {{200, 64, 32}, {64, 32, 200}, {100, 64, 32}, {134, 32, 64}, {90, 48, 32}};
+    const int nt = omp_get_max_threads();
+    bool same = true;
+    test_rng r = {5};
+    for (size_t s = 0; s < sizeof shp / sizeof shp[0] && same; s++) {
+        const int M = shp[s][0], N = shp[s][1], K = shp[s][2];
+        float *a = malloc(sizeof(float) * M * K), *b = malloc(sizeof(float) * K * N);
+        float *c1 = malloc(sizeof(float) * M * N), *c2 = malloc(sizeof(float) * M * N);
+        for (int i = 0; i < M * K; i++) a[i] = (float)test_rng_uniform(&r);
+        for (int i = 0; i < K * N; i++) b[i] = (float)test_rng_uniform(&r);
+        for (int t = 0; t < 4 && same; t++) {
+            const bool ta = t & 1, tb = t & 2;
+            gemm_f32(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, 0.0f, c1, N);
+            omp_set_num_threads(1);
+            gemm_f32(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, 0.0f, c2, N);
+            omp_set_num_threads(nt);
+            same = !memcmp(c1, c2, sizeof(float) * M * N);
+        }
+        free(a);
+        free(b);
+        free(c1);
+        free(c2);
+    }
+    return same;
+}
+
 /* Runs the reference path into rc (initialised by the caller, B x N) and the sparse path, both
  * kernel families, on weights w [np], input x and upstream gradient dy; checks y, gates,
- * lb_loss, dx and every gradient to 1e-5 relative (bitwise equality for 1 thread when
- * check_threads). Returns the worst relative error. */
+ * lb_loss, dx and every gradient to 1e-5 relative; with one thread instead of all, check_threads 2:
+ * bitwise equal, 1: within 1e-6 (sgemm_thread_invariant false), 0: not run. Returns the worst
+ * relative error. */
 static double compare_paths(test_ctx *ctx, const char *name, const moh_attn_config *cfg, float *w,
                             size_t np, const float *x, const float *dy, int B, int N,
-                            bool check_threads, attn_cache_f32 *rc) {
+                            int check_threads, attn_cache_f32 *rc) {
     const int C = cfg->hidden_size, h = cfg->n_heads, d = cfg->head_dim;
     const size_t T = (size_t)B * N;
     float *gref = calloc(np, sizeof(float));
@@ -116,15 +150,24 @@ static double compare_paths(test_ctx *ctx, const char *name, const moh_attn_conf
             worst = fmax(worst, e);
             CHECK(ctx, e <= 1e-5, "%s (%s): grad %s rel err %.3g", name, kern, names[k], e);
         }
-        if (check_threads && pass == 0) { /* same bits with one thread */
+        if (check_threads && pass == 0) { /* same bits with one thread (within 1e-6 where oneDNN's
+                                              * sgemm itself is not thread-count invariant) */
+            const bool bitwise = check_threads == 2;
             float *y1, *dx1, *gw1, lb1;
             const int nt = omp_get_max_threads();
             omp_set_num_threads(1);
             run_sparse(ctx, cfg, &p, np, x, dy, B, N, true, &y1, &dx1, &gw1, gates, &lb1);
             omp_set_num_threads(nt);
-            CHECK(ctx, !memcmp(y1, y, sizeof(float) * T * C), "%s: y depends on the thread count", name);
-            CHECK(ctx, !memcmp(dx1, dx, sizeof(float) * T * C), "%s: dx depends on the thread count", name);
-            CHECK(ctx, !memcmp(gw1, gw, sizeof(float) * np), "%s: gradients depend on the thread count", name);
+            if (bitwise) {
+                CHECK(ctx, !memcmp(y1, y, sizeof(float) * T * C), "%s: y depends on the thread count", name);
+                CHECK(ctx, !memcmp(dx1, dx, sizeof(float) * T * C), "%s: dx depends on the thread count", name);
+                CHECK(ctx, !memcmp(gw1, gw, sizeof(float) * np), "%s: gradients depend on the thread count", name);
+            } else {
+                const double ey = test_rel_err_f32(y1, y, (long)(T * C)), ex = test_rel_err_f32(dx1, dx, (long)(T * C));
+                const double eg = test_rel_err_f32(gw1, gw, (long)np);
+                CHECK(ctx, ey <= 1e-6 && ex <= 1e-6 && eg <= 1e-6,
+                      "%s: 1 vs %d threads: y rel %.3g, dx %.3g, grads %.3g (expected <= 1e-6)", name, nt, ey, ex, eg);
+            }
             free(y1);
             free(dx1);
             free(gw1);
@@ -140,7 +183,7 @@ static double compare_paths(test_ctx *ctx, const char *name, const moh_attn_conf
     return worst;
 }
 
-static double run_case(test_ctx *ctx, const sp_case *sc, uint64_t seed, bool check_threads,
+static double run_case(test_ctx *ctx, const sp_case *sc, uint64_t seed, int check_threads,
                        const moh_rope_scaling *scaling) {
     moh_attn_config cfg = make_cfg(sc, scaling);
     moh_error err;
@@ -393,7 +436,7 @@ static void big_layer_case(test_ctx *ctx, const big_case *bc, uint64_t seed) {
     }
     attn_cache_f32 rc;
     CHECK(ctx, attn_cache_init_f32(&rc, &cfg, 1, N, &err) == MOH_OK, "ref cache: %s", err.msg);
-    const double worst = compare_paths(ctx, bc->name, &cfg, w, np, x, dy, 1, N, false, &rc);
+    const double worst = compare_paths(ctx, bc->name, &cfg, w, np, x, dy, 1, N, 0, &rc);
     if (bc->rise == 128 && bc->jitter == 0 && bc->flip == 0 && N == 3 && (d == 16 || d == 64)) {
         /* the construction: the reference's head-0 weights of the last query are softmax(0, 1, 2) */
         const float *a = rc.att + (size_t)t0 * N;
@@ -588,14 +631,18 @@ int main(void) {
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
     double worst = 0.0;
-    for (int i = 0; i < n; i++) worst = fmax(worst, run_case(&ctx, &cases[i], 0x9E3779B97F4A7C15ULL + 7919u * (unsigned)i, i % 3 == 0, NULL));
+    const int thr = sgemm_thread_invariant() ? 2 : 1;
+    if (thr == 1)
+        printf("oneDNN's sgemm gives other last bits with 1 thread than with %d on this CPU (rows at its partition "
+               "edges): the thread-count checks compare within 1e-6, not bitwise\n", omp_get_max_threads());
+    for (int i = 0; i < n; i++) worst = fmax(worst, run_case(&ctx, &cases[i], 0x9E3779B97F4A7C15ULL + 7919u * (unsigned)i, i % 3 == 0 ? thr : 0, NULL));
     /* HF rope_scaling: d = 16, original context 32, so llama3 has pairs in all three bands */
     const moh_rope_scaling scalings[2] = {{MOH_ROPE_LLAMA3, 4.0, 1.0, 4.0, 32}, {MOH_ROPE_LINEAR, 2.5, 0, 0, 0}};
     const sp_case scaled[2] = {
         {"learned GQA causal rope llama3",     32, 8, 2, 16, 2, 3, L, true,  true, true, 1e4,   0.01, 2, 100, -1, false},
         {"none causal rope linear",            32, 4, 2, 16, 0, 0, D, true,  false, false, 1e4, 0.01, 1, 200, -1, false},
     };
-    for (int i = 0; i < 2; i++) worst = fmax(worst, run_case(&ctx, &scaled[i], 0x51ED270B27ULL + (unsigned)i, i == 0, &scalings[i]));
+    for (int i = 0; i < 2; i++) worst = fmax(worst, run_case(&ctx, &scaled[i], 0x51ED270B27ULL + (unsigned)i, i == 0 ? thr : 0, &scalings[i]));
     printf("  worst relative error over all cases: %.2e (limit 1e-5)\n", worst);
     memory_test(&ctx);
     decode_test(&ctx);

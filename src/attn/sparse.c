@@ -227,7 +227,12 @@ static size_t sp_rows16(const moh_attn_config *cfg) {
 }
 
 int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, bf16_ctx *ctx, moh_error *err) {
-    const bool tiles = ctx && bf16_detect().avx512_bf16;
+    return sparse_cache_set_bf16_tiles(c, cfg, ctx, -1, err);
+}
+
+int sparse_cache_set_bf16_tiles(sparse_cache *c, const moh_attn_config *cfg, bf16_ctx *ctx, int tiles_isa,
+                                moh_error *err) {
+    const bool vec = bf16_detect().avx512_bf16, tiles = ctx && (vec || tiles_isa >= 0);
     if (tiles && !c->bblock) {
         const size_t d2 = 2 * (size_t)((cfg->head_dim + 1) / 2), dp = (size_t)sp_dpad(cfg);
         const size_t tiles_n = (size_t)c->maxB * cfg->n_kv_heads * sp_nkt(c->maxN);
@@ -270,6 +275,8 @@ int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, bf16_ctx 
     }
     c->bf16 = ctx;
     c->bf16_tiles = tiles;
+    c->tiles_isa = !tiles ? (int)SP_TILES_PORTABLE : tiles_isa >= 0 ? tiles_isa : (int)sp_tiles_detect();
+    c->bf16_vec = tiles && vec;
     return MOH_OK;
 }
 
@@ -322,6 +329,9 @@ static sp_tws tws_get(const sparse_cache *c, const moh_attn_config *cfg, int tid
     w.bw = w.qb ? w.qb + sp_rows16(cfg) : NULL;
     return w;
 }
+
+/* How this cache's bf16 tile products run (sp_tiles). */
+static sp_tiles sp_isa(const sparse_cache *c) { return (sp_tiles)c->tiles_isa; }
 
 /* RoPE of one head row v[d] at position n from the tables (sign -1: the inverse rotation), the
  * same arithmetic as ops' rope_forward / rope_backward. */
@@ -543,7 +553,7 @@ static void scatter_task(const void *arg, int t0, int t1, sp_tws *w) {
                     bf16_from_f32(ob, w->pa[r], (size_t)d);
                     if (d & 1) ob[d] = 0;
                 }
-                sp_mm_bf16(true, m, C, d2, w->qb, 2 * d2, a->w16 + (size_t)i * d2 * 2 * C, 2 * C, w->pc, true);
+                sp_mm_bf16(sp_isa(c), m, C, d2, w->qb, 2 * d2, a->w16 + (size_t)i * d2 * 2 * C, 2 * C, w->pc, true);
                 continue;
             }
             for (int cb = 0; cb < ncb; cb++) {
@@ -718,14 +728,14 @@ static void kv_tile_bf16(sparse_cache *c, const moh_attn_config *cfg, const floa
         w->pa[e] = ktr + (size_t)e * SPARSE_BK;
         w->pa2[e] = vtr + (size_t)e * SPARSE_BK;
     }
-    sp_bf16_row_pairs(true, d, nk, w->pa, c->ktb + ko, 2 * SPARSE_BK);
-    sp_bf16_row_pairs(true, d, nk, w->pa2, c->vtbt + ko, 2 * SPARSE_BK);
+    sp_bf16_row_pairs(c->bf16_vec, d, nk, w->pa, c->ktb + ko, 2 * SPARSE_BK);
+    sp_bf16_row_pairs(c->bf16_vec, d, nk, w->pa2, c->vtbt + ko, 2 * SPARSE_BK);
     for (int jj = 0; jj < nk; jj++) {
         w->pa[jj] = c->kh + (hb + j0 + jj) * d;
         w->pa2[jj] = c->vh + (hb + j0 + jj) * d;
     }
-    sp_bf16_row_pairs(true, nk, d, w->pa2, c->vtb + vo, 2 * dp);
-    sp_bf16_row_pairs(true, nk, d, w->pa, c->ktbk + vo, 2 * dp);
+    sp_bf16_row_pairs(c->bf16_vec, nk, d, w->pa2, c->vtb + vo, 2 * dp);
+    sp_bf16_row_pairs(c->bf16_vec, nk, d, w->pa, c->ktbk + vo, 2 * dp);
 }
 
 /* Tasks: (b, KV head g, key tile). K, V rows (+ bias, RoPE on K) from the projection buffer into
@@ -782,7 +792,7 @@ static void fwd_q_task(const void *arg, int t0, int t1, sp_tws *w) {
             w->pa16[r] = c->tok16 ? sp_x16(c) + t * 2 * C2 : NULL;
         }
         if (!qnorm && c->bf16_tiles) { /* gathered x rows in bf16 times W_q^i in bf16 */
-            sp_mm_bf16_rows(true, q.nr, d, C2, w->pa16, c->wqb + (size_t)q.i * C2 * 2 * d, 2 * d, w->pc, false);
+            sp_mm_bf16_rows(sp_isa(c), q.nr, d, C2, w->pa16, c->wqb + (size_t)q.i * C2 * 2 * d, 2 * d, w->pc, false);
         } else if (!qnorm) {
             for (int k = 0; k < C; k++) w->pb[k] = c->wpack1 + ((size_t)q.i * C + k) * d;
             sp_mm(c->avx512, 0, q.nr, d, C, w->pa, 0, w->pb, 0, w->pc, 0, false);
@@ -802,14 +812,34 @@ static void attn_fwd_rows_bf16(sparse_cache *c, sp_tws *w, size_t tile, int rg, 
                                float cl2) {
     const int d2 = (d + 1) / 2, nk2 = (nk + 1) / 2;
     const uint16_t *kb = c->ktb + tile * (size_t)d2 * SPARSE_BK * 2, *vb = c->vtb + tile * (size_t)SPARSE_BK * dp;
-    sp_mm_bf16(true, R, nk, d2, w->qb + (size_t)rg * 2 * d2, 2 * d2, kb, 2 * SPARSE_BK, w->sc, false);
+    sp_mm_bf16(sp_isa(c), R, nk, d2, w->qb + (size_t)rg * 2 * d2, 2 * d2, kb, 2 * SPARSE_BK, w->sc, false);
     sp_fwd_softmax(c->avx512, R, nk, w->sc, w->nv, cl2, w->m + rg, w->l + 16 * rg, w->pc + rg, d);
     for (int r = 0; r < R; r++) {
         uint16_t *pr = w->pbf + (size_t)r * SPARSE_BK;
         bf16_from_f32(pr, w->sc[r], (size_t)nk);
         if (nk & 1) pr[nk] = 0;
     }
-    sp_mm_bf16(true, R, d, nk2, w->pbf, SPARSE_BK, vb, 2 * dp, w->pc + rg, true);
+    sp_mm_bf16(sp_isa(c), R, d, nk2, w->pbf, SPARSE_BK, vb, 2 * dp, w->pc + rg, true);
+}
+
+/* AMX: the same for rows rs .. nr of the tile at once (w->nv of every row set; none fully masked),
+ * so that each product covers whole 16-row tiles: S for all rows, the softmax in groups of SP_MR,
+ * P of all rows in bf16 (w->bw), then one P V product. */
+static void attn_fwd_block_bf16(sparse_cache *c, sp_tws *w, size_t tile, int rs, int nr, int nk, int d, int dp,
+                                float cl2) {
+    const int d2 = (d + 1) / 2, nk2 = (nk + 1) / 2, R = nr - rs;
+    const uint16_t *kb = c->ktb + tile * (size_t)d2 * SPARSE_BK * 2, *vb = c->vtb + tile * (size_t)SPARSE_BK * dp;
+    sp_mm_bf16(sp_isa(c), R, nk, d2, w->qb + (size_t)rs * 2 * d2, 2 * d2, kb, 2 * SPARSE_BK, w->sc + rs, false);
+    for (int g = rs; g < nr; g += SP_MR)
+        sp_fwd_softmax(c->avx512, imin(SP_MR, nr - g), nk, w->sc + g, w->nv + g, cl2, w->m + g, w->l + 16 * g,
+                       w->pc + g, d);
+    uint16_t *pb = w->bw;
+    for (int r = rs; r < nr; r++) {
+        uint16_t *pr = pb + (size_t)(r - rs) * SPARSE_BK;
+        bf16_from_f32(pr, w->sc[r], (size_t)nk);
+        if (nk & 1) pr[nk] = 0;
+    }
+    sp_mm_bf16(sp_isa(c), R, d, nk2, pb, SPARSE_BK, vb, 2 * dp, w->pc + rs, true);
 }
 
 /* One query tile: flash-attention forward over the key tiles; writes o, og = gate o, smax, lse. */
@@ -841,6 +871,14 @@ static void attn_fwd_tile(const moh_attn_config *cfg, sparse_cache *c, sp_qtile 
         const float *ktile = c->kt + (hb * nkt + kt) * d * SPARSE_BK;
         for (int e = 0; e < d; e++) w->pb[e] = ktile + (size_t)e * SPARSE_BK;
         for (int j = 0; j < nk; j++) w->pb2[j] = c->vh + (hb * N + j0 + j) * d;
+        if (b16 && (sp_isa(c) == SP_TILES_AMX || sp_isa(c) == SP_TILES_AMX_EMU)) {
+            int rs = 0; /* groups of rows before every key of the tile (a prefix: pos ascends) */
+            while (rs < nr && cfg->causal && pos[imin(rs + SP_MR, nr) - 1] < j0) rs += SP_MR;
+            if (rs >= nr) continue;
+            for (int r = rs; r < nr; r++) w->nv[r] = cfg->causal ? imin(nk, pos[r] - j0 + 1) : nk;
+            attn_fwd_block_bf16(c, w, hb * nkt + kt, rs, nr, nk, d, dp, cl2);
+            continue;
+        }
         for (int rg = 0; rg < nr; rg += SP_MR) {
             const int R = imin(SP_MR, nr - rg);
             if (cfg->causal && pos[rg + R - 1] < j0) continue;
@@ -964,11 +1002,11 @@ static void attn_bwd_rows_bf16(sparse_cache *c, sp_tws *w, const sp_blk16 *k, in
     const int d2 = (d + 1) / 2, nr = k->nr, nk = k->nk, p0 = k->p0;
     const size_t ko = k->tile * (size_t)d2 * SPARSE_BK * 2, vo = k->tile * (size_t)SPARSE_BK * dp;
     uint16_t *pil = w->bw, *dsil = pil + (size_t)SPARSE_BQ * SPARSE_BK, *dsb = dsil + (size_t)SPARSE_BQ * SPARSE_BK;
-    sp_mm_bf16(true, nr, nk, d2, c->qb16 + (size_t)p0 * 2 * d2, 2 * d2, c->ktb + ko, 2 * SPARSE_BK, w->sc, false);
-    sp_mm_bf16(true, nr, nk, d2, c->dob16 + (size_t)p0 * 2 * d2, 2 * d2, c->vtbt + ko, 2 * SPARSE_BK, w->dsc, false);
+    sp_mm_bf16(sp_isa(c), nr, nk, d2, c->qb16 + (size_t)p0 * 2 * d2, 2 * d2, c->ktb + ko, 2 * SPARSE_BK, w->sc, false);
+    sp_mm_bf16(sp_isa(c), nr, nk, d2, c->dob16 + (size_t)p0 * 2 * d2, 2 * d2, c->vtbt + ko, 2 * SPARSE_BK, w->dsc, false);
     sp_bwd_ds(c->avx512, nr, nk, w->sc, w->dsc, w->nv, cl2, scale, c->smax + p0, c->lse + p0, c->ddot + p0);
-    sp_bf16_row_pairs(true, nr, nk, w->sa, pil, 2 * SPARSE_BK);
-    sp_bf16_row_pairs(true, nr, nk, w->dsa, dsil, 2 * SPARSE_BK);
+    sp_bf16_row_pairs(c->bf16_vec, nr, nk, w->sa, pil, 2 * SPARSE_BK);
+    sp_bf16_row_pairs(c->bf16_vec, nr, nk, w->dsa, dsil, 2 * SPARSE_BK);
     for (int r = 0; r < nr; r++) {
         bf16_from_f32(dsb + (size_t)r * SPARSE_BK, w->dsc[r], (size_t)nk);
         if (nk & 1) dsb[(size_t)r * SPARSE_BK + nk] = 0;
@@ -976,9 +1014,9 @@ static void attn_bwd_rows_bf16(sparse_cache *c, sp_tws *w, const sp_blk16 *k, in
     /* row e of Q^T / dO^T from pair rb on; an odd nr reads one finite value past the block, times
      * the zero pad row of P / dS */
     const size_t tr = (size_t)k->off * d + (size_t)k->rb;
-    sp_mm_bf16(true, d, nk, (nr + 1) / 2, c->dot16 + tr, k->cnt, pil, 2 * SPARSE_BK, dvt, true);
-    sp_mm_bf16(true, d, nk, (nr + 1) / 2, c->qt16 + tr, k->cnt, dsil, 2 * SPARSE_BK, dkt, true);
-    sp_mm_bf16(true, nr, d, (nk + 1) / 2, dsb, SPARSE_BK, c->ktbk + vo, 2 * dp, w->pc, true);
+    sp_mm_bf16(sp_isa(c), d, nk, (nr + 1) / 2, c->dot16 + tr, k->cnt, pil, 2 * SPARSE_BK, dvt, true);
+    sp_mm_bf16(sp_isa(c), d, nk, (nr + 1) / 2, c->qt16 + tr, k->cnt, dsil, 2 * SPARSE_BK, dkt, true);
+    sp_mm_bf16(sp_isa(c), nr, d, (nk + 1) / 2, dsb, SPARSE_BK, c->ktbk + vo, 2 * dp, w->pc, true);
 }
 
 /* Tasks: (b, head). q and dL/do of the head's pairs in bf16: rows (qb16, dob16) and transposed
@@ -996,8 +1034,8 @@ static void bwd16_rows_task(const void *arg, int t0, int t1, sp_tws *w) {
             bf16_from_f32(orow, c->dout + p * d, (size_t)d);
             if (d & 1) qr[d] = orow[d] = 0;
         }
-        sp_bf16_transpose(true, cnt, d, c->q + (size_t)off * d, d, c->qt16 + (size_t)off * d, cnt);
-        sp_bf16_transpose(true, cnt, d, c->dout + (size_t)off * d, d, c->dot16 + (size_t)off * d, cnt);
+        sp_bf16_transpose(c->bf16_vec, cnt, d, c->q + (size_t)off * d, d, c->qt16 + (size_t)off * d, cnt);
+        sp_bf16_transpose(c->bf16_vec, cnt, d, c->dout + (size_t)off * d, d, c->dot16 + (size_t)off * d, cnt);
     }
 }
 
@@ -1009,9 +1047,9 @@ static void bwd16_t_task(const void *arg, int t0, int t1, sp_tws *w) {
     const size_t d = (size_t)x->cfg->head_dim;
     for (int bi = t0; bi < t1; bi++) {
         const int off = c->pair_off[bi], cnt = c->pair_off[bi + 1] - off;
-        sp_bf16_transpose(true, cnt, (int)d, c->og + off * d, (long)d, c->ogt16 + off * d, cnt);
+        sp_bf16_transpose(c->bf16_vec, cnt, (int)d, c->og + off * d, (long)d, c->ogt16 + off * d, cnt);
         if (x->cfg->router != MOH_ROUTER_QUERY_NORM) /* query_norm: dW_q in the dense backward */
-            sp_bf16_transpose(true, cnt, (int)d, c->dq + off * d, (long)d, c->dqt16 + off * d, cnt);
+            sp_bf16_transpose(c->bf16_vec, cnt, (int)d, c->dq + off * d, (long)d, c->dqt16 + off * d, cnt);
     }
 }
 
@@ -1044,8 +1082,8 @@ static void bwd_dw16_task(const void *arg, int t0, int t1, sp_tws *w) {
                                                          meets the zero pad row of X */
                 const int kk = imin(SP_KC, cnt - k0);
                 for (int k = 0; k < kk; k++) w->pa16[k] = a->rows + ((size_t)b * N + c->pair_pos[off + k0 + k]) * C2 + c0;
-                sp_bf16_row_pairs16(true, kk, nc, w->pa16, w->bw, 2 * SP_NR);
-                sp_mm_bf16(true, d, nc, (kk + 1) / 2, a->at + (size_t)off * d + k0, cnt, w->bw, 2 * SP_NR, w->pc, true);
+                sp_bf16_row_pairs16(c->bf16_vec, kk, nc, w->pa16, w->bw, 2 * SP_NR);
+                sp_mm_bf16(sp_isa(c), d, nc, (kk + 1) / 2, a->at + (size_t)off * d + k0, cnt, w->bw, 2 * SP_NR, w->pc, true);
             }
         }
         if (a->wo)
@@ -1156,7 +1194,7 @@ static void bwd_dout_task(const void *arg, int t0, int t1, sp_tws *w) {
             const int C2 = (C + 1) / 2;
             const uint16_t *dy16 = sp_dy16(c, cfg);
             for (int r = 0; r < q.nr; r++) w->pa16[r] = dy16 + ((size_t)q.b * N + c->pair_pos[q.p0 + r]) * 2 * C2;
-            sp_mm_bf16_rows(true, q.nr, d, C2, w->pa16, c->wob2 + (size_t)q.i * C2 * 2 * d, 2 * d, w->pc, false);
+            sp_mm_bf16_rows(sp_isa(c), q.nr, d, C2, w->pa16, c->wob2 + (size_t)q.i * C2 * 2 * d, 2 * d, w->pc, false);
         } else {
             for (int k = 0; k < C; k++) w->pb[k] = c->wpack1 + ((size_t)q.i * C + k) * d;
             sp_mm(c->avx512, 0, q.nr, d, C, w->pa, 0, w->pb, 0, w->pc, 0, false);

@@ -18,7 +18,9 @@
  *    log-sum-exp): gradients of q, W_q rows, W_O, gates and router only from selected pairs; dK
  *    and dV accumulated from every selecting query; then router_backward_f32 and the K/V/Q
  *    projection gradients.
- * Every sum runs in an order fixed by the data layout, never by the thread count. Memory is
+ * Every sum of moh's kernels runs in an order fixed by the data layout, never by the thread count
+ * (oneDNN's sgemm, behind the dense projections, can change last bits with it on some CPUs:
+ * tests/test_sparse.c sgemm_thread_invariant). Memory is
  * linear in N (sparse_cache_bytes). Inner products run on AVX-512 register-tile kernels when the
  * CPU has AVX-512F (checked at run time), else on portable C loops with the same results up to
  * rounding; the large dense K/V projections go through gemm_f32 (oneDNN). */
@@ -63,6 +65,9 @@ typedef struct sparse_cache {
                           * through its bf16 GEMMs, attention tiles in bf16 when bf16_tiles */
     bool bf16_tiles;     /* QK^T and PV tiles with bf16 inputs, fp32 accumulation (vdpbf16ps;
                           * set with bf16 when the CPU has AVX512-BF16) */
+    int tiles_isa;       /* bf16_tiles: how their products run (sparse_kernels.h sp_tiles): AMX-BF16
+                          * where permitted and MOH_NO_AMX is unset, else vdpbf16ps; tests may set it */
+    bool bf16_vec;       /* bf16_tiles: the conversions around them on AVX512-BF16 (else portable) */
     const float *x;      /* [T, C] input of the last forward, borrowed from the caller */
     attn_cache_f32 rc;   /* router activations only: gates [T, h], p, mask, r, ... (att == NULL) */
     float *dgates;       /* [T, h] backward: dL/dgate, 0 for pairs not selected */
@@ -155,6 +160,11 @@ void sparse_cache_free(sparse_cache *c);
  * fp32; the backward recomputes P from the forward's max and log-sum-exp); the learned router
  * (fp32) split over tokens. MOH_OK or MOH_E_NOMEM (c unchanged). */
 int sparse_cache_set_bf16(sparse_cache *c, const moh_attn_config *cfg, struct bf16_ctx *ctx, moh_error *err);
+/* The same with the tile products' kind given (sp_tiles; < 0: as sparse_cache_set_bf16 detects):
+ * a kind >= 0 turns the bf16 tiles on even on a CPU without AVX512-BF16, with portable kernels
+ * around them (tests: the AMX emulation through whole layers on any CPU). */
+int sparse_cache_set_bf16_tiles(sparse_cache *c, const moh_attn_config *cfg, struct bf16_ctx *ctx, int tiles_isa,
+                                moh_error *err);
 
 /* Head-sparse forward (spec §1): x [B, N, C] -> y [B, N, C]; fills c (gates in c->rc.gates [T, h],
  * c->rc.lb_loss). B <= c->maxB, N <= c->maxN. Same results as attn_forward_f32. */

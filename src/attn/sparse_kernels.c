@@ -325,16 +325,32 @@ void sp_bf16_transpose(bool avx512bf16, int R, int n, const float *src, long lds
         for (int j = 0; j < n; j++) dst[(long)j * ldd + r] = bf16_round(src[(long)r * lds + j]);
 }
 
-void sp_mm_bf16_rows(bool avx512bf16, int R, int n, int K2, const uint16_t *const *a, const uint16_t *b,
-                     long ldb, float *const *c, bool acc) {
+sp_tiles sp_tiles_detect(void) {
+    const bf16_caps caps = bf16_detect();
+    if (bf16_amx_tiles(&caps)) return SP_TILES_AMX;
+    return caps.avx512_bf16 ? SP_TILES_DP : SP_TILES_PORTABLE;
+}
+
+const char *sp_tiles_name(sp_tiles isa) {
+    static const char *const names[] = {"portable", "AVX512-BF16 vdpbf16ps", "AMX-BF16 tdpbf16ps",
+                                        "AMX-BF16 (C emulation)"};
+    return names[isa >= SP_TILES_PORTABLE && isa <= SP_TILES_AMX_EMU ? isa : SP_TILES_PORTABLE];
+}
+
+void sp_mm_bf16_rows(sp_tiles isa, int R, int n, int K2, const uint16_t *const *a, const uint16_t *b, long ldb,
+                     float *const *c, bool acc) {
     if (R <= 0 || n <= 0) return;
     if (K2 <= 0) {
         if (!acc)
             for (int r = 0; r < R; r++) memset(c[r], 0, sizeof(float) * (size_t)n);
         return;
     }
+    if (isa == SP_TILES_AMX || isa == SP_TILES_AMX_EMU) {
+        sp_amx_mm_bf16(isa == SP_TILES_AMX_EMU, R, n, K2, a, NULL, 0, b, ldb, c, acc);
+        return;
+    }
 #if SP_X86
-    if (avx512bf16) {
+    if (isa == SP_TILES_DP) {
         for (int j0 = 0; j0 < n; j0 += SP_NR)
             for (int r0 = 0; r0 < R; r0 += SP_MR)
                 mkb_avx_any(imin(SP_MR, R - r0), imin(SP_NR, n - j0), K2, a + r0, b, ldb, c + r0, j0, acc);
@@ -344,13 +360,17 @@ void sp_mm_bf16_rows(bool avx512bf16, int R, int n, int K2, const uint16_t *cons
     mkb_ref(R, n, K2, a, b, ldb, c, acc);
 }
 
-void sp_mm_bf16(bool avx512bf16, int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b,
-                long ldb, float *const *c, bool acc) {
+void sp_mm_bf16(sp_tiles isa, int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b, long ldb,
+                float *const *c, bool acc) {
+    if (isa == SP_TILES_AMX || isa == SP_TILES_AMX_EMU) {
+        sp_amx_mm_bf16(isa == SP_TILES_AMX_EMU, R, n, K2, NULL, a, lda, b, ldb, c, acc);
+        return;
+    }
     for (int r0 = 0; r0 < R; r0 += SP_MR) { /* row groups: the same tiles as one call over all rows */
         const uint16_t *ap[SP_MR];
         const int m = imin(SP_MR, R - r0);
         for (int r = 0; r < m; r++) ap[r] = a + (long)(r0 + r) * lda;
-        sp_mm_bf16_rows(avx512bf16, m, n, K2, ap, b, ldb, c + r0, acc);
+        sp_mm_bf16_rows(isa, m, n, K2, ap, b, ldb, c + r0, acc);
     }
 }
 

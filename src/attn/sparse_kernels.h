@@ -20,16 +20,30 @@
 void sp_mm(bool avx, int amode, int M, int n, int K, const float *const *a, long aoff,
            const float *const *b, long boff, float *const *c, long coff, bool acc);
 
-/* bf16 register tiles (vdpbf16ps): C[R x n] (acc: +=, else =) A B with bf16 inputs and fp32
- * accumulation. A row r: a + r lda, K2 pairs of bf16 (a[2k], a[2k+1]); B in pair-interleaved
- * ("VNNI") layout: B(2k + u, j) = b[k ldb + 2 j + u], u = 0, 1; C(r, j) = c[r][j]. Odd K are
- * zero-padded to a pair by the caller. avx512bf16: the CPU has AVX512-BF16 (the caller checks;
- * else portable C with the same products, summed in another order). */
-void sp_mm_bf16(bool avx512bf16, int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b,
-                long ldb, float *const *c, bool acc);
+/* How the bf16 tile products run (picked once per cache, sparse_cache_set_bf16): portable C,
+ * AVX512-BF16 register tiles (vdpbf16ps), AMX-BF16 tile registers (tdpbf16ps, where the CPU has
+ * them and the OS granted the tile state), or AMX's C emulation (tests: the AMX blocking on any CPU). */
+typedef enum sp_tiles { SP_TILES_PORTABLE = 0, SP_TILES_DP = 1, SP_TILES_AMX = 2, SP_TILES_AMX_EMU = 3 } sp_tiles;
+/* The best this CPU and OS allow: SP_TILES_AMX where bf16_amx_tiles (AMX-BF16 permitted, MOH_NO_AMX
+ * unset or "0"), else SP_TILES_DP with AVX512-BF16, else SP_TILES_PORTABLE. */
+sp_tiles sp_tiles_detect(void);
+/* "portable", "AVX512-BF16 vdpbf16ps", "AMX-BF16 tdpbf16ps", "AMX-BF16 (C emulation)". */
+const char *sp_tiles_name(sp_tiles isa);
+
+/* bf16 tiles: C[R x n] (acc: +=, else =) A B with bf16 inputs and fp32 accumulation. A row r:
+ * a + r lda, K2 pairs of bf16 (a[2k], a[2k+1]); B in pair-interleaved ("VNNI") layout:
+ * B(2k + u, j) = b[k ldb + 2 j + u], u = 0, 1; C(r, j) = c[r][j]. Odd K are zero-padded to a pair
+ * by the caller. isa: SP_TILES_DP and the AMX kinds need the CPU features (the caller checks); the
+ * kinds give the same products, summed in other orders. */
+void sp_mm_bf16(sp_tiles isa, int R, int n, int K2, const uint16_t *a, long lda, const uint16_t *b, long ldb,
+                float *const *c, bool acc);
 /* The same with A rows by pointer: A row r at a[r] (gathered rows cost nothing). */
-void sp_mm_bf16_rows(bool avx512bf16, int R, int n, int K2, const uint16_t *const *a, const uint16_t *b,
-                     long ldb, float *const *c, bool acc);
+void sp_mm_bf16_rows(sp_tiles isa, int R, int n, int K2, const uint16_t *const *a, const uint16_t *b, long ldb,
+                     float *const *c, bool acc);
+/* The AMX kernel behind both (sparse_amx.c): A rows at a0 + r lda when a0 != NULL (whole 16-row
+ * blocks are loaded from there), else at ap[r]; emu: the C emulation of the tile instructions. */
+void sp_amx_mm_bf16(bool emu, int R, int n, int K2, const uint16_t *const *ap, const uint16_t *a0, long lda,
+                    const uint16_t *b, long ldb, float *const *c, bool acc);
 
 /* Rows rows[0..R) of n floats rounded to bf16 and interleaved in pairs of rows (the B layout of
  * sp_mm_bf16 over rows): dst[(r / 2) ldd + 2 j + r % 2] = bf16(rows[r][j]); a zero row pads odd R. */

@@ -31,8 +31,9 @@ int precision_parse(const char *s, moh_precision *p, moh_error *err) {
 
 bf16_caps bf16_detect(void) {
     bf16_caps c = {0};
-    const char *off = getenv("MOH_NO_BF16");
+    const char *off = getenv("MOH_NO_BF16"), *amx = getenv("MOH_NO_AMX");
     c.disabled = off && *off && strcmp(off, "0") != 0;
+    c.amx_off = amx && *amx && strcmp(amx, "0") != 0;
 #if BF_X86
     c.avx512_bf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
@@ -67,7 +68,10 @@ void precision_describe(moh_precision p, char *out, size_t cap) {
     char impl[96];
     bf16_gemm_probe(4096, 768, 768, impl, sizeof impl);
     snprintf(out, cap, "bf16 (fp32 master weights; attention tiles %s; GEMMs oneDNN matmul %s)",
-             c.avx512_bf16 ? "AVX512-BF16 vdpbf16ps" : "fp32 (no AVX512-BF16)", impl);
+             bf16_amx_tiles(&c) ? "AMX-BF16 tdpbf16ps"
+             : c.avx512_bf16    ? (c.amx_permitted ? "AVX512-BF16 vdpbf16ps (MOH_NO_AMX)" : "AVX512-BF16 vdpbf16ps")
+                                : "fp32 (no AVX512-BF16)",
+             impl);
 }
 
 /* ---- conversion ---------------------------------------------------------------------------- */

@@ -29,8 +29,13 @@ typedef struct bf16_caps {
     bool amx_permitted; /* ... and the OS granted this process the tile state (Linux
                          * arch_prctl(ARCH_REQ_XCOMP_PERM)); false when amx_bf16 is */
     bool disabled;      /* MOH_NO_BF16=1 in the environment: act as a CPU without bf16 (tests) */
+    bool amx_off;       /* MOH_NO_AMX=1: moh's attention tiles use vdpbf16ps even where AMX is
+                         * permitted (comparisons; oneDNN picks its own kernels) */
 } bf16_caps;
 bf16_caps bf16_detect(void);
+/* Whether moh's bf16 attention tiles run on AMX-BF16: permitted by the OS, AVX512-BF16 present
+ * for the conversions around them, and not turned off by MOH_NO_AMX. */
+static inline bool bf16_amx_tiles(const bf16_caps *c) { return c->amx_permitted && c->avx512_bf16 && !c->amx_off; }
 
 /* The precision a command runs given what it asked for: bf16 only when the CPU has AVX512-BF16
  * or permitted AMX-BF16, else fp32 with why[cap] saying why (else why = ""). */

@@ -1,0 +1,209 @@
+/* AMX-BF16 tiles for the head-sparse bf16 products (sparse_kernels.h: sp_mm_bf16 with
+ * SP_TILES_AMX), and a C emulation of the same instructions (SP_TILES_AMX_EMU) so that the tiling,
+ * padding and layout logic is tested on every CPU, not only on those with AMX.
+ *
+ * One kernel body serves both: each tile instruction is a macro that either issues it or calls
+ * its emulation, chosen by `emu`. The tile registers are configured once per call as 16 rows x 64
+ * bytes (palette 1): tmm0..3 hold a 16 x 64 block of C (fp32), tmm4 16 rows of A (32 bf16 = 16
+ * pairs of k), tmm5 / tmm6 the B tile of one 16-column block (16 pairs of k x 16 columns, pairs
+ * interleaved: the VNNI layout sp_mm_bf16 already takes). Blocks that run past R, n or K2 are
+ * copied into zero-padded buffers first, so no tile load reads outside the caller's operands.
+ * Semantics of TDPBF16PS: Intel SDM vol. 2, "TDPBF16PS" (per element, each pair of products added
+ * to the fp32 accumulator in k order; bf16 denormal inputs read as zero, denormal results flushed). */
+#include "attn/sparse_kernels.h"
+
+#include <stdalign.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define AMX_X86 1
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#else
+#define AMX_X86 0
+#define AMX_TARGET
+#endif
+
+/* Emulated tile registers: 8 x 16 rows x 64 bytes. */
+typedef struct amx_emu {
+    alignas(64) unsigned char t[8][16][64];
+} amx_emu;
+
+static void emu_zero(amx_emu *E, int t) { memset(E->t[t], 0, sizeof E->t[t]); }
+static void emu_load(amx_emu *E, int t, const void *base, long stride) {
+    for (int r = 0; r < 16; r++) memcpy(E->t[t][r], (const char *)base + (long)r * stride, 64);
+}
+static void emu_store(const amx_emu *E, int t, void *base, long stride) {
+    for (int r = 0; r < 16; r++) memcpy((char *)base + (long)r * stride, E->t[t][r], 64);
+}
+/* bf16 -> fp32 with denormals read as zero. */
+static float emu_bf16(const unsigned char *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    const uint32_t u = (h & 0x7F80u) ? (uint32_t)h << 16 : (uint32_t)(h & 0x8000u) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static float emu_ftz(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if (!(u & 0x7F800000u)) u &= 0x80000000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+/* tmm[c] (16 x 16 fp32) += tmm[a] (16 x 16 pairs) . tmm[b] (16 pairs x 16 columns). */
+static void emu_dp(amx_emu *E, int c, int a, int b) {
+    for (int m = 0; m < 16; m++)
+        for (int n = 0; n < 16; n++) {
+            float acc;
+            memcpy(&acc, &E->t[c][m][4 * n], 4);
+            for (int k = 0; k < 16; k++) {
+                acc = emu_ftz(acc + emu_bf16(&E->t[a][m][4 * k]) * emu_bf16(&E->t[b][k][4 * n]));
+                acc = emu_ftz(acc + emu_bf16(&E->t[a][m][4 * k + 2]) * emu_bf16(&E->t[b][k][4 * n + 2]));
+            }
+            memcpy(&E->t[c][m][4 * n], &acc, 4);
+        }
+}
+
+/* The tile instructions (tile numbers must be literals). The compiler barriers keep C stores to a
+ * buffer before the tile load that reads it, and C reads after the tile store (the asm of GCC's
+ * intrinsics does not say it touches memory). */
+#if AMX_X86
+#define T_ZERO(t)                          \
+    do {                                   \
+        if (emu) emu_zero(E, t);           \
+        else _tile_zero(t);                \
+    } while (0)
+#define T_LOAD(t, p, s)                                   \
+    do {                                                  \
+        __asm__ volatile("" ::: "memory");                \
+        if (emu) emu_load(E, t, p, s);                    \
+        else _tile_loadd(t, p, s);                        \
+    } while (0)
+#define T_STORE(t, p, s)                                  \
+    do {                                                  \
+        if (emu) emu_store(E, t, p, s);                   \
+        else _tile_stored(t, p, s);                       \
+        __asm__ volatile("" ::: "memory");                \
+    } while (0)
+#define T_DP(c, a, b)                      \
+    do {                                   \
+        if (emu) emu_dp(E, c, a, b);       \
+        else _tile_dpbf16ps(c, a, b);      \
+    } while (0)
+#else
+#define T_ZERO(t) emu_zero(E, t)
+#define T_LOAD(t, p, s) emu_load(E, t, p, s)
+#define T_STORE(t, p, s) emu_store(E, t, p, s)
+#define T_DP(c, a, b) emu_dp(E, c, a, b)
+#endif
+
+/* The tile configuration (ldtilecfg's 64-byte operand). */
+typedef struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+static inline int amin(int a, int b) { return a < b ? a : b; }
+
+/* One B tile: pairs k0 .. k0 + kk of columns jj .. jj + nc into tile t, straight from b when the
+ * tile is whole, else through the zero-padded bb. */
+#define B_TILE(t, jj)                                                                                    \
+    do {                                                                                                 \
+        const int nc_ = amin(16, n - (jj));                                                              \
+        if (kk == 16 && nc_ == 16) {                                                                     \
+            T_LOAD(t, b + (long)k0 * ldb + 2 * (jj), 2 * ldb);                                           \
+        } else {                                                                                         \
+            memset(bb, 0, sizeof bb);                                                                    \
+            for (int k = 0; k < kk; k++) memcpy(bb + 32 * k, b + (long)(k0 + k) * ldb + 2 * (jj), 4 * (size_t)nc_); \
+            T_LOAD(t, bb, 64);                                                                           \
+        }                                                                                                \
+    } while (0)
+
+AMX_TARGET static void amx_mm(bool emu, int R, int n, int K2, const uint16_t *const *ap, const uint16_t *a0,
+                              long lda, const uint16_t *b, long ldb, float *const *c, bool acc) {
+    amx_emu *E = NULL, emu_regs;
+    alignas(64) uint16_t ab[16 * 32], bb[16 * 32];
+    alignas(64) float cb[16 * 16];
+    if (emu) E = &emu_regs;
+#if AMX_X86
+    else {
+        amx_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.palette = 1;
+        for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+        __asm__ volatile("" ::: "memory");
+        _tile_loadconfig(&cfg);
+    }
+#endif
+    for (int r0 = 0; r0 < R; r0 += 16) {
+        const int m = amin(16, R - r0);
+        for (int j0 = 0; j0 < n; j0 += 64) {
+            const int nt = amin(4, (n - j0 + 15) / 16);
+            T_ZERO(0);
+            if (nt > 1) T_ZERO(1);
+            if (nt > 2) T_ZERO(2);
+            if (nt > 3) T_ZERO(3);
+            for (int k0 = 0; k0 < K2; k0 += 16) {
+                const int kk = amin(16, K2 - k0);
+                if (a0 && m == 16 && kk == 16) {
+                    T_LOAD(4, a0 + (long)r0 * lda + 2 * k0, 2 * lda);
+                } else {
+                    memset(ab, 0, sizeof ab);
+                    for (int r = 0; r < m; r++) {
+                        const uint16_t *row = a0 ? a0 + (long)(r0 + r) * lda : ap[r0 + r];
+                        memcpy(ab + 32 * r, row + 2 * k0, 4 * (size_t)kk);
+                    }
+                    T_LOAD(4, ab, 64);
+                }
+                B_TILE(5, j0);
+                T_DP(0, 4, 5);
+                if (nt > 1) {
+                    B_TILE(6, j0 + 16);
+                    T_DP(1, 4, 6);
+                }
+                if (nt > 2) {
+                    B_TILE(5, j0 + 32);
+                    T_DP(2, 4, 5);
+                }
+                if (nt > 3) {
+                    B_TILE(6, j0 + 48);
+                    T_DP(3, 4, 6);
+                }
+            }
+            for (int t = 0; t < nt; t++) {
+                switch (t) { /* literal tile numbers */
+                case 0: T_STORE(0, cb, 64); break;
+                case 1: T_STORE(1, cb, 64); break;
+                case 2: T_STORE(2, cb, 64); break;
+                default: T_STORE(3, cb, 64); break;
+                }
+                const int jj = j0 + 16 * t, nc = amin(16, n - jj);
+                for (int r = 0; r < m; r++) {
+                    float *cr = c[r0 + r] + jj;
+                    const float *s = cb + 16 * r;
+                    if (acc)
+                        for (int j = 0; j < nc; j++) cr[j] += s[j];
+                    else
+                        memcpy(cr, s, sizeof(float) * (size_t)nc);
+                }
+            }
+        }
+    }
+#if AMX_X86
+    if (!emu) _tile_release();
+#endif
+}
+
+void sp_amx_mm_bf16(bool emu, int R, int n, int K2, const uint16_t *const *ap, const uint16_t *a0, long lda,
+                    const uint16_t *b, long ldb, float *const *c, bool acc) {
+    if (R <= 0 || n <= 0) return;
+    if (K2 <= 0) {
+        if (!acc)
+            for (int r = 0; r < R; r++) memset(c[r], 0, sizeof(float) * (size_t)n);
+        return;
+    }
+    amx_mm(emu || !AMX_X86, R, n, K2, ap, a0, lda, b, ldb, c, acc);
+}
