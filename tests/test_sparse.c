@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 
 #include "attn/sparse.h"
+#include "attn/sparse_kernels.h"
 #include "ops/gemm.h"
 #include "test_util.h"
 
@@ -247,7 +248,7 @@ static void memory_test(test_ctx *ctx) {
 /* sparse_decode_attend_f32 (KV-cache decode of one head) against a float64 softmax. */
 static void decode_test(test_ctx *ctx) {
     const int ns[] = {1, 15, 16, 17, 100, 1000};
-    const int ds[] = {8, 24, 32, 64, 72};
+    const int ds[] = {7, 8, 20, 24, 32, 64, 72};
     test_rng rng = {12345};
     double worst = 0.0;
     for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
@@ -272,15 +273,18 @@ static void decode_test(test_ctx *ctx) {
             for (int j = 0; j < n; j++) sum += (w[j] = exp(w[j] - mx));
             for (int j = 0; j < n; j++)
                 for (int e = 0; e < d; e++) ref[e] += 0.7 * w[j] / sum * V[(long)j * ld + e];
-            sparse_decode_attend_f32(q, K, V, ld, n, d, 0.7f, sc, out);
-            double num = 0.0, den = 0.0;
-            for (int e = 0; e < d; e++) {
-                num = fmax(num, fabs(out[e] - ref[e]));
-                den = fmax(den, fabs(ref[e]));
+            for (int kern = 0; kern < 2; kern++) { /* the dispatched kernel; the AVX2 one on any CPU with it */
+                if (kern == 0) sparse_decode_attend_f32(q, K, V, ld, n, d, 0.7f, sc, out);
+                else if (!sp_decode_attend_avx2(q, K, V, ld, n, d, 0.7f, sc, out)) continue;
+                double num = 0.0, den = 0.0;
+                for (int e = 0; e < d; e++) {
+                    num = fmax(num, fabs(out[e] - ref[e]));
+                    den = fmax(den, fabs(ref[e]));
+                }
+                const double e = num / fmax(den, 1e-30);
+                worst = fmax(worst, e);
+                CHECK(ctx, e <= 1e-5, "decode n=%d d=%d (%s): rel err %.3g", n, d, kern ? "avx2" : "dispatched", e);
             }
-            const double e = num / fmax(den, 1e-30);
-            worst = fmax(worst, e);
-            CHECK(ctx, e <= 1e-5, "decode n=%d d=%d: rel err %.3g", n, d, e);
             free(K);
             free(V);
             free(q);
@@ -296,7 +300,7 @@ static void decode_test(test_ctx *ctx) {
  * head widths with and without a 16-lane tail, row ranges that are not multiples of 4, a row
  * stride past the last head, with and without bias; plain rows (one block of width C). */
 static void decode_gemv_test(test_ctx *ctx) {
-    const int ds[] = {4, 24, 32, 64, 72}, h = 7, C = 37;
+    const int ds[] = {4, 20, 24, 32, 64, 72}, h = 7, C = 37;
     const int sels[][7] = {{0, 1, 2, 3, 4, 5, 6}, {0, 2, 5}, {6}, {1, 3, 4, 6}};
     const int nsels[] = {7, 3, 1, 4};
     test_rng rng = {777};
@@ -313,33 +317,43 @@ static void decode_gemv_test(test_ctx *ctx) {
                     bv[i] = (float)test_rng_uniform(&rng);
                     out[i] = 1234.0f; /* rows outside [r0, r1) must stay */
                 }
-                sparse_decode_gemv_f32(w, ldw, bias ? bv : NULL, x, sels[b], nsels[b], d, r0, r1, out);
-                for (int r = 0; r < C; r++) {
-                    if (r < r0 || r >= r1) {
-                        CHECK(ctx, out[r] == 1234.0f, "decode gemv d=%d: row %d outside [%d, %d) written", d, r, r0, r1);
-                        continue;
-                    }
-                    double ref = bias ? bv[r] : 0.0, mag = fabs(ref);
-                    for (int k = 0; k < nsels[b]; k++)
-                        for (int e = 0; e < d; e++) {
-                            const double t = (double)w[(long)r * ldw + sels[b][k] * d + e] * x[sels[b][k] * d + e];
-                            ref += t;
-                            mag += fabs(t);
-                        }
-                    const double err = fabs(out[r] - ref) / mag;
-                    worst = fmax(worst, err);
-                    CHECK(ctx, err <= 1e-6, "decode gemv d=%d sel %zu row %d: %.9g vs %.9g", d, b, r, out[r], ref);
-                }
-                /* the same rows as one block of width h d: a plain product */
                 static const int whole[1] = {0};
-                sparse_decode_gemv_f32(w, ldw, NULL, x, whole, 1, h * d, 0, C, out);
-                for (int r = 0; r < C; r++) {
-                    double ref = 0.0, mag = 0.0;
-                    for (int e = 0; e < h * d; e++) {
-                        ref += (double)w[(long)r * ldw + e] * x[e];
-                        mag += fabs((double)w[(long)r * ldw + e] * x[e]);
+                for (int kern = 0; kern < 2; kern++) { /* the dispatched kernel; the AVX2 one on any CPU with it */
+                    const char *kn = kern ? "avx2" : "dispatched";
+                    for (int r = 0; r < C; r++) out[r] = 1234.0f;
+                    if (kern == 0) sparse_decode_gemv_f32(w, ldw, bias ? bv : NULL, x, sels[b], nsels[b], d, r0, r1, out);
+                    else if (!sp_decode_gemv_avx2(w, ldw, bias ? bv : NULL, x, sels[b], nsels[b], d, r0, r1, out))
+                        continue;
+                    for (int r = 0; r < C; r++) {
+                        if (r < r0 || r >= r1) {
+                            CHECK(ctx, out[r] == 1234.0f, "decode gemv d=%d (%s): row %d outside [%d, %d) written", d,
+                                  kn, r, r0, r1);
+                            continue;
+                        }
+                        double ref = bias ? bv[r] : 0.0, mag = fabs(ref);
+                        for (int k = 0; k < nsels[b]; k++)
+                            for (int e = 0; e < d; e++) {
+                                const double t = (double)w[(long)r * ldw + sels[b][k] * d + e] * x[sels[b][k] * d + e];
+                                ref += t;
+                                mag += fabs(t);
+                            }
+                        const double err = fabs(out[r] - ref) / mag;
+                        worst = fmax(worst, err);
+                        CHECK(ctx, err <= 1e-6, "decode gemv d=%d sel %zu row %d (%s): %.9g vs %.9g", d, b, r, kn,
+                              out[r], ref);
                     }
-                    CHECK(ctx, fabs(out[r] - ref) <= 1e-6 * mag, "decode gemv whole row %d: %.9g vs %.9g", r, out[r], ref);
+                    /* the same rows as one block of width h d: a plain product */
+                    if (kern == 0) sparse_decode_gemv_f32(w, ldw, NULL, x, whole, 1, h * d, 0, C, out);
+                    else sp_decode_gemv_avx2(w, ldw, NULL, x, whole, 1, h * d, 0, C, out);
+                    for (int r = 0; r < C; r++) {
+                        double ref = 0.0, mag = 0.0;
+                        for (int e = 0; e < h * d; e++) {
+                            ref += (double)w[(long)r * ldw + e] * x[e];
+                            mag += fabs((double)w[(long)r * ldw + e] * x[e]);
+                        }
+                        CHECK(ctx, fabs(out[r] - ref) <= 1e-6 * mag, "decode gemv whole row %d (%s): %.9g vs %.9g", r,
+                              kn, out[r], ref);
+                    }
                 }
                 free(w);
                 free(x);

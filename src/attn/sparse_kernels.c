@@ -765,6 +765,188 @@ SP_AVX512BW static void decode_avx(const float *q, const float *K, const float *
 }
 #endif
 
+#if SP_X86
+/* ------------------------------------------------------------------------------------------------
+ * Decode on AVX2 + FMA (CPUs without AVX-512: the portable loops' float sums are one serial chain
+ * each, ~1 GMAC/s). fp32 only: without AVX-512 decoding runs fp32 (lm_decode_precision).
+ * ---------------------------------------------------------------------------------------------- */
+#define SP_AVX2 __attribute__((target("avx2,fma")))
+
+static bool decode_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+/* Lanes 0 .. lanes-1 set (maskload / maskstore mask). */
+SP_INLINE SP_AVX2 __m256i lanes8(int lanes) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+/* Lane i = horizontal sum of v[i], i < 8. */
+SP_INLINE SP_AVX2 __m256 hsum8(const __m256 *v) {
+    const __m256 a0 = _mm256_hadd_ps(v[0], v[1]), a1 = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 a2 = _mm256_hadd_ps(v[4], v[5]), a3 = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3); /* per 128 bits: 0 1 2 3 | 4 5 6 7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+/* 2^x for x <= 0.5 (the SP_E* polynomial on the fraction, the exponent added to the bits);
+ * x < -126 gives 0. */
+SP_INLINE SP_AVX2 __m256 exp2_avx2(__m256 x) {
+    const __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_GE_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-126.0f));
+    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_set1_ps(SP_E6);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E5));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E4));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E3));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E1));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E0));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), ok);
+}
+
+/* d <= 8 NV (NV = 4 or 8): scores 8 keys per reduction tree, exp2 over vectors, the weighted sum
+ * of V rows into NA interleaved accumulator sets (keys j mod NA; NA = 2 for NV 4, 1 for NV 8),
+ * added in a fixed order. */
+SP_INLINE SP_AVX2 void decode_avx2_nv(const int NV, const float *q, const float *K, const float *V, long ld, int n,
+                                      int d, float gate, float *scores, float *out) {
+    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
+    __m256i mk[8];
+    __m256 qv[8];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) {
+        mk[v] = lanes8(d - 8 * v);
+        qv[v] = _mm256_maskload_ps(q + 8 * v, mk[v]);
+    }
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    for (int j0 = 0; j0 < n; j0 += 8) {
+        const int jn = imin(8, n - j0);
+        for (int jj = j0 + SP_PF_KEYS; jj < imin(j0 + SP_PF_KEYS + 8, n); jj++)
+            prefetch_span(K + (size_t)jj * ld, (size_t)d * sizeof(float));
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int jj = 0; jj < 8; jj++) {
+            acc[jj] = _mm256_setzero_ps();
+            if (jj >= jn) continue;
+            const float *kj = K + (size_t)(j0 + jj) * ld;
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) acc[jj] = _mm256_fmadd_ps(_mm256_maskload_ps(kj + 8 * v, mk[v]), qv[v], acc[jj]);
+        }
+        const __m256i jm = lanes8(jn);
+        const __m256 sv = hsum8(acc); /* raw scores: scaled after the max is subtracted */
+        _mm256_maskstore_ps(scores + j0, jm, sv);
+        vmax = _mm256_blendv_ps(vmax, _mm256_max_ps(vmax, sv), _mm256_castsi256_ps(jm));
+    }
+    float mx = -INFINITY, lm[8];
+    _mm256_storeu_ps(lm, vmax);
+    for (int i = 0; i < 8; i++) mx = lm[i] > mx ? lm[i] : mx;
+    const __m256 vm = _mm256_set1_ps(mx), vc = _mm256_set1_ps(cl2);
+    __m256 vsum = _mm256_setzero_ps();
+    for (int j0 = 0; j0 < n; j0 += 8) {
+        const __m256i jm = lanes8(n - j0);
+        const __m256 sv = _mm256_maskload_ps(scores + j0, jm);
+        const __m256 p = _mm256_and_ps(exp2_avx2(_mm256_mul_ps(_mm256_sub_ps(sv, vm), vc)), _mm256_castsi256_ps(jm));
+        _mm256_maskstore_ps(scores + j0, jm, p);
+        vsum = _mm256_add_ps(vsum, p);
+    }
+    float ls[8], sum = 0.0f;
+    _mm256_storeu_ps(ls, vsum);
+    for (int i = 0; i < 8; i++) sum += ls[i];
+    const int NA = NV == 8 ? 1 : 2; /* accumulator sets: 8 chains of FMAs either way */
+    const int lines = (int)((d * sizeof(float) + 63) / 64);
+    __m256 o[2][8];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) o[0][v] = o[1][v] = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + NA <= n; j += NA) {
+        for (int jj = j + SP_PF_KEYS; jj < imin(j + SP_PF_KEYS + NA, n); jj++)
+            for (int l = 0; l < lines; l++) _mm_prefetch((const char *)(V + (size_t)jj * ld) + 64 * l, _MM_HINT_T0);
+#pragma GCC unroll 2
+        for (int a = 0; a < NA; a++) {
+            const __m256 pj = _mm256_set1_ps(scores[j + a]);
+            const float *vj = V + (size_t)(j + a) * ld;
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) o[a][v] = _mm256_fmadd_ps(pj, _mm256_maskload_ps(vj + 8 * v, mk[v]), o[a][v]);
+        }
+    }
+    for (; j < n; j++) {
+        const __m256 pj = _mm256_set1_ps(scores[j]);
+        const float *vj = V + (size_t)j * ld;
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++) o[0][v] = _mm256_fmadd_ps(pj, _mm256_maskload_ps(vj + 8 * v, mk[v]), o[0][v]);
+    }
+    const __m256 f = _mm256_set1_ps(gate / sum);
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) _mm256_maskstore_ps(out + 8 * v, mk[v], _mm256_mul_ps(_mm256_add_ps(o[0][v], o[1][v]), f));
+}
+
+SP_AVX2 static void decode_attend_avx2(const float *q, const float *K, const float *V, long ld, int n, int d,
+                                       float gate, float *scores, float *out) {
+    if (d <= 32) decode_avx2_nv(4, q, K, V, ld, n, d, gate, scores, out);
+    else decode_avx2_nv(8, q, K, V, ld, n, d, gate, scores, out);
+}
+
+/* The GEMV of sparse_decode_gemv_f32: 4 rows per pass (a last group of fewer rows repeats its last
+ * row and writes only its own), two accumulators per row (8 chains of FMAs), 16 columns per step. */
+SP_AVX2 static void decode_gemv_avx2(const float *w, long ldw, const float *b, const float *x, const int *blk,
+                                     int nblk, int d, int r0, int r1, float *out) {
+    for (int r = r0; r < r1; r += 4) {
+        const int R = imin(4, r1 - r);
+        const float *row[4];
+        for (int i = 0; i < 4; i++) row[i] = w + (size_t)(r + imin(i, R - 1)) * ldw;
+        __m256 a[4], c[4];
+        for (int i = 0; i < 4; i++) a[i] = c[i] = _mm256_setzero_ps();
+        for (int k = 0; k < nblk; k++) {
+            const size_t off = (size_t)blk[k] * d;
+            int e = 0;
+            for (; e + 16 <= d; e += 16) {
+                const size_t o = off + (size_t)e;
+                const __m256 x0 = _mm256_loadu_ps(x + o), x1 = _mm256_loadu_ps(x + o + 8);
+                if (r + 8 <= r1)
+                    for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(row[i] + 4 * (size_t)ldw + o), _MM_HINT_T0);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(row[i] + o), x0, a[i]);
+                    c[i] = _mm256_fmadd_ps(_mm256_loadu_ps(row[i] + o + 8), x1, c[i]);
+                }
+            }
+            for (; e < d; e += 8) {
+                const size_t o = off + (size_t)e;
+                const __m256i m = lanes8(d - e);
+                const __m256 x0 = _mm256_maskload_ps(x + o, m);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) a[i] = _mm256_fmadd_ps(_mm256_maskload_ps(row[i] + o, m), x0, a[i]);
+            }
+        }
+        __m256 t[8];
+        for (int i = 0; i < 4; i++) t[i] = _mm256_add_ps(a[i], c[i]), t[4 + i] = _mm256_setzero_ps();
+        float sums[8];
+        _mm256_storeu_ps(sums, hsum8(t));
+        for (int i = 0; i < R; i++) out[r + i] = (b ? b[r + i] : 0.0f) + sums[i];
+    }
+}
+#endif
+
+bool sp_decode_attend_avx2(const float *q, const float *K, const float *V, long ld, int n, int d, float gate,
+                           float *scores, float *out) {
+#if SP_X86
+    if (n >= 1 && d <= 64 && decode_avx2()) {
+        decode_attend_avx2(q, K, V, ld, n, d, gate, scores, out);
+        return true;
+    }
+#endif
+    return false;
+}
+
+bool sp_decode_gemv_avx2(const float *w, long ldw, const float *b, const float *x, const int *blk, int nblk, int d,
+                         int r0, int r1, float *out) {
+#if SP_X86
+    if (decode_avx2()) {
+        decode_gemv_avx2(w, ldw, b, x, blk, nblk, d, r0, r1, out);
+        return true;
+    }
+#endif
+    return false;
+}
+
 void sparse_decode_attend_f32(const float *q, const float *K, const float *V, long ld, int n, int d,
                               float gate, float *scores, float *out) {
     if (n <= 0) {
@@ -774,6 +956,10 @@ void sparse_decode_attend_f32(const float *q, const float *K, const float *V, lo
 #if SP_X86
     if (d <= 64 && decode_avx512()) {
         decode_avx(q, K, V, ld, n, d, gate, scores, out);
+        return;
+    }
+    if (d <= 64 && decode_avx2()) {
+        decode_attend_avx2(q, K, V, ld, n, d, gate, scores, out);
         return;
     }
 #endif
@@ -844,6 +1030,10 @@ void sparse_decode_gemv_f32(const float *w, long ldw, const float *b, const floa
 #if SP_X86
     if (decode_avx512()) {
         decode_gemv_avx(w, ldw, b, x, blk, nblk, d, r0, r1, out);
+        return;
+    }
+    if (decode_avx2()) {
+        decode_gemv_avx2(w, ldw, b, x, blk, nblk, d, r0, r1, out);
         return;
     }
 #endif

@@ -69,4 +69,13 @@ void sp_fwd_softmax(bool avx, int R, int nk, float *const *s, const int *nv, flo
 void sp_bwd_ds(bool avx, int R, int nk, float *const *s, float *const *dp, const int *nv,
                float cl2, float scale, const float *smax, const float *lse, const float *D);
 
+/* The AVX2 + FMA decode kernels behind sparse_decode_attend_f32 (d <= 64, n >= 1) and
+ * sparse_decode_gemv_f32 on CPUs without AVX-512, callable directly so that tests run them on
+ * AVX-512 CPUs too; false (nothing written) when the CPU lacks AVX2 / FMA or the shape is out of
+ * their range. */
+bool sp_decode_attend_avx2(const float *q, const float *K, const float *V, long ld, int n, int d, float gate,
+                           float *scores, float *out);
+bool sp_decode_gemv_avx2(const float *w, long ldw, const float *b, const float *x, const int *blk, int nblk, int d,
+                         int r0, int r1, float *out);
+
 #endif
