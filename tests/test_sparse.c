@@ -52,15 +52,16 @@ typedef struct sp_run {
     float gates_lb;
 } sp_run;
 
-/* Runs the sparse path; returns y, dx, gradients (caller frees) and copies gates into gates. */
+/* Runs the sparse path on the kernels `vec` (sp_vec, at most what the CPU has; < 0: as detected);
+ * returns y, dx, gradients (caller frees) and copies gates into gates. */
 static void run_sparse(test_ctx *ctx, const moh_attn_config *cfg, const attn_params_f32 *p,
-                       size_t np, const float *x, const float *dy, int B, int N, bool avx,
+                       size_t np, const float *x, const float *dy, int B, int N, int vec,
                        float **y, float **dx, float **gw, float *gates, float *lb) {
     const size_t T = (size_t)B * N, C = (size_t)cfg->hidden_size;
     sparse_cache c;
     moh_error err;
     CHECK(ctx, sparse_cache_init(&c, cfg, B, N, &err) == MOH_OK, "sparse cache: %s", err.msg);
-    if (!avx) c.avx512 = false;
+    if (vec >= 0) c.vec = vec;
     *y = malloc(sizeof(float) * T * C);
     *dx = calloc(T * C, sizeof(float));
     *gw = calloc(np ? np : 1, sizeof(float));
@@ -124,10 +125,12 @@ static double compare_paths(test_ctx *ctx, const char *name, const moh_attn_conf
     attn_backward_f32(cfg, &p, &g, rc, dy, (float)cfg->load_balance_coef, dxref);
 
     double worst = 0.0;
-    for (int pass = 0; pass < 2; pass++) { /* AVX-512 kernels (when the CPU has them), portable */
+    for (int pass = 0; pass < 3; pass++) { /* as detected, portable, and AVX2 on an AVX-512 CPU */
+        if (pass == 2 && sp_vec_detect() != SP_VEC_AVX512) continue;
         float *y, *dx, *gw, lb;
-        run_sparse(ctx, cfg, &p, np, x, dy, B, N, pass == 0, &y, &dx, &gw, gates, &lb);
-        const char *kern = pass == 0 ? "kernels" : "portable";
+        run_sparse(ctx, cfg, &p, np, x, dy, B, N, pass == 0 ? -1 : pass == 1 ? SP_VEC_PORTABLE : SP_VEC_AVX2, &y, &dx,
+                   &gw, gates, &lb);
+        const char *kern = pass == 0 ? "kernels" : pass == 1 ? "portable" : "avx2";
         double e = test_rel_err_f32(y, yref, (long)(T * C));
         worst = fmax(worst, e);
         CHECK(ctx, e <= 1e-5, "%s (%s): y rel err %.3g", name, kern, e);
@@ -157,7 +160,7 @@ static double compare_paths(test_ctx *ctx, const char *name, const moh_attn_conf
             float *y1, *dx1, *gw1, lb1;
             const int nt = omp_get_max_threads();
             omp_set_num_threads(1);
-            run_sparse(ctx, cfg, &p, np, x, dy, B, N, true, &y1, &dx1, &gw1, gates, &lb1);
+            run_sparse(ctx, cfg, &p, np, x, dy, B, N, -1, &y1, &dx1, &gw1, gates, &lb1);
             omp_set_num_threads(nt);
             if (bitwise) {
                 CHECK(ctx, !memcmp(y1, y, sizeof(float) * T * C), "%s: y depends on the thread count", name);

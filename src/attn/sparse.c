@@ -213,9 +213,7 @@ int sparse_cache_init(sparse_cache *c, const moh_attn_config *cfg, int B, int N,
     c->N = N;
     c->nthreads = nthreads;
     c->nparts = sp_nparts(cfg, B, N);
-#if defined(__x86_64__) && defined(__GNUC__)
-    c->avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-#endif
+    c->vec = sp_vec_detect();
     rope_tables(c, cfg, N);
     return MOH_OK;
 }
@@ -558,7 +556,7 @@ static void scatter_task(const void *arg, int t0, int t1, sp_tws *w) {
             }
             for (int cb = 0; cb < ncb; cb++) {
                 for (int e = 0; e < d; e++) w->pb[e] = c->wpack2 + (((size_t)i * ncb + cb) * d + e) * SP_NR;
-                sp_mm(c->avx512, 0, m, imin(SP_NR, C - cb * SP_NR), d, w->pa, 0, w->pb, 0, w->pc,
+                sp_mm(c->vec, 0, m, imin(SP_NR, C - cb * SP_NR), d, w->pa, 0, w->pb, 0, w->pc,
                       (long)cb * SP_NR, true);
             }
         }
@@ -687,7 +685,7 @@ static void router_fwd_task(const void *arg, int t0, int t1, sp_tws *w) {
             w->pa[r] = x->x + (size_t)(r0 + r) * C;
             w->pc[r] = c->rc.scratch + (size_t)(r0 + r) * nz;
         }
-        sp_mm(c->avx512, 0, nr, nz, C, w->pa, 0, w->pb, 0, w->pc, 0, false);
+        sp_mm(c->vec, 0, nr, nz, C, w->pa, 0, w->pb, 0, w->pc, 0, false);
         router_learned_rows_f32(x->cfg, &c->rc, c->rc.scratch, r0, r0 + nr);
     }
 }
@@ -795,7 +793,7 @@ static void fwd_q_task(const void *arg, int t0, int t1, sp_tws *w) {
             sp_mm_bf16_rows(sp_isa(c), q.nr, d, C2, w->pa16, c->wqb + (size_t)q.i * C2 * 2 * d, 2 * d, w->pc, false);
         } else if (!qnorm) {
             for (int k = 0; k < C; k++) w->pb[k] = c->wpack1 + ((size_t)q.i * C + k) * d;
-            sp_mm(c->avx512, 0, q.nr, d, C, w->pa, 0, w->pb, 0, w->pc, 0, false);
+            sp_mm(c->vec, 0, q.nr, d, C, w->pa, 0, w->pb, 0, w->pc, 0, false);
         }
         for (int r = 0; r < q.nr; r++) {
             float *qr = w->pc[r];
@@ -813,7 +811,7 @@ static void attn_fwd_rows_bf16(sparse_cache *c, sp_tws *w, size_t tile, int rg, 
     const int d2 = (d + 1) / 2, nk2 = (nk + 1) / 2;
     const uint16_t *kb = c->ktb + tile * (size_t)d2 * SPARSE_BK * 2, *vb = c->vtb + tile * (size_t)SPARSE_BK * dp;
     sp_mm_bf16(sp_isa(c), R, nk, d2, w->qb + (size_t)rg * 2 * d2, 2 * d2, kb, 2 * SPARSE_BK, w->sc, false);
-    sp_fwd_softmax(c->avx512, R, nk, w->sc, w->nv, cl2, w->m + rg, w->l + 16 * rg, w->pc + rg, d);
+    sp_fwd_softmax(c->vec, R, nk, w->sc, w->nv, cl2, w->m + rg, w->l + 16 * rg, w->pc + rg, d);
     for (int r = 0; r < R; r++) {
         uint16_t *pr = w->pbf + (size_t)r * SPARSE_BK;
         bf16_from_f32(pr, w->sc[r], (size_t)nk);
@@ -831,7 +829,7 @@ static void attn_fwd_block_bf16(sparse_cache *c, sp_tws *w, size_t tile, int rs,
     const uint16_t *kb = c->ktb + tile * (size_t)d2 * SPARSE_BK * 2, *vb = c->vtb + tile * (size_t)SPARSE_BK * dp;
     sp_mm_bf16(sp_isa(c), R, nk, d2, w->qb + (size_t)rs * 2 * d2, 2 * d2, kb, 2 * SPARSE_BK, w->sc + rs, false);
     for (int g = rs; g < nr; g += SP_MR)
-        sp_fwd_softmax(c->avx512, imin(SP_MR, nr - g), nk, w->sc + g, w->nv + g, cl2, w->m + g, w->l + 16 * g,
+        sp_fwd_softmax(c->vec, imin(SP_MR, nr - g), nk, w->sc + g, w->nv + g, cl2, w->m + g, w->l + 16 * g,
                        w->pc + g, d);
     uint16_t *pb = w->bw;
     for (int r = rs; r < nr; r++) {
@@ -850,7 +848,8 @@ static void attn_fwd_tile(const moh_attn_config *cfg, sparse_cache *c, sp_qtile 
     const int *pos = c->pair_pos + p0;
     const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
     const size_t hb = (size_t)b * hkv + g;
-    const bool avx = c->avx512, b16 = c->bf16_tiles;
+    const int avx = c->vec;
+    const bool b16 = c->bf16_tiles;
     const int d2 = (d + 1) / 2;
     for (int r = 0; r < nr; r++) {
         w->pa[r] = c->q + (size_t)(p0 + r) * d;
@@ -1004,7 +1003,7 @@ static void attn_bwd_rows_bf16(sparse_cache *c, sp_tws *w, const sp_blk16 *k, in
     uint16_t *pil = w->bw, *dsil = pil + (size_t)SPARSE_BQ * SPARSE_BK, *dsb = dsil + (size_t)SPARSE_BQ * SPARSE_BK;
     sp_mm_bf16(sp_isa(c), nr, nk, d2, c->qb16 + (size_t)p0 * 2 * d2, 2 * d2, c->ktb + ko, 2 * SPARSE_BK, w->sc, false);
     sp_mm_bf16(sp_isa(c), nr, nk, d2, c->dob16 + (size_t)p0 * 2 * d2, 2 * d2, c->vtbt + ko, 2 * SPARSE_BK, w->dsc, false);
-    sp_bwd_ds(c->avx512, nr, nk, w->sc, w->dsc, w->nv, cl2, scale, c->smax + p0, c->lse + p0, c->ddot + p0);
+    sp_bwd_ds(c->vec, nr, nk, w->sc, w->dsc, w->nv, cl2, scale, c->smax + p0, c->lse + p0, c->ddot + p0);
     sp_bf16_row_pairs(c->bf16_vec, nr, nk, w->sa, pil, 2 * SPARSE_BK);
     sp_bf16_row_pairs(c->bf16_vec, nr, nk, w->dsa, dsil, 2 * SPARSE_BK);
     for (int r = 0; r < nr; r++) {
@@ -1101,7 +1100,8 @@ static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, in
     const float scale = (float)(1.0 / sqrt((double)d));
     const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
     const size_t hb = (size_t)b * hkv + g;
-    const bool avx = c->avx512, b16 = sp_bwd16(cfg, c);
+    const int avx = c->vec;
+    const bool b16 = sp_bwd16(cfg, c);
     float *dkrow[SPARSE_BK], *dvrow[SPARSE_BK];
     for (int j = 0; j < SPARSE_BK; j++) { /* bf16: rows e of dK^T, dV^T [d, BK] instead */
         dkrow[j] = w->dkt + (size_t)j * (b16 ? SPARSE_BK : dp);
@@ -1197,7 +1197,7 @@ static void bwd_dout_task(const void *arg, int t0, int t1, sp_tws *w) {
             sp_mm_bf16_rows(sp_isa(c), q.nr, d, C2, w->pa16, c->wob2 + (size_t)q.i * C2 * 2 * d, 2 * d, w->pc, false);
         } else {
             for (int k = 0; k < C; k++) w->pb[k] = c->wpack1 + ((size_t)q.i * C + k) * d;
-            sp_mm(c->avx512, 0, q.nr, d, C, w->pa, 0, w->pb, 0, w->pc, 0, false);
+            sp_mm(c->vec, 0, q.nr, d, C, w->pa, 0, w->pb, 0, w->pc, 0, false);
         }
         for (int r = 0; r < q.nr; r++) {
             const size_t t = (size_t)q.b * N + c->pair_pos[q.p0 + r];
@@ -1235,7 +1235,7 @@ static void bwd_dwo_task(const void *arg, int t0, int t1, sp_tws *w) {
                     w->pa[k] = x->dy + ((size_t)b * N + c->pair_pos[off + k0 + k]) * C;
                     w->pb[k] = c->og + (size_t)(off + k0 + k) * d;
                 }
-                sp_mm(c->avx512, 1, nc, d, kk, w->pa, c0, w->pb, 0, w->pc, 0, true);
+                sp_mm(c->vec, 1, nc, d, kk, w->pa, c0, w->pb, 0, w->pc, 0, true);
             }
         }
     }
@@ -1379,7 +1379,7 @@ static void router_bwd_task(const void *arg, int t0, int t1, sp_tws *w) {
             w->pa[r] = c->rdz + (size_t)(r0 + r) * nz;
             w->pc[r] = x->dx + (size_t)(r0 + r) * C;
         }
-        sp_mm(c->avx512, 0, nr, C, nz, w->pa, 0, w->pb, 0, w->pc, 0, true);
+        sp_mm(c->vec, 0, nr, C, nz, w->pa, 0, w->pb, 0, w->pc, 0, true);
     }
 }
 
@@ -1399,7 +1399,7 @@ static void router_dw_task(const void *arg, int t0, int t1, sp_tws *w) {
                 w->pa[k] = c->rdz + (size_t)(k0 + k) * nz;
                 w->pb[k] = x->x + (size_t)(k0 + k) * C + c0;
             }
-            sp_mm(c->avx512, 1, nz, nc, kk, w->pa, 0, w->pb, 0, w->pc, 0, true);
+            sp_mm(c->vec, 1, nz, nc, kk, w->pa, 0, w->pb, 0, w->pc, 0, true);
         }
     }
 }
@@ -1464,7 +1464,7 @@ static void bwd_dwq_task(const void *arg, int t0, int t1, sp_tws *w) {
                     w->pa[k] = c->dq + (size_t)(off + k0 + k) * d;
                     w->pb[k] = x->x + ((size_t)b * N + c->pair_pos[off + k0 + k]) * C + c0;
                 }
-                sp_mm(c->avx512, 1, d, nc, kk, w->pa, 0, w->pb, 0, w->pc, 0, true);
+                sp_mm(c->vec, 1, d, nc, kk, w->pa, 0, w->pb, 0, w->pc, 0, true);
             }
         }
     }

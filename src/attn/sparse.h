@@ -54,13 +54,19 @@ enum {
 /* Short name of phase i ("router", "kv_gemm", ...). */
 const char *sparse_phase_name(int i);
 
+/* Instruction sets of the fp32 tile kernels (sparse_kernels.h), picked at run time. */
+typedef enum sp_vec { SP_VEC_PORTABLE = 0, SP_VEC_AVX2 = 1, SP_VEC_AVX512 = 2 } sp_vec;
+/* The best this CPU has: AVX-512 (F + DQ), else AVX2 + FMA, else portable. */
+int sp_vec_detect(void);
+
 /* Forward activations kept for backward, plus all scratch of both passes: one allocation.
  * Shapes (T = B N, P = T * active heads per token, kvd = h_kv d, nkt = ceil(N / SPARSE_BK)): */
 typedef struct sparse_cache {
     int maxB, maxN;      /* capacity given to sparse_cache_init */
     int B, N;            /* shapes of the last forward */
     int nthreads;        /* OpenMP threads the per-thread scratch was sized for */
-    bool avx512;         /* use the AVX-512 kernels (set at init from the CPU; tests may clear it) */
+    int vec;             /* kernels of the fp32 tiles (sp_vec: portable, AVX2 + FMA, AVX-512; set at
+                          * init from the CPU, tests may lower it) */
     struct bf16_ctx *bf16; /* bf16 compute (ops/bf16.h, borrowed; NULL: fp32): dense projections
                           * through its bf16 GEMMs, attention tiles in bf16 when bf16_tiles */
     bool bf16_tiles;     /* QK^T and PV tiles with bf16 inputs, fp32 accumulation (vdpbf16ps;

@@ -33,6 +33,51 @@
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
 
+#if SP_X86
+/* AVX2 + FMA (CPUs without AVX-512): 8-lane helpers. */
+#define SP_AVX2 __attribute__((target("avx2,fma")))
+
+static bool decode_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+/* Lanes 0 .. lanes-1 set (maskload / maskstore mask). */
+SP_INLINE SP_AVX2 __m256i lanes8(int lanes) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+/* Lane i = horizontal sum of v[i], i < 8. */
+SP_INLINE SP_AVX2 __m256 hsum8(const __m256 *v) {
+    const __m256 a0 = _mm256_hadd_ps(v[0], v[1]), a1 = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 a2 = _mm256_hadd_ps(v[4], v[5]), a3 = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3); /* per 128 bits: 0 1 2 3 | 4 5 6 7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+/* 2^x for x <= 127 (the SP_E* polynomial on the fraction, the exponent added to the bits);
+ * x < -126 gives 0. */
+SP_INLINE SP_AVX2 __m256 exp2_avx2(__m256 x) {
+    const __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_GE_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-126.0f));
+    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_set1_ps(SP_E6);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E5));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E4));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E3));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E1));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E0));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), ok);
+}
+
+#endif
+
+int sp_vec_detect(void) {
+#if SP_X86
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return SP_VEC_AVX512;
+    if (decode_avx2()) return SP_VEC_AVX2;
+#endif
+    return SP_VEC_PORTABLE;
+}
+
 /* ------------------------------------------------------------------------------------------------
  * Register-tile kernel: C(r, j) = (acc ? C(r, j) : 0) + sum_{k < K} A(r, k) B(k, j), r < R <= 6,
  * j < n <= 64. A(r, k) = a[r][aoff + k] (amode 0: one pointer per row) or a[k][aoff + r] (amode 1:
@@ -122,7 +167,73 @@ SP_AVX512 static void mk_avx_any(int R, int n, int amode, int K, const float *co
 #undef SP_CASES_M
 #endif
 
-void sp_mm(bool avx, int amode, int M, int n, int K, const float *const *a, long aoff,
+#if SP_X86
+/* The register tile on AVX2: R <= 6 rows x NV <= 2 vectors of 8 (12 accumulators of the 16 ymm
+ * registers), the last vector's lanes in lm; the same FMA chain per element as mk_ref. */
+SP_INLINE SP_AVX2 void mk_avx2(const int R, const int NV, const int amode, const __m256i lm, const int K,
+                               const float *const *a, const long aoff, const float *const *b, const long boff,
+                               float *const *c, const long coff, const bool acc) {
+    __m256 t[SP_MR][2];
+    const float *ar[SP_MR];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        ar[r] = amode ? NULL : a[r] + aoff;
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) {
+            const float *cp = c[r] + coff + 8 * v;
+            t[r][v] = !acc ? _mm256_setzero_ps() : (v == NV - 1 ? _mm256_maskload_ps(cp, lm) : _mm256_loadu_ps(cp));
+        }
+    }
+    for (int k = 0; k < K; k++) {
+        const float *bk = b[k] + boff;
+        __m256 bv[2];
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) bv[v] = v == NV - 1 ? _mm256_maskload_ps(bk + 8 * v, lm) : _mm256_loadu_ps(bk + 8 * v);
+        const float *ak = amode ? a[k] + aoff : NULL;
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            const __m256 av = _mm256_set1_ps(amode ? ak[r] : ar[r][k]);
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; v++) t[r][v] = _mm256_fmadd_ps(av, bv[v], t[r][v]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) {
+            float *cp = c[r] + coff + 8 * v;
+            if (v == NV - 1) _mm256_maskstore_ps(cp, lm, t[r][v]);
+            else _mm256_storeu_ps(cp, t[r][v]);
+        }
+}
+
+#define SP_CASE2(M, R_, V)                                                                                   \
+    case ((M) * 8 + (R_)) * 2 + (V) - 1:                                                                     \
+        mk_avx2(R_, V, M, lm, K, a, aoff, b, boff + j0, c, coff + j0, acc);                                  \
+        break;
+#define SP_CASES2_R(M, R_) SP_CASE2(M, R_, 1) SP_CASE2(M, R_, 2)
+#define SP_CASES2_M(M)                                                                                       \
+    SP_CASES2_R(M, 1) SP_CASES2_R(M, 2) SP_CASES2_R(M, 3) SP_CASES2_R(M, 4) SP_CASES2_R(M, 5) SP_CASES2_R(M, 6)
+
+/* R <= 6 rows x n <= 64 columns in column blocks of 16. */
+SP_AVX2 static void mk_avx2_any(int R, int n, int amode, int K, const float *const *a, long aoff,
+                                const float *const *b, long boff, float *const *c, long coff, bool acc) {
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        const int nn = imin(16, n - j0), NV = (nn + 7) >> 3;
+        const __m256i lm = lanes8(nn - 8 * (NV - 1));
+        switch (((amode ? 1 : 0) * 8 + R) * 2 + NV - 1) {
+            SP_CASES2_M(0)
+            SP_CASES2_M(1)
+        default: break;
+        }
+    }
+}
+#undef SP_CASE2
+#undef SP_CASES2_R
+#undef SP_CASES2_M
+#endif
+
+void sp_mm(int vec, int amode, int M, int n, int K, const float *const *a, long aoff,
            const float *const *b, long boff, float *const *c, long coff, bool acc) {
     if (M <= 0 || n <= 0) return;
     for (int j0 = 0; j0 < n; j0 += SP_NR) {
@@ -137,8 +248,12 @@ void sp_mm(bool avx, int amode, int M, int n, int K, const float *const *a, long
                 continue;
             }
 #if SP_X86
-            if (avx) {
+            if (vec == SP_VEC_AVX512) {
                 mk_avx_any(R, nn, amode, K, ap, ao, b, boff + j0, c + r0, coff + j0, acc);
+                continue;
+            }
+            if (vec == SP_VEC_AVX2) {
+                mk_avx2_any(R, nn, amode, K, ap, ao, b, boff + j0, c + r0, coff + j0, acc);
                 continue;
             }
 #endif
@@ -535,22 +650,94 @@ SP_AVX512 static void bwd_ds_avx(int R, int nk, float *const *s, float *const *d
 }
 #endif
 
-void sp_fwd_softmax(bool avx, int R, int nk, float *const *s, const int *nv, float cl2, float *m,
+#if SP_X86
+/* fwd_softmax_ref on AVX2: the 16 partial sums of a row as two vectors (even and odd vectors of
+ * the row), lanes past nv[r] zero. */
+SP_AVX2 static void fwd_softmax_avx2(int R, int nk, float *const *s, const int *nv, float cl2, float *m, float *l,
+                                     float *const *o, int d) {
+    const __m256 vc = _mm256_set1_ps(cl2);
+    for (int r = 0; r < R; r++) {
+        float *sr = s[r];
+        const int v = imin(nv[r], nk);
+        if (v <= 0) {
+            for (int j = 0; j < nk; j++) sr[j] = 0.0f;
+            continue;
+        }
+        __m256 vmax = _mm256_set1_ps(-INFINITY);
+        int j = 0;
+        for (; j + 8 <= v; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(sr + j));
+        float lm8[8], mx;
+        _mm256_storeu_ps(lm8, vmax);
+        mx = lm8[0];
+        for (int i = 1; i < 8; i++) mx = lm8[i] > mx ? lm8[i] : mx;
+        for (; j < v; j++) mx = sr[j] > mx ? sr[j] : mx;
+        if ((mx - m[r]) * cl2 > SP_LAZY) { /* the max moves */
+            const float alpha = exp2f((m[r] - mx) * cl2);
+            m[r] = mx;
+            for (int q = 0; q < 16; q++) l[16 * r + q] *= alpha;
+            for (int e = 0; e < d; e++) o[r][e] *= alpha;
+        }
+        const __m256 vm = _mm256_set1_ps(m[r]);
+        __m256 lv[2] = {_mm256_loadu_ps(l + 16 * r), _mm256_loadu_ps(l + 16 * r + 8)};
+        for (int q = 0; 8 * q < nk; q++) {
+            const int j0 = 8 * q;
+            const __m256i st = lanes8(nk - j0), ok = lanes8(v - j0);
+            const __m256 sv = _mm256_maskload_ps(sr + j0, ok);
+            /* s - m first (exact near the max), then scaled; lanes past nv[r] zero */
+            const __m256 p = _mm256_and_ps(exp2_avx2(_mm256_mul_ps(_mm256_sub_ps(sv, vm), vc)), _mm256_castsi256_ps(ok));
+            _mm256_maskstore_ps(sr + j0, st, p);
+            lv[q & 1] = _mm256_add_ps(lv[q & 1], p);
+        }
+        _mm256_storeu_ps(l + 16 * r, lv[0]);
+        _mm256_storeu_ps(l + 16 * r + 8, lv[1]);
+    }
+}
+
+/* bwd_ds_ref on AVX2. */
+SP_AVX2 static void bwd_ds_avx2(int R, int nk, float *const *s, float *const *dp, const int *nv, float cl2,
+                                float scale, const float *smax, const float *lse, const float *D) {
+    const __m256 vc = _mm256_set1_ps(cl2), vs = _mm256_set1_ps(scale);
+    for (int r = 0; r < R; r++) {
+        const int v = imin(nv[r], nk);
+        const __m256 vm = _mm256_set1_ps(smax[r]), vl = _mm256_set1_ps(lse[r]), vd = _mm256_set1_ps(D[r]);
+        for (int q = 0; q < nk; q += 8) {
+            const __m256i st = lanes8(nk - q), ok = lanes8(v - q);
+            const __m256 okf = _mm256_castsi256_ps(ok);
+            const __m256 sv = _mm256_maskload_ps(s[r] + q, ok);
+            const __m256 p = _mm256_and_ps(exp2_avx2(_mm256_fmsub_ps(_mm256_sub_ps(sv, vm), vc, vl)), okf);
+            const __m256 dv = _mm256_maskload_ps(dp[r] + q, ok);
+            const __m256 ds = _mm256_and_ps(_mm256_mul_ps(_mm256_mul_ps(p, _mm256_sub_ps(dv, vd)), vs), okf);
+            _mm256_maskstore_ps(s[r] + q, st, p);
+            _mm256_maskstore_ps(dp[r] + q, st, ds);
+        }
+    }
+}
+#endif
+
+void sp_fwd_softmax(int vec, int R, int nk, float *const *s, const int *nv, float cl2, float *m,
                     float *l, float *const *o, int d) {
 #if SP_X86
-    if (avx) {
+    if (vec == SP_VEC_AVX512) {
         fwd_softmax_avx(R, nk, s, nv, cl2, m, l, o, d);
+        return;
+    }
+    if (vec == SP_VEC_AVX2) {
+        fwd_softmax_avx2(R, nk, s, nv, cl2, m, l, o, d);
         return;
     }
 #endif
     fwd_softmax_ref(R, nk, s, nv, cl2, m, l, o, d);
 }
 
-void sp_bwd_ds(bool avx, int R, int nk, float *const *s, float *const *dp, const int *nv,
+void sp_bwd_ds(int vec, int R, int nk, float *const *s, float *const *dp, const int *nv,
                float cl2, float scale, const float *smax, const float *lse, const float *D) {
 #if SP_X86
-    if (avx) {
+    if (vec == SP_VEC_AVX512) {
         bwd_ds_avx(R, nk, s, dp, nv, cl2, scale, smax, lse, D);
+        return;
+    }
+    if (vec == SP_VEC_AVX2) {
+        bwd_ds_avx2(R, nk, s, dp, nv, cl2, scale, smax, lse, D);
         return;
     }
 #endif
@@ -770,39 +957,6 @@ SP_AVX512BW static void decode_avx(const float *q, const float *K, const float *
  * Decode on AVX2 + FMA (CPUs without AVX-512: the portable loops' float sums are one serial chain
  * each, ~1 GMAC/s). fp32 only: without AVX-512 decoding runs fp32 (lm_decode_precision).
  * ---------------------------------------------------------------------------------------------- */
-#define SP_AVX2 __attribute__((target("avx2,fma")))
-
-static bool decode_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-
-/* Lanes 0 .. lanes-1 set (maskload / maskstore mask). */
-SP_INLINE SP_AVX2 __m256i lanes8(int lanes) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-/* Lane i = horizontal sum of v[i], i < 8. */
-SP_INLINE SP_AVX2 __m256 hsum8(const __m256 *v) {
-    const __m256 a0 = _mm256_hadd_ps(v[0], v[1]), a1 = _mm256_hadd_ps(v[2], v[3]);
-    const __m256 a2 = _mm256_hadd_ps(v[4], v[5]), a3 = _mm256_hadd_ps(v[6], v[7]);
-    const __m256 b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3); /* per 128 bits: 0 1 2 3 | 4 5 6 7 */
-    return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
-}
-/* 2^x for x <= 0.5 (the SP_E* polynomial on the fraction, the exponent added to the bits);
- * x < -126 gives 0. */
-SP_INLINE SP_AVX2 __m256 exp2_avx2(__m256 x) {
-    const __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_GE_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-126.0f));
-    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 f = _mm256_sub_ps(x, n);
-    __m256 p = _mm256_set1_ps(SP_E6);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E5));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E4));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E3));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E2));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E1));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SP_E0));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), ok);
-}
-
 /* d <= 8 NV (NV = 4 or 8): scores 8 keys per reduction tree, exp2 over vectors, the weighted sum
  * of V rows into NA interleaved accumulator sets (keys j mod NA; NA = 2 for NV 4, 1 for NV 8),
  * added in a fixed order. */

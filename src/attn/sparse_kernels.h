@@ -1,6 +1,6 @@
 /* Kernels of the head-sparse attention (sparse.c): plain functions over the slice a caller hands
- * them; no threads, no timers. Each picks its AVX-512 version when avx is set (the caller checks
- * the CPU), else portable C with the same results up to rounding. */
+ * them; no threads, no timers. The fp32 ones run the instruction set `vec` names (sp_vec: AVX-512,
+ * AVX2 + FMA or portable C; the caller checks the CPU), with the same results up to rounding. */
 #ifndef MOH_ATTN_SPARSE_KERNELS_H
 #define MOH_ATTN_SPARSE_KERNELS_H
 #include <stdbool.h>
@@ -17,7 +17,7 @@
  * (amode 0) or a[k][aoff + r] (amode 1: A stored transposed); B(k, j) = b[k][boff + j];
  * C(r, j) = c[r][coff + j]. Each C element is one chain of fused multiply-adds over k in
  * increasing order. */
-void sp_mm(bool avx, int amode, int M, int n, int K, const float *const *a, long aoff,
+void sp_mm(int vec, int amode, int M, int n, int K, const float *const *a, long aoff,
            const float *const *b, long boff, float *const *c, long coff, bool acc);
 
 /* How the bf16 tile products run (picked once per cache, sparse_cache_set_bf16): portable C,
@@ -61,12 +61,12 @@ void sp_bf16_transpose(bool avx512bf16, int R, int n, const float *src, long lds
  * the first nv[r] are valid (causal prefix): running max m[r] (raw units), 16 partial sums
  * l[16 r ..], accumulator rows o[r][0..d) rescaled when the max moves; s[r] becomes the
  * unnormalised probabilities 2^((s - m) cl2), cl2 = log2(e) / sqrt(d) (0 past nv[r]). */
-void sp_fwd_softmax(bool avx, int R, int nk, float *const *s, const int *nv, float cl2, float *m,
+void sp_fwd_softmax(int vec, int R, int nk, float *const *s, const int *nv, float cl2, float *m,
                     float *l, float *const *o, int d);
 
 /* Backward tile of R rows: s[r][j] raw scores -> P = 2^((s - smax[r]) cl2 - lse[r]);
  * dp[r][j] = dO.v -> dS = P (dp - D[r]) scale (both 0 past nv[r]). */
-void sp_bwd_ds(bool avx, int R, int nk, float *const *s, float *const *dp, const int *nv,
+void sp_bwd_ds(int vec, int R, int nk, float *const *s, float *const *dp, const int *nv,
                float cl2, float scale, const float *smax, const float *lse, const float *D);
 
 /* The AVX2 + FMA decode kernels behind sparse_decode_attend_f32 (d <= 64, n >= 1) and
