@@ -78,25 +78,97 @@ static OPS_AVX512 void exp_avx512(float *y, long n) {
 }
 #endif
 
-/* The float instantiation's vector functions, in place on y[n]: 1 when done (AVX-512, checked at
- * run time), else 0 (the caller loops over libm's). */
-enum { OPS_VEC_FN_EXP, OPS_VEC_FN_ERF };
-static int vec_f32(int fn, float *y, long n) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx512f")) {
-        if (fn == OPS_VEC_FN_EXP) exp_avx512(y, n);
+#define OPS_AVX2 __attribute__((target("avx2,fma")))
+
+/* 2^n for integer-valued n in [-252, 254], as two normal factors (their product may round to a
+ * subnormal, as scalef does). */
+static inline OPS_AVX2 __m256 pow2_avx2(__m256 n, __m256 *second) {
+    const __m256i ni = _mm256_cvtps_epi32(n), h = _mm256_srai_epi32(ni, 1);
+    const __m256i b = _mm256_set1_epi32(127);
+    *second = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), b), 23));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, b), 23));
+}
+
+/* vexp_avx512 on 8 lanes: the same reduction and polynomial, 2^n applied as two normal factors. */
+static inline OPS_AVX2 __m256 vexp_avx2(__m256 x) {
+    x = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256 s2;
+    const __m256 s1 = pow2_avx2(n, &s2);
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+/* verf_avx512 on 8 lanes (the same series, erfc and blend). */
+static inline OPS_AVX2 __m256 verf_avx2(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 ax = _mm256_andnot_ps(sign, x), x2 = _mm256_mul_ps(x, x);
+    __m256 s = _mm256_set1_ps(1.0f / 9360);
+    s = _mm256_fmadd_ps(s, x2, _mm256_set1_ps(-1.0f / 1320));
+    s = _mm256_fmadd_ps(s, x2, _mm256_set1_ps(1.0f / 216));
+    s = _mm256_fmadd_ps(s, x2, _mm256_set1_ps(-1.0f / 42));
+    s = _mm256_fmadd_ps(s, x2, _mm256_set1_ps(1.0f / 10));
+    s = _mm256_fmadd_ps(s, x2, _mm256_set1_ps(-1.0f / 3));
+    s = _mm256_fmadd_ps(s, x2, _mm256_set1_ps(1.0f));
+    const __m256 small = _mm256_mul_ps(_mm256_mul_ps(s, x), _mm256_set1_ps(1.12837916709551257f));
+    const __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(ax, _mm256_set1_ps(0.5f), _mm256_set1_ps(1.0f)));
+    __m256 p = _mm256_set1_ps(0.17087277f);
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.82215223f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.48851587f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.13520398f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.27886807f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.18628806f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.09678418f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.37409196f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.00002368f));
+    const __m256 arg = _mm256_fmadd_ps(p, t, _mm256_sub_ps(_mm256_set1_ps(-1.26551223f), _mm256_mul_ps(ax, ax)));
+    const __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.0f), _mm256_mul_ps(t, vexp_avx2(arg)));
+    const __m256 signed_big = _mm256_or_ps(big, _mm256_and_ps(x, sign));
+    return _mm256_blendv_ps(signed_big, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.5f), _CMP_LT_OQ));
+}
+
+/* y[n] = exp or erf of y[n] in place on 8 lanes, the last partial vector masked. */
+static OPS_AVX2 void fn_avx2(int fn, float *y, long n) {
+    for (long i = 0; i < n; i += 8) {
+        const int m = n - i >= 8 ? 8 : (int)(n - i);
+        const __m256i lm = _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256 v = _mm256_maskload_ps(y + i, lm);
+        _mm256_maskstore_ps(y + i, lm, fn == OPS_FN_EXP ? vexp_avx2(v) : verf_avx2(v));
+    }
+}
+#endif
+
+int ops_vec_f32(int isa, int fn, float *y, long n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (isa == OPS_ISA_BEST && __builtin_cpu_supports("avx512f")) {
+        if (fn == OPS_FN_EXP) exp_avx512(y, n);
         else erf_avx512(y, n);
         return 1;
     }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        fn_avx2(fn, y, n);
+        return 1;
+    }
 #endif
-    (void)fn, (void)y, (void)n;
+    (void)isa, (void)fn, (void)y, (void)n;
     return 0;
 }
 
 #define real float
 #define F(x) x##_f32
-#define OPS_VEC_EXP(y, n) vec_f32(OPS_VEC_FN_EXP, y, n)
-#define OPS_VEC_ERF(y, n) vec_f32(OPS_VEC_FN_ERF, y, n)
+#define OPS_VEC_EXP(y, n) ops_vec_f32(OPS_ISA_BEST, OPS_FN_EXP, y, n)
+#define OPS_VEC_ERF(y, n) ops_vec_f32(OPS_ISA_BEST, OPS_FN_ERF, y, n)
 #include "ops_impl.h"
 #undef OPS_VEC_EXP
 #undef OPS_VEC_ERF
