@@ -1039,7 +1039,8 @@ SP_AVX2 static void decode_attend_avx2(const float *q, const float *K, const flo
 }
 
 /* The GEMV of sparse_decode_gemv_f32: 4 rows per pass (a last group of fewer rows repeats its last
- * row and writes only its own), two accumulators per row (8 chains of FMAs), 16 columns per step. */
+ * row and writes only its own), two accumulators per row (8 chains of FMAs), 16 columns per step,
+ * adjacent column blocks (consecutive heads) as one span. */
 SP_AVX2 static void decode_gemv_avx2(const float *w, long ldw, const float *b, const float *x, const int *blk,
                                      int nblk, int d, int r0, int r1, float *out) {
     for (int r = r0; r < r1; r += 4) {
@@ -1048,10 +1049,12 @@ SP_AVX2 static void decode_gemv_avx2(const float *w, long ldw, const float *b, c
         for (int i = 0; i < 4; i++) row[i] = w + (size_t)(r + imin(i, R - 1)) * ldw;
         __m256 a[4], c[4];
         for (int i = 0; i < 4; i++) a[i] = c[i] = _mm256_setzero_ps();
-        for (int k = 0; k < nblk; k++) {
+        for (int k = 0, run = 1; k < nblk; k += run) { /* runs of adjacent blocks as one span */
+            for (run = 1; k + run < nblk && blk[k + run] == blk[k] + run;) run++;
             const size_t off = (size_t)blk[k] * d;
+            const int span = run * d;
             int e = 0;
-            for (; e + 16 <= d; e += 16) {
+            for (; e + 16 <= span; e += 16) {
                 const size_t o = off + (size_t)e;
                 const __m256 x0 = _mm256_loadu_ps(x + o), x1 = _mm256_loadu_ps(x + o + 8);
                 if (r + 8 <= r1)
@@ -1062,9 +1065,9 @@ SP_AVX2 static void decode_gemv_avx2(const float *w, long ldw, const float *b, c
                     c[i] = _mm256_fmadd_ps(_mm256_loadu_ps(row[i] + o + 8), x1, c[i]);
                 }
             }
-            for (; e < d; e += 8) {
+            for (; e < span; e += 8) {
                 const size_t o = off + (size_t)e;
-                const __m256i m = lanes8(d - e);
+                const __m256i m = lanes8(span - e);
                 const __m256 x0 = _mm256_maskload_ps(x + o, m);
 #pragma GCC unroll 4
                 for (int i = 0; i < 4; i++) a[i] = _mm256_fmadd_ps(_mm256_maskload_ps(row[i] + o, m), x0, a[i]);
