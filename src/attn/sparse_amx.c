@@ -8,8 +8,10 @@
  * pairs of k), tmm5 / tmm6 the B tile of one 16-column block (16 pairs of k x 16 columns, pairs
  * interleaved: the VNNI layout sp_mm_bf16 already takes). Blocks that run past R, n or K2 are
  * copied into zero-padded buffers first, so no tile load reads outside the caller's operands.
- * Semantics of TDPBF16PS: Intel SDM vol. 2, "TDPBF16PS" (per element, each pair of products added
- * to the fp32 accumulator in k order; bf16 denormal inputs read as zero, denormal results flushed). */
+ * Semantics of TDPBF16PS: Intel SDM vol. 2, "TDPBF16PS" (per element the products of each pair of
+ * k, added to the fp32 accumulator in k order; bf16 denormal inputs read as zero, denormal results
+ * flushed). The emulation adds the two products of a pair one after the other; hardware may round
+ * that pair differently, so tests compare the two within tolerances, never bitwise. */
 #include "attn/sparse_kernels.h"
 
 #include <stdalign.h>
@@ -66,9 +68,10 @@ static void emu_dp(amx_emu *E, int c, int a, int b) {
         }
 }
 
-/* The tile instructions (tile numbers must be literals). The compiler barriers keep C stores to a
- * buffer before the tile load that reads it, and C reads after the tile store (the asm of GCC's
- * intrinsics does not say it touches memory). */
+/* The tile instructions (tile numbers must be literals). Compiler barriers on both sides of each
+ * load and store keep C writes and reads of a buffer on their side of the tile instruction that
+ * reads or writes it (the asm of GCC's intrinsics does not say it touches memory). Tile registers
+ * stay live across the memset / memcpy calls of the edge copies: glibc's never touch tile state. */
 #if AMX_X86
 #define T_ZERO(t)                          \
     do {                                   \
@@ -80,9 +83,11 @@ static void emu_dp(amx_emu *E, int c, int a, int b) {
         __asm__ volatile("" ::: "memory");                \
         if (emu) emu_load(E, t, p, s);                    \
         else _tile_loadd(t, p, s);                        \
+        __asm__ volatile("" ::: "memory");                \
     } while (0)
 #define T_STORE(t, p, s)                                  \
     do {                                                  \
+        __asm__ volatile("" ::: "memory");                \
         if (emu) emu_store(E, t, p, s);                   \
         else _tile_stored(t, p, s);                       \
         __asm__ volatile("" ::: "memory");                \
