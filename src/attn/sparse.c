@@ -848,7 +848,7 @@ static void attn_fwd_tile(const moh_attn_config *cfg, sparse_cache *c, sp_qtile 
     const int *pos = c->pair_pos + p0;
     const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
     const size_t hb = (size_t)b * hkv + g;
-    const int avx = c->vec;
+    const int vec = c->vec;
     const bool b16 = c->bf16_tiles;
     const int d2 = (d + 1) / 2;
     for (int r = 0; r < nr; r++) {
@@ -886,9 +886,9 @@ static void attn_fwd_tile(const moh_attn_config *cfg, sparse_cache *c, sp_qtile 
                 attn_fwd_rows_bf16(c, w, hb * nkt + kt, rg, R, nk, d, dp, cl2);
                 continue;
             }
-            sp_mm(avx, 0, R, nk, d, w->pa + rg, 0, w->pb, 0, w->sc, 0, false);
-            sp_fwd_softmax(avx, R, nk, w->sc, w->nv, cl2, w->m + rg, w->l + 16 * rg, w->pc + rg, d);
-            sp_mm(avx, 0, R, d, nk, w->sa, 0, w->pb2, 0, w->pc + rg, 0, true);
+            sp_mm(vec, 0, R, nk, d, w->pa + rg, 0, w->pb, 0, w->sc, 0, false);
+            sp_fwd_softmax(vec, R, nk, w->sc, w->nv, cl2, w->m + rg, w->l + 16 * rg, w->pc + rg, d);
+            sp_mm(vec, 0, R, d, nk, w->sa, 0, w->pb2, 0, w->pc + rg, 0, true);
         }
     }
     for (int r = 0; r < nr; r++) {
@@ -1100,7 +1100,7 @@ static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, in
     const float scale = (float)(1.0 / sqrt((double)d));
     const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
     const size_t hb = (size_t)b * hkv + g;
-    const int avx = c->vec;
+    const int vec = c->vec;
     const bool b16 = sp_bwd16(cfg, c);
     float *dkrow[SPARSE_BK], *dvrow[SPARSE_BK];
     for (int j = 0; j < SPARSE_BK; j++) { /* bf16: rows e of dK^T, dV^T [d, BK] instead */
@@ -1143,14 +1143,14 @@ static void attn_bwd_part(const moh_attn_config *cfg, sparse_cache *c, int b, in
                     continue;
                 }
                 /* S = Q K^T, dP = dO V^T, then P and dS in place */
-                sp_mm(avx, 0, nr, nk, d, w->pa, 0, w->pb, 0, w->sc, 0, false);
-                sp_mm(avx, 0, nr, nk, d, w->pa2, 0, w->pb2, 0, w->dsc, 0, false);
-                sp_bwd_ds(avx, nr, nk, w->sc, w->dsc, w->nv, cl2, scale, c->smax + p0, c->lse + p0, c->ddot + p0);
+                sp_mm(vec, 0, nr, nk, d, w->pa, 0, w->pb, 0, w->sc, 0, false);
+                sp_mm(vec, 0, nr, nk, d, w->pa2, 0, w->pb2, 0, w->dsc, 0, false);
+                sp_bwd_ds(vec, nr, nk, w->sc, w->dsc, w->nv, cl2, scale, c->smax + p0, c->lse + p0, c->ddot + p0);
                 /* dV += P^T dO, dK += dS^T Q (A transposed: one pointer per query row) */
-                sp_mm(avx, 1, nk, d, nr, w->sa, 0, w->pa2, 0, dvrow, 0, true);
-                sp_mm(avx, 1, nk, d, nr, w->dsa, 0, w->pa, 0, dkrow, 0, true);
+                sp_mm(vec, 1, nk, d, nr, w->sa, 0, w->pa2, 0, dvrow, 0, true);
+                sp_mm(vec, 1, nk, d, nr, w->dsa, 0, w->pa, 0, dkrow, 0, true);
                 /* dQ += dS K */
-                sp_mm(avx, 0, nr, d, nk, w->dsa, 0, w->pb3, 0, w->pc, 0, true);
+                sp_mm(vec, 0, nr, d, nk, w->dsa, 0, w->pb3, 0, w->pc, 0, true);
             }
         }
         for (int j = 0; j < nk; j++) {

@@ -22,8 +22,9 @@
  * (oneDNN's sgemm, behind the dense projections, can change last bits with it on some CPUs:
  * tests/test_sparse.c sgemm_thread_invariant). Memory is
  * linear in N (sparse_cache_bytes). Inner products run on AVX-512 register-tile kernels when the
- * CPU has AVX-512F (checked at run time), else on portable C loops with the same results up to
- * rounding; the large dense K/V projections go through gemm_f32 (oneDNN). */
+ * CPU has AVX-512F, else on AVX2 + FMA ones, else on portable C loops (checked at run time:
+ * sp_vec_detect), with the same results up to rounding; the large dense K/V projections go
+ * through gemm_f32 (oneDNN). */
 #ifndef MOH_ATTN_SPARSE_H
 #define MOH_ATTN_SPARSE_H
 #include <stdbool.h>
@@ -56,7 +57,8 @@ const char *sparse_phase_name(int i);
 
 /* Instruction sets of the fp32 tile kernels (sparse_kernels.h), picked at run time. */
 typedef enum sp_vec { SP_VEC_PORTABLE = 0, SP_VEC_AVX2 = 1, SP_VEC_AVX512 = 2 } sp_vec;
-/* The best this CPU has: AVX-512 (F + DQ), else AVX2 + FMA, else portable. */
+/* The best this CPU has (cpuid at run time; no errors): SP_VEC_AVX512 with AVX-512 F + DQ, else
+ * SP_VEC_AVX2 with AVX2 + FMA, else SP_VEC_PORTABLE. */
 int sp_vec_detect(void);
 
 /* Forward activations kept for backward, plus all scratch of both passes: one allocation.

@@ -37,7 +37,7 @@ static inline int imin(int a, int b) { return a < b ? a : b; }
 /* AVX2 + FMA (CPUs without AVX-512): 8-lane helpers. */
 #define SP_AVX2 __attribute__((target("avx2,fma")))
 
-static bool decode_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+static bool cpu_avx2_fma(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
 /* Lanes 0 .. lanes-1 set (maskload / maskstore mask). */
 SP_INLINE SP_AVX2 __m256i lanes8(int lanes) {
@@ -73,7 +73,7 @@ SP_INLINE SP_AVX2 __m256 exp2_avx2(__m256 x) {
 int sp_vec_detect(void) {
 #if SP_X86
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return SP_VEC_AVX512;
-    if (decode_avx2()) return SP_VEC_AVX2;
+    if (cpu_avx2_fma()) return SP_VEC_AVX2;
 #endif
     return SP_VEC_PORTABLE;
 }
@@ -1085,7 +1085,7 @@ SP_AVX2 static void decode_gemv_avx2(const float *w, long ldw, const float *b, c
 bool sp_decode_attend_avx2(const float *q, const float *K, const float *V, long ld, int n, int d, float gate,
                            float *scores, float *out) {
 #if SP_X86
-    if (n >= 1 && d <= 64 && decode_avx2()) {
+    if (n >= 1 && d <= 64 && cpu_avx2_fma()) {
         decode_attend_avx2(q, K, V, ld, n, d, gate, scores, out);
         return true;
     }
@@ -1096,7 +1096,7 @@ bool sp_decode_attend_avx2(const float *q, const float *K, const float *V, long 
 bool sp_decode_gemv_avx2(const float *w, long ldw, const float *b, const float *x, const int *blk, int nblk, int d,
                          int r0, int r1, float *out) {
 #if SP_X86
-    if (decode_avx2()) {
+    if (cpu_avx2_fma()) {
         decode_gemv_avx2(w, ldw, b, x, blk, nblk, d, r0, r1, out);
         return true;
     }
@@ -1115,7 +1115,7 @@ void sparse_decode_attend_f32(const float *q, const float *K, const float *V, lo
         decode_avx(q, K, V, ld, n, d, gate, scores, out);
         return;
     }
-    if (d <= 64 && decode_avx2()) {
+    if (d <= 64 && cpu_avx2_fma()) {
         decode_attend_avx2(q, K, V, ld, n, d, gate, scores, out);
         return;
     }
@@ -1189,7 +1189,7 @@ void sparse_decode_gemv_f32(const float *w, long ldw, const float *b, const floa
         decode_gemv_avx(w, ldw, b, x, blk, nblk, d, r0, r1, out);
         return;
     }
-    if (decode_avx2()) {
+    if (cpu_avx2_fma()) {
         decode_gemv_avx2(w, ldw, b, x, blk, nblk, d, r0, r1, out);
         return;
     }

@@ -12,7 +12,8 @@
 #define SP_NR 64 /* columns of a register tile (4 vectors of 16) */
 
 /* C[M x n] (+)= A[M x K] B[K x n] (acc: add to C, else overwrite), through register tiles of
- * SP_MR rows x SP_NR columns (column block outer: a B block is reused by every row group).
+ * SP_MR rows x SP_NR columns (column block outer: a B block is reused by every row group; on
+ * AVX2, vec = SP_VEC_AVX2, each in blocks of 16 columns).
  * Rows by pointer arrays, so gathers and scatters cost nothing: A(r, k) = a[r][aoff + k]
  * (amode 0) or a[k][aoff + r] (amode 1: A stored transposed); B(k, j) = b[k][boff + j];
  * C(r, j) = c[r][coff + j]. Each C element is one chain of fused multiply-adds over k in

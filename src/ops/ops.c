@@ -9,6 +9,20 @@
 #include <immintrin.h>
 #define OPS_AVX512 __attribute__((target("avx512f")))
 
+/* Coefficients shared by the AVX-512 and AVX2 kernels, highest power first (Horner). e^r: Taylor
+ * to r^7; erf, |x| < 0.5: its series in x^2 (times x 2 / sqrt(pi)); erfc: Numerical Recipes' P(t). */
+static const float OPS_EXP_TAYLOR[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+static const float OPS_ERF_SERIES[7] = {1.0f / 9360, -1.0f / 1320, 1.0f / 216, -1.0f / 42, 1.0f / 10, -1.0f / 3, 1.0f};
+static const float OPS_ERFC_NR[9] = {0.17087277f,  -0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f,
+                                     -0.18628806f, 0.09678418f,  0.37409196f, 1.00002368f};
+/* sum T[k] x^(n-1-k), k < n, by Horner's rule on 16 lanes. */
+static inline OPS_AVX512 __m512 horner_avx512(const float *T, int n, __m512 x) {
+    __m512 p = _mm512_set1_ps(T[0]);
+#pragma GCC unroll 16
+    for (int k = 1; k < n; k++) p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(T[k]));
+    return p;
+}
+
 /* e^x on 16 lanes: x = n ln2 + r with n = round(x / ln2) and ln2 in two parts (Cody-Waite, |r| <=
  * ln2 / 2), e^r by its Taylor polynomial to r^7 (truncation < 1e-8 relative), then 2^n by scalef.
  * Within 2 ulp of libm's expf over [-104, 89] (test_ops); overflow gives inf, underflow 0 or a
@@ -19,15 +33,7 @@ static inline OPS_AVX512 __m512 vexp_avx512(__m512 x) {
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x); /* ln2 = 0.693359375 - 2.12194440e-4 */
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_scalef_ps(horner_avx512(OPS_EXP_TAYLOR, 8, r), n);
 }
 
 /* erf on 16 lanes: for |x| < 0.5 its Taylor series to x^13 (truncation < 1e-9 relative), else
@@ -36,24 +42,10 @@ static inline OPS_AVX512 __m512 vexp_avx512(__m512 x) {
  * NaN stays NaN. Measured against float64 in test_ops. */
 static inline OPS_AVX512 __m512 verf_avx512(__m512 x) {
     const __m512 ax = _mm512_abs_ps(x), x2 = _mm512_mul_ps(x, x);
-    __m512 s = _mm512_set1_ps(1.0f / 9360);
-    s = _mm512_fmadd_ps(s, x2, _mm512_set1_ps(-1.0f / 1320));
-    s = _mm512_fmadd_ps(s, x2, _mm512_set1_ps(1.0f / 216));
-    s = _mm512_fmadd_ps(s, x2, _mm512_set1_ps(-1.0f / 42));
-    s = _mm512_fmadd_ps(s, x2, _mm512_set1_ps(1.0f / 10));
-    s = _mm512_fmadd_ps(s, x2, _mm512_set1_ps(-1.0f / 3));
-    s = _mm512_fmadd_ps(s, x2, _mm512_set1_ps(1.0f));
+    const __m512 s = horner_avx512(OPS_ERF_SERIES, 7, x2);
     const __m512 small = _mm512_mul_ps(_mm512_mul_ps(s, x), _mm512_set1_ps(1.12837916709551257f)); /* 2 / sqrt(pi) */
     const __m512 t = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(ax, _mm512_set1_ps(0.5f), _mm512_set1_ps(1.0f)));
-    __m512 p = _mm512_set1_ps(0.17087277f);
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.82215223f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.48851587f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.13520398f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.27886807f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.18628806f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.09678418f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.37409196f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.00002368f));
+    const __m512 p = horner_avx512(OPS_ERFC_NR, 9, t);
     const __m512 arg = _mm512_fmadd_ps(p, t, _mm512_sub_ps(_mm512_set1_ps(-1.26551223f), _mm512_mul_ps(ax, ax)));
     const __m512 big = _mm512_sub_ps(_mm512_set1_ps(1.0f), _mm512_mul_ps(t, vexp_avx512(arg)));
     const __m512 signed_big = _mm512_castsi512_ps(_mm512_or_si512(
@@ -81,6 +73,14 @@ static OPS_AVX512 void exp_avx512(float *y, long n) {
 #if defined(__x86_64__) && defined(__GNUC__)
 #define OPS_AVX2 __attribute__((target("avx2,fma")))
 
+/* horner_avx512 on 8 lanes. */
+static inline OPS_AVX2 __m256 horner_avx2(const float *T, int n, __m256 x) {
+    __m256 p = _mm256_set1_ps(T[0]);
+#pragma GCC unroll 16
+    for (int k = 1; k < n; k++) p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(T[k]));
+    return p;
+}
+
 /* 2^n for integer-valued n in [-252, 254], as two normal factors (their product may round to a
  * subnormal, as scalef does). */
 static inline OPS_AVX2 __m256 pow2_avx2(__m256 n, __m256 *second) {
@@ -97,14 +97,7 @@ static inline OPS_AVX2 __m256 vexp_avx2(__m256 x) {
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256 p = horner_avx2(OPS_EXP_TAYLOR, 8, r);
     __m256 s2;
     const __m256 s1 = pow2_avx2(n, &s2);
     return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
@@ -114,24 +107,10 @@ static inline OPS_AVX2 __m256 vexp_avx2(__m256 x) {
 static inline OPS_AVX2 __m256 verf_avx2(__m256 x) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256 ax = _mm256_andnot_ps(sign, x), x2 = _mm256_mul_ps(x, x);
-    __m256 s = _mm256_set1_ps(1.0f / 9360);
-    s = _mm256_fmadd_ps(s, x2, _mm256_set1_ps(-1.0f / 1320));
-    s = _mm256_fmadd_ps(s, x2, _mm256_set1_ps(1.0f / 216));
-    s = _mm256_fmadd_ps(s, x2, _mm256_set1_ps(-1.0f / 42));
-    s = _mm256_fmadd_ps(s, x2, _mm256_set1_ps(1.0f / 10));
-    s = _mm256_fmadd_ps(s, x2, _mm256_set1_ps(-1.0f / 3));
-    s = _mm256_fmadd_ps(s, x2, _mm256_set1_ps(1.0f));
+    const __m256 s = horner_avx2(OPS_ERF_SERIES, 7, x2);
     const __m256 small = _mm256_mul_ps(_mm256_mul_ps(s, x), _mm256_set1_ps(1.12837916709551257f));
     const __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(ax, _mm256_set1_ps(0.5f), _mm256_set1_ps(1.0f)));
-    __m256 p = _mm256_set1_ps(0.17087277f);
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.82215223f));
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.48851587f));
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.13520398f));
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.27886807f));
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.18628806f));
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.09678418f));
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.37409196f));
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.00002368f));
+    const __m256 p = horner_avx2(OPS_ERFC_NR, 9, t);
     const __m256 arg = _mm256_fmadd_ps(p, t, _mm256_sub_ps(_mm256_set1_ps(-1.26551223f), _mm256_mul_ps(ax, ax)));
     const __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.0f), _mm256_mul_ps(t, vexp_avx2(arg)));
     const __m256 signed_big = _mm256_or_ps(big, _mm256_and_ps(x, sign));
