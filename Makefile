@@ -17,7 +17,7 @@ test:
 	ctest --test-dir $(BUILD) --output-on-failure
 
 asan:
-	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOH_SANITIZE=ON >/dev/null
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOH_SANITIZE=ON -DMOH_CUDA=OFF >/dev/null
 	@cmake --build build-asan -j $(JOBS) >build-asan/build.log 2>&1 || { cat build-asan/build.log; exit 1; }
 	@echo "built build-asan (log: build-asan/build.log)"
 	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure

@@ -25,7 +25,6 @@
 #include "attn/sparse.h"
 #include "bench.h"
 #include "ops/bf16.h"
-#include "core/rng.h"
 
 #define BA_MAX_N 16
 #define BA_MAX_ACT 8
@@ -61,11 +60,6 @@ typedef struct ba_run {
     double phase[SPARSE_NPHASE];
 } ba_run;
 
-/* Uniform with standard deviation sd. */
-static float rng_sd(uint64_t *s, double sd) {
-    const double u = (double)(moh_rng_next(s) >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0;
-    return (float)(u * sd * 1.7320508075688772);
-}
 
 /* MoH split for a target share of h heads: h_s = h / 4 shared, top_k routed, h_s + top_k as near
  * share * h as possible (ties toward more heads). */
@@ -140,10 +134,10 @@ static int run_init(ba_run *r, const ba_model *m, int N, double share, bool trai
     /* ViT-style init: every weight (router included) std 0.02; unit-variance inputs. The router
      * logits are then small and uneven, so top-k spreads the tokens over the routed heads. */
     uint64_t s = seed;
-    for (size_t i = 0; i < r->np; i++) r->w[i] = rng_sd(&s, 0.02);
-    for (size_t i = 0; i < TC; i++) r->x[i] = rng_sd(&s, 1.0);
+    for (size_t i = 0; i < r->np; i++) r->w[i] = bench_rng_sd(&s, 0.02);
+    for (size_t i = 0; i < TC; i++) r->x[i] = bench_rng_sd(&s, 1.0);
     if (train)
-        for (size_t i = 0; i < TC; i++) r->dy[i] = rng_sd(&s, 1.0);
+        for (size_t i = 0; i < TC; i++) r->dy[i] = bench_rng_sd(&s, 1.0);
     if (sparse_cache_init(&r->cache, c, 1, N, err)) return err->code;
     r->ok = true;
     if (bf16) {
@@ -171,14 +165,17 @@ static void run_once(ba_run *r, int N, bool train) {
 }
 
 int bench_attention(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cuda")) return bench_attention_cuda(argc, argv);
     /* sgemm_fraction: GFLOP/s of a row over the median rate of a 4096x2304x768 gemm_f32 timed once
      * per repeat between the configurations, so both see the same machine conditions */
     struct {
         bool json, phases, reference;
-        const char *model, *n, *active, *pass, *precision;
+        const char *model, *n, *active, *pass, *precision, *device;
         int repeats;
-    } a = {false, false, false, "all", "256,512,1024,2048,4096,8192", "0.9,0.75,0.5", "all", "fp32", 5};
+    } a = {false, false, false, "all", "256,512,1024,2048,4096,8192", "0.9,0.75,0.5", "all", "fp32", "cpu", 5};
     const arg_spec specs[] = {
+        {"--device", ARG_CHOICE, &a.device, "cpu|cuda", "cpu (default): this CPU benchmark; cuda: the GPU kernels at the paper's shapes (`moh bench attention --device cuda --help`)", false, ARG_ANY},
         {"--json", ARG_FLAG, &a.json, NULL, "print a JSON array of rows instead of the table", false, ARG_ANY},
         {"--model", ARG_CHOICE, &a.model, "vit-b|llm|all", "vit-b: d_model 768, 12 heads, bidirectional; llm: 1024, 16 heads, causal, RoPE (default all)", false, ARG_ANY},
         {"--n", ARG_STR, &a.n, "N,N,...", "sequence lengths (default 256,512,1024,2048,4096,8192)", false, ARG_ANY},

@@ -11,6 +11,8 @@
 /* `moh bench attention|decode|train`: argc/argv start at the benchmark name. Exit codes as the
  * CLI: 0 ok, 1 runtime error, 2 usage error. */
 int bench_attention(int argc, char **argv);
+/* `moh bench attention --device cuda` (bench/attention_cuda.c; bench_attention hands over). */
+int bench_attention_cuda(int argc, char **argv);
 int bench_decode(int argc, char **argv);
 int bench_train(int argc, char **argv);
 
@@ -31,6 +33,9 @@ typedef struct bdm_opts {
 } bdm_opts;
 /* Prefill and decode tokens/s of each model (prints the table); 0 ok, 1 runtime error. */
 int bench_decode_models(const bdm_opts *o);
+
+/* A uniform draw with standard deviation sd from the splitmix64 state s (synthetic weights and inputs). */
+float bench_rng_sd(uint64_t *s, double sd);
 
 /* Timing statistics of one configuration: n samples in seconds. */
 typedef struct bench_stats {

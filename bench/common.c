@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/rng.h"
 #include "ops/bf16.h"
 #include "ops/gemm.h"
 
@@ -152,4 +153,9 @@ void bench_precisions(const char *cmd, const char *value, bool *fp32, bool *bf16
         *fp32 = true;
     }
     if (*bf16) precision_describe(MOH_PRECISION_BF16, line, cap);
+}
+
+float bench_rng_sd(uint64_t *s, double sd) {
+    const double u = (double)(moh_rng_next(s) >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0;
+    return (float)(u * sd * 1.7320508075688772);
 }

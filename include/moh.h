@@ -26,6 +26,7 @@ typedef enum moh_status {
     MOH_E_NOMEM = -5,  /* allocation failed */
     MOH_E_ARG = -6,    /* bad argument from the caller */
     MOH_E_NONFINITE = -7, /* a loss or gradient norm is NaN or infinite (a training step not applied) */
+    MOH_E_DEVICE = -8, /* GPU missing, built without CUDA, or a CUDA / cuBLASLt call failed */
 } moh_status;
 
 typedef struct moh_error {

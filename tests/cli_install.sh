@@ -111,5 +111,6 @@ grep -q '^model llama: .* saved and reloaded' <<<"$out" || fail "embedding progr
     || fail "moh_model_save wrote: $(ls "$T/saved")"
 "$T/prefix/bin/moh" eval --checkpoint "$T/saved" --data "$T/corpus.txt" --seq-len 16 >/dev/null || fail "moh eval of the saved model"
 ! grep -rq 'include "' "$T/prefix/include" || fail "installed headers include private headers"
-[ "$(ls "$T/prefix/include")" = moh.h ] || fail "installed include/ holds more than moh.h: $(ls "$T/prefix/include")"
+[ "$(ls "$T/prefix/include" | tr '\n' ' ')" = "moh.h moh_cuda.h " ] ||
+    fail "installed include/ holds other than moh.h and moh_cuda.h: $(ls "$T/prefix/include")"
 echo "cli_install: installed layout, configs and the embedding API (safetensors, model load/forward/train/save) work"

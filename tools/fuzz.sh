@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 secs=${FUZZ_SECONDS:-30}
 build=${FUZZ_BUILD_DIR:-build-fuzz}
 unit_timeout=${FUZZ_TIMEOUT:-25}
-CC=clang cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOH_FUZZ=ON >/dev/null
+CC=clang cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOH_FUZZ=ON -DMOH_CUDA=OFF >/dev/null
 cmake --build "$build" -j "$(nproc)" >/dev/null
 status=0
 found=0
