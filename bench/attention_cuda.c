@@ -204,7 +204,7 @@ int bench_attention_cuda(int argc, char **argv) {
     if (moh_cuda_describe(dev, sizeof dev, &err)) snprintf(dev, sizeof dev, "unknown GPU");
     if (a.json) printf("[\n");
     else printf("moh bench attention --device cuda: %s; bf16, fp32 accumulation; median of %d after %d warm-ups;\n"
-                "forward kernel: wgmma where the GPU and head_dim allow (sm_90a), else mma.sync (MOH_CUDA_FWD=mma forces it)\n\n"
+                "forward kernel: mma.sync (MOH_CUDA_FWD=wgmma|wgmma1 selects a wgmma variant on sm_90a)\n\n"
                 "%-11s %-14s %-13s %9s %9s %8s %7s %6s %7s\n", dev, a.repeats, a.warmup, "shape", "config", "what", "ms",
                 "TFLOP/s", "speedup", "ideal", "eff", "active");
     bool first = true;

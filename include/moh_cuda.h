@@ -59,7 +59,7 @@ size_t moh_cuda_layer_bytes(const moh_cuda_layer *l);
 int moh_cuda_layer_forward(moh_cuda_layer *l, const moh_cuda_weights *w, const uint16_t *x, int B, int N,
                            uint16_t *y, void *stream, moh_error *err);
 /* Backward of L = sum(y * dy) + lb_scale * lb_loss after forward on the same x (still valid):
- * dx [B, N, C] fp32 (may be NULL) and g ACCUMULATED. */
+ * dx [B, N, C] fp32 (may be NULL) and g are accumulated (+=): zero them before the first call. */
 int moh_cuda_layer_backward(moh_cuda_layer *l, const moh_cuda_weights *w, const moh_cuda_grads *g,
                             const uint16_t *dy, float lb_scale, float *dx, void *stream, moh_error *err);
 /* Device pointer to the gates [B N, h] (fp32) of the last forward (0 for pairs not computed). */

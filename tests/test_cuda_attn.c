@@ -563,16 +563,35 @@ static void error_cases(test_ctx *ctx) {
     moh_cuda_layer_free(l);
 }
 
+/* Shapes the kernels cannot launch, refused by moh_cuda_layer_new before it touches a GPU (so
+ * these run on machines without one). */
+static void limit_cases(test_ctx *ctx) {
+    const cu_case k = {"limits", 128, 4, 4, 32, 1, 2, MOH_ROUTER_LEARNED, false, false, false, 0.0, 0.01, 1, 4, -1, false, 1.0};
+    moh_attn_config c = make_cfg(&k);
+    moh_error err = {0};
+    moh_cuda_layer *l = NULL;
+    /* B x heads segments on gridDim.y (<= 65535): 16384 x 4 = 65536 */
+    CHECK(ctx, moh_cuda_layer_new(&l, &c, 16384, 4, &err) == MOH_E_ARG && !l, "max_B 16384 x 4 heads accepted");
+    CHECK(ctx, strstr(err.msg, "65535") != NULL, "message names the limit: %s", err.msg);
+    /* 769 routed heads: the load-balance kernel's shared memory */
+    c.n_heads = c.n_kv_heads = 770;
+    c.hidden_size = 770 * 32;
+    CHECK(ctx, moh_cuda_layer_new(&l, &c, 1, 4, &err) == MOH_E_CONFIG && !l, "769 routed heads accepted");
+    CHECK(ctx, strstr(err.msg, "768") != NULL, "message names the limit: %s", err.msg);
+}
+
 int main(void) {
+    test_ctx ctx = {0};
+    limit_cases(&ctx);
     char why[256];
     if (!moh_cuda_available(why, sizeof why)) {
-        printf("test_cuda_attn: skipped (%s)\n", why);
+        if (ctx.failures) return test_finish("test_cuda_attn", &ctx);
+        printf("test_cuda_attn: %d limit checks passed; the rest skipped (%s)\n", ctx.checks, why);
         return 77;
     }
     char dev[256];
     moh_error err;
     if (moh_cuda_describe(dev, sizeof dev, &err) == MOH_OK) printf("device: %s\n", dev);
-    test_ctx ctx = {0};
     const moh_router L = MOH_ROUTER_LEARNED, Q = MOH_ROUTER_QUERY_NORM, D = MOH_ROUTER_NONE;
     const cu_case cases[] = {
         /* name                         C    h hkv  d   hs K  router causal qb    pb    rope     beta  B  N    dead ste  qscale */

@@ -82,6 +82,7 @@ int cu_blas_new(cu_blas **out, moh_error *err) {
     }
     cudaError_t e = cudaMalloc(&bl->workspace, BLAS_WORKSPACE);
     if (e != cudaSuccess) {
+        (void)cudaGetLastError();
         bl->destroy(bl->handle);
         dlclose(bl->lib);
         free(bl);
@@ -124,11 +125,25 @@ static int plan_make(cu_blas *bl, blas_plan *p, moh_error *err) {
         bl->desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep);
     }
     /* stored shapes, column-major: our B [K, N] row-major is [N, K] col-major (ld ldb) */
-    bl->layout_create(&p->la, CUDA_R_16BF, p->tb ? (uint64_t)p->K : (uint64_t)p->N, p->tb ? (uint64_t)p->N : (uint64_t)p->K, p->ldb);
-    bl->layout_create(&p->lb, CUDA_R_16BF, p->ta ? (uint64_t)p->M : (uint64_t)p->K, p->ta ? (uint64_t)p->K : (uint64_t)p->M, p->lda);
-    bl->layout_create(&p->lc, ct, (uint64_t)p->N, (uint64_t)p->M, p->ldc);
+    p->la = p->lb = p->lc = NULL;
+    if ((s = bl->layout_create(&p->la, CUDA_R_16BF, p->tb ? (uint64_t)p->K : (uint64_t)p->N,
+                               p->tb ? (uint64_t)p->N : (uint64_t)p->K, p->ldb)) != CUBLAS_STATUS_SUCCESS ||
+        (s = bl->layout_create(&p->lb, CUDA_R_16BF, p->ta ? (uint64_t)p->M : (uint64_t)p->K,
+                               p->ta ? (uint64_t)p->K : (uint64_t)p->M, p->lda)) != CUBLAS_STATUS_SUCCESS ||
+        (s = bl->layout_create(&p->lc, ct, (uint64_t)p->N, (uint64_t)p->M, p->ldc)) != CUBLAS_STATUS_SUCCESS) {
+        if (p->la) bl->layout_destroy(p->la);
+        if (p->lb) bl->layout_destroy(p->lb);
+        bl->desc_destroy(p->desc);
+        return moh_fail(err, MOH_E_DEVICE, "cublasLtMatrixLayoutCreate: status %d", (int)s);
+    }
     cublasLtMatmulPreference_t pref;
-    bl->pref_create(&pref);
+    if ((s = bl->pref_create(&pref)) != CUBLAS_STATUS_SUCCESS) {
+        bl->layout_destroy(p->la);
+        bl->layout_destroy(p->lb);
+        bl->layout_destroy(p->lc);
+        bl->desc_destroy(p->desc);
+        return moh_fail(err, MOH_E_DEVICE, "cublasLtMatmulPreferenceCreate: status %d", (int)s);
+    }
     const size_t ws = BLAS_WORKSPACE;
     bl->pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
     bl->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &p->align_b, sizeof p->align_b);

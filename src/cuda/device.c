@@ -11,6 +11,7 @@ int cu_dev_alloc(void **p, size_t bytes, moh_error *err) {
     *p = NULL;
     const cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
+        (void)cudaGetLastError();
         *p = NULL;
         return moh_fail(err, e == cudaErrorMemoryAllocation ? MOH_E_NOMEM : MOH_E_DEVICE,
                         "cudaMalloc of %.1f MiB failed: %s", (double)bytes / 1048576.0, cudaGetErrorString(e));
@@ -44,8 +45,12 @@ int cu_timer_new(cu_timer **t, moh_error *err) {
     *t = calloc(1, sizeof **t);
     if (!*t) return moh_fail(err, MOH_E_NOMEM, "out of host memory");
     cudaError_t e = cudaEventCreate(&(*t)->a);
-    if (e == cudaSuccess) e = cudaEventCreate(&(*t)->b);
+    if (e == cudaSuccess) {
+        e = cudaEventCreate(&(*t)->b);
+        if (e != cudaSuccess) cudaEventDestroy((*t)->a);
+    }
     if (e != cudaSuccess) {
+        (void)cudaGetLastError();
         free(*t);
         *t = NULL;
         return moh_fail(err, MOH_E_DEVICE, "cudaEventCreate: %s", cudaGetErrorString(e));

@@ -110,10 +110,19 @@ int moh_cuda_layer_new(moh_cuda_layer **out, const moh_attn_config *cfg, int max
                         cfg->head_dim, CU_HEAD_DIMS);
     if (max_B < 1 || max_N < 1)
         return moh_fail(err, MOH_E_ARG, "CUDA attention layer: max_B %d, max_N %d: expected >= 1", max_B, max_N);
+    const double qd_wide = ((double)cfg->n_heads + 2.0 * cfg->n_kv_heads) * cfg->head_dim;
     if ((double)max_B * cfg->n_heads * max_N * cfg->head_dim >= 2147483647.0 ||
-        (double)max_B * max_N * attn_qkv_dim(cfg) >= 2147483647.0)
+        (double)max_B * max_N * qd_wide >= 2147483647.0)
         return moh_fail(err, MOH_E_ARG, "CUDA attention layer: B %d x N %d x heads is too large (2^31 elements per tensor)",
                         max_B, max_N);
+    /* one CUDA block row per (image, head) segment: gridDim.y <= 65535 */
+    if ((long)max_B * cfg->n_heads > 65535)
+        return moh_fail(err, MOH_E_ARG, "CUDA attention layer: max_B %d x n_heads %d = %ld: expected <= 65535 (split the batch)",
+                        max_B, cfg->n_heads, (long)max_B * cfg->n_heads);
+    /* the load-balance kernel keeps 64 bytes per routed head in 48 KiB of shared memory */
+    if (attn_routed_heads(cfg) > 768)
+        return moh_fail(err, MOH_E_CONFIG, "CUDA attention layer: %d routed heads: expected <= 768",
+                        attn_routed_heads(cfg));
     if (!moh_cuda_available(why, sizeof why)) return moh_fail(err, MOH_E_DEVICE, "%s", why);
     moh_cuda_layer *l = calloc(1, sizeof *l);
     if (!l) return moh_fail(err, MOH_E_NOMEM, "CUDA attention layer: out of host memory");
@@ -130,6 +139,7 @@ int moh_cuda_layer_new(moh_cuda_layer **out, const moh_attn_config *cfg, int max
     cudaError_t e = cudaMalloc(&l->block, l->bytes);
     if (e != cudaSuccess) {
         const double mib = (double)l->bytes / 1048576.0;
+        (void)cudaGetLastError();
         free(l);
         return moh_fail(err, MOH_E_NOMEM, "CUDA attention layer: cudaMalloc of %.1f MiB failed: %s", mib,
                         cudaGetErrorString(e));
@@ -194,8 +204,14 @@ static void mark(moh_cuda_layer *l, int ph, cudaStream_t st) {
 
 int cu_layer_profile(moh_cuda_layer *l, bool on, moh_error *err) {
     if (on && !l->profile) {
-        for (int i = 0; i < CU_MAX_MARKS; i++)
-            CU_TRY(cudaEventCreate(&l->ev[i]), "cudaEventCreate");
+        for (int i = 0; i < CU_MAX_MARKS; i++) {
+            const cudaError_t e = cudaEventCreate(&l->ev[i]);
+            if (e != cudaSuccess) {
+                (void)cudaGetLastError();
+                while (i-- > 0) cudaEventDestroy(l->ev[i]);
+                return moh_fail(err, MOH_E_DEVICE, "CUDA cudaEventCreate failed: %s", cudaGetErrorString(e));
+            }
+        }
         memset(l->phase_ms, 0, sizeof l->phase_ms);
         l->phase_calls = 0;
         l->nmark = 0;
@@ -303,7 +319,7 @@ int moh_cuda_layer_forward(moh_cuda_layer *l, const moh_cuda_weights *w, const u
     const uint16_t *bq = c->qkv_bias ? w->b_qkv : NULL, *bo = c->proj_bias ? w->b_o : NULL;
     l->B = B;
     l->N = N;
-    l->x = x;
+    l->x = NULL; /* set when the whole forward was queued: backward needs all of it */
     if (l->poison) CU_TRY(cudaMemsetAsync((char *)l->block + l->poison_off, 0xFF, l->bytes - l->poison_off, st), "poison");
     mark(l, -1, st);
     if (qnorm) {
@@ -332,13 +348,14 @@ int moh_cuda_layer_forward(moh_cuda_layer *l, const moh_cuda_weights *w, const u
     mark(l, CU_PH_ATTN, st);
     rc = cu_gemm(l->blas, st, false, true, T, C, hd, l->og, hd, w->w_o, hd, y, C, false, 0.f, bo, err);
     mark(l, CU_PH_WO, st);
+    if (!rc) l->x = x;
     return rc;
 }
 
 int moh_cuda_layer_backward(moh_cuda_layer *l, const moh_cuda_weights *w, const moh_cuda_grads *g,
                             const uint16_t *dy, float lb_scale, float *dx, void *stream, moh_error *err) {
     if (!l || !g || !dy) return moh_fail(err, MOH_E_ARG, "moh_cuda_layer_backward: NULL argument");
-    if (!l->x) return moh_fail(err, MOH_E_ARG, "moh_cuda_layer_backward: no forward before it");
+    if (!l->x) return moh_fail(err, MOH_E_ARG, "moh_cuda_layer_backward: no successful forward before it");
     int rc = check_weights(l, w, err);
     if (rc) return rc;
     const moh_attn_config *c = &l->cfg;
@@ -412,8 +429,11 @@ int moh_cuda_layer_sync(moh_cuda_layer *l, void *stream, moh_error *err) {
     if (l->profile && l->nmark > 0) {
         for (int i = 1; i < l->nmark; i++) {
             float ms = 0.f;
-            if (l->mark_phase[i] >= 0 && cudaEventElapsedTime(&ms, l->ev[i - 1], l->ev[i]) == cudaSuccess)
+            if (l->mark_phase[i] < 0) continue;
+            if (cudaEventElapsedTime(&ms, l->ev[i - 1], l->ev[i]) == cudaSuccess)
                 l->phase_ms[l->mark_phase[i]] += ms;
+            else
+                (void)cudaGetLastError(); /* a mark that was not recorded: the phase goes uncounted */
         }
         l->phase_calls++;
         l->nmark = 0;
@@ -473,8 +493,10 @@ int cu_weights_upload(const moh_attn_config *cfg, const struct attn_params_f32 *
     if (e == cudaSuccess) e = cudaMemcpy(d, h, tot * sizeof(uint16_t), cudaMemcpyHostToDevice);
     free(h);
     if (e != cudaSuccess) {
+        (void)cudaGetLastError();
         cudaFree(d);
-        return moh_fail(err, MOH_E_DEVICE, "CUDA weights: %s", cudaGetErrorString(e));
+        return moh_fail(err, e == cudaErrorMemoryAllocation ? MOH_E_NOMEM : MOH_E_DEVICE, "CUDA weights: %s",
+                        cudaGetErrorString(e));
     }
     *buf = d;
     w->w_qkv = d + off[0];
@@ -492,6 +514,7 @@ int cu_grads_alloc(const moh_attn_config *cfg, void **buf, moh_cuda_grads *g, mo
     CU_TRY(cudaMalloc((void **)&d, tot * sizeof(float) + 4), "cudaMalloc (gradients)");
     const cudaError_t e = cudaMemset(d, 0, tot * sizeof(float));
     if (e != cudaSuccess) {
+        (void)cudaGetLastError();
         cudaFree(d);
         return moh_fail(err, MOH_E_DEVICE, "CUDA gradients: %s", cudaGetErrorString(e));
     }

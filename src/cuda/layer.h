@@ -17,8 +17,11 @@
 #define CU_TRY(call, what)                                                                              \
     do {                                                                                                 \
         const cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                           \
-            return moh_fail(err, MOH_E_DEVICE, "CUDA %s failed: %s", what, cudaGetErrorString(e_));   \
+        if (e_ != cudaSuccess) {                                                                         \
+            (void)cudaGetLastError(); /* handled here: not blamed on the next launch */                  \
+            return moh_fail(err, e_ == cudaErrorMemoryAllocation ? MOH_E_NOMEM : MOH_E_DEVICE,          \
+                            "CUDA %s failed: %s", what, cudaGetErrorString(e_));                         \
+        }                                                                                                \
     } while (0)
 
 #define CU_MAX_MARKS 32
