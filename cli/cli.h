@@ -64,10 +64,14 @@ typedef struct eval_progress {
     bool tty, shown;
     const char *unit;
     const char *cmd;  /* the lines' prefix (NULL: "moh eval") */
+    const char *detail; /* what the count is made of, after it (NULL: nothing) */
 } eval_progress;
 void eval_progress_start(eval_progress *pg, const char *unit);
 void eval_progress_update(eval_progress *pg, long done, long total);
 /* eval_progress_update as a train_progress callback (pg: an eval_progress). */
 void eval_progress_report(void *pg, long done, long total);
 void eval_progress_end(eval_progress *pg, long total); /* total < 0: the run failed, no last line */
+/* The detail of a DiT sampling count (steps of every batch): "S sampler steps x N batches of up to
+ * B images", written to buf (returned). */
+const char *cli_sampling_detail(char *buf, size_t size, int steps, long images, int batch);
 #endif

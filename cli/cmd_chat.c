@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "args.h"
@@ -116,7 +117,7 @@ int cmd_chat(int argc, char **argv) {
         lm_kv_describe(&kv, d, sizeof d);
         fprintf(stderr, "moh chat: %s\n", d);
     }
-    const bool tty = isatty(0) && isatty(2);
+    const bool tty = isatty(0) && isatty(2), echo = !isatty(0) && isatty(1);
     if (tty) fprintf(stderr, "moh chat: %s, context %d tokens; /reset, /exit\n", path, N);
     for (;;) {
         if (tty) fputs("> ", stderr);
@@ -149,9 +150,13 @@ int cmd_chat(int argc, char **argv) {
             free(ids);
             continue;
         }
+        if (echo) printf("> %s\n", line); /* piped turns, read on a terminal: the transcript shows them */
+        struct timespec t0, t1, t2;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         rc = feed(&cfg, &p, &kv, ids, nids, logits, &err);
         free(ids);
         if (rc) goto fail;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
         bpe_stream stream = {0};
         size_t np = 0;
         int gen = 0;
@@ -177,6 +182,15 @@ int cmd_chat(int argc, char **argv) {
         fwrite(piece, 1, bpe_stream_flush(&stream, piece), stdout);
         putchar('\n');
         fflush(stdout);
+        clock_gettime(CLOCK_MONOTONIC, &t2);
+        const double ps = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        const double gs = (double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec);
+        fprintf(stderr, "[%d token%s in %.2f s, %.1f tok/s; prompt %zu tokens in %.2f s, %.0f tok/s; context %d of %d]\n",
+                gen, gen == 1 ? "" : "s", gs, gs > 0 ? gen / gs : 0.0, nids, ps, ps > 0 ? nids / ps : 0.0, kv.pos, N);
+        if (echo) { /* a blank line between exchanges */
+            putchar('\n');
+            fflush(stdout);
+        }
         if (!ended) { /* close the turn so the next one starts clean */
             if (kv.pos + 2 > N) {
                 fprintf(stderr, "moh chat: the context of %d tokens is full: /reset to start a new conversation\n", N);

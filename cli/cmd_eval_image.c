@@ -164,8 +164,10 @@ int cmd_eval_image(int argc, char **argv) {
             goto fail;
         }
         eval_progress pg;
+        char detail[96];
         eval_progress_start(&pg, "steps");
         pg.cmd = "moh eval: sampling";
+        pg.detail = cli_sampling_detail(detail, sizeof detail, steps, n, batch);
         const image_gen_request req = {.labels = labels, .n = n, .steps = steps, .cfg_scale = cfg,
                                        .sampler = ddim ? 1 : 0, .variance = !strcmp(sigma, "small"), .seed = seed,
                                        .batch = batch, .sparse = sparse, .precision = prec, .progress = eval_progress_report, .ctx = &pg};

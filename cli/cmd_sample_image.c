@@ -9,8 +9,10 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "analysis/analysis.h"
 #include "args.h"
 #include "cli.h"
+#include "core/fsutil.h"
 #include "data/idx.h"
 #include "io/png.h"
 #include "models/model.h"
@@ -42,9 +44,88 @@ int cli_image_classes(const model *m) {
     return K;
 }
 
+/* The grid's row labels: "k: name" from a file of names (one per line), Fashion-MNIST's (auto, for a
+ * 10-class 28 x 28 grey model, the shape moh's DiT recipe trains on) or "class k". names[K] get
+ * malloc'd strings (the caller frees them). */
+static int class_names(const char *arg, int K, int C, int H, int W, char **names, moh_error *err) {
+    static const char *const fashion[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                            "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
+    const bool fmnist = !strcmp(arg, "auto") && K == 10 && C == 1 && H == 28 && W == 28;
+    char **file = NULL;
+    int nf = 0;
+    if (strcmp(arg, "auto") && strcmp(arg, "index")) {
+        size_t len = 0;
+        char *text = fs_read_file(arg, 1 << 20, &len, err);
+        if (!text) return err->code;
+        if (!(file = calloc((size_t)K + 1, sizeof *file))) {
+            free(text);
+            return moh_fail(err, MOH_E_NOMEM, "out of memory");
+        }
+        for (char *p = text, *nl; p < text + len && nf <= K; p = nl + 1) {
+            nl = memchr(p, '\n', (size_t)(text + len - p));
+            if (!nl) nl = text + len;
+            const size_t l = (size_t)(nl - p) - (nl > p && nl[-1] == '\r');
+            if (nf < K) file[nf] = strndup(p, l < 64 ? l : 64);
+            nf++;
+        }
+        free(text);
+        if (nf != K) {
+            for (int i = 0; i < K; i++) free(file[i]);
+            free(file);
+            return moh_fail(err, MOH_E_FORMAT, "%s: --class-names file has %s%d line%s, expected %d (one name per class)",
+                            arg, nf > K ? "more than " : "", nf > K ? K : nf, nf == 1 ? "" : "s", K);
+        }
+    }
+    for (int k = 0; k < K; k++) {
+        char buf[96];
+        if (file) snprintf(buf, sizeof buf, "%d: %s", k, file[k] ? file[k] : "");
+        else if (fmnist) snprintf(buf, sizeof buf, "%d: %s", k, fashion[k]);
+        else snprintf(buf, sizeof buf, "class %d", k);
+        if (!(names[k] = strdup(buf))) break;
+    }
+    if (file)
+        for (int i = 0; i < K; i++) free(file[i]);
+    free(file);
+    return names[K - 1] ? MOH_OK : moh_fail(err, MOH_E_NOMEM, "out of memory");
+}
+
+/* The PNG grid: nc rows (classes c0..) x n columns of the images in bytes (class-major, C x H x W
+ * each; channel 0 drawn), each `scale` times larger, rows labelled (cairo; without it, unlabelled
+ * with a note). */
+static int write_grid(const char *out, const uint8_t *bytes, int nc, int n, int C, int H, int W, int scale, int c0,
+                      char *const *names, moh_error *err) {
+    const size_t hw = (size_t)H * W, chw = (size_t)C * hw, total = (size_t)nc * n;
+    uint8_t *g0 = malloc(hw * total);
+    int rc = !g0 ? moh_fail(err, MOH_E_NOMEM, "%s: out of memory", out) : MOH_OK;
+    for (size_t i = 0; !rc && i < total; i++) memcpy(g0 + i * hw, bytes + i * chw, hw);
+    if (!rc) rc = plot_image_grid(out, g0, nc, n, H, W, scale, (const char *const *)names, err);
+    if (rc == MOH_E_CONFIG) { /* no cairo: the same grid without labels */
+        fprintf(stderr, "moh sample: note: built without cairo: the grid's rows are not labelled (classes %d..%d, top "
+                        "to bottom)\n", c0, c0 + nc - 1);
+        const int gap = 2 * scale, GW = n * (W * scale + gap) + gap, GH = nc * (H * scale + gap) + gap;
+        uint8_t *grid = malloc((size_t)GW * GH);
+        if (!grid) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", out);
+        else {
+            memset(grid, 64, (size_t)GW * GH);
+            for (size_t i = 0; i < total; i++) {
+                const int r = (int)(i / (size_t)n), c = (int)(i % (size_t)n);
+                for (int y = 0; y < H * scale; y++)
+                    for (int x = 0; x < W * scale; x++)
+                        grid[(size_t)(gap + r * (H * scale + gap) + y) * GW + gap + c * (W * scale + gap) + x] =
+                            g0[i * hw + (size_t)(y / scale) * W + x / scale];
+            }
+            rc = png_write(out, grid, GW, GH, 1, err);
+            free(grid);
+        }
+    }
+    free(g0);
+    return rc;
+}
+
 int cmd_sample_image(int argc, char **argv) {
     const char *ckpt = NULL, *cls = "all", *out = NULL, *out_idx = NULL, *sampler = "ddpm", *sigma = "large", *precision = NULL;
-    int n = 8, steps = 0, batch = 64;
+    const char *names_arg = "auto";
+    int n = 8, steps = 0, batch = 64, scale = 4;
     double cfg = 4.0;
     uint64_t seed = 1;
     bool sparse = false, reference = false;
@@ -58,7 +139,9 @@ int cmd_sample_image(int argc, char **argv) {
         {"--sigma", ARG_CHOICE, &sigma, "large|small", "DDPM variance: beta (large, DiT's default without learned sigma) or the posterior variance (small)", false, ARG_ANY},
         {"--seed", ARG_U64, &seed, "S", "noise seed (default 1); image i draws from (S, i) alone", false, ARG_ANY},
         {"--batch", ARG_INT, &batch, "B", "images per forward pass (default 64; x2 with guidance)", false, ARG_IN(1, 4096)},
-        {"--out", ARG_STR, &out, "FILE.png", "PNG grid: one row per class, N columns", false, ARG_ANY},
+        {"--out", ARG_STR, &out, "FILE.png", "PNG grid: one row per class, N columns, each row labelled with its class", false, ARG_ANY},
+        {"--scale", ARG_INT, &scale, "S", "grid: each image S times its size (default 4: 112 px for 28 px images)", false, ARG_IN(1, 32)},
+        {"--class-names", ARG_STR, &names_arg, "auto|index|FILE", "grid labels: auto (default: Fashion-MNIST's names for a 10-class 28 x 28 grey model, else the class index), index, or a text file with one name per line", false, ARG_ANY},
         {"--out-idx", ARG_STR, &out_idx, "FILE", "the images as an IDX ubyte file (class-major order); labels beside it (FILE with images-idx3 -> labels-idx1, else FILE.labels)", false, ARG_ANY},
         {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (only the selected heads)", false, ARG_ANY},
         {"--reference-attention", ARG_FLAG, &reference, NULL, "every head computed then gated (the default)", false, ARG_ANY},
@@ -112,11 +195,21 @@ int cmd_sample_image(int argc, char **argv) {
     }
     const long total = (long)nc * n;
     const size_t chw = (size_t)C * H * W;
+    char **names = calloc((size_t)K, sizeof *names); /* the grid's row labels, read before sampling */
+    if (names && out && (rc = class_names(names_arg, K, C, H, W, names, &err))) {
+        fprintf(stderr, "moh sample: %s\n", err.msg);
+        for (int k = 0; k < K; k++) free(names[k]);
+        free(names);
+        model_free(&m);
+        return rc == MOH_E_NOMEM ? 1 : 2;
+    }
     int *labels = malloc(sizeof(int) * (size_t)total);
     float *img = malloc(sizeof(float) * chw * (size_t)total);
     uint8_t *bytes = malloc(chw * (size_t)total + (size_t)total);
-    if (!labels || !img || !bytes || total > (1L << 24)) {
+    if (!names || !labels || !img || !bytes || total > (1L << 24)) {
         fprintf(stderr, "moh sample: %ld images do not fit in memory\n", total);
+        for (int k = 0; names && k < K; k++) free(names[k]);
+        free(names);
         free(labels);
         free(img);
         free(bytes);
@@ -124,9 +217,11 @@ int cmd_sample_image(int argc, char **argv) {
         return 1;
     }
     for (long i = 0; i < total; i++) labels[i] = c0 + (int)(i / n);
-    eval_progress pg;
+    eval_progress pg; /* counted in sampler steps of each batch: steps x batches in all */
+    char detail[96];
     eval_progress_start(&pg, "steps");
     pg.cmd = "moh sample";
+    pg.detail = cli_sampling_detail(detail, sizeof detail, steps, total, batch);
     const image_gen_request req = {.labels = labels, .n = (int)total, .steps = steps, .cfg_scale = cfg,
                                    .sampler = ddim ? 1 : 0, .variance = !strcmp(sigma, "small"), .seed = seed,
                                    .batch = batch, .sparse = sparse, .precision = prec, .progress = eval_progress_report, .ctx = &pg};
@@ -144,22 +239,7 @@ int cmd_sample_image(int argc, char **argv) {
     uint8_t *lab8 = bytes + chw * (size_t)total;
     for (size_t q = 0; !status && q < chw * (size_t)total; q++) bytes[q] = cli_pixel_byte(img[q]);
     for (long i = 0; i < total; i++) lab8[i] = (uint8_t)labels[i];
-    if (!status && out) { /* grid: nc rows x n columns, 2-pixel gaps; channel 0 (grey) */
-        const int gap = 2, GW = n * (W + gap) + gap, GH = nc * (H + gap) + gap;
-        uint8_t *grid = malloc((size_t)GW * GH);
-        if (!grid) rc = moh_fail(&err, MOH_E_NOMEM, "%s: out of memory", out);
-        else {
-            memset(grid, 64, (size_t)GW * GH);
-            for (long i = 0; i < total; i++) {
-                const int r = (int)(i / n), c = (int)(i % n);
-                for (int y = 0; y < H; y++)
-                    memcpy(grid + (size_t)(gap + r * (H + gap) + y) * GW + gap + c * (W + gap),
-                           bytes + (size_t)i * chw + (size_t)y * W, (size_t)W);
-            }
-            rc = png_write(out, grid, GW, GH, 1, &err);
-            free(grid);
-        }
-    }
+    if (!status && out) rc = write_grid(out, bytes, nc, n, C, H, W, scale, c0, names + c0, &err);
     if (!status && !rc && out_idx) {
         char lpath[4200];
         const char *hit = strstr(out_idx, "images-idx3");
@@ -179,6 +259,8 @@ int cmd_sample_image(int argc, char **argv) {
         if (out) printf("wrote %s (one row per class)\n", out);
         if (out_idx) printf("wrote %s and its labels\n", out_idx);
     }
+    for (int k = 0; k < K; k++) free(names[k]);
+    free(names);
     free(labels);
     free(img);
     free(bytes);

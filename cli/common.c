@@ -181,9 +181,9 @@ void eval_progress_update(eval_progress *pg, long done, long total) {
     char eta[32];
     const double rate = el > 0 ? (double)done / el : 0.0;
     train_fmt_time(eta, sizeof eta, rate > 0 ? (double)(total - done) / rate : 0.0);
-    fprintf(stderr, "%s%s: %3.0f%% (%ld / %ld %s), %.0f %s/s, ETA %s%s", pg->tty ? "\r" : "", pg->cmd ? pg->cmd : "moh eval",
-            total ? 100.0 * (double)done / (double)total : 100.0, done, total, pg->unit, rate, pg->unit, eta,
-            pg->tty ? "\033[K" : "\n");
+    fprintf(stderr, "%s%s: %3.0f%% (%ld / %ld %s%s%s), %.0f %s/s, ETA %s%s", pg->tty ? "\r" : "",
+            pg->cmd ? pg->cmd : "moh eval", total ? 100.0 * (double)done / (double)total : 100.0, done, total, pg->unit,
+            pg->detail ? ": " : "", pg->detail ? pg->detail : "", rate, pg->unit, eta, pg->tty ? "\033[K" : "\n");
     fflush(stderr);
     pg->shown = true;
     pg->last = t;
@@ -199,7 +199,14 @@ void eval_progress_end(eval_progress *pg, long total) {
     }
     char el[32];
     train_fmt_time(el, sizeof el, train_now_s() - pg->t0);
-    fprintf(stderr, "%s: 100%% (%ld %s) in %s\n", pg->cmd ? pg->cmd : "moh eval", total, pg->unit, el);
+    fprintf(stderr, "%s: 100%% (%ld %s%s%s) in %s\n", pg->cmd ? pg->cmd : "moh eval", total, pg->unit,
+            pg->detail ? ": " : "", pg->detail ? pg->detail : "", el);
+}
+
+const char *cli_sampling_detail(char *buf, size_t size, int steps, long images, int batch) {
+    const long nb = (images + batch - 1) / batch;
+    snprintf(buf, size, "%d sampler steps x %ld batch%s of up to %d images", steps, nb, nb == 1 ? "" : "es", batch);
+    return buf;
 }
 
 bool cli_precision_bf16(const char *value) { return value && !strcmp(value, "bf16"); }

@@ -74,18 +74,25 @@ assert len(r["head_share"]) == 2 and abs(sum(r["head_share"][0]) - 3.0) < 1e-6  
 assert r["head_share"][1] == [1.0] * 4  # all heads shared (soft reweighting)
 EOF
 
-# sampling: PNG grid (4 rows of 3, 2-pixel gaps) and IDX (+ labels), seeded and batch-independent
+# sampling: PNG grid (4 rows of 3, each image x4 with 8-pixel gaps, labelled rows) and IDX (+ labels),
+# seeded and batch-independent
 "$MOH" sample --checkpoint "$T/a" --n 3 --steps 20 --cfg 2 --out "$T/g.png" \
   --out-idx "$T/s-images-idx3-ubyte" 2>"$T/s.err" || fail "sample: $(cat "$T/s.err")"
 grep -q "12 images (4 classes x 3)" "$T/s.err" || fail "sample summary: $(cat "$T/s.err")"
 "$MOH" sample --checkpoint "$T/a" --n 3 --steps 20 --cfg 2 --batch 5 --out-idx "$T/t-images-idx3-ubyte" 2>/dev/null || fail "sample --batch 5"
 cmp -s "$T/s-images-idx3-ubyte" "$T/t-images-idx3-ubyte" || fail "samples depend on the batch size"
+printf 'zero\none\ntwo\nthree\n' > "$T/names.txt"
+"$MOH" sample --checkpoint "$T/a" --n 3 --steps 2 --scale 2 --class-names "$T/names.txt" --out "$T/g2.png" 2>/dev/null || fail "sample --scale 2 --class-names FILE"
 "$MOH" sample --checkpoint "$T/a" --class 2 --n 2 --sampler ddim --steps 10 --seed 9 --out-idx "$T/d.idx" 2>/dev/null || fail "ddim"
 python3 - "$T" <<'EOF' || fail "sample files"
 import struct, sys
 t = sys.argv[1]
 p = open(t + '/g.png', 'rb').read()
-assert p[:8] == b'\x89PNG\r\n\x1a\n' and struct.unpack('>II', p[16:24]) == (3 * 10 + 2, 4 * 10 + 2), p[16:24]
+w, h = struct.unpack('>II', p[16:24])
+# rows: 4 x (8 px x 4 + 8) + 8; columns the same after a margin holding the labels "class k"
+assert p[:8] == b'\x89PNG\r\n\x1a\n' and h == 4 * 40 + 8 and w > 3 * 40 + 8 + 16 + 20, (w, h)
+w2, h2 = struct.unpack('>II', open(t + '/g2.png', 'rb').read()[16:24])
+assert h2 == 4 * 20 + 4 and w2 > 3 * 20 + 4 + 16 + 20, (w2, h2)  # --scale 2, names from a file
 i = open(t + '/s-images-idx3-ubyte', 'rb').read(); l = open(t + '/s-labels-idx1-ubyte', 'rb').read()
 assert struct.unpack('>IIII', i[:16]) == (0x803, 12, 8, 8) and len(i) == 16 + 12 * 64
 assert struct.unpack('>II', l[:8]) == (0x801, 12) and list(l[8:]) == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
@@ -94,10 +101,21 @@ d = open(t + '/d.idx', 'rb').read(); dl = open(t + '/d.idx.labels', 'rb').read()
 assert struct.unpack('>IIII', d[:16]) == (0x803, 2, 8, 8) and list(dl[8:]) == [2, 2]
 EOF
 
+# sampling progress counts the sampler's steps of every batch and says so (the line appears once a
+# run takes 2 s: more images until one does)
+for nimg in 8 32 128; do
+  "$MOH" sample --checkpoint "$T/a" --class 0 --n $nimg --batch 2 --steps 1000 --out-idx "$T/p.idx" 2>"$T/p.err" >/dev/null \
+    || fail "sample for progress: $(cat "$T/p.err")"
+  grep -q "100% ($((nimg / 2 * 1000)) steps: 1000 sampler steps x $((nimg / 2)) batches of up to 2 images)" "$T/p.err" && break
+  [ $nimg -eq 128 ] && fail "no sampling progress line counting steps x batches: $(cat "$T/p.err")"
+done
+
 # one-line errors; nothing written
 expect_err() { one_line_error any "$@" || fail "$why"; } # expected-text, then the command
 s=(sample --checkpoint "$T/a" --n 1 --steps 2 --out "$T/x.png" --out-idx "$T/x.idx")
 expect_err "expected 0..3 or all" "$MOH" "${s[@]}" --class 4
+head -3 "$T/names.txt" > "$T/names3.txt"
+expect_err "names3.txt: --class-names file has 3 lines, expected 4" "$MOH" "${s[@]}" --class-names "$T/names3.txt"
 expect_err "expected 0..3 or all" "$MOH" "${s[@]}" --class -1
 expect_err "cfg" "$MOH" "${s[@]}" --cfg -1
 expect_err "steps" "$MOH" "${s[@]}" --steps 0

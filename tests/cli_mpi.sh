@@ -2,6 +2,7 @@
 # Data-parallel training across processes (OpenMPI; src/train/dist.c), LM and ViT:
 #  1. `mpirun -np 2` (1 thread each) reproduces one process with --shards 2 (same global batch):
 #     losses <= 1e-6 relative per step, validation metrics too (with --grad-accum 2 as well);
+#     without --shards, the shards default to the ranks (the same run);
 #  2. a NaN gradient on one rank skips the step on every rank;
 #  3. a run stopped under 2 ranks resumes in 1 process to the losses of an uninterrupted run;
 #  4. ranks started with different flags are refused at start (hash exchange);
@@ -74,6 +75,12 @@ for fam in lm vit; do
   done
   check "grep -q '\"ranks\": 2, \"comm_s\"' '$T/$fam-two-1/metrics.jsonl'" "$fam: metrics.jsonl lacks ranks / comm_s"
 done
+
+# 1b. under mpirun the shards default to the ranks (no --shards: the same run as --shards 2)
+nosh=(); for a in "${lmrun[@]}"; do [ "$a" = --shards ] && skip=1 && continue; [ "${skip:-0}" = 1 ] && skip=0 && continue; nosh+=("$a"); done
+"${MPI[@]}" "$MOH" train "${nosh[@]}" --out "$T/lm-noshards" --steps 10 > "$T/noshards.out" 2>&1 || bad "2 ranks without --shards: $(tail -2 "$T/noshards.out")"
+d=$(mdiff "$T/lm-two-1/metrics.jsonl" "$T/lm-noshards/metrics.jsonl" 2>/dev/null || echo 1)
+check "python3 -c 'assert $d <= 1e-6'" "2 ranks without --shards vs --shards 2: relative difference $d"
 
 # 2. one rank's NaN skips the step everywhere
 "${MPI[@]}" "$MOH" train "${lmrun[@]}" --out "$T/nan" --steps 4 --debug-nan-grad 3 2> "$T/nan.err" || bad "NaN run exited $?"

@@ -21,7 +21,9 @@ if [ -f "$config" ] && [[ "$config" != /* ]]; then config="$PWD/$config"; fi   #
 cd "$(dirname "$0")/.."
 out=${out:-runs/kjv-$(basename "${config%.json}")}
 bash tools/setup.sh
-make -s
+mkdir -p build
+echo "== building build/moh (log: build/lm_main_build.log)"
+make -s > build/lm_main_build.log 2>&1 || { tail -40 build/lm_main_build.log; exit 1; }
 bash tools/data/fetch.sh data >/dev/null
 if [ -e "$out/model.safetensors" ] || [ -e "$out/optimizer.safetensors" ]; then
   echo "== $out holds an earlier run: moving it to $out.prev"

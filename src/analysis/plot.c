@@ -151,9 +151,14 @@ static cairo_t *canvas(int w, int h, cairo_surface_t **surf) {
     return cr;
 }
 
+static int save_path(cairo_t *cr, cairo_surface_t *surf, const char *path, moh_error *err);
 static int save(cairo_t *cr, cairo_surface_t *surf, const char *dir, const char *name, moh_error *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
+    return save_path(cr, surf, path, err);
+}
+
+static int save_path(cairo_t *cr, cairo_surface_t *surf, const char *path, moh_error *err) {
     const cairo_status_t cst = cairo_status(cr);
     cairo_destroy(cr);
     char tmp[4200]; /* written aside, then renamed: an error never leaves a truncated PNG */
@@ -593,6 +598,51 @@ static int plot_rank(const char *dir, const an_meta *m, const an_result *r, cons
 
 bool an_plot_available(void) { return true; }
 
+int plot_image_grid(const char *path, const uint8_t *pix, int nrows, int ncols, int H, int W, int scale,
+                    const char *const *labels, moh_error *err) {
+    const double fs = 14;
+    const int gap = 2 * scale, cw = W * scale, ch = H * scale;
+    cairo_surface_t *probe = cairo_image_surface_create(CAIRO_FORMAT_RGB24, 1, 1);
+    cairo_t *pc = cairo_create(probe);
+    double lw = 0;
+    for (int r = 0; r < nrows && labels; r++) {
+        const double w = text_width(pc, labels[r], fs);
+        if (w > lw) lw = w;
+    }
+    cairo_destroy(pc);
+    cairo_surface_destroy(probe);
+    const int left = labels ? (int)ceil(lw) + 16 : 0;
+    const int GW = left + ncols * (cw + gap) + gap, GH = nrows * (ch + gap) + gap;
+    cairo_surface_t *surf = cairo_image_surface_create(CAIRO_FORMAT_RGB24, GW, GH);
+    cairo_t *cr = cairo_create(surf);
+    rect(cr, 0, 0, GW, GH, (rgb){1, 1, 1});
+    rect(cr, left, 0, GW - left, GH, (rgb){0.25, 0.25, 0.25});
+    cairo_surface_flush(surf);
+    unsigned char *dst = cairo_image_surface_get_data(surf);
+    const int stride = cairo_image_surface_get_stride(surf);
+    for (int r = 0; r < nrows; r++)
+        for (int c = 0; c < ncols; c++) {
+            const uint8_t *img = pix + ((size_t)r * ncols + c) * (size_t)H * W;
+            const int x0 = left + gap + c * (cw + gap), y0 = gap + r * (ch + gap);
+            for (int y = 0; y < ch; y++) {
+                uint32_t *row = (uint32_t *)(void *)(dst + (size_t)(y0 + y) * stride) + x0;
+                for (int x = 0; x < cw; x++) {
+                    const uint32_t v = img[(size_t)(y / scale) * W + x / scale];
+                    row[x] = v << 16 | v << 8 | v;
+                }
+            }
+        }
+    cairo_surface_mark_dirty(surf);
+    for (int r = 0; r < nrows && labels; r++) {
+        set_rgb(cr, INK);
+        text(cr, left - 8, gap + r * (ch + gap) + ch / 2.0, labels[r], fs, false, 1, 0.5, 0);
+    }
+    const int rc = save_path(cr, surf, path, err);
+    cairo_debug_reset_static_data();
+    FcFini();
+    return rc;
+}
+
 int an_plot_all(const char *dir, const an_meta *meta, const analysis *an, const an_result *r,
                 const an_result *cmp, moh_error *err) {
     int rc = MOH_OK;
@@ -612,6 +662,11 @@ int an_plot_all(const char *dir, const an_meta *meta, const analysis *an, const 
 #else /* no cairo */
 
 bool an_plot_available(void) { return false; }
+
+int plot_image_grid(const char *path, const uint8_t *pix, int nrows, int ncols, int H, int W, int scale,
+                    const char *const *labels, moh_error *err) {
+    return moh_fail(err, MOH_E_CONFIG, "%s: no labelled grid: moh was built without cairo", path);
+}
 
 int an_plot_all(const char *dir, const an_meta *meta, const analysis *an, const an_result *r,
                 const an_result *cmp, moh_error *err) {

@@ -348,7 +348,8 @@ const model_family dit_family = {
     .model_type = "dit",
     .task = "image-generation",
     .summary = "class-conditional diffusion transformer (official DiT / MoH-DiT layout)",
-    .data_help = "a dir of MNIST-style IDX files: train-images-idx3-ubyte[.gz], train-labels-..., t10k-...",
+    .data_help = "a dir of MNIST-style IDX files: train-images-idx3-ubyte[.gz], train-labels-..., t10k-...; "
+                 "validation in training: the first 2000 t10k images (eval-limit of them each time, all at the end)",
     .config_size = sizeof(moh_dit_config),
     .describe = describe,
     .config_parse = cfg_parse,

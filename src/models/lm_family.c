@@ -245,8 +245,9 @@ static int open_data(model *m, const data_request *req, batch_source *train, bat
     const int T = hp->seq_len > 0 ? hp->seq_len : cfg->max_position_embeddings;
     if (T > cfg->max_position_embeddings) /* positions the model is not built for */
         return moh_fail(err, MOH_E_ARG, "--seq-len is %d, more than the context of %s (max_position_embeddings %d; "
-                        "raise it in the config to train a longer context)", T, req->model_label,
-                        cfg->max_position_embeddings);
+                        "%s)", T, req->model_label, cfg->max_position_embeddings,
+                        req->train ? "raise it in the config to train a longer context"
+                                   : "expected --seq-len at most that: the model has no positions beyond it");
     const char *split = req->split ? req->split : "all";
     if (!req->train && strcmp(split, "all") && strcmp(split, "val"))
         return moh_fail(err, MOH_E_ARG, "--split is '%.64s'; a language model evaluates \"all\" (the whole file; a "

@@ -352,6 +352,15 @@ int model_open(model *m, const char *path, moh_error *err) {
     const bool found = stat(path, &sb) == 0;
     if (!found && fs_has_suffix(path, ".gguf")) return moh_fail(err, MOH_E_IO, "%s: no such file", path);
     if (!found || S_ISDIR(sb.st_mode)) return model_load(m, path, err); /* names config.json */
+    if (!fs_has_suffix(path, ".gguf")) { /* a file that is not a GGUF: neither of the two forms */
+        char magic[4] = {0};
+        FILE *f = fopen(path, "rb");
+        const bool gguf = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+        if (f) fclose(f);
+        if (!gguf)
+            return moh_fail(err, MOH_E_FORMAT, "%s: not a checkpoint folder or .gguf file (expected a folder with "
+                            "config.json and model.safetensors, or a GGUF model file)", path);
+    }
     moh_gguf *g = NULL;
     int rc = moh_gguf_open(&g, path, err);
     if (rc) return rc;
@@ -392,6 +401,29 @@ int model_open(model *m, const char *path, moh_error *err) {
         if (rc) model_free(m);
     }
     moh_gguf_close(g); /* the weights were dequantised into the model's buffer */
+    return rc;
+}
+
+int checkpoint_check_model(const char *dir, const model *m, const float *expect, moh_error *err) {
+    char path[4200];
+    join(path, sizeof path, dir, "model.safetensors");
+    model tmp = *m; /* the same family and config, its own buffer */
+    if (!(tmp.data = malloc(sizeof(float) * (m->n ? m->n : 1))))
+        return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
+    int rc = model_load_weights(&tmp, path, err);
+    if (!rc && memcmp(tmp.data, expect, sizeof(float) * m->n)) {
+        int nt = 0;
+        model_tensor *ts = model_tensors(m, &nt);
+        const char *name = "?";
+        for (int i = 0; ts && i < nt && !strcmp(name, "?"); i++)
+            if (memcmp(tmp.data + ts[i].offset, expect + ts[i].offset, sizeof(float) * ts[i].numel)) name = ts[i].name;
+        char shown[200];
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s' differs from the weights in optimizer.safetensors (the two "
+                      "files come from different saves): expected the model.safetensors written with it",
+                      path, moh_st_quote(shown, sizeof shown, name));
+        free(ts);
+    }
+    free(tmp.data);
     return rc;
 }
 

