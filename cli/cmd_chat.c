@@ -71,7 +71,9 @@ int cmd_chat(int argc, char **argv) {
                         "Reads one user message per line on stdin and streams each reply to stdout. /reset starts\n"
                         "a new conversation, /exit (or end of input) ends. The conversation stays in the KV cache;\n"
                         "a turn that would pass the context (max_position_embeddings) is refused with a message\n"
-                        "(/reset to go on). A reply ends at <|im_end|> or after --max-tokens.\n");
+                        "(/reset to go on). A reply ends at <|im_end|> or after --max-tokens.\n"
+                        "Scripted (stdout not a terminal): one line per message, empty for a refused one, and\n"
+                        "exit status 1 at the end when any was refused. Each reply's rate goes to stderr.\n");
     if (rc) return rc == 1 ? 0 : rc;
     const bool bf16 = cli_decode_bf16("chat", precision);
     moh_error err = {0};
@@ -118,6 +120,7 @@ int cmd_chat(int argc, char **argv) {
         fprintf(stderr, "moh chat: %s\n", d);
     }
     const bool tty = isatty(0) && isatty(2), echo = !isatty(0) && isatty(1);
+    int refused = 0; /* messages refused for the context */
     if (tty) fprintf(stderr, "moh chat: %s, context %d tokens; /reset, /exit\n", path, N);
     for (;;) {
         if (tty) fputs("> ", stderr);
@@ -125,6 +128,10 @@ int cmd_chat(int argc, char **argv) {
         if (got < 0) break;
         size_t len = (size_t)got;
         while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+        if (echo) { /* piped turns, read on a terminal: the transcript shows each, commands included */
+            printf("> %s\n", line);
+            fflush(stdout);
+        }
         if (!strcmp(line, "/exit")) break;
         if (!strcmp(line, "/reset")) {
             lm_kv_reset(&kv);
@@ -145,12 +152,16 @@ int cmd_chat(int argc, char **argv) {
         size_t nids = 0;
         if (bpe_encode(tok, (const uint8_t *)turn, strlen(turn), true, &ids, &nids, &err)) goto fail;
         if ((size_t)kv.pos + nids + 2 > (size_t)N) { /* never past the trained context */
-            fprintf(stderr, "moh chat: this turn (%zu tokens) would pass the context of %d tokens (%d used): /reset "
-                            "to start a new conversation\n", nids, N, kv.pos);
+            fprintf(stderr, "moh chat: this message (%zu tokens with its chat template) would pass the context of %d "
+                            "tokens (%d used): /reset to start a new conversation\n", nids, N, kv.pos);
             free(ids);
+            refused++;
+            if (!isatty(1)) { /* scripted: the replies stay one line per message */
+                putchar('\n');
+                fflush(stdout);
+            }
             continue;
         }
-        if (echo) printf("> %s\n", line); /* piped turns, read on a terminal: the transcript shows them */
         struct timespec t0, t1, t2;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         rc = feed(&cfg, &p, &kv, ids, nids, logits, &err);
@@ -185,27 +196,30 @@ int cmd_chat(int argc, char **argv) {
         clock_gettime(CLOCK_MONOTONIC, &t2);
         const double ps = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
         const double gs = (double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec);
+        bool full = false;
+        if (!ended) { /* close the turn so the next one starts clean */
+            if (kv.pos + 2 > N) full = true;
+            else if (lm_decode_step(&cfg, &p, &kv, im_end, logits, &err)) goto fail;
+        }
+        if (!full) {
+            int *nl = NULL;
+            size_t nn = 0;
+            if (bpe_encode(tok, (const uint8_t *)"\n", 1, false, &nl, &nn, &err)) goto fail;
+            if ((size_t)kv.pos + nn <= (size_t)N) rc = feed(&cfg, &p, &kv, nl, nn, logits, &err);
+            free(nl);
+            if (rc) goto fail;
+        }
+        /* the rate, and the context used with the turn closed (what the next turn starts from) */
         fprintf(stderr, "[%d token%s in %.2f s, %.1f tok/s; prompt %zu tokens in %.2f s, %.0f tok/s; context %d of %d]\n",
                 gen, gen == 1 ? "" : "s", gs, gs > 0 ? gen / gs : 0.0, nids, ps, ps > 0 ? nids / ps : 0.0, kv.pos, N);
+        if (full) fprintf(stderr, "moh chat: the context of %d tokens is full: /reset to start a new conversation\n", N);
         if (echo) { /* a blank line between exchanges */
             putchar('\n');
             fflush(stdout);
         }
-        if (!ended) { /* close the turn so the next one starts clean */
-            if (kv.pos + 2 > N) {
-                fprintf(stderr, "moh chat: the context of %d tokens is full: /reset to start a new conversation\n", N);
-                continue;
-            }
-            if (lm_decode_step(&cfg, &p, &kv, im_end, logits, &err)) goto fail;
-        }
-        int *nl = NULL;
-        size_t nn = 0;
-        if (bpe_encode(tok, (const uint8_t *)"\n", 1, false, &nl, &nn, &err)) goto fail;
-        if ((size_t)kv.pos + nn <= (size_t)N) rc = feed(&cfg, &p, &kv, nl, nn, logits, &err);
-        free(nl);
-        if (rc) goto fail;
     }
-    status = 0;
+    status = refused ? 1 : 0;
+    if (refused) fprintf(stderr, "moh chat: %d message%s refused (past the context)\n", refused, refused == 1 ? "" : "s");
     goto done;
 fail:
     fprintf(stderr, "moh chat: %s\n", err.msg);

@@ -266,9 +266,9 @@ int cmd_sample(int argc, char **argv) {
         fprintf(stderr, "moh sample: stopped after %d of %d bytes: the context of %d tokens "
                         "(max_position_embeddings) is full (--context-full slide goes on)\n", gen, max_tokens, N);
     if (slides)
-        fprintf(stderr, "moh sample: note: the context of %d tokens filled at generated %s %d: the last %d tokens were "
+        fprintf(stderr, "moh sample: note: the context of %d tokens filled at generated %s %d: the last %d token%s "
                         "re-encoded from position 0, %d time%s (--context-full stop ends there instead)\n",
-                N, bpe ? "token" : "byte", first_slide, keep, slides, slides == 1 ? "" : "s");
+                N, bpe ? "token" : "byte", first_slide, keep, keep == 1 ? " was" : "s were", slides, slides == 1 ? "" : "s");
     const double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     char re[64] = "";
     if (slides) snprintf(re, sizeof re, "; %d context re-encodes", slides);

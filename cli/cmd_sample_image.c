@@ -16,6 +16,7 @@
 #include "data/idx.h"
 #include "io/png.h"
 #include "models/model.h"
+#include "text/bpe.h"
 #include "train/checkpoint.h"
 
 /* true when the folder that would hold path exists */
@@ -65,7 +66,21 @@ static int class_names(const char *arg, int K, int C, int H, int W, char **names
             nl = memchr(p, '\n', (size_t)(text + len - p));
             if (!nl) nl = text + len;
             const size_t l = (size_t)(nl - p) - (nl > p && nl[-1] == '\r');
-            if (nf < K) file[nf] = strndup(p, l < 64 ? l : 64);
+            size_t keep = 0; /* UTF-8 text without control bytes; names cut to 64 bytes at a character */
+            for (size_t i = 0; i < l;) {
+                const int cl = bpe_utf8_len((const uint8_t *)p + i, l - i);
+                if (cl == 0 || (cl == 1 && ((unsigned char)p[i] < 0x20 || p[i] == 0x7f))) {
+                    const unsigned bad = (unsigned char)p[i];
+                    for (int k = 0; k < nf && k < K; k++) free(file[k]);
+                    free(file);
+                    free(text);
+                    return moh_fail(err, MOH_E_FORMAT, "%s: line %d: byte 0x%02x at column %zu: expected UTF-8 text "
+                                    "without control characters (one class name per line)", arg, nf + 1, bad, i + 1);
+                }
+                if (i + (size_t)cl <= 64) keep = i + (size_t)cl;
+                i += (size_t)cl;
+            }
+            if (nf < K) file[nf] = strndup(p, keep);
             nf++;
         }
         free(text);
@@ -195,6 +210,20 @@ int cmd_sample_image(int argc, char **argv) {
     }
     const long total = (long)nc * n;
     const size_t chw = (size_t)C * H * W;
+    if (out_idx && C != 1) {
+        fprintf(stderr, "moh sample: --out-idx: IDX holds 1-channel images, the model has %d channels\n", C);
+        model_free(&m);
+        return 2;
+    }
+    if (out) { /* the grid's pixels (cairo draws at most 32767 a side; up to 1000 of the width for labels) */
+        const long gw = (long)n * (W + 2) * scale + 2L * scale, gh = (long)nc * (H + 2) * scale + 2L * scale;
+        if (gw > 32767 - 1000 || gh > 32767) {
+            fprintf(stderr, "moh sample: --out: a grid of %ld x %ld pixels (--n %d, --scale %d): expected at most %d "
+                            "x %d (lower --scale or --n)\n", gw, gh, n, scale, 32767 - 1000, 32767);
+            model_free(&m);
+            return 2;
+        }
+    }
     char **names = calloc((size_t)K, sizeof *names); /* the grid's row labels, read before sampling */
     if (names && out && (rc = class_names(names_arg, K, C, H, W, names, &err))) {
         fprintf(stderr, "moh sample: %s\n", err.msg);
@@ -239,20 +268,25 @@ int cmd_sample_image(int argc, char **argv) {
     uint8_t *lab8 = bytes + chw * (size_t)total;
     for (size_t q = 0; !status && q < chw * (size_t)total; q++) bytes[q] = cli_pixel_byte(img[q]);
     for (long i = 0; i < total; i++) lab8[i] = (uint8_t)labels[i];
-    if (!status && out) rc = write_grid(out, bytes, nc, n, C, H, W, scale, c0, names + c0, &err);
-    if (!status && !rc && out_idx) {
+    /* each output on its own: one that fails does not cost the other the sampling run */
+    const bool sampled = status == 0;
+    if (sampled && out_idx) {
         char lpath[4200];
         const char *hit = strstr(out_idx, "images-idx3");
         if (hit) snprintf(lpath, sizeof lpath, "%.*slabels-idx1%s", (int)(hit - out_idx), out_idx, hit + 11);
         else snprintf(lpath, sizeof lpath, "%s.labels", out_idx);
-        if (C != 1) rc = moh_fail(&err, MOH_E_ARG, "--out-idx: IDX holds 1-channel images, the model has %d", C);
-        else rc = idx_write(out_idx, bytes, (int)total, H, W, lpath, lab8, &err);
+        if (idx_write(out_idx, bytes, (int)total, H, W, lpath, lab8, &err)) {
+            fprintf(stderr, "moh sample: %s\n", err.msg);
+            status = 1;
+            out_idx = NULL;
+        }
     }
-    if (!status && rc) {
+    if (sampled && out && write_grid(out, bytes, nc, n, C, H, W, scale, c0, names + c0, &err)) {
         fprintf(stderr, "moh sample: %s\n", err.msg);
         status = 1;
+        out = NULL;
     }
-    if (!status) {
+    if (sampled) {
         fprintf(stderr, "moh sample: %ld images (%d class%s x %d) in %.1f s (%.2f img/s), %s %d steps, cfg %g, seed %llu\n",
                 total, nc, nc == 1 ? "" : "es", n, secs, total / secs, ddim ? "DDIM" : "DDPM", steps, cfg,
                 (unsigned long long)seed);

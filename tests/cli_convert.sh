@@ -57,7 +57,7 @@ sed 's/"router": "none"/"router": "learned", "shared_heads": 1, "top_k": 2/' "$T
 "$MOH" train --config "$T/m.json" --data "$T/t.txt" --out "$T/moh" --steps 2 --batch-size 2 --quiet || bad "train moh"
 "$MOH" convert --model "$T/dense" --out "$T/dense.gguf" > /dev/null || bad "dense -> gguf"
 "$MOH" convert --model "$T/dense.gguf" --out "$T/dense2" > /dev/null || bad "dense gguf -> folder"
-check "cmp -s '$T/dense/model.safetensors' '$T/dense2/model.safetensors'" "dense byte LM round trip changed the weights"
+check "same_tensors '$T/dense/model.safetensors' '$T/dense2/model.safetensors'" "dense byte LM round trip changed the weights"
 # the exported byte vocabulary reads back as bytes, and sample and eval run on the .gguf
 check "'$MOH' eval --checkpoint '$T/dense.gguf' --data '$T/t.txt' --json | grep -q '\"bits_per_byte\"'" "eval on a .gguf"
 check "[ \"\$('$MOH' tokenize --model '$T/dense.gguf' --text 'ab c')\" = '97 98 32 99' ]" "tokenize on the exported gguf: $("$MOH" tokenize --model "$T/dense.gguf" --text 'ab c' 2>&1)"
@@ -99,16 +99,17 @@ printf 'hi there\nbye\n' | "$MOH" chat --model "$CHAT" --max-tokens 5 --seed 3 -
 check "[ $rc -eq 0 ] && [ \$(wc -l < '$T/c9.out') -eq 2 ] && grep -Eq 'bf16 weights and KV cache|decoding runs fp32' '$T/c9.err'" "chat --precision bf16: rc $rc, $(wc -l < "$T/c9.out") reply lines: $(cat "$T/c9.err")"
 long=$(printf 'word %.0s' $(seq 60))
 printf '%s\nhi\n' "$long" | "$MOH" chat --model "$CHAT" --max-tokens 3 > "$T/c3.out" 2> "$T/c3.err"; rc=$?
-check "[ $rc -eq 0 ] && grep -q 'would pass the context of 64 tokens' '$T/c3.err' && [ \$(wc -l < '$T/c3.out') -eq 1 ]" "chat past the context: rc $rc: $(cat "$T/c3.err")"
-# a line longer than 64 KiB is one turn (one refusal, one reply), and a long --system is kept whole:
+# refused: an empty line in its place (the replies stay one line per message) and exit status 1
+check "[ $rc -eq 1 ] && grep -q 'would pass the context of 64 tokens' '$T/c3.err' && [ \$(wc -l < '$T/c3.out') -eq 2 ] && [ -z \"\$(head -1 '$T/c3.out')\" ] && [ -n \"\$(sed -n 2p '$T/c3.out')\" ] && grep -q '1 message refused' '$T/c3.err'" "chat past the context: rc $rc: $(cat "$T/c3.err")"
+# a line longer than 64 KiB is one message (one refusal, two lines), and a long --system is kept whole:
 # the refused turn's token count is that of the whole ChatML text
 python3 -c "print('word ' * 14000); print('hi')" | "$MOH" chat --model "$CHAT" --max-tokens 3 > "$T/c7.out" 2> "$T/c7.err"; rc=$?
-check "[ $rc -eq 0 ] && [ \$(grep -c 'would pass the context' '$T/c7.err') -eq 1 ] && [ \$(wc -l < '$T/c7.out') -eq 1 ]" "chat: a 70 kB line: rc $rc, $(grep -c 'would pass' "$T/c7.err") refusals, $(wc -l < "$T/c7.out") replies"
+check "[ $rc -eq 1 ] && [ \$(grep -c 'would pass the context' '$T/c7.err') -eq 1 ] && [ \$(wc -l < '$T/c7.out') -eq 2 ]" "chat: a 70 kB line: rc $rc, $(grep -c 'would pass' "$T/c7.err") refusals, $(wc -l < "$T/c7.out") lines"
 sys=$(python3 -c "print('ab ' * 1400, end='')")
 echo hi | "$MOH" chat --model "$CHAT" --system "$sys" --max-tokens 3 > /dev/null 2> "$T/c8.err"
 printf '<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n' "$sys" > "$T/turn.txt"
 want=$("$MOH" tokenize --model "$CHAT" --file "$T/turn.txt" | wc -w)
-check "grep -q \"this turn ($want tokens)\" '$T/c8.err'" "chat --system of 4200 bytes cut: want $want tokens: $(cat "$T/c8.err")"
+check "grep -q \"this message ($want tokens\" '$T/c8.err'" "chat --system of 4200 bytes cut: want $want tokens: $(cat "$T/c8.err")"
 out=$(echo hi | "$MOH" chat --model "$T/dense.gguf" 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q 'is not a ChatML chat model' <<<\"\$out\"" "chat on a model without ChatML: rc $rc: $out"
 out=$(echo hi | "$MOH" chat --model "$FIX/tiny-llama.gguf" 2>&1); rc=$?

@@ -46,6 +46,9 @@ grep -q '"val_mse"' "$T/a/metrics.jsonl" || fail "val_mse in metrics"
 "$MOH" train "${common[@]}" --out "$T/b" --steps 12 --stop-at-step 5 || fail "train --stop-at-step"
 "$MOH" train --data "$T/data" --out "$T/b" --resume --quiet || fail "resume"
 cmp -s "$T/a/model.safetensors" "$T/b/model.safetensors" || fail "resumed model.safetensors differs"
+# the EMA turned off at a resume: the checkpoint's model.safetensors (the EMA) still checks out
+"$MOH" train "${common[@]}" --out "$T/e0" --steps 8 --stop-at-step 4 || fail "train to step 4"
+"$MOH" train --data "$T/data" --out "$T/e0" --resume --ema-decay 0 --quiet 2>"$T/e0.err" || fail "resume --ema-decay 0: $(cat "$T/e0.err")"
 
 # model.safetensors holds the EMA (ema.* of optimizer.safetensors), not the raw weights (param.*)
 python3 - "$T/a" "$T/b" <<'EOF' || fail "EMA layout, or the resumed moments / EMA differ"
@@ -114,6 +117,12 @@ done
 expect_err() { one_line_error any "$@" || fail "$why"; } # expected-text, then the command
 s=(sample --checkpoint "$T/a" --n 1 --steps 2 --out "$T/x.png" --out-idx "$T/x.idx")
 expect_err "expected 0..3 or all" "$MOH" "${s[@]}" --class 4
+python3 -c "open('$T/cjk.txt', 'w').write(('\u65e5' * 40 + '\n') * 4)"   # 120 bytes a name: cut at a character
+"$MOH" sample --checkpoint "$T/a" --n 1 --steps 2 --out "$T/cjk.png" --class-names "$T/cjk.txt" 2>"$T/cjk.err" >/dev/null \
+  || fail "names of 40 CJK characters: $(cat "$T/cjk.err")"
+printf 'zero\non\xffe\ntwo\nthree\n' > "$T/bad8.txt"
+expect_err "bad8.txt: line 2: byte 0xff at column 3: expected UTF-8 text" "$MOH" "${s[@]}" --class-names "$T/bad8.txt"
+expect_err "a grid of 32768 x 48 pixels (--n 819, --scale 4): expected at most 31767" "$MOH" sample --checkpoint "$T/a" --n 819 --class 0 --steps 2 --out "$T/x.png"
 head -3 "$T/names.txt" > "$T/names3.txt"
 expect_err "names3.txt: --class-names file has 3 lines, expected 4" "$MOH" "${s[@]}" --class-names "$T/names3.txt"
 expect_err "expected 0..3 or all" "$MOH" "${s[@]}" --class -1

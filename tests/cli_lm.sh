@@ -105,7 +105,7 @@ expect_err no-config-name "no-such-config" "$MOH" train --config no-such-config 
 cp -r "$T/a" "$T/trunc"
 truncate -s 5000 "$T/trunc/model.safetensors"
 expect_err truncated-ckpt "model.safetensors" "$MOH" eval --checkpoint "$T/trunc" --data "$T/corpus.txt"
-expect_err missing-ckpt "config.json" "$MOH" eval --checkpoint "$T/none" --data "$T/corpus.txt"
+expect_err missing-ckpt "no such file or folder" "$MOH" eval --checkpoint "$T/none" --data "$T/corpus.txt"
 expect_err bad-option "unknown option" "$MOH" train --bogus 1
 cp -r "$T/a" "$T/noopt"; rm "$T/noopt/optimizer.safetensors"
 expect_err resume-no-optimizer "optimizer.safetensors" "$MOH" train --resume --data "$T/corpus.txt" --out "$T/noopt" --steps 30

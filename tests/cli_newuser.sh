@@ -36,8 +36,24 @@ for kind in empty truncated foreign; do
   expect_fail any "r/model.safetensors" "$MOH" train --resume --data "$T/corpus.txt" --out "$T/r"
   check '[ "$(cd "$T/r" && md5sum -- *)" = "$sums" ]' "resume from a $kind model.safetensors changed the checkpoint"
 done
+check "grep -q 'move it away: the next save writes it again' '$T/one_line_error.txt'" "no way on given: $(cat "$T/one_line_error.txt")"
 out=$("$MOH" train --resume --data "$T/corpus.txt" --out "$T/a" 2>&1); rc=$?
 check "[ $rc -eq 0 ] && grep -q 'nothing to train' <<<\"\$out\"" "resume of the intact finished run: rc $rc: $out"
+# moved away (as the message says): written again from optimizer.safetensors, the same bytes
+rm -rf "$T/r" && cp -r "$T/a" "$T/r" && rm "$T/r/model.safetensors"
+out=$("$MOH" train --resume --data "$T/corpus.txt" --out "$T/r" 2>&1); rc=$?
+check "[ $rc -eq 0 ] && grep -q 'model.safetensors was missing: written again from optimizer.safetensors (step 24)' <<<\"\$out\"" \
+      "resume without model.safetensors: rc $rc: $out"
+check "cmp -s '$T/a/model.safetensors' '$T/r/model.safetensors'" "the restored model.safetensors differs from the saved one"
+# a save that ended between its two files (model.safetensors of step 12 beside optimizer.safetensors
+# of step 6): the resume goes on from step 6, says so, and ends consistent
+"$MOH" train "${common[@]}" --steps 24 --seed 3 --out "$T/h" --stop-at-step 6 || bad "train to step 6 exited $?"
+cp -r "$T/h" "$T/h12" && "$MOH" train --resume --data "$T/corpus.txt" --out "$T/h12" --stop-at-step 12 --quiet || bad "to step 12"
+cp "$T/h12/model.safetensors" "$T/h/model.safetensors"
+out=$("$MOH" train --resume --data "$T/corpus.txt" --out "$T/h" 2>&1); rc=$?
+check "[ $rc -eq 0 ] && grep -q 'model.safetensors is of step 12, from a save that ended before its optimizer.safetensors (step 6): training resumes from step 6' <<<\"\$out\"" \
+      "resume after a save cut between its files: rc $rc: $out"
+check "cmp -s '$T/a/model.safetensors' '$T/h/model.safetensors'" "that resume did not end at the uninterrupted run's weights"
 
 # 3. sample on a terminal: the text, then (each on its own line) the context note and the rate
 shown=$(on_tty "'$MOH' sample --checkpoint '$T/a' --prompt 'verse 12' --max-tokens 60 --temperature 0")
@@ -49,9 +65,15 @@ check "[ \$(grep -c 'moh sample: note' <<<\"\$shown\") -eq 1 ]" "the note should
 "$MOH" sample --checkpoint "$T/a" --prompt "verse 12" --max-tokens 20 > "$T/s.out" 2>/dev/null
 check "[ \"\$(tail -c 1 '$T/s.out' | od -An -c | tr -d ' ')\" = '\\n' ]" "sample's text does not end with a newline"
 
-# 3. chat with piped turns read on a terminal: each turn echoed, the reply, its rate, a blank line
-shown=$(on_tty "printf 'hi there\\nbye\\n' | '$MOH' chat --model '$CHAT' --max-tokens 5 --seed 3")
-check "[ \"\$(sed -n '1p;5p' <<<\"\$shown\")\" = \$'> hi there\\n> bye' ]" "chat did not echo the piped turns: $shown"
+# 3. chat with piped turns read on a terminal: each line echoed (commands and refused turns too), the
+# reply, its rate and the context the next turn starts from, a blank line
+long=$(python3 -c "print('word ' * 60)")
+shown=$(on_tty "printf 'hi there\\n$long\\n/reset\\nbye\\n' | '$MOH' chat --model '$CHAT' --max-tokens 5 --seed 3")
+check "[ \"\$(sed -n '1p;5p;7p;9p' <<<\"\$shown\" | cut -c1-12)\" = \$'> hi there\\n> word word \\n> /reset\\n> bye' ]" \
+      "chat did not echo the piped lines: $shown"
+used=$(sed -n 3p <<<"$shown" | sed -n 's/.*context \([0-9]*\) of 64\]$/\1/p')
+check "grep -q \"would pass the context of 64 tokens (\$used used)\" <<<\"\$shown\"" \
+      "the rate line's context ($used) is not what the next turn starts from: $shown"
 check "[ \$(grep -cE '^\\[5 tokens in [0-9.]+ s, [0-9.]+ tok/s; prompt [0-9]+ tokens in .*; context [0-9]+ of 64\\]\$' <<<\"\$shown\") -eq 2 ]" \
       "chat did not give each reply's rate: $shown"
 check "[ -z \"\$(sed -n 4p <<<\"\$shown\")\" ]" "no blank line between exchanges: $shown"
@@ -62,9 +84,14 @@ check "[ \$(wc -l < '$T/c.out') -eq 2 ] && ! grep -q '^> ' '$T/c.out' && [ \$(gr
 
 # 5. the start line of a time-fitted run: the warmup is the fit's, the validation sizes are both said
 out=$("$MOH" train --config "$T/tiny.json" --data "$T/corpus.txt" --batch-size 4 --seq-len 32 --eval-tokens 2000 \
-      --max-minutes 0.02 --out "$T/fit" 2>&1); rc=$?
+      --max-minutes 0.1 --eval-every 1 --out "$T/fit" 2>&1); rc=$?
 line=$(grep '^data ' <<<"$out")
 check "[ $rc -eq 0 ] && grep -q 'time-fitted steps, warmup min(100, steps / 10),' <<<\"\$line\"" "start line's warmup: rc $rc: $line"
+fitline=$(grep '^schedule fitted' <<<"$out")
+# a fitted warmup under the cap (a validation every step fits ~100 steps in 6 s, well under the
+# 1000 that would reach it) says how the steps before the fit ramped
+check "grep -Eq 'warmup ([0-9]|[0-9][0-9]) \(until this fit the lr ramped as for a warmup of 100\)$' <<<\"\$fitline\"" \
+      "the fitted line does not say how the steps before it ramped: $fitline"
 check "grep -q '6348 eval bytes (periodic validations: 2000 predictions; the final one: the whole split)' <<<\"\$line\"" \
       "start line's validation sizes: $line"
 check "\"$MOH\" train --help | grep -q 'validation in training: the first 2000 t10k images'" \
@@ -80,6 +107,10 @@ check "! grep -q 'not ready' '$T/conv2.out'" "convert at top_k = all routed head
 echo "some notes" > "$T/notes.txt"
 expect_fail 1 "notes.txt: not a checkpoint folder or .gguf file" "$MOH" sample --checkpoint "$T/notes.txt"
 expect_fail any "notes.txt: not a checkpoint folder or .gguf file" "$MOH" eval --checkpoint "$T/notes.txt" --data "$T/corpus.txt"
+mkfifo "$T/fifo"
+expect_fail 1 "fifo: not a regular file" timeout 10 "$MOH" sample --checkpoint "$T/fifo"
+expect_fail 1 "'$T/nothing': no such file or folder" "$MOH" sample --checkpoint "$T/nothing"
+expect_fail 1 "--out '$T/notes.txt' is not a folder" "$MOH" train --resume --out "$T/notes.txt" --data "$T/corpus.txt"
 expect_fail any "expected --seq-len at most that" "$MOH" eval --checkpoint "$T/a" --data "$T/corpus.txt" --seq-len 64
 check "! \"$MOH\" eval --checkpoint '$T/a' --data '$T/corpus.txt' --seq-len 64 2>&1 | grep -q 'to train'" \
       "eval's --seq-len message speaks of training"

@@ -10,6 +10,9 @@
 #   check 'COMMAND' MESSAGE  eval COMMAND: ok when it succeeds, else bad MESSAGE
 #   finish                   print "cli_NAME: P passed, F failed"; its status (0: none failed) ends the script
 #   fail MESSAGE             print "FAIL: MESSAGE" and exit 1 (scripts that stop at their first failure)
+#   same_tensors A B         true when two safetensors files hold the same tensors (names, dtypes,
+#                            shapes, bytes), whatever their __metadata__ (a training save's records
+#                            its step)
 #   verses N                 print N lines of deterministic text ("verse I: and the people went unto
 #                            the city of J."), the corpus of the LM tests (no data packages needed)
 #   one_line_error CODE PATTERN COMMAND...
@@ -37,6 +40,16 @@ finish() {
 fail() { echo "FAIL: $*"; exit 1; }
 verses() {
   awk -v n="$1" 'BEGIN { for (i = 1; i <= n; i++) printf "verse %d: and the %s went unto the %s of %d.\n", i, (i % 7 ? "people" : "king"), (i % 5 ? "city" : "river"), (i * 7919) % 1000 }'
+}
+
+same_tensors() {
+  python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+def load(p):
+    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n]); h.pop('__metadata__', None)
+    return {k: (v['dtype'], v['shape'], b[8 + n + v['data_offsets'][0]:8 + n + v['data_offsets'][1]]) for k, v in h.items()}
+sys.exit(load(sys.argv[1]) != load(sys.argv[2]))
+PY
 }
 
 one_line_error() {

@@ -614,6 +614,14 @@ int plot_image_grid(const char *path, const uint8_t *pix, int nrows, int ncols, 
     const int left = labels ? (int)ceil(lw) + 16 : 0;
     const int GW = left + ncols * (cw + gap) + gap, GH = nrows * (ch + gap) + gap;
     cairo_surface_t *surf = cairo_image_surface_create(CAIRO_FORMAT_RGB24, GW, GH);
+    const cairo_status_t cs = cairo_surface_status(surf);
+    if (cs != CAIRO_STATUS_SUCCESS) { /* e.g. a side over 32767 */
+        cairo_surface_destroy(surf);
+        cairo_debug_reset_static_data();
+        FcFini();
+        return moh_fail(err, MOH_E_ARG, "%s: a grid of %d x %d pixels: cairo cannot make it (%s)", path, GW, GH,
+                        cairo_status_to_string(cs));
+    }
     cairo_t *cr = cairo_create(surf);
     rect(cr, 0, 0, GW, GH, (rgb){1, 1, 1});
     rect(cr, left, 0, GW - left, GH, (rgb){0.25, 0.25, 0.25});

@@ -179,11 +179,13 @@ int checkpoint_save_ema(const char *dir, const model *m, const float *m1, const 
         goto out;
     }
     if ((rc = checkpoint_save_tokenizer(dir, m, err))) goto out;
-    {
-        const char *meta[] = {"format", "pt"};
+    {   /* the step (of a training save) lets a resume tell a save interrupted between the two files */
+        char step[32];
+        snprintf(step, sizeof step, "%ld", st ? st->step : 0L);
+        const char *meta[] = {"format", "pt", "step", step};
         make_entries(e, names, ts, nt, "", ema ? ema : m->data); /* the EMA weights are the model's */
         join(path, sizeof path, dir, "model.safetensors");
-        if ((rc = moh_st_write_meta(path, e, nt, meta, 1, err))) goto out;
+        if ((rc = moh_st_write_meta(path, e, nt, meta, st ? 2 : 1, err))) goto out;
     }
     {
         char *json = m->fam->config_to_json(m->cfg);
@@ -245,24 +247,30 @@ static int read_tensors(const moh_safetensors *st, const model_tensor *ts, int n
     return MOH_OK;
 }
 
-int model_load_weights(model *m, const char *path, moh_error *err) {
-    moh_safetensors st;
-    if (moh_st_open(&st, path, err)) return err ? err->code : MOH_E_IO;
+/* m's weights from an opened model.safetensors: every registry tensor, finite, nothing else. */
+static int weights_from(model *m, const moh_safetensors *st, moh_error *err) {
     int nt = 0, rc = MOH_OK;
     model_tensor *ts = model_tensors(m, &nt);
-    if (!ts) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
-    if (!rc) rc = read_tensors(&st, ts, nt, "", m->data, err);
-    for (int i = 0; !rc && i < st.n_tensors; i++) {
-        bool known = m->fam->extra_tensor_ok && m->fam->extra_tensor_ok(m->cfg, st.tensors[i].name);
-        for (int j = 0; j < nt && !known; j++) known = !strcmp(st.tensors[i].name, ts[j].name);
+    if (!ts) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", st->path);
+    if (!rc) rc = read_tensors(st, ts, nt, "", m->data, err);
+    for (int i = 0; !rc && i < st->n_tensors; i++) {
+        bool known = m->fam->extra_tensor_ok && m->fam->extra_tensor_ok(m->cfg, st->tensors[i].name);
+        for (int j = 0; j < nt && !known; j++) known = !strcmp(st->tensors[i].name, ts[j].name);
         char shown[200];
         if (!known)
             rc = moh_fail(err, MOH_E_SHAPE, "%s: unexpected tensor '%s' for config.json (its router, shared_heads, "
-                          "top_k and layout fields decide which tensors exist)", path,
-                          moh_st_quote(shown, sizeof shown, st.tensors[i].name));
+                          "top_k and layout fields decide which tensors exist)", st->path,
+                          moh_st_quote(shown, sizeof shown, st->tensors[i].name));
     }
-    moh_st_close(&st);
     free(ts);
+    return rc;
+}
+
+int model_load_weights(model *m, const char *path, moh_error *err) {
+    moh_safetensors st;
+    if (moh_st_open(&st, path, err)) return err ? err->code : MOH_E_IO;
+    const int rc = weights_from(m, &st, err);
+    moh_st_close(&st);
     return rc;
 }
 
@@ -351,7 +359,11 @@ int model_open(model *m, const char *path, moh_error *err) {
     struct stat sb;
     const bool found = stat(path, &sb) == 0;
     if (!found && fs_has_suffix(path, ".gguf")) return moh_fail(err, MOH_E_IO, "%s: no such file", path);
-    if (!found || S_ISDIR(sb.st_mode)) return model_load(m, path, err); /* names config.json */
+    if (!found)
+        return moh_fail(err, MOH_E_IO, "'%s': no such file or folder (expected a checkpoint folder or a .gguf file)", path);
+    if (S_ISDIR(sb.st_mode)) return model_load(m, path, err); /* names config.json */
+    if (!S_ISREG(sb.st_mode)) /* a FIFO or a device would block or never end */
+        return moh_fail(err, MOH_E_FORMAT, "%s: not a regular file (expected a checkpoint folder or a .gguf file)", path);
     if (!fs_has_suffix(path, ".gguf")) { /* a file that is not a GGUF: neither of the two forms */
         char magic[4] = {0};
         FILE *f = fopen(path, "rb");
@@ -404,26 +416,74 @@ int model_open(model *m, const char *path, moh_error *err) {
     return rc;
 }
 
-int checkpoint_check_model(const char *dir, const model *m, const float *expect, moh_error *err) {
-    char path[4200];
+int checkpoint_check_model(const char *dir, const model *m, const float *expect, long step, ckpt_model_state *state,
+                           long *model_step, moh_error *err) {
+    static const char *const fix = "to resume from optimizer.safetensors, move it away: the next save writes it again";
+    char path[4200], msg[sizeof err->msg];
     join(path, sizeof path, dir, "model.safetensors");
+    *state = CKPT_MODEL_SAME;
+    *model_step = -1;
+    struct stat sb;
+    if (lstat(path, &sb) != 0 && errno == ENOENT) {
+        *state = CKPT_MODEL_MISSING;
+        return MOH_OK;
+    }
     model tmp = *m; /* the same family and config, its own buffer */
     if (!(tmp.data = malloc(sizeof(float) * (m->n ? m->n : 1))))
         return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
-    int rc = model_load_weights(&tmp, path, err);
-    if (!rc && memcmp(tmp.data, expect, sizeof(float) * m->n)) {
-        int nt = 0;
-        model_tensor *ts = model_tensors(m, &nt);
-        const char *name = "?";
-        for (int i = 0; ts && i < nt && !strcmp(name, "?"); i++)
-            if (memcmp(tmp.data + ts[i].offset, expect + ts[i].offset, sizeof(float) * ts[i].numel)) name = ts[i].name;
-        char shown[200];
-        rc = moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s' differs from the weights in optimizer.safetensors (the two "
-                      "files come from different saves): expected the model.safetensors written with it",
-                      path, moh_st_quote(shown, sizeof shown, name));
-        free(ts);
+    moh_safetensors st;
+    int rc = moh_st_open(&st, path, err) ? (err ? err->code : MOH_E_IO) : MOH_OK;
+    if (!rc) {
+        rc = weights_from(&tmp, &st, err);
+        const char *sv = moh_st_meta(&st, "step");
+        char *end = NULL;
+        const long v = sv ? strtol(sv, &end, 10) : -1;
+        if (sv && *sv && !*end && v >= 0) *model_step = v;
+        moh_st_close(&st);
+    }
+    if (rc) { /* damaged: say how to go on without it */
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        rc = moh_fail(err, rc, "%s (%s)", msg, fix);
+    } else if (memcmp(tmp.data, expect, sizeof(float) * m->n)) {
+        if (*model_step > step) { /* written by a save that ended before its optimizer.safetensors */
+            *state = CKPT_MODEL_NEWER;
+        } else {
+            int nt = 0;
+            model_tensor *ts = model_tensors(m, &nt);
+            const char *name = "?";
+            for (int i = 0; ts && i < nt && !strcmp(name, "?"); i++)
+                if (memcmp(tmp.data + ts[i].offset, expect + ts[i].offset, sizeof(float) * ts[i].numel))
+                    name = ts[i].name;
+            char shown[200], at[48] = "no step recorded";
+            if (*model_step >= 0) snprintf(at, sizeof at, "step %ld", *model_step);
+            rc = moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s' differs from the weights in optimizer.safetensors (%s "
+                          "there, step %ld in optimizer.safetensors): one of the two files is damaged or from another "
+                          "save; %s", path, moh_st_quote(shown, sizeof shown, name), at, step, fix);
+            free(ts);
+        }
     }
     free(tmp.data);
+    return rc;
+}
+
+int checkpoint_save_model(const char *dir, const model *m, const float *weights, long step, moh_error *err) {
+    int nt = 0;
+    model_tensor *ts = model_tensors(m, &nt);
+    moh_st_entry *e = calloc((size_t)nt + 1, sizeof *e);
+    char (*names)[112] = calloc((size_t)nt + 1, sizeof *names);
+    int rc = MOH_OK;
+    if (!ts || !e || !names) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory while saving", dir);
+    if (!rc) {
+        char path[4200], sv[32];
+        snprintf(sv, sizeof sv, "%ld", step);
+        const char *meta[] = {"format", "pt", "step", sv};
+        make_entries(e, names, ts, nt, "", weights);
+        join(path, sizeof path, dir, "model.safetensors");
+        rc = moh_st_write_meta(path, e, nt, meta, 2, err);
+    }
+    free(ts);
+    free(e);
+    free(names);
     return rc;
 }
 

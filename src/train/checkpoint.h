@@ -93,10 +93,18 @@ int checkpoint_load_optimizer(const char *dir, const model *m, float *params, fl
  * has them (*ema_found says so). */
 int checkpoint_load_optimizer_ema(const char *dir, const model *m, float *params, float *m1, float *m2, float *ema,
                                   bool *ema_found, train_state *st, train_keys_present *present, moh_error *err);
-/* A resume's check of the checkpoint's other weights file: dir/model.safetensors must load for m
- * (every tensor present, of its shape, finite; nothing else) and hold exactly `expect` [m->n] (what
- * the save wrote there beside optimizer.safetensors: the EMA when it has one, else the weights).
- * MOH_E_IO / MOH_E_FORMAT / MOH_E_SHAPE naming the file (a damaged file), MOH_E_FORMAT naming the
- * first tensor that differs (files from two saves), MOH_E_NOMEM. */
-int checkpoint_check_model(const char *dir, const model *m, const float *expect, moh_error *err);
+/* A resume's check of the checkpoint's other weights file, dir/model.safetensors, against `expect`
+ * [m->n] (what the save wrote there beside optimizer.safetensors: the EMA when it has one, else the
+ * weights), optimizer.safetensors being at `step`. *state: SAME (it loads for m: every tensor, of
+ * its shape, finite, nothing else; and holds exactly expect), MISSING (no such file), or NEWER
+ * (it holds other weights and records a later step: a save that ended between writing it and
+ * optimizer.safetensors). *model_step: the step it records (-1: none). Errors, naming the file
+ * and how to go on without it: MOH_E_IO / MOH_E_FORMAT / MOH_E_SHAPE (damaged), MOH_E_FORMAT
+ * naming the first tensor that differs (another save, not a later one), MOH_E_NOMEM. */
+typedef enum { CKPT_MODEL_SAME, CKPT_MODEL_MISSING, CKPT_MODEL_NEWER } ckpt_model_state;
+int checkpoint_check_model(const char *dir, const model *m, const float *expect, long step, ckpt_model_state *state,
+                           long *model_step, moh_error *err);
+/* Writes dir/model.safetensors alone: weights [m->n] under m's tensor names, the step in its
+ * __metadata__ (atomic). MOH_OK or the writer's error naming the file. */
+int checkpoint_save_model(const char *dir, const model *m, const float *weights, long step, moh_error *err);
 #endif

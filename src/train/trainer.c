@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/fsutil.h"
 #include "train/adamw.h"
@@ -246,7 +247,13 @@ static int dump_grads(trainer *tr, const moh_batch *b, const float *init, moh_er
 static int setup(trainer *tr, moh_error *err) {
     const train_options *o = tr->o;
     char path[4200], label[4300];
-    if (o->resume) snprintf(path, sizeof path, "%s/config.json", o->out_dir);
+    if (o->resume) {
+        struct stat sb;
+        if (stat(o->out_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+            return moh_fail(err, MOH_E_IO, "--out '%s' is %s: expected the checkpoint folder of the run to resume",
+                            o->out_dir, stat(o->out_dir, &sb) != 0 ? "not there" : "not a folder");
+        snprintf(path, sizeof path, "%s/config.json", o->out_dir);
+    }
     else snprintf(path, sizeof path, "%s", o->init_path ? o->init_path : o->config_path);
     int rc = !o->resume && o->init_path ? model_open(&tr->m, path, err) : model_from_config_file(&tr->m, path, err);
     if (!rc && o->resume) rc = checkpoint_load_tokenizer(&tr->m, o->out_dir, err); /* a BPE model's vocabulary */
@@ -265,6 +272,23 @@ static int setup(trainer *tr, moh_error *err) {
     if (o->resume && (rc = checkpoint_load_optimizer_ema(o->out_dir, m, m->data, tr->m1, tr->m2, tr->ema, &ema_found,
                                                          &tr->st, &present, err)))
         return rc;
+    if (o->resume) { /* every file of the checkpoint is checked before anything is decided: a damaged
+                      * model.safetensors stops a resume instead of passing for a finished run */
+        const float *expect = ema_found ? tr->ema : m->data; /* what the save wrote there */
+        ckpt_model_state ms;
+        long mstep;
+        if ((rc = checkpoint_check_model(o->out_dir, m, expect, tr->st.step, &ms, &mstep, err))) return rc;
+        if (ms == CKPT_MODEL_MISSING && tr->d->rank == 0) { /* restored: exactly what the last save wrote */
+            if ((rc = checkpoint_save_model(o->out_dir, m, expect, tr->st.step, err))) return rc;
+            if (!o->quiet)
+                printf("note: %s/model.safetensors was missing: written again from optimizer.safetensors (step %ld)\n",
+                       o->out_dir, tr->st.step);
+        } else if (ms == CKPT_MODEL_NEWER && tr->d->rank == 0 && !o->quiet) {
+            printf("note: %s/model.safetensors is of step %ld, from a save that ended before its optimizer.safetensors "
+                   "(step %ld): training resumes from step %ld and the next save rewrites it\n", o->out_dir, mstep,
+                   tr->st.step, tr->st.step);
+        }
+    }
     const int max_T = fam->max_seq_len ? fam->max_seq_len(m->cfg) : 0;
     if ((rc = merge_hparams(o, fam, max_T, &tr->st, present, err))) return rc;
     const int R = tr->d->size;
@@ -286,9 +310,6 @@ static int setup(trainer *tr, moh_error *err) {
         memcpy(tr->ema, m->data, sizeof(float) * m->n);
         if (!o->quiet) printf("note: %s/optimizer.safetensors holds no EMA: it starts from the current weights\n", o->out_dir);
     }
-    /* every file of the checkpoint is checked before anything is decided (a damaged model.safetensors
-     * must stop a resume, not pass for a finished run) */
-    if (o->resume && (rc = checkpoint_check_model(o->out_dir, m, ema_found ? tr->ema : m->data, err))) return rc;
     if (R > 1 && (hp->shards % R || hp->batch_size % hp->shards))
         return moh_fail(err, MOH_E_ARG, "%d ranks: --shards %d must be a multiple of the ranks and --batch-size %d a "
                         "multiple of --shards (each rank takes whole shards; expected e.g. --shards %d --batch-size %d)",
@@ -628,9 +649,13 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
             if (!fitted) {
                 fitted = true;
                 if (hp->warmup < 0) st->warmup = warmup = total / 10 < warmup_cap ? total / 10 : warmup_cap;
-                if (!o->quiet)
+                if (!o->quiet) {
                     printf("schedule fitted to %g min: %ld steps (%.3f s/step; refitted as training goes), "
-                           "warmup %ld\n", o->max_minutes, total, cm.step_s, warmup);
+                           "warmup %ld", o->max_minutes, total, cm.step_s, warmup);
+                    if (hp->warmup < 0 && warmup < warmup_cap) /* what the lr of the steps so far was */
+                        printf(" (until this fit the lr ramped as for a warmup of %ld)", warmup_cap);
+                    printf("\n");
+                }
             }
         }
         if (auto_total && R > 1) { /* rank 0's fit holds everywhere */
