@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "args.h"
@@ -20,6 +19,7 @@
 #include "models/model.h"
 #include "text/bpe.h"
 #include "train/checkpoint.h"
+#include "train/train_util.h"
 
 /* The default system prompt of a ChatML template t (may be NULL): the text after
  * "<|im_start|>system\n" up to "<|im_end|>" in the template's first literal, or "" (malloc'd; NULL
@@ -162,12 +162,11 @@ int cmd_chat(int argc, char **argv) {
             }
             continue;
         }
-        struct timespec t0, t1, t2;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        const double t0 = train_now_s();
         rc = feed(&cfg, &p, &kv, ids, nids, logits, &err);
         free(ids);
         if (rc) goto fail;
-        clock_gettime(CLOCK_MONOTONIC, &t1);
+        const double t1 = train_now_s();
         bpe_stream stream = {0};
         size_t np = 0;
         int gen = 0;
@@ -193,9 +192,7 @@ int cmd_chat(int argc, char **argv) {
         fwrite(piece, 1, bpe_stream_flush(&stream, piece), stdout);
         putchar('\n');
         fflush(stdout);
-        clock_gettime(CLOCK_MONOTONIC, &t2);
-        const double ps = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-        const double gs = (double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec);
+        const double ps = t1 - t0, gs = train_now_s() - t1; /* prompt, reply seconds */
         bool full = false;
         if (!ended) { /* close the turn so the next one starts clean */
             if (kv.pos + 2 > N) full = true;

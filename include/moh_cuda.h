@@ -45,9 +45,11 @@ int moh_cuda_router_rows(const moh_attn_config *cfg);
 typedef struct moh_cuda_layer moh_cuda_layer;
 
 /* A layer for batches of up to max_B x max_N tokens: one device allocation (moh_cuda_layer_bytes),
- * a cuBLASLt handle, the RoPE tables. cfg must validate; head_dim one of 32, 64, 72, 80, 96, 128.
- * MOH_E_CONFIG (unsupported shape, named), MOH_E_NOMEM (device memory), MOH_E_DEVICE (no GPU,
- * no cuBLASLt, CUDA error; the message names the call). */
+ * a cuBLASLt handle, the RoPE tables. cfg must validate; head_dim one of 32, 64, 72, 80, 96, 128;
+ * at most 768 routed heads; max_B x n_heads <= 65535 and every tensor under 2^31 elements.
+ * MOH_E_CONFIG (unsupported head_dim or head count, named), MOH_E_ARG (max_B, max_N out of those
+ * bounds), MOH_E_NOMEM (device memory), MOH_E_DEVICE (no GPU, no cuBLASLt, CUDA error; the message
+ * names the call). The shape checks come before any GPU work. */
 int moh_cuda_layer_new(moh_cuda_layer **out, const moh_attn_config *cfg, int max_B, int max_N, moh_error *err);
 void moh_cuda_layer_free(moh_cuda_layer *l);
 /* Device bytes the layer holds. */
@@ -59,7 +61,8 @@ size_t moh_cuda_layer_bytes(const moh_cuda_layer *l);
 int moh_cuda_layer_forward(moh_cuda_layer *l, const moh_cuda_weights *w, const uint16_t *x, int B, int N,
                            uint16_t *y, void *stream, moh_error *err);
 /* Backward of L = sum(y * dy) + lb_scale * lb_loss after forward on the same x (still valid):
- * dx [B, N, C] fp32 (may be NULL) and g are accumulated (+=): zero them before the first call. */
+ * dy [B, N, C] bf16; dx [B, N, C] fp32 (may be NULL) and g are accumulated (+=): zero them before
+ * the first call. MOH_E_ARG without a successful forward before it, MOH_E_DEVICE (a launch). */
 int moh_cuda_layer_backward(moh_cuda_layer *l, const moh_cuda_weights *w, const moh_cuda_grads *g,
                             const uint16_t *dy, float lb_scale, float *dx, void *stream, moh_error *err);
 /* Device pointer to the gates [B N, h] (fp32) of the last forward (0 for pairs not computed). */

@@ -543,11 +543,8 @@ static int run_case(test_ctx *ctx, const cu_case *k, uint64_t seed) {
 
 /* Bad shapes and arguments: one-line errors, nothing launched. */
 static void error_cases(test_ctx *ctx) {
-    moh_attn_config c;
-    moh_attn_config_default(&c);
-    c.hidden_size = 64;
-    c.n_heads = c.n_kv_heads = 2;
-    c.head_dim = 40;
+    const cu_case k = {"errors", 64, 2, 2, 40, 0, 0, MOH_ROUTER_NONE, false, false, false, 0.0, 0.0, 1, 8, -1, false, 1.0};
+    moh_attn_config c = make_cfg(&k);
     moh_error err = {0};
     moh_cuda_layer *l = NULL;
     CHECK(ctx, moh_cuda_layer_new(&l, &c, 1, 8, &err) == MOH_E_CONFIG && !l, "head_dim 40 accepted");

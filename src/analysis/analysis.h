@@ -199,7 +199,8 @@ int an_plot_all(const char *dir, const an_meta *meta, const analysis *an, const 
 bool an_plot_available(void);
 /* A PNG of nrows x ncols grey images (image (r, c): H x W bytes at pix + (r ncols + c) H W), each
  * scale times larger (nearest neighbour) on a dark ground, with labels[r] (may be NULL) left of row r.
- * Written aside and renamed. MOH_E_CONFIG without cairo; MOH_E_IO naming path. */
+ * Written aside and renamed. MOH_E_CONFIG without cairo; MOH_E_ARG when cairo cannot make an
+ * image that size (a side over 32767 pixels); MOH_E_IO naming path. */
 int plot_image_grid(const char *path, const uint8_t *pix, int nrows, int ncols, int H, int W, int scale,
                     const char *const *labels, moh_error *err);
 #endif

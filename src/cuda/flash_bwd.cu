@@ -82,10 +82,8 @@ __global__ void __launch_bounds__(CU_WARPS * 32) flash_bwd_kv_kernel(const cu_at
     };
 
     float dk[NT][4], dv[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) dk[nt][e] = dv[nt][e] = 0.f;
+    frags_zero(dk);
+    frags_zero(dv);
     const int krow = warp * 16;
 
     int gi = 0, tq = -1, buf = 0;
@@ -106,10 +104,8 @@ __global__ void __launch_bounds__(CU_WARPS * 32) flash_bwd_kv_kernel(const cu_at
         const int minpos = sPos[0];
 
         float st[QT][4], dpt[QT][4];
-#pragma unroll
-        for (int nt = 0; nt < QT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) st[nt][e] = dpt[nt][e] = 0.f;
+        frags_zero(st);
+        frags_zero(dpt);
         mma_rows_bt_pair<QT, KT, SROW>(st, sK, sQ, dpt, sV, sdO, krow, lane); /* S^T = K Q^T, dP^T = V dO^T */
         const bool need_mask = k0 + BK > p.N || (CAUSAL && k0 + BK - 1 > minpos);
 #pragma unroll
@@ -196,12 +192,7 @@ __global__ void __launch_bounds__(CU_WARPS * 32) flash_bwd_dq_kernel(const cu_at
     cp_async_commit();
 
     float dq[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) dq[mt][nt][e] = 0.f;
+    frags_zero(dq);
     const int wrow = warp * 16 * MT;
 
     for (int j = 0; j < nkt; j++) {
@@ -212,12 +203,8 @@ __global__ void __launch_bounds__(CU_WARPS * 32) flash_bwd_dq_kernel(const cu_at
         load_tile(sV, vbase, k0);
         cp_async_commit();
         float s[MT][NS][4], dp[MT][NS][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.f;
+        frags_zero(s);
+        frags_zero(dp);
         mma_rows_bt<MT, NS, KT, SROW>(s, sQ, wrow, sK, lane); /* S = Q K^T */
         const bool need_mask = k0 + BK > kend || (CAUSAL && k0 + BK - 1 > minpos);
 #pragma unroll

@@ -46,12 +46,9 @@ __global__ void __launch_bounds__(CU_WARPS * 32) flash_fwd_kernel(const cu_attn_
     const float cl2 = p.scale * 1.4426950408889634f;
     float o[MT][NT][4];
     float mrow[MT][2], lsum[MT][2];
+    frags_zero(o);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) o[mt][nt][e] = 0.f;
         mrow[mt][0] = mrow[mt][1] = -INFINITY;
         lsum[mt][0] = lsum[mt][1] = 0.f;
     }
@@ -64,12 +61,7 @@ __global__ void __launch_bounds__(CU_WARPS * 32) flash_fwd_kernel(const cu_attn_
         load_tile(sV, vbase, k0);
         cp_async_commit();
         float s[MT][NS][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[mt][nt][e] = 0.f;
+        frags_zero(s);
         mma_rows_bt<MT, NS, KT, SROW>(s, sQ, wrow, sK, lane);
         const bool need_mask = k0 + BK > kend || (CAUSAL && k0 + BK - 1 > minpos);
         if (need_mask) {

@@ -18,6 +18,18 @@ template <int D> struct tile_dims {
 /* The warp's products on tiles in shared memory (row-major bf16, row stride SROW elements), in
  * mma.sync fragments (common.cuh). */
 
+/* Zeroes accumulator fragments (4 fp32 registers each): a [C][4] or [R][C][4] array. */
+template <int C> static __device__ __forceinline__ void frags_zero(float (&a)[C][4]) {
+#pragma unroll
+    for (int c = 0; c < C; c++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) a[c][e] = 0.f;
+}
+template <int R, int C> static __device__ __forceinline__ void frags_zero(float (&a)[R][C][4]) {
+#pragma unroll
+    for (int r = 0; r < R; r++) frags_zero(a[r]);
+}
+
 /* acc[mt][n] += A B^T over KT k-steps of 16: A is MT m-tiles of 16 rows from row0 of sA, B^T the
  * rows of sB (the N8 x 8 output columns); e.g. S = Q K^T (K rows are keys). */
 template <int MT, int N8, int KT, int SROW>

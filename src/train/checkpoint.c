@@ -179,14 +179,9 @@ int checkpoint_save_ema(const char *dir, const model *m, const float *m1, const 
         goto out;
     }
     if ((rc = checkpoint_save_tokenizer(dir, m, err))) goto out;
-    {   /* the step (of a training save) lets a resume tell a save interrupted between the two files */
-        char step[32];
-        snprintf(step, sizeof step, "%ld", st ? st->step : 0L);
-        const char *meta[] = {"format", "pt", "step", step};
-        make_entries(e, names, ts, nt, "", ema ? ema : m->data); /* the EMA weights are the model's */
-        join(path, sizeof path, dir, "model.safetensors");
-        if ((rc = moh_st_write_meta(path, e, nt, meta, st ? 2 : 1, err))) goto out;
-    }
+    /* the EMA weights are the model's; the step of a training save lets a resume tell a save cut off
+     * between the two files */
+    if ((rc = checkpoint_save_model(dir, m, ema ? ema : m->data, st ? st->step : -1, err))) goto out;
     {
         char *json = m->fam->config_to_json(m->cfg);
         if (!json) {
@@ -479,7 +474,7 @@ int checkpoint_save_model(const char *dir, const model *m, const float *weights,
         const char *meta[] = {"format", "pt", "step", sv};
         make_entries(e, names, ts, nt, "", weights);
         join(path, sizeof path, dir, "model.safetensors");
-        rc = moh_st_write_meta(path, e, nt, meta, 2, err);
+        rc = moh_st_write_meta(path, e, nt, meta, step >= 0 ? 2 : 1, err);
     }
     free(ts);
     free(e);

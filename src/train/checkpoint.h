@@ -104,7 +104,9 @@ int checkpoint_load_optimizer_ema(const char *dir, const model *m, float *params
 typedef enum { CKPT_MODEL_SAME, CKPT_MODEL_MISSING, CKPT_MODEL_NEWER } ckpt_model_state;
 int checkpoint_check_model(const char *dir, const model *m, const float *expect, long step, ckpt_model_state *state,
                            long *model_step, moh_error *err);
-/* Writes dir/model.safetensors alone: weights [m->n] under m's tensor names, the step in its
- * __metadata__ (atomic). MOH_OK or the writer's error naming the file. */
+/* Writes dir/model.safetensors alone: weights [m->n] under m's tensor names (HF / timm / DiT
+ * names), __metadata__ {"format": "pt", "step": step} (no step when step < 0: not a training
+ * save); atomic (temp file, fsync, rename). MOH_OK, MOH_E_NOMEM, or the writer's MOH_E_IO naming
+ * the file. */
 int checkpoint_save_model(const char *dir, const model *m, const float *weights, long step, moh_error *err);
 #endif

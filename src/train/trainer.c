@@ -249,9 +249,10 @@ static int setup(trainer *tr, moh_error *err) {
     char path[4200], label[4300];
     if (o->resume) {
         struct stat sb;
-        if (stat(o->out_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        const bool there = stat(o->out_dir, &sb) == 0;
+        if (!there || !S_ISDIR(sb.st_mode))
             return moh_fail(err, MOH_E_IO, "--out '%s' is %s: expected the checkpoint folder of the run to resume",
-                            o->out_dir, stat(o->out_dir, &sb) != 0 ? "not there" : "not a folder");
+                            o->out_dir, there ? "not a folder" : "not there");
         snprintf(path, sizeof path, "%s/config.json", o->out_dir);
     }
     else snprintf(path, sizeof path, "%s", o->init_path ? o->init_path : o->config_path);
