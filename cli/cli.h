@@ -55,6 +55,10 @@ moh_precision cli_precision_run(const char *cmd, const char *value);
  * fp32, and with one line on stderr ("moh CMD: --precision bf16: decoding runs fp32 (WHY)") on a
  * CPU that cannot (lm_decode_precision). */
 bool cli_decode_bf16(const char *cmd, const char *value);
+/* false, with "moh CMD: OPT OUT would overwrite ..., an input of this command: ..." on stderr, when
+ * output path out (NULL: true) is one of inputs[n] or a file moh reads in an input folder
+ * (fs_check_output). */
+bool cli_output_ok(const char *cmd, const char *opt, const char *out, const char *const *inputs, int n);
 
 /* `moh eval` / `moh analyze` progress on stderr: on a terminal a line updated in place and erased
  * at the end; otherwise a line only once the run has taken 2 s, then every 10 s, and a last line.

@@ -1,9 +1,10 @@
 /* moh chat: a conversation with a ChatML instruct model (SmolLM2, Qwen: <|im_start|>role\n ...
  * <|im_end|>\n turns), streaming the reply, the KV cache kept across turns (each turn encodes only
  * its new tokens), /reset, and a clear message instead of running past the context. The template
- * is written here for ChatML (no Jinja engine); the model's chat template (a GGUF's
- * tokenizer.chat_template, a folder's tokenizer_config.json) supplies the default system prompt
- * when it has one. Sampling as moh sample (transformers' order). */
+ * is written here for ChatML; the model's chat template (a GGUF's tokenizer.chat_template, a
+ * folder's tokenizer_config.json) is rendered (text/chat_template.h) to check that it is ChatML
+ * and to take its default system prompt; a template that is not, or that moh cannot render, is
+ * refused. Sampling as moh sample (transformers' order). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,30 +19,91 @@
 #include "models/lm_sample.h"
 #include "models/model.h"
 #include "text/bpe.h"
+#include "text/chat_template.h"
 #include "train/checkpoint.h"
 #include "train/train_util.h"
 
-/* The default system prompt of a ChatML template t (may be NULL): the text after
- * "<|im_start|>system\n" up to "<|im_end|>" in the template's first literal, or "" (malloc'd; NULL
- * on OOM). */
-static char *default_system(const char *t) {
-    char *out = NULL;
-    if (t) {
-        /* the newline of the literal: a real one, or Jinja's escape \n */
-        static const char open1[] = "<|im_start|>system\n", open2[] = "<|im_start|>system\\n", close[] = "<|im_end|>";
-        const char *a = strstr(t, open1);
-        size_t skip = sizeof open1 - 1;
-        if (!a && (a = strstr(t, open2))) skip = sizeof open2 - 1;
-        const char *b = a ? strstr(a, close) : NULL;
-        if (a && b) {
-            a += skip;
-            if ((out = malloc((size_t)(b - a) + 1))) {
-                memcpy(out, a, (size_t)(b - a));
-                out[b - a] = '\0';
-            }
-        }
+#define TURN_USER(u) "<|im_start|>user\n" u "<|im_end|>\n"
+#define ASSISTANT "<|im_start|>assistant\n"
+
+/* Renders tmpl for msgs[n] with the generation prompt into *out; a message naming the template. A
+ * template that ends a conversation with its last ChatML turn and no generation prompt gets
+ * "<|im_start|>assistant\n" added, as this command writes it. */
+static int render(const char *tmpl, const chat_msg *msgs, int n, const char *eos, const char *label, char **out,
+                  moh_error *err) {
+    size_t len = 0;
+    int rc = chat_template_render(tmpl, msgs, n, true, NULL, eos, label, out, &len, err);
+    static const char end[] = "<|im_end|>\n";
+    if (!rc && len >= sizeof end - 1 && !strcmp(*out + len - (sizeof end - 1), end)) {
+        char *o = realloc(*out, len + sizeof ASSISTANT);
+        if (!o) return moh_fail(err, MOH_E_NOMEM, "out of memory");
+        memcpy(o + len, ASSISTANT, sizeof ASSISTANT);
+        *out = o;
     }
-    return out ? out : calloc(1, 1);
+    return rc;
+}
+
+/* The system block that opens a conversation (*block, malloc'd: "<|im_start|>system\nS<|im_end|>\n",
+ * or "" for none): with --system (system not NULL) its text, else the chat template's own default.
+ * The template (may be NULL: ChatML assumed, no default system prompt) is rendered, never guessed
+ * at, and must render conversations as this command writes them: ChatML turns after the system
+ * block, for a first turn and a second exchange. MOH_E_FORMAT naming the template otherwise. */
+static int system_block(const char *tmpl, const char *system, const char *eos, const char *label, char **block,
+                        moh_error *err) {
+    static const char open[] = "<|im_start|>system\n", close[] = "<|im_end|>\n";
+    *block = NULL;
+    if (!tmpl) {
+        const size_t n = system ? strlen(system) : 0;
+        if (!(*block = malloc(n + sizeof open + sizeof close)))
+            return moh_fail(err, MOH_E_NOMEM, "out of memory");
+        if (system) snprintf(*block, n + sizeof open + sizeof close, "%s%s%s", open, system, close);
+        else (*block)[0] = '\0';
+        return MOH_OK;
+    }
+    static const char first[] = TURN_USER("moh-user-1") ASSISTANT;
+    static const char second[] = TURN_USER("moh-user-1") "<|im_start|>assistant\nmoh-assistant-1<|im_end|>\n"
+        TURN_USER("moh-user-2") ASSISTANT;
+    chat_msg msgs[4];
+    int n = 0;
+    if (system) msgs[n++] = (chat_msg){"system", system};
+    msgs[n++] = (chat_msg){"user", "moh-user-1"};
+    char *r = NULL, *r2 = NULL;
+    int rc = render(tmpl, msgs, n, eos, label, &r, err);
+    const size_t len = r ? strlen(r) : 0, fl = sizeof first - 1;
+    /* r = BLOCK + first, BLOCK = "" or open TEXT close (--system: exactly its text) */
+    const size_t bl = len >= fl ? len - fl : 0;
+    bool ok = !rc && len >= fl && !strcmp(r + bl, first);
+    if (ok && bl > 0) {
+        ok = bl >= sizeof open + sizeof close - 2 && !strncmp(r, open, sizeof open - 1) &&
+             !strncmp(r + bl - (sizeof close - 1), close, sizeof close - 1);
+        const char *text = r + sizeof open - 1;
+        const size_t tl = ok ? bl - (sizeof open - 1) - (sizeof close - 1) : 0;
+        if (ok && system) ok = tl == strlen(system) && !memcmp(text, system, tl);
+        for (size_t i = 0; ok && !system && i + 5 <= tl; i++) ok = memcmp(text + i, "<|im_", 5) != 0; /* one block */
+    } else if (ok && system) ok = false; /* --system dropped */
+    char shown[160];
+    if (!rc && !ok)
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: renders %s as \"%s\", not as ChatML (an optional <|im_start|>system "
+                      "block, then <|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n): moh chat speaks ChatML "
+                      "only", label, system ? "a system message and a user turn" : "a user turn",
+                      moh_st_quote(shown, sizeof shown, r ? r : ""));
+    if (!rc) { /* a second exchange continues the first as ChatML */
+        msgs[n++] = (chat_msg){"assistant", "moh-assistant-1"};
+        msgs[n++] = (chat_msg){"user", "moh-user-2"};
+        rc = render(tmpl, msgs, n, eos, label, &r2, err);
+        if (!rc && (strncmp(r2, r, bl) || strcmp(r2 + bl, second)))
+            rc = moh_fail(err, MOH_E_FORMAT, "%s: renders a second exchange as \"%s\", not as ChatML turns after the "
+                          "first: moh chat speaks ChatML only", label, moh_st_quote(shown, sizeof shown, r2));
+    }
+    if (!rc) {
+        if ((*block = malloc(bl + 1))) {
+            memcpy(*block, r, bl);
+            (*block)[bl] = '\0';
+        } else rc = moh_fail(err, MOH_E_NOMEM, "out of memory");
+    }
+    free(r);
+    free(r2);
+    return rc;
 }
 
 /* Appends tokens to the cache; the logits of the last. */
@@ -98,7 +160,15 @@ int cmd_chat(int argc, char **argv) {
     const moh_lm_config cfg = *(const moh_lm_config *)m.cfg;
     const lm_params_f32 p = *(const lm_params_f32 *)m.params;
     const int N = cfg.max_position_embeddings, V = cfg.vocab_size;
-    char *sys = system ? strdup(system) : default_system(m.chat_template);
+    char *sys = NULL; /* the system block that opens each conversation */
+    char label[4200];
+    snprintf(label, sizeof label, "%s (its chat template)", path);
+    const char *eos = m.eos_id >= 0 ? bpe_token_str(tok, m.eos_id) : NULL;
+    if (system_block(m.chat_template, system, eos, label, &sys, &err)) {
+        fprintf(stderr, "moh chat: %s\n", err.msg);
+        model_free(&m);
+        return 1;
+    }
     float *logits = malloc(sizeof(float) * (size_t)V);
     lm_cand *cand = malloc(sizeof(lm_cand) * (size_t)V);
     const size_t cap = bpe_max_token_bytes(tok) + 4;
@@ -146,11 +216,14 @@ int cmd_chat(int argc, char **argv) {
             goto fail;
         }
         int n = 0;
-        if (kv.pos == 0 && *sys) n = snprintf(turn, tcap, "<|im_start|>system\n%s<|im_end|>\n", sys);
+        if (kv.pos == 0) n = snprintf(turn, tcap, "%s", sys);
         snprintf(turn + n, tcap - (size_t)n, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", line);
         int *ids = NULL;
         size_t nids = 0;
-        if (bpe_encode(tok, (const uint8_t *)turn, strlen(turn), true, &ids, &nids, &err)) goto fail;
+        /* a conversation starts with the tokenizer's bos id where it adds one (llama.cpp's first turn) */
+        if (kv.pos == 0 ? bpe_encode_special(tok, (const uint8_t *)turn, strlen(turn), &ids, &nids, &err)
+                        : bpe_encode(tok, (const uint8_t *)turn, strlen(turn), true, &ids, &nids, &err))
+            goto fail;
         if ((size_t)kv.pos + nids + 2 > (size_t)N) { /* never past the trained context */
             fprintf(stderr, "moh chat: this message (%zu tokens with its chat template) would pass the context of %d "
                             "tokens (%d used): /reset to start a new conversation\n", nids, N, kv.pos);

@@ -67,6 +67,8 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "moh eval: --sparse-attn and --reference-attention exclude each other\n");
         return 2;
     }
+    const char *inputs[] = {ckpt, data};
+    if (!cli_output_ok("eval", "--dump-logits", dump, inputs, 2)) return 2;
     moh_error err = {0};
     model m = {0};
     batch_source src = {0};

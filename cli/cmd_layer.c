@@ -147,6 +147,8 @@ int cmd_layer(int argc, char **argv) {
         fprintf(stderr, "moh layer: --path reference runs on the CPU only (--device cuda computes the head-sparse path)\n");
         return 2;
     }
+    const char *inputs[] = {a.config, a.weights, a.input, a.grad_output};
+    if (!cli_output_ok("layer", "--output", a.output, inputs, 4)) return 2;
 
     moh_error err = {0};
     int status = 1;

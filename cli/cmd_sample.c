@@ -113,6 +113,7 @@ int cmd_sample(int argc, char **argv) {
         return 2;
     }
     if (!ckpt) ckpt = model_path;
+    if (!cli_output_ok("sample", "--dump-logits", dump, &ckpt, 1)) return 2;
     if (max_tokens == 0 && !dump) {
         fprintf(stderr, "moh sample: --max-tokens 0: expected 1..1000000000 (0 only with --dump-logits, which then "
                         "dumps the prompt's logits alone)\n");
@@ -171,13 +172,14 @@ int cmd_sample(int argc, char **argv) {
         fprintf(stderr, "moh sample: %s\n", d);
     }
     fputs(prompt, stdout);
-    /* the prompt's tokens: bytes, or the model's BPE ids; an empty prompt starts from a newline,
-     * the corpus' natural separator */
+    /* the prompt's tokens: bytes, or the model's BPE ids with its post-processor's (a bos id where
+     * the tokenizer adds one, as llama.cpp and HF do); an empty prompt starts from a newline, the
+     * corpus' natural separator */
     const bpe_tok *bpe = m.tokenizer;
     int *ids = NULL, n = 0, np = 0;
     size_t nids = 0;
     if (bpe) {
-        if (bpe_encode(bpe, (const uint8_t *)(plen ? prompt : "\n"), plen ? (size_t)plen : 1, true, &ids, &nids, &err))
+        if (bpe_encode_special(bpe, (const uint8_t *)(plen ? prompt : "\n"), plen ? (size_t)plen : 1, &ids, &nids, &err))
             goto fail;
         np = (int)nids;
     } else np = plen ? plen : 1;

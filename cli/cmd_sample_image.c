@@ -169,6 +169,12 @@ int cmd_sample_image(int argc, char **argv) {
                         "checkpoint's weights (the EMA of training) and writes a PNG grid and/or IDX files.\n"
                         "Pixels: model output in [-1, 1] mapped to 0..255. Speed on stderr.\n");
     if (rc) return rc == 1 ? 0 : rc;
+    if (!out && (args_value(argc, argv, "--scale") || args_value(argc, argv, "--class-names"))) {
+        fprintf(stderr, "moh sample: %s shapes the PNG grid of --out, which is not given (expected --out FILE.png, or "
+                        "no %s)\n", args_value(argc, argv, "--scale") ? "--scale" : "--class-names",
+                args_value(argc, argv, "--scale") ? "--scale" : "--class-names");
+        return 2;
+    }
     if (!out && !out_idx) {
         fprintf(stderr, "moh sample: give --out FILE.png and/or --out-idx FILE (where the images go)\n");
         return 2;
@@ -179,12 +185,25 @@ int cmd_sample_image(int argc, char **argv) {
     }
     const bool ddim = !strcmp(sampler, "ddim");
     if (steps == 0) steps = ddim ? 50 : 250;
+    char lpath[4200] = ""; /* --out-idx's labels file */
+    if (out_idx) {
+        const char *hit = strstr(out_idx, "images-idx3");
+        if (hit) snprintf(lpath, sizeof lpath, "%.*slabels-idx1%s", (int)(hit - out_idx), out_idx, hit + 11);
+        else snprintf(lpath, sizeof lpath, "%s.labels", out_idx);
+    }
+    const char *inputs[] = {ckpt, names_arg};
     for (int i = 0; i < 2; i++) {
         const char *p = i ? out_idx : out;
         if (p && !parent_exists(p)) {
             fprintf(stderr, "moh sample: %s %s: its folder does not exist\n", i ? "--out-idx" : "--out", p);
             return 2;
         }
+        if (!cli_output_ok("sample", i ? "--out-idx" : "--out", p, inputs, 2)) return 2;
+    }
+    if (out_idx && !cli_output_ok("sample", "--out-idx (its labels file)", lpath, inputs, 2)) return 2;
+    if (out && out_idx && (!strcmp(out, out_idx) || !strcmp(out, lpath))) {
+        fprintf(stderr, "moh sample: --out %s and --out-idx %s name the same file: expected two paths\n", out, out_idx);
+        return 2;
     }
     const moh_precision prec = cli_precision_run("sample", precision);
     moh_error err = {0};
@@ -271,10 +290,6 @@ int cmd_sample_image(int argc, char **argv) {
     /* each output on its own: one that fails does not cost the other the sampling run */
     const bool sampled = status == 0;
     if (sampled && out_idx) {
-        char lpath[4200];
-        const char *hit = strstr(out_idx, "images-idx3");
-        if (hit) snprintf(lpath, sizeof lpath, "%.*slabels-idx1%s", (int)(hit - out_idx), out_idx, hit + 11);
-        else snprintf(lpath, sizeof lpath, "%s.labels", out_idx);
         if (idx_write(out_idx, bytes, (int)total, H, W, lpath, lab8, &err)) {
             fprintf(stderr, "moh sample: %s\n", err.msg);
             status = 1;

@@ -37,7 +37,7 @@ int cmd_tokenize(int argc, char **argv) {
         {"--text", ARG_STR, &text, "STR", "the text to tokenize", false, ARG_ANY},
         {"--file", ARG_STR, &file, "FILE", "a file to tokenize (instead of --text)", false, ARG_ANY},
         {"--json", ARG_FLAG, &json, NULL, "one JSON object: ids and their pieces (each token as the vocabulary spells it)", false, ARG_ANY},
-        {"--no-special", ARG_FLAG, &no_special, NULL, "encode special-token text (<|im_start|> ...) as ordinary text", false, ARG_ANY},
+        {"--no-special", ARG_FLAG, &no_special, NULL, "encode special-token text (<|im_start|> ...) as ordinary text and add no bos / eos id", false, ARG_ANY},
         {"--save-tokenizer", ARG_STR, &save, "DIR", "write the BPE tokenizer into DIR as Hugging Face's tokenizer.json and tokenizer_config.json (what moh checkpoints hold)", false, ARG_ANY},
     };
     int rc = args_parse("tokenize", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
@@ -94,6 +94,14 @@ int cmd_tokenize(int argc, char **argv) {
             goto fail;
         }
         char dst[PATH_MAX + 32];
+        for (int i = 0; i < 2; i++) { /* a model's folder: a tokenizer would change how it reads text */
+            snprintf(dst, sizeof dst, "%s/%s", save, i ? "checkpoint.json" : "model.safetensors");
+            if (stat(dst, &sb) == 0) {
+                moh_fail(&err, MOH_E_ARG, "%s holds a model (%s): a tokenizer written there would change how it "
+                         "reads text; give a new --save-tokenizer DIR", save, dst);
+                goto fail;
+            }
+        }
         snprintf(dst, sizeof dst, "%s/tokenizer.json", save);
         if (stat(dst, &sb) == 0) {
             moh_fail(&err, MOH_E_ARG, "%s already holds a tokenizer (tokenizer.json): give a new --save-tokenizer DIR",
@@ -110,7 +118,9 @@ int cmd_tokenize(int argc, char **argv) {
     const uint8_t *src = file ? (const uint8_t *)buf : (const uint8_t *)text;
     if (!file) len = strlen(text);
     if (m.tokenizer) {
-        if (bpe_encode(m.tokenizer, src, len, !no_special, &ids, &n, &err)) goto fail;
+        if (no_special ? bpe_encode(m.tokenizer, src, len, false, &ids, &n, &err)
+                       : bpe_encode_special(m.tokenizer, src, len, &ids, &n, &err))
+            goto fail;
     } else if (m.fam && !strcmp(m.fam->task, "text-generation")) { /* moh's byte models */
         if (model_check_text_vocab(&m, path, &err)) goto fail;
         if (!(ids = malloc(sizeof(int) * (len ? len : 1)))) {

@@ -43,7 +43,7 @@ int cmd_train(int argc, char **argv) {
     const arg_spec specs[] = {
         {"--config", ARG_STR, &config, "NAME|FILE", "model config: a JSON file or a name from configs/ (moh-75, mha, vit-moh-75, vit-mha, dit-moh-75, ...; moh --list-configs); its model_type picks the family", false, ARG_ANY},
         {"--init", ARG_STR, &init, "PATH", "start from pretrained weights instead of --config: a moh checkpoint, a Hugging Face folder or a .gguf, with its config and tokenizer (BPE text is tokenized with it); fresh optimizer and schedule from step 0", false, ARG_ANY},
-        {"--data", ARG_STR, &o.data_path, "PATH", "training data of the family: a text file or dir with train.txt + val.txt (llama); an IDX dir (vit, dit)", true, ARG_ANY},
+        {"--data", ARG_STR, &o.data_path, "PATH", "training data of the family: a text file or dir with train.txt + val.txt (llama); an IDX dir (vit, dit); --resume: the run's own (recorded in the checkpoint, checked by its CRC-32)", false, ARG_ANY},
         {"--out", ARG_STR, &o.out_dir, "DIR", "checkpoint dir: config.json, model.safetensors, optimizer.safetensors, metrics.jsonl", true, ARG_ANY},
         {"--steps", ARG_LONG, &o.steps, "N", "optimizer steps (default: --epochs, else fit the schedule into --max-minutes)", false, ARG_GE(1)},
         {"--epochs", ARG_DOUBLE, &f->epochs, "E", "passes over the training data (data read in epochs: images; fractions allowed)", false, ARG_IN_OC(0, 1e6)},
@@ -66,7 +66,7 @@ int cmd_train(int argc, char **argv) {
         {"--eval-every", ARG_LONG, &f->eval_every, "N", "validate and checkpoint every N steps (0 = every epoch, or only at the end)", false, ARG_GE(0)},
         {"--eval-limit", ARG_LONG, &f->eval_limit, "N", "items (predictions, images) per periodic validation (0 = the whole split, as the final one)", false, ARG_GE(0)},
         {"--eval-tokens", ARG_LONG, &eval_tokens, "N", "text: the same as --eval-limit", false, ARG_GE(0)},
-        {"--save-every", ARG_LONG, &o.save_every, "N", "extra checkpoints every N steps (default: at validations)", false, ARG_GE(0)},
+        {"--save-every", ARG_LONG, &f->save_every, "N", "extra checkpoints every N steps (default: at validations)", false, ARG_GE(0)},
         {"--log-every", ARG_LONG, &f->log_every, "N", "progress line every N steps", false, ARG_GE(1)},
         {"--val-fraction", ARG_DOUBLE, &f->val_fraction, "F", "text: held-out tail of a single text file (default 0.1)", false, ARG_IN_OO(0, 1)},
         {"--train-limit", ARG_LONG, &f->train_limit, "N", "images: train on the first N training images only (smoke tests)", false, ARG_GE(1)},
@@ -94,11 +94,14 @@ int cmd_train(int argc, char **argv) {
                         "skipped (warning, \"skipped\" in metrics.jsonl), never applied or saved. Ctrl-C saves\n"
                         "a checkpoint and exits (130); --resume continues it. On --resume a flag that changes\n"
                         "an optimisation value (--lr, --min-lr-ratio, --weight-decay, --beta1/2, --grad-clip,\n"
-                        "--ema-decay, --muon-lr,\n"
+                        "--ema-decay, --muon-lr, --save-every, --precision,\n"
                         "--warmup, --steps, --eval-*) is applied from the next step with a printed note; one\n"
                         "that changes the batches or the optimizer (--batch-size, --seq-len, --grad-accum,\n"
                         "--shards, --seed, --optimizer,\n"
-                        "--val-fraction, --train-limit, --crop-pad, --no-flip, --no-augment) is refused.\n"
+                        "--val-fraction, --train-limit, --crop-pad, --no-flip, --no-augment) is refused, and\n"
+                        "so is other data (--resume without --data takes the run's own, checked by CRC-32).\n"
+                        "A save commits every file at once (checkpoint.json: each file's size and CRC-32);\n"
+                        "a file changed or copied in from another checkpoint is refused.\n"
                         "--init PATH continue-tunes a pretrained model (moh / HF folder, .gguf): its config\n"
                         "and weights, its tokenizer for the text (a BPE model trains on its tokens; bits per\n"
                         "byte are over the bytes the predicted tokens decode to); the checkpoint in --out\n"
@@ -134,7 +137,7 @@ int cmd_train(int argc, char **argv) {
     }
     if (sparse || reference) f->attention = sparse ? 1 : 2; /* else the family's default, or the checkpoint's */
     o.seed_given = args_value(argc, argv, "--seed") != NULL;
-    o.precision = cli_precision_bf16(precision) ? MOH_PRECISION_BF16 : MOH_PRECISION_FP32;
+    if (precision) f->precision = cli_precision_bf16(precision) ? MOH_PRECISION_BF16 : MOH_PRECISION_FP32;
     if (no_flip || no_augment) f->hflip = 0;
     if (no_augment) f->crop_pad = 0;
     o.no_augment = no_augment;
@@ -146,6 +149,12 @@ int cmd_train(int argc, char **argv) {
         return 2;
     }
     o.init_path = init;
+    const char *inputs[] = {o.data_path, init, config, o.out_dir};
+    if (!cli_output_ok("train", "--dump-grads", o.dump_grads, inputs, 4)) return 2;
+    if (!o.resume && !o.data_path) {
+        fprintf(stderr, "moh train: missing required option --data\n");
+        return 2;
+    }
     if (!o.resume && !init) {
         if (!config) {
             fprintf(stderr, "moh train: missing required option --config (or --init, or --resume)\n");

@@ -232,3 +232,10 @@ moh_precision cli_precision_run(const char *cmd, const char *value) {
     return p;
 }
 
+
+bool cli_output_ok(const char *cmd, const char *opt, const char *out, const char *const *inputs, int n) {
+    moh_error err = {0};
+    if (!out || fs_check_output(opt, out, inputs, n, &err) == MOH_OK) return true;
+    fprintf(stderr, "moh %s: %s\n", cmd, err.msg);
+    return false;
+}

@@ -10,23 +10,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 # 256 train / 64 test images of 8x8: class k (0..3) is a bright column at x = 2 k
-python3 - "$T/data" <<'EOF'
-import os, random, struct, sys
-d = sys.argv[1]; os.makedirs(d)
-rnd = random.Random(7)
-def split(n):
-    imgs, labs = bytearray(), bytearray()
-    for i in range(n):
-        k = rnd.randrange(4); labs.append(k)
-        px = bytearray(rnd.randrange(30) for _ in range(64))
-        for y in range(8): px[y * 8 + 2 * k] = 220 + rnd.randrange(36)
-        imgs += px
-    return struct.pack('>IIII', 0x803, n, 8, 8) + imgs, struct.pack('>II', 0x801, n) + labs
-for name, n in (('train', 256), ('t10k', 64)):
-    i, l = split(n)
-    open(f'{d}/{name}-images-idx3-ubyte', 'wb').write(i)
-    open(f'{d}/{name}-labels-idx1-ubyte', 'wb').write(l)
-EOF
+column_idx "$T/data" 256 64 7
 cat >"$T/dit.json" <<'EOF'
 {"model_type": "dit", "input_size": 8, "patch_size": 2, "num_classes": 4, "hidden_size": 16, "depth": 2,
  "num_heads": 4, "mlp_ratio": 2, "router": "learned", "shared_heads": [2, 4], "top_k": [1, 0],

@@ -247,6 +247,7 @@ h['extra\nname'] = {'dtype': 'F32', 'shape': [1], 'data_offsets': [len(d), len(d
 hb = json.dumps(h).encode(); hb += b' ' * (-len(hb) % 8)
 open(p, 'wb').write(struct.pack('<Q', len(hb)) + hb + d + struct.pack('<f', 0.5))
 PY
+rm -f "$T/nl/checkpoint.json" # edited by hand: read without its checkpoint.json, as a folder of an older moh
 expect_err newline-name "unexpected tensor 'extra.x0aname' for config.json" "$MOH" eval --checkpoint "$T/nl" --data "$T/short.txt"
 
 # 9a. resuming a finished run trains nothing and touches nothing (before: "final val nan"); --steps
@@ -280,6 +281,7 @@ count = (e - s) // 4 if val.startswith('*') else 1
 for i in range(count): struct.pack_into('<f', b, 8 + n + s + 4 * i, float(val.lstrip('*')))
 open(path, 'wb').write(b)
 PY
+  rm -f "$2/checkpoint.json" # edited by hand: read without its checkpoint.json, as a folder of an older moh
 }
 setw "$T/a" "$T/wnan" model.safetensors lm_head.weight nan
 expect_err eval-nan-weight "model.safetensors: tensor 'lm_head.weight' holds nan at index 0, expected finite" "$MOH" eval --checkpoint "$T/wnan" --data "$T/short.txt"

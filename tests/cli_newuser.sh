@@ -50,6 +50,10 @@ check "cmp -s '$T/a/model.safetensors' '$T/r/model.safetensors'" "the restored m
 "$MOH" train "${common[@]}" --steps 24 --seed 3 --out "$T/h" --stop-at-step 6 || bad "train to step 6 exited $?"
 cp -r "$T/h" "$T/h12" && "$MOH" train --resume --data "$T/corpus.txt" --out "$T/h12" --stop-at-step 12 --quiet || bad "to step 12"
 cp "$T/h12/model.safetensors" "$T/h/model.safetensors"
+# with checkpoint.json (every save since it exists) that is another save's file: refused
+expect_fail any "h/model.safetensors does not match" "$MOH" train --resume --data "$T/corpus.txt" --out "$T/h"
+# a checkpoint of a moh before checkpoint.json: model.safetensors' step metadata tells
+rm "$T/h/checkpoint.json"
 out=$("$MOH" train --resume --data "$T/corpus.txt" --out "$T/h" 2>&1); rc=$?
 check "[ $rc -eq 0 ] && grep -q 'model.safetensors is of step 12, from a save that ended before its optimizer.safetensors (step 6): training resumes from step 6' <<<\"\$out\"" \
       "resume after a save cut between its files: rc $rc: $out"

@@ -132,6 +132,7 @@ for k in ('optimizer', 'muon_lr'): del h['__metadata__'][k]
 hs = json.dumps(h).encode(); hs += b' ' * ((8 - len(hs) % 8) % 8)
 open(p, 'wb').write(struct.pack('<Q', len(hs)) + hs + b[8 + n:])
 PY
+rm -f "$T/pre/checkpoint.json" # a checkpoint from before Muon is also one from before checkpoint.json
 cp -r "$T/pre" "$T/pre2"
 out=$("$MOH" train --resume --data "$T/corpus.txt" --out "$T/pre2" --optimizer muon 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q -- '--optimizer muon contradicts the checkpoint in .* (optimizer adamw)' <<<\"\$out\"" "pre-Muon checkpoint + --optimizer muon: rc $rc: $out"
@@ -148,6 +149,7 @@ h['__metadata__']['muon_lr'] = sys.argv[2]
 hs = json.dumps(h).encode(); hs += b' ' * ((8 - len(hs) % 8) % 8)
 open(p, 'wb').write(struct.pack('<Q', len(hs)) + hs + b[8 + n:])
 PY
+  rm -f "$T/pre3/checkpoint.json" # edited by hand: read without its checkpoint.json, as a folder of an older moh
   case $bad_lr in
     0.01) want="field 'muon_lr' is 0.01 with optimizer 0 (AdamW), expected 0" ;;
     *) want="field 'muon_lr' is 1e-400, expected a finite number in" ;;
@@ -178,6 +180,7 @@ k = next(k for k in h if k.startswith('v.'))
 o = 8 + n + h[k]['data_offsets'][0]; b[o:o + 4] = struct.pack('<f', -1.0)
 open(p, 'wb').write(b)
 EOF2
+rm -f "$T/vneg/checkpoint.json" # edited by hand: read without its checkpoint.json, as a folder of an older moh
 out=$("$MOH" train --resume --data "$T/corpus.txt" --out "$T/vneg" --quiet 2>&1); rc=$?
 check "[ $rc -eq 1 ] && grep -q 'the second moments (v.\*) hold -1 at offset 0, expected >= 0' <<<\"\$out\"" "negative second moment: rc $rc: $out"
 mkfifo "$T/fifo.txt"

@@ -94,3 +94,27 @@ put('train-images-idx3-ubyte', ti, gz); put('train-labels-idx1-ubyte', tl, False
 put('t10k-images-idx3-ubyte', vi, False); put('t10k-labels-idx1-ubyte', vl, gz)
 PY
 }
+
+# column_idx DIR NTRAIN NTEST SEED [BG]: IDX files of 8x8 images where class k (0..3) is a bright
+# column at x = 2 k on noise of brightness BG k (default 0) + 0..29 (random.Random(SEED))
+column_idx() {
+  python3 - "$@" <<'PY'
+import os, random, struct, sys
+d, ntrain, ntest, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+bg = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+os.makedirs(d)
+rnd = random.Random(seed)
+def split(n):
+    imgs, labs = bytearray(), bytearray()
+    for i in range(n):
+        k = rnd.randrange(4); labs.append(k)
+        px = bytearray(bg * k + rnd.randrange(30) for _ in range(64))
+        for y in range(8): px[y * 8 + 2 * k] = 220 + rnd.randrange(36)
+        imgs += px
+    return struct.pack('>IIII', 0x803, n, 8, 8) + imgs, struct.pack('>II', 0x801, n) + labs
+for name, n in (('train', ntrain), ('t10k', ntest)):
+    i, l = split(n)
+    open(f'{d}/{name}-images-idx3-ubyte', 'wb').write(i)
+    open(f'{d}/{name}-labels-idx1-ubyte', 'wb').write(l)
+PY
+}

@@ -413,34 +413,42 @@ static void test_merge_order(test_ctx *t) {
           "unknown pre: %s", err.msg);
 }
 
+#define BL "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true}"
+
 static void test_json_errors(test_ctx *t) {
     static const struct {
         const char *json, *word;
         int rc;
     } cases[] = {
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]},"
-         "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false}}", NULL, MOH_OK},
-        {"{\"model\":{\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[[\"a\",\"b\"]]}}", NULL, MOH_OK},
+         "\"pre_tokenizer\":" BL "}", NULL, MOH_OK},
+        {"{\"model\":{\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[[\"a\",\"b\"]]},\"pre_tokenizer\":" BL "}", NULL,
+         MOH_OK},
         {"{\"model\":{\"vocab\":{\"a\":0}", "line", MOH_E_FORMAT},
         {"", NULL, MOH_E_FORMAT},
         {"[1]", "object", MOH_E_FORMAT},
         {"{\"model\":{\"type\":\"WordPiece\",\"vocab\":{\"a\":0}}}", "BPE", MOH_E_FORMAT},
-        {"{\"model\":{\"vocab\":{\"a\":0},\"byte_fallback\":true}}", "byte_fallback", MOH_E_FORMAT},
-        {"{\"normalizer\":{\"type\":\"NFC\"},\"model\":{\"vocab\":{\"a\":0}}}", "normalizer", MOH_E_FORMAT},
-        {"{\"model\":{\"vocab\":{\"a\":0,\"b\":7}}}", "0..1", MOH_E_FORMAT},
-        {"{\"model\":{\"vocab\":{\"a\":0,\"b\":0}}}", "twice", MOH_E_FORMAT},
-        {"{\"model\":{\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a c\"]}}", "merge 0", MOH_E_FORMAT},
-        {"{\"model\":{\"vocab\":{\"a\":0},\"merges\":[7]}}", "merges[0]", MOH_E_FORMAT},
-        {"{\"model\":{\"vocab\":{}}}", "empty", MOH_E_FORMAT},
-        {"{\"model\":{\"vocab\":{\"a\":0}},\"pre_tokenizer\":{\"type\":\"Whitespace\"}}", "Whitespace", MOH_E_FORMAT},
-        {"{\"model\":{\"vocab\":{\"a\":0}},\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},"
-         "\"behavior\":\"Isolated\"}}", "regex", MOH_E_FORMAT},
-        {"{\"model\":{\"vocab\":{\"a\":0}},\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true}}",
-         "add_prefix_space", MOH_E_FORMAT},
-        {"{\"model\":{\"vocab\":{\"a\":0}},\"added_tokens\":[{\"id\":1,\"content\":\"<x>\",\"lstrip\":true}]}",
-         "lstrip", MOH_E_FORMAT},
-        {"{\"model\":{\"vocab\":{\"a\":0}},\"added_tokens\":[{\"id\":0,\"content\":\"<x>\"}]}", "in model.vocab",
+        {"{\"model\":{\"vocab\":{\"a\":0},\"merges\":[],\"byte_fallback\":true},\"pre_tokenizer\":" BL "}", "byte_fallback",
          MOH_E_FORMAT},
+        {"{\"normalizer\":{\"type\":\"NFC\"},\"model\":{\"vocab\":{\"a\":0},\"merges\":[]}}", "normalizer: NFC", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0,\"b\":7},\"merges\":[]}}", "0..1", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0,\"b\":0},\"merges\":[]}}", "twice", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a c\"]},\"pre_tokenizer\":" BL "}", "merge 0", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0},\"merges\":[7]}}", "merges[0]", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{},\"merges\":[]}}", "empty", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"Whitespace\"}}", "Whitespace",
+         MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
+         "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},\"behavior\":\"Isolated\",\"invert\":false}," BL "]}}", "regex",
+         MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true,"
+         "\"trim_offsets\":true}}", "add_prefix_space", MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0},\"merges\":[]},\"added_tokens\":[{\"id\":1,\"content\":\"<x>\",\"lstrip\":true,"
+         "\"rstrip\":false,\"single_word\":false,\"normalized\":false,\"special\":true}],\"pre_tokenizer\":" BL "}", "lstrip",
+         MOH_E_FORMAT},
+        {"{\"model\":{\"vocab\":{\"a\":0},\"merges\":[]},\"added_tokens\":[{\"id\":0,\"content\":\"<x>\",\"lstrip\":false,"
+         "\"rstrip\":false,\"single_word\":false,\"normalized\":false,\"special\":true}],\"pre_tokenizer\":" BL "}",
+         "id 0, but tokenizers gives it id 1", MOH_E_FORMAT},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         moh_error err = {0};
@@ -474,13 +482,14 @@ static void test_custom_pre_export(test_ctx *t) {
         int rc;
         const char *name; /* tokenizer.ggml.pre written, or NULL */
     } cases[] = {
-        {"{\"type\":\"ByteLevel\",\"add_prefix_space\":false}", MOH_OK, "gpt-2"},
+        {BL, MOH_OK, "gpt-2"},
         {"{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\",\"individual_digits\":true},"
-         "{\"type\":\"ByteLevel\",\"use_regex\":true}]}", MOH_OK, "smollm"},
+         BL "]}", MOH_OK, "smollm"},
         {"{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\",\"individual_digits\":false},"
-         "{\"type\":\"ByteLevel\"}]}", MOH_E_ARG, NULL},
+         BL "]}", MOH_E_ARG, NULL},
         {"{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\s+\"},"
-         "\"behavior\":\"Isolated\"},{\"type\":\"ByteLevel\",\"use_regex\":false}]}", MOH_E_ARG, NULL},
+         "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"use_regex\":false,"
+         "\"add_prefix_space\":false,\"trim_offsets\":true}]}", MOH_E_ARG, NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char js[1024];
@@ -509,6 +518,109 @@ static void test_custom_pre_export(test_ctx *t) {
     }
 }
 
+/* "1,2,3" (or "." for none) into ids (room for strlen / 2 + 1); the count. */
+static size_t parse_ids(const char *s, int *ids) {
+    size_t n = 0;
+    while (*s >= '0' && *s <= '9') {
+        char *e;
+        ids[n++] = (int)strtol(s, &e, 10);
+        s = *e == ',' ? e + 1 : e;
+    }
+    return n;
+}
+
+static bool same_ids(const int *a, size_t na, const int *b, size_t nb) {
+    return na == nb && (na == 0 || !memcmp(a, b, na * sizeof *a));
+}
+
+/* tests/fixtures/bpe_strict/cases.tsv (tools/ref/bpe_strict_fixtures.py): tokenizer.json files
+ * tokenizers 0.23 refuses are refused; those it reads encode to its ids (bpe_encode: without
+ * special tokens, bpe_encode_special: with the post-processor's), or, where the case names a word,
+ * moh refuses them in one line naming that field (what tokenizers applies and moh does not). The
+ * unicode_* cases hold letters and digits of Unicode 15-17 that PCRE2 10.42 does not know. */
+static void test_strict(test_ctx *t) {
+    moh_error err = {0};
+    size_t len;
+    char *txt = fs_read_file("tests/fixtures/bpe_strict/cases.tsv", (size_t)1 << 24, &len, &err);
+    CHECK(t, txt != NULL, "cases.tsv: %s", err.msg);
+    if (!txt) return;
+    int n_cases = 0, n_ok = 0;
+    for (char *line = txt; line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        char *f[7];
+        int k = 0;
+        for (char *p = line; k < 7; k++) {
+            f[k] = p;
+            char *tab = k < 6 ? strchr(p, '\t') : NULL;
+            if (k < 6 && !tab) break;
+            if (tab) *tab = 0, p = tab + 1;
+        }
+        CHECK(t, k == 7, "cases.tsv: bad line '%.40s'", line);
+        if (k == 7) {
+            const char *name = f[0], *js = f[6];
+            const bool ref_ok = !strcmp(f[1], "ok"), moh_ok = !strcmp(f[2], "-");
+            bpe_tok *tok = NULL;
+            char label[96];
+            snprintf(label, sizeof label, "%s.json", name);
+            int rc = bpe_from_tokenizer_json(&tok, js, strlen(js), label, &err);
+            n_cases++;
+            if (!ref_ok || !moh_ok) {
+                CHECK(t, rc == MOH_E_FORMAT && !tok, "%s: read (rc %d), tokenizers %s it%s", name, rc,
+                      ref_ok ? "reads" : "refuses", ref_ok ? " but moh should refuse it" : "");
+                if (rc)
+                    CHECK(t, !strchr(err.msg, '\n') && !strncmp(err.msg, label, strlen(label)) &&
+                                 (moh_ok || strstr(err.msg + strlen(label), f[2])),
+                          "%s: message '%s' (want '%s')", name, err.msg, f[2]);
+            } else {
+                CHECK(t, rc == MOH_OK && tok, "%s: refused: %s", name, err.msg);
+                if (tok) {
+                    size_t tl = strlen(f[3]) / 2;
+                    uint8_t *text = malloc(tl + 1);
+                    for (size_t i = 0; i < tl; i++) {
+                        unsigned v;
+                        sscanf(f[3] + 2 * i, "%2x", &v);
+                        text[i] = (uint8_t)v;
+                    }
+                    int *want = malloc((strlen(f[4]) + strlen(f[5])) * sizeof(int) + sizeof(int));
+                    int *ids = NULL;
+                    size_t n = 0, nw = parse_ids(f[4], want);
+                    rc = bpe_encode(tok, text, tl, true, &ids, &n, &err);
+                    CHECK(t, rc == MOH_OK && same_ids(ids, n, want, nw), "%s: %zu ids (first %d), tokenizers %zu "
+                          "(first %d) without special tokens", name, n, n ? ids[0] : -1, nw, nw ? want[0] : -1);
+                    free(ids);
+                    nw = parse_ids(f[5], want);
+                    rc = bpe_encode_special(tok, text, tl, &ids, &n, &err);
+                    CHECK(t, rc == MOH_OK && same_ids(ids, n, want, nw), "%s: %zu ids (first %d), tokenizers %zu "
+                          "(first %d) with special tokens", name, n, n ? ids[0] : -1, nw, nw ? want[0] : -1);
+                    n_ok += rc == MOH_OK && same_ids(ids, n, want, nw);
+                    free(ids);
+                    /* moh's tokenizer.json of it reads back to the same ids */
+                    char *w = NULL;
+                    size_t wl = 0;
+                    bpe_tok *back = NULL;
+                    CHECK(t, bpe_to_tokenizer_json(tok, &w, &wl, &err) == MOH_OK &&
+                                 bpe_from_tokenizer_json(&back, w, wl, "written.json", &err) == MOH_OK,
+                          "%s: written back: %s", name, err.msg);
+                    if (back) {
+                        rc = bpe_encode_special(back, text, tl, &ids, &n, &err);
+                        CHECK(t, rc == MOH_OK && same_ids(ids, n, want, nw), "%s: written back: other ids", name);
+                        free(ids);
+                    }
+                    bpe_free(back);
+                    free(w);
+                    free(want);
+                    free(text);
+                }
+            }
+            bpe_free(tok);
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    printf("  strict: %d cases, %d read and encoded as tokenizers does\n", n_cases, n_ok);
+    free(txt);
+}
+
 int main(void) {
     test_ctx t = {0};
     test_reference(&t);
@@ -518,5 +630,6 @@ int main(void) {
     test_added_and_invalid(&t);
     test_merge_order(&t);
     test_json_errors(&t);
+    test_strict(&t);
     return test_finish("test_bpe", &t);
 }

@@ -390,6 +390,35 @@ static void test_malformed(test_ctx *t, const uint8_t *good, size_t n, const moh
             moh_gguf_close(h);
         }
     }
+    /* general.alignment: any power of 2, as gguf.cpp accepts it (the spec's "multiple of 8" is
+     * not checked there; moh reads tensor data byte-wise, so 1, 2 and 4 are fine) */
+    for (uint32_t al = 1; al <= 16; al *= 2) {
+        gb_head(&w, 3, 1, 1);
+        gb_str(&w, "general.alignment");
+        gb_u32(&w, MOH_GGUF_U32);
+        gb_u32(&w, al);
+        gb_tensor(&w, "w", 1, ne, MOH_GGML_F32, 0);
+        gb_pad(&w, al, 32 * 4);
+        moh_gguf *h = NULL;
+        moh_error err = {0};
+        CHECK(t, moh_gguf_parse(&h, w.b, w.n, "al", &err) == MOH_OK && moh_gguf_alignment(h) == al &&
+                     moh_gguf_data_offset(h) % al == 0, "alignment %u: %s", al, err.msg);
+        moh_gguf_close(h);
+    }
+    { /* a u16 key (split.count) through moh_gguf_get_u16, and only as a u16 */
+        gb_head(&w, 3, 0, 1);
+        gb_str(&w, "split.count");
+        gb_u32(&w, MOH_GGUF_U16);
+        w.b[w.n++] = 3;
+        w.b[w.n++] = 1;
+        moh_gguf *h = NULL;
+        moh_error err = {0};
+        uint16_t v = 0;
+        uint32_t u = 0;
+        CHECK(t, moh_gguf_parse(&h, w.b, w.n, "u16", &err) == MOH_OK && moh_gguf_get_u16(h, "split.count", &v, &err) == 0 &&
+                     v == 259 && moh_gguf_get_u32(h, "split.count", &u, &err) == MOH_E_SHAPE, "u16: %u %s", v, err.msg);
+        moh_gguf_close(h);
+    }
     gb_head(&w, 3, 0, 0); /* no tensors: no padding needed */
     {
         moh_gguf *h = NULL;

@@ -1,3 +1,4 @@
+#define _XOPEN_SOURCE 700 /* realpath */
 #include "core/fsutil.h"
 
 #include <dirent.h>
@@ -127,7 +128,9 @@ char *fs_read_file(const char *path, size_t max_bytes, size_t *len, moh_error *e
 }
 
 int fs_remove_stale_tmp(const char *dir) {
-    static const char *const names[] = {"config.json", "model.safetensors", "optimizer.safetensors", "metrics.jsonl"};
+    static const char *const names[] = {"config.json",    "model.safetensors",    "optimizer.safetensors",
+                                        "metrics.jsonl",  "checkpoint.json",      "tokenizer.json",
+                                        "tokenizer_config.json"};
     DIR *d = opendir(dir);
     if (!d) return 0;
     int removed = 0;
@@ -154,4 +157,61 @@ int fs_remove_stale_tmp(const char *dir) {
 bool fs_has_suffix(const char *s, const char *suffix) {
     const size_t n = strlen(s), k = strlen(suffix);
     return n >= k && !strcmp(s + n - k, suffix);
+}
+
+bool fs_absolute(const char *path, char *out, size_t cap) {
+    char buf[PATH_MAX];
+    if (!realpath(path, buf) || strlen(buf) >= cap) return false;
+    memcpy(out, buf, strlen(buf) + 1);
+    return true;
+}
+
+/* A file moh reads from a checkpoint or model folder (existing: whether it is there now; another
+ * *.safetensors is a shard of a Hugging Face folder only when it exists). */
+static bool folder_input_name(const char *name, bool existing) {
+    static const char *const names[] = {"config.json", "model.safetensors", "optimizer.safetensors", "checkpoint.json",
+                                        "tokenizer.json", "tokenizer_config.json", "metrics.jsonl",
+                                        "model.safetensors.index.json"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(name, names[i])) return true;
+    return existing && fs_has_suffix(name, ".safetensors");
+}
+
+int fs_check_output(const char *opt, const char *out, const char *const *inputs, int n, moh_error *err) {
+    struct stat so, sp, si;
+    const bool exists = stat(out, &so) == 0;
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", out);
+    char *slash = strrchr(parent, '/');
+    const char *base = slash ? slash + 1 : out;
+    if (slash == parent) parent[1] = '\0';
+    else if (slash) *slash = '\0';
+    else snprintf(parent, sizeof parent, ".");
+    const bool have_parent = stat(parent, &sp) == 0;
+    for (int i = 0; i < n; i++) {
+        if (!inputs[i] || stat(inputs[i], &si) != 0) continue;
+        if (S_ISDIR(si.st_mode)) {
+            if (have_parent && sp.st_dev == si.st_dev && sp.st_ino == si.st_ino && folder_input_name(base, exists))
+                return moh_fail(err, MOH_E_ARG, "%s %s would overwrite %s/%s, an input of this command: choose another "
+                                "path", opt, out, inputs[i], base);
+            if (!exists) continue;
+            DIR *d = opendir(inputs[i]); /* a link to one of the folder's files from elsewhere */
+            for (struct dirent *e; d && (e = readdir(d));) {
+                char path[4400];
+                struct stat sf;
+                snprintf(path, sizeof path, "%s/%s", inputs[i], e->d_name);
+                if (folder_input_name(e->d_name, true) && stat(path, &sf) == 0 && sf.st_dev == so.st_dev &&
+                    sf.st_ino == so.st_ino) {
+                    closedir(d);
+                    return moh_fail(err, MOH_E_ARG, "%s %s would overwrite %s, an input of this command: choose "
+                                    "another path", opt, out, path);
+                }
+            }
+            if (d) closedir(d);
+        } else if (exists && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+            return moh_fail(err, MOH_E_ARG, "%s %s would overwrite %s, an input of this command: choose another path",
+                            opt, out, inputs[i]);
+        }
+    }
+    return MOH_OK;
 }

@@ -13,7 +13,8 @@ int fs_write_atomic(const char *path, const void *data, size_t len, moh_error *e
 /* Creates dir and missing parents (mode 0755). MOH_OK or MOH_E_IO. */
 int fs_mkdir_p(const char *dir, moh_error *err);
 /* Removes dir/NAME.tmp.<pid> files of the checkpoint files moh writes there (config.json,
- * model.safetensors, optimizer.safetensors, metrics.jsonl) whose writer process no longer exists:
+ * model.safetensors, optimizer.safetensors, metrics.jsonl, checkpoint.json, the tokenizer files)
+ * whose writer process no longer exists:
  * what a kill -9 during an atomic write leaves. Returns how many were removed (best effort). */
 int fs_remove_stale_tmp(const char *dir);
 /* fopen(path, "rb") that never blocks on a FIFO or device (O_NONBLOCK open; callers then fstat and
@@ -21,6 +22,16 @@ int fs_remove_stale_tmp(const char *dir);
 FILE *fs_fopen_read(const char *path);
 /* True when string s ends with suffix (file extensions: ".gguf"; tensor names: "wg.weight"). */
 bool fs_has_suffix(const char *s, const char *suffix);
+/* The absolute path of an existing path (realpath) into out (cap bytes); false when it cannot be
+ * resolved or does not fit. */
+bool fs_absolute(const char *path, char *out, size_t cap);
+/* Refuses an output path that is one of the command's inputs: the same file as an input file (by
+ * any link), or inside an input folder a file that moh reads there (config.json, model.safetensors,
+ * optimizer.safetensors, checkpoint.json, tokenizer.json, tokenizer_config.json, metrics.jsonl,
+ * model.safetensors.index.json, whether it exists yet or not; another existing *.safetensors). opt names the
+ * option in the message; inputs[n] (NULL entries skipped). MOH_OK, or MOH_E_ARG: "OPT OUT would
+ * overwrite INPUT, an input of this command: choose another path". */
+int fs_check_output(const char *opt, const char *out, const char *const *inputs, int n, moh_error *err);
 /* Reads a whole file (<= max_bytes) into a NUL-terminated malloc'd buffer. MOH_E_IO on error. */
 char *fs_read_file(const char *path, size_t max_bytes, size_t *len, moh_error *err);
 #endif

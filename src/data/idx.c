@@ -310,6 +310,12 @@ int idx_split_load(idx_split *s, const char *dir, const char *prefix, int num_cl
     return rc;
 }
 
+uint32_t idx_split_crc(const idx_split *s, int n, uint32_t crc) {
+    const size_t px = (size_t)n * (size_t)s->rows * (size_t)s->cols;
+    uLong c = crc32_z(crc, s->images, px);
+    return (uint32_t)crc32_z(c, s->labels, (size_t)n);
+}
+
 void idx_split_free(idx_split *s) {
     if (!s) return;
     free(s->images);

@@ -69,6 +69,8 @@ int idx_split_from_buffers(idx_split *s, const uint8_t *img, size_t img_len, con
                            size_t lab_len, int num_classes, size_t max_bytes, const char *label,
                            moh_error *err);
 void idx_split_free(idx_split *s);
+/* crc (zlib CRC-32) continued over the first n images of s, then their n labels. */
+uint32_t idx_split_crc(const idx_split *s, int n, uint32_t crc);
 
 /* Mean and standard deviation (population) of pixel / 255 over every pixel of s, accumulated in
  * double in a fixed order. */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 #include <sys/stat.h>
 
 /* ---- helpers --------------------------------------------------------------------------------- */
@@ -243,6 +244,11 @@ int text_data_from_buffer(text_data *d, const uint8_t *buf, size_t len, double v
         return moh_fail(err, MOH_E_NOMEM, "%s: out of memory for %zu bytes of text", label, len);
     if (len) memcpy(copy, buf, len);
     return text_split(d, copy, len, val_fraction, min_bytes, label, err);
+}
+
+uint32_t text_data_crc(const text_data *d) {
+    uLong c = crc32_z(0L, d->train, d->n_train);
+    return (uint32_t)crc32_z(c, d->val, d->n_val);
 }
 
 void text_data_free(text_data *d) {

@@ -37,6 +37,8 @@ int text_data_from_buffer(text_data *d, const uint8_t *buf, size_t len, double v
                           size_t min_bytes, const char *label, moh_error *err);
 /* Frees and zeroes d; NULL and already-freed (zeroed) d are fine. */
 void text_data_free(text_data *d);
+/* zlib CRC-32 of d's training bytes, then its validation bytes. */
+uint32_t text_data_crc(const text_data *d);
 
 /* Order-0 entropy in bits per byte of bytes[0..n) (0 for n == 0). */
 double text_entropy_bits(const uint8_t *bytes, size_t n);

@@ -555,6 +555,7 @@ static int get_kv(const moh_gguf *g, const char *key, int arr, int want, const g
         *out = (expr);                                                                        \
         return MOH_OK;                                                                        \
     }
+GG_GETTER(moh_gguf_get_u16, uint16_t, MOH_GGUF_U16, le16(p))
 GG_GETTER(moh_gguf_get_u32, uint32_t, MOH_GGUF_U32, le32(p))
 GG_GETTER(moh_gguf_get_i32, int32_t, MOH_GGUF_I32, (int32_t)le32(p))
 GG_GETTER(moh_gguf_get_f32, float, MOH_GGUF_F32, bits_f32(le32(p)))

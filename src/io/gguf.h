@@ -8,7 +8,8 @@
  *                    (no arrays of arrays)
  *   n_tensors times: string name | u32 n_dims (<= 4) | n_dims i64 ne[] (ne[0] fastest) |
  *                    i32 ggml type | u64 offset (from the data section start)
- *   padding to general.alignment (u32 key, a power of 2; default 32), only when n_tensors > 0
+ *   padding to general.alignment (u32 key, a power of 2; default 32), only when
+ *   n_tensors > 0
  *   data section: tensor i at offset i, each tensor padded to the alignment.
  *
  * Accepted exactly as ggml's gguf.cpp (gguf_init_from_reader, llama.cpp commit 067d44f6) accepts, refused with
@@ -20,7 +21,8 @@
  * not divide ne[0]; offsets not the running sum of the padded tensor sizes (so aligned, in file
  * order, no gaps or overlaps); a data section start past the end of the file. Also refused, as
  * llama.cpp's loader does: tensor data past the end of the file. Counts larger than the file can
- * hold are refused before anything is allocated.
+ * hold are refused before anything is allocated. general.alignment 1, 2 or 4 is accepted as
+ * gguf.cpp accepts it (the spec's "multiple of 8" is not checked there; moh reads data byte-wise).
  *
  * Errors: MOH_E_IO (open/mmap), MOH_E_FORMAT (contents), MOH_E_NOMEM, MOH_E_SHAPE (a key or tensor
  * missing or of another type; an unsupported tensor type for dequantisation); the message is one
@@ -87,6 +89,7 @@ const char *moh_gguf_type_str(moh_gguf_type t);                /* "u32", "arr", 
 /* Typed getters by key: MOH_E_SHAPE naming the key if absent or of another type (exact type,
  * no conversion; the message gives both types). Strings are NUL-terminated (a string holding NUL
  * bytes is cut there; *len, when not NULL, is the full byte length). */
+int moh_gguf_get_u16(const moh_gguf *g, const char *key, uint16_t *out, moh_error *err);
 int moh_gguf_get_u32(const moh_gguf *g, const char *key, uint32_t *out, moh_error *err);
 int moh_gguf_get_i32(const moh_gguf *g, const char *key, int32_t *out, moh_error *err);
 int moh_gguf_get_f32(const moh_gguf *g, const char *key, float *out, moh_error *err);

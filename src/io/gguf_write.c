@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,6 +145,12 @@ int moh_gguf_add_tensor(moh_gguf_writer *w, const char *name, int n_dims, const 
         w->ts = t;
         w->cap_t = cap;
     }
+    uint64_t count = 1;
+    for (int d = 0; d < n_dims; d++) count *= (uint64_t)ne[d];
+    for (uint64_t i = 0; type == MOH_GGML_F16 && i < count; i++)
+        if (!(fabsf(data[i]) < 65520.0f)) /* rounds to float16's infinity (or is not finite) */
+            return moh_fail(err, MOH_E_ARG, "gguf writer: tensor '%s' holds %g at element %" PRIu64 ", beyond float16's "
+                            "range (+-65504): write it as F32 (--outtype f32)", name, (double)data[i], i);
     tensor *t = &w->ts[w->n_t];
     memset(t, 0, sizeof *t);
     if (!(t->name = strdup(name))) return moh_fail(err, MOH_E_NOMEM, "gguf writer: out of memory");

@@ -20,7 +20,8 @@ void moh_gguf_add_arr_i32(moh_gguf_writer *w, const char *key, const int32_t *v,
 void moh_gguf_add_arr_f32(moh_gguf_writer *w, const char *key, const float *v, uint64_t n);
 /* A tensor of ggml shape ne[0..n_dims) (ne[0] fastest: the PyTorch shape reversed) stored as type
  * MOH_GGML_F32 or MOH_GGML_F16 (rounded to nearest even); data (numel floats) is borrowed until
- * moh_gguf_write. MOH_E_ARG for another type, > 4 dims or a name of 64 bytes or more. */
+ * moh_gguf_write. MOH_E_ARG for another type, > 4 dims, a name of 64 bytes or more, or an F16 tensor
+ * with a value that float16 cannot hold (|x| that rounds to infinity, or not finite), naming it. */
 int moh_gguf_add_tensor(moh_gguf_writer *w, const char *name, int n_dims, const int64_t *ne, int type,
                         const float *data, moh_error *err);
 /* Writes the file: a temporary file, fsynced, renamed over path. MOH_E_IO / MOH_E_NOMEM. */

@@ -29,8 +29,9 @@ static int num_layers(const void *cfg) { return ((const moh_lm_config *)cfg)->nu
 static const moh_attn_config *attn(const void *cfg) { return &((const moh_lm_config *)cfg)->attn; }
 static model_tensor *tensors(const void *cfg, model_naming scheme, int *n) { return lm_tensors_named(cfg, scheme, n); }
 
-static bool extra_tensor_ok(const void *cfg, const char *name) {
-    return ((const moh_lm_config *)cfg)->tie_word_embeddings && !strcmp(name, "lm_head.weight");
+static const char *tied_tensor(const void *cfg, const char *name) {
+    return ((const moh_lm_config *)cfg)->tie_word_embeddings && !strcmp(name, "lm_head.weight")
+               ? "model.embed_tokens.weight" : NULL;
 }
 
 static int params_new(const void *cfg, void **params, float **data, size_t *n, moh_error *err) {
@@ -328,7 +329,8 @@ static int open_data(model *m, const data_request *req, batch_source *train, bat
                            .rng_start = hp->seed * 0x9E3779B97F4A7C15ULL + 0x5EEDULL, .next = text_next,
                            .eval_items = text_eval_items, .eval_next = text_eval_next, .free = text_source_free,
                            .n_train = bpe ? s->n_tr : s->data.n_train, .n_eval = bpe ? s->n_va : s->data.n_val,
-                           .what = bpe ? "tokens" : "bytes", .label = s->path, .seq_len = T};
+                           .what = bpe ? "tokens" : "bytes", .label = s->path, .seq_len = T,
+                           .data_crc = text_data_crc(&s->data)};
     if (train) { /* one source serves both: the trainer frees it once (train->free == NULL) */
         *train = *eval;
         train->free = NULL;
@@ -490,7 +492,7 @@ const model_family lm_family = {
     .num_layers = num_layers,
     .attn = attn,
     .tensors = tensors,
-    .extra_tensor_ok = extra_tensor_ok,
+    .tied_tensor = tied_tensor,
     .params_new = params_new,
     .params_free = params_free,
     .init_random = init_random,

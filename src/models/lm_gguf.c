@@ -4,7 +4,9 @@
  * attn_q / attn_k that llama.cpp's converter applies for ggml's RoPE layout undone, so the model
  * keeps the Hugging Face rotate-half convention (spec §10). Source: llama.cpp
  * convert_hf_to_gguf.py (LlamaModel.permute, set_gguf_parameters), src/llama-model.cpp (LLM_ARCH_LLAMA
- * hparams and tensors). */
+ * hparams and tensors), src/llama-model-loader.cpp (key types, check_tensor_dims, split files).
+ * The rules for the llama.* keys, each with llama.cpp's reason, are listed at lm_gguf_config in
+ * lm_gguf.h. */
 #include "models/lm_gguf.h"
 
 #include "text/bpe_gguf.h"
@@ -14,59 +16,86 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* An integer key stored as any of GGUF's integer types; *out = dflt when absent and !required. */
-static int get_int(const moh_gguf *g, const char *path, const char *key, bool required, long dflt, long lo, long hi,
+/* llama.cpp's get_key<uint32_t>: the key is exactly u32 (another type: "key has wrong type");
+ * *out = dflt when absent and !required. */
+static int key_u32(const moh_gguf *g, const char *path, const char *key, bool required, long dflt, long lo, long hi,
                    long *out, moh_error *err) {
     const int64_t i = moh_gguf_find_key(g, key);
-    if (i < 0) {
-        if (required) return moh_fail(err, MOH_E_SHAPE, "%s: metadata key '%s' is missing (a llama model needs it)", path, key);
-        *out = dflt;
-        return MOH_OK;
-    }
+    *out = dflt;
+    if (i < 0)
+        return required ? moh_fail(err, MOH_E_SHAPE, "%s: metadata key '%s' is missing (a llama model needs it)", path, key)
+                        : MOH_OK;
     const moh_gguf_type t = moh_gguf_kv_type(g, i);
-    int64_t v = 0;
-    int rc = MOH_OK;
-    if (t == MOH_GGUF_U32) {
-        uint32_t u = 0;
-        rc = moh_gguf_get_u32(g, key, &u, err);
-        v = u;
-    } else if (t == MOH_GGUF_I32) {
-        int32_t s = 0;
-        rc = moh_gguf_get_i32(g, key, &s, err);
-        v = s;
-    } else if (t == MOH_GGUF_U64) {
-        uint64_t u = 0;
-        rc = moh_gguf_get_u64(g, key, &u, err);
-        v = u > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)u;
-    } else if (t == MOH_GGUF_I64) {
-        rc = moh_gguf_get_i64(g, key, &v, err);
-    } else {
-        return moh_fail(err, MOH_E_FORMAT, "%s: metadata key '%s' is a %s, expected an integer", path, key,
-                        moh_gguf_type_str(t));
-    }
-    if (rc) return rc;
-    if (v < lo || v > hi)
-        return moh_fail(err, MOH_E_CONFIG, "%s: metadata key '%s' is %lld, expected %ld..%ld", path, key, (long long)v, lo, hi);
-    *out = (long)v;
+    uint32_t u = 0;
+    if (t != MOH_GGUF_U32 || moh_gguf_get_u32(g, key, &u, err))
+        return moh_fail(err, MOH_E_FORMAT, "%s: metadata key '%s' is %s, expected u32 (llama.cpp refuses another type)",
+                        path, key, t == MOH_GGUF_ARRAY ? "an array" : moh_gguf_type_str(t));
+    if ((long)u < lo || (long)u > hi)
+        return moh_fail(err, MOH_E_CONFIG, "%s: metadata key '%s' is %lu, expected %ld..%ld", path, key, (unsigned long)u, lo, hi);
+    *out = (long)u;
     return MOH_OK;
 }
 
-/* A float key (f32 or f64); dflt when absent. */
-static int get_real(const moh_gguf *g, const char *path, const char *key, double dflt, double *out, moh_error *err) {
+/* get_key<float>: exactly f32; *found false and *out = dflt when absent. */
+static int key_f32(const moh_gguf *g, const char *path, const char *key, bool required, double dflt, double *out,
+                   bool *found, moh_error *err) {
     const int64_t i = moh_gguf_find_key(g, key);
-    if (i < 0) {
-        *out = dflt;
-        return MOH_OK;
-    }
+    *out = dflt;
+    if (found) *found = i >= 0;
+    if (i < 0)
+        return required ? moh_fail(err, MOH_E_SHAPE, "%s: metadata key '%s' is missing (a llama model needs it)", path, key)
+                        : MOH_OK;
     const moh_gguf_type t = moh_gguf_kv_type(g, i);
-    if (t == MOH_GGUF_F32) {
-        float f = 0;
-        const int rc = moh_gguf_get_f32(g, key, &f, err);
-        *out = f;
-        return rc;
+    float f = 0;
+    if (t != MOH_GGUF_F32 || moh_gguf_get_f32(g, key, &f, err))
+        return moh_fail(err, MOH_E_FORMAT, "%s: metadata key '%s' is %s, expected f32 (llama.cpp refuses another type)",
+                        path, key, t == MOH_GGUF_ARRAY ? "an array" : moh_gguf_type_str(t));
+    *out = f;
+    return MOH_OK;
+}
+
+/* A key of another scalar type (want), checked only: llama.cpp reads it and refuses another type. */
+static int key_type(const moh_gguf *g, const char *path, const char *key, moh_gguf_type want, moh_error *err) {
+    const int64_t i = moh_gguf_find_key(g, key);
+    if (i < 0 || moh_gguf_kv_type(g, i) == want) return MOH_OK;
+    const moh_gguf_type t = moh_gguf_kv_type(g, i);
+    return moh_fail(err, MOH_E_FORMAT, "%s: metadata key '%s' is %s, expected %s (llama.cpp refuses another type)", path,
+                    key, t == MOH_GGUF_ARRAY ? "an array" : moh_gguf_type_str(t), moh_gguf_type_str(want));
+}
+
+/* get_key_or_arr: a u32, or an array of n_layer i32 / u32 / bool (per-layer values). moh has one
+ * width for every layer: an array whose values differ is refused. */
+static int key_layers(const moh_gguf *g, const char *path, const char *key, bool required, long dflt, long n_layer,
+                      long lo, long hi, long *out, moh_error *err) {
+    const int64_t i = moh_gguf_find_key(g, key);
+    if (i < 0 || moh_gguf_kv_type(g, i) != MOH_GGUF_ARRAY)
+        return key_u32(g, path, key, required, dflt, lo, hi, out, err);
+    moh_gguf_type et = MOH_GGUF_TYPE_COUNT;
+    uint64_t n = 0;
+    int rc = moh_gguf_get_arr(g, key, &et, &n, err);
+    if (rc) return rc;
+    if (et != MOH_GGUF_I32 && et != MOH_GGUF_U32 && et != MOH_GGUF_BOOL)
+        return moh_fail(err, MOH_E_FORMAT, "%s: metadata key '%s' is an array of %s, expected u32 or an array of i32 / u32 "
+                        "(one per layer)", path, key, moh_gguf_type_str(et));
+    if (n != (uint64_t)n_layer)
+        return moh_fail(err, MOH_E_FORMAT, "%s: metadata key '%s' has %llu values, expected %ld (llama.block_count)", path,
+                        key, (unsigned long long)n, n_layer);
+    const uint8_t *d = moh_gguf_arr_data(g, i);
+    const size_t es = et == MOH_GGUF_BOOL ? 1 : 4;
+    for (uint64_t k = 0; k < n; k++) {
+        const uint8_t *p = d + k * es;
+        const uint32_t u = es == 1 ? (uint32_t)(p[0] != 0)
+                                   : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        const long v = et == MOH_GGUF_I32 ? (long)(int32_t)u : (long)u;
+        if (k == 0) *out = v;
+        if (v != *out)
+            return moh_fail(err, MOH_E_CONFIG, "%s: metadata key '%s' is %ld for layer 0 and %ld for layer %llu, expected "
+                            "one value for every layer (moh has no per-layer widths)", path, key, *out, v,
+                            (unsigned long long)k);
     }
-    if (t == MOH_GGUF_F64) return moh_gguf_get_f64(g, key, out, err);
-    return moh_fail(err, MOH_E_FORMAT, "%s: metadata key '%s' is a %s, expected a float", path, key, moh_gguf_type_str(t));
+    if (*out < lo || *out > hi)
+        return moh_fail(err, MOH_E_CONFIG, "%s: metadata key '%s' is %ld, expected %ld..%ld", path, key, *out, lo, hi);
+    return MOH_OK;
 }
 
 int lm_gguf_config(const moh_gguf *g, const char *path, moh_lm_config *cfg, moh_error *err) {
@@ -78,39 +107,79 @@ int lm_gguf_config(const moh_gguf *g, const char *path, moh_lm_config *cfg, moh_
     if (alen != 5 || memcmp(arch, "llama", 5))
         return moh_fail(err, MOH_E_CONFIG, "%s: general.architecture is '%.*s', expected 'llama' (moh runs LLaMA-"
                         "architecture GGUF models)", path, (int)(alen < 64 ? alen : 64), arch);
-    const int64_t rs = moh_gguf_find_key(g, "llama.rope.scaling.type");
-    if (rs >= 0) {
-        const char *st = NULL;
-        size_t sl = 0;
-        if (moh_gguf_get_str(g, "llama.rope.scaling.type", &st, &sl, err)) return err ? err->code : MOH_E_FORMAT;
-        if (!(sl == 4 && !memcmp(st, "none", 4)))
-            return moh_fail(err, MOH_E_CONFIG, "%s: llama.rope.scaling.type is '%.*s', expected none (moh reads RoPE "
-                            "scaling from a Hugging Face config.json, not from GGUF)", path, (int)(sl < 32 ? sl : 32), st);
+    if (moh_gguf_find_key(g, "split.count") >= 0) { /* llama-model-loader: a u16; > 1 loads the other files */
+        uint16_t n_split = 0;
+        if ((rc = key_type(g, path, "split.count", MOH_GGUF_U16, err)) ||
+            (rc = moh_gguf_get_u16(g, "split.count", &n_split, err)))
+            return rc;
+        if (n_split > 1)
+            return moh_fail(err, MOH_E_CONFIG, "%s: split.count is %u, expected 1 (a split model: moh reads one file)", path,
+                            (unsigned)n_split);
     }
-    long L, C, I, h, hkv, ctx, d;
-    double eps, theta;
-    if ((rc = get_int(g, path, "llama.block_count", true, 0, 1, 4096, &L, err)) ||
-        (rc = get_int(g, path, "llama.embedding_length", true, 0, 1, 1 << 20, &C, err)) ||
-        (rc = get_int(g, path, "llama.feed_forward_length", true, 0, 1, 1 << 22, &I, err)) ||
-        (rc = get_int(g, path, "llama.attention.head_count", true, 0, 1, 4096, &h, err)) ||
-        (rc = get_int(g, path, "llama.attention.head_count_kv", false, h, 1, 4096, &hkv, err)) ||
-        (rc = get_int(g, path, "llama.context_length", true, 0, 1, 1 << 24, &ctx, err)) ||
-        (rc = get_int(g, path, "llama.attention.key_length", false, h > 0 ? C / h : 0, 1, 1 << 16, &d, err)) ||
-        (rc = get_real(g, path, "llama.attention.layer_norm_rms_epsilon", 1e-5, &eps, err)) ||
-        (rc = get_real(g, path, "llama.rope.freq_base", 10000.0, &theta, err)))
+    long L, C, I, h, hkv, ctx, d, dv, rdim, vocab;
+    double eps, theta, factor, attn_factor;
+    bool has_factor = false;
+    static const char *const expert_keys[] = {"llama.expert_count", "llama.expert_used_count",
+                                              "llama.expert_group_count", "llama.expert_group_used_count"};
+    for (size_t k = 0; k < sizeof expert_keys / sizeof *expert_keys; k++) {
+        long n = 0;
+        if ((rc = key_u32(g, path, expert_keys[k], false, 0, 0, UINT32_MAX, &n, err))) return rc;
+        if (n) /* llama.cpp then builds a mixture-of-experts FFN (ffn_*_exps) */
+            return moh_fail(err, MOH_E_CONFIG, "%s: metadata key '%s' is %ld, expected 0 (a mixture-of-experts FFN; moh's "
+                            "llama is dense)", path, expert_keys[k], n);
+    }
+    if ((rc = key_u32(g, path, "llama.block_count", true, 0, 1, 512, &L, err)) || /* LLAMA_MAX_LAYERS */
+        (rc = key_u32(g, path, "llama.embedding_length", true, 0, 1, 1 << 20, &C, err)) ||
+        (rc = key_u32(g, path, "llama.context_length", true, 0, 1, 1 << 24, &ctx, err)) ||
+        (rc = key_layers(g, path, "llama.feed_forward_length", true, 0, L, 1, 1 << 22, &I, err)) ||
+        (rc = key_layers(g, path, "llama.attention.head_count", true, 0, L, 1, 4096, &h, err)) ||
+        (rc = key_layers(g, path, "llama.attention.head_count_kv", false, h, L, 1, 4096, &hkv, err)) ||
+        (rc = key_u32(g, path, "llama.attention.key_length", false, C / h, 1, 1 << 16, &d, err)) ||
+        (rc = key_u32(g, path, "llama.attention.value_length", false, C / h, 1, 1 << 16, &dv, err)) ||
+        (rc = key_u32(g, path, "llama.rope.dimension_count", false, d, 0, 1 << 16, &rdim, err)) ||
+        (rc = key_u32(g, path, "llama.vocab_size", false, -1, 0, UINT32_MAX, &vocab, err)) ||
+        (rc = key_f32(g, path, "llama.attention.layer_norm_rms_epsilon", true, 0, &eps, NULL, err)) ||
+        (rc = key_f32(g, path, "llama.rope.freq_base", false, 10000.0, &theta, NULL, err)) ||
+        (rc = key_f32(g, path, "llama.rope.scaling.factor", false, 0, &factor, &has_factor, err)) ||
+        (!has_factor && (rc = key_f32(g, path, "llama.rope.scale_linear", false, 0, &factor, NULL, err))) ||
+        (rc = key_f32(g, path, "llama.rope.scaling.attn_factor", false, 1, &attn_factor, NULL, err)) ||
+        (rc = key_type(g, path, "llama.rope.scaling.type", MOH_GGUF_STRING, err)) ||
+        (rc = key_type(g, path, "llama.rope.scaling.finetuned", MOH_GGUF_BOOL, err)) ||
+        (rc = key_type(g, path, "llama.rope.scaling.original_context_length", MOH_GGUF_U32, err)))
         return rc;
-    long rdim, vlen;
-    if ((rc = get_int(g, path, "llama.rope.dimension_count", false, d, 0, 1 << 16, &rdim, err)) ||
-        (rc = get_int(g, path, "llama.attention.value_length", false, d, 0, 1 << 16, &vlen, err)))
-        return rc;
-    if (rdim != d || vlen != d) /* partial rotary or a value width apart from the key's: not moh's LLaMA */
-        return moh_fail(err, MOH_E_CONFIG, "%s: llama.rope.dimension_count %ld and llama.attention.value_length %ld, "
-                        "expected both = the head dim %ld (partial RoPE and other value widths are not supported)",
-                        path, rdim, vlen, d);
+    if (rdim != d) /* load_hparams for LLM_ARCH_LLAMA: "invalid n_rot" */
+        return moh_fail(err, MOH_E_CONFIG, "%s: llama.rope.dimension_count is %ld, expected %ld (the key length; llama.cpp "
+                        "refuses partial RoPE for llama)", path, rdim, d);
+    if (dv != d) /* the llama graph asserts n_embd_head_v == n_embd_head_k */
+        return moh_fail(err, MOH_E_CONFIG, "%s: llama.attention.value_length is %ld, expected %ld (the key length)", path,
+                        dv, d);
+    /* RoPE scaling: the type defaults to "linear" and the factor (or the older rope.scale_linear) to
+     * 0 = none; "none" never scales (llama_context). */
+    char st[16] = "linear";
+    if (moh_gguf_find_key(g, "llama.rope.scaling.type") >= 0) {
+        const char *s = NULL;
+        size_t sl = 0;
+        if ((rc = moh_gguf_get_str(g, "llama.rope.scaling.type", &s, &sl, err))) return rc;
+        if (!((sl == 4 && !memcmp(s, "none", 4)) || (sl == 6 && !memcmp(s, "linear", 6))))
+            return moh_fail(err, MOH_E_CONFIG, "%s: llama.rope.scaling.type is '%.*s', expected none or linear (%s)", path,
+                            (int)(sl < 32 ? sl : 32), s,
+                            (sl == 4 && !memcmp(s, "yarn", 4)) || (sl == 8 && !memcmp(s, "longrope", 8))
+                                ? "moh does not implement this scaling" : "llama.cpp knows none, linear, yarn, longrope");
+        memcpy(st, s, sl);
+        st[sl] = '\0';
+    }
+    if (!isfinite(factor) || factor < 0)
+        return moh_fail(err, MOH_E_CONFIG, "%s: llama.rope.scaling.factor is %g, expected a finite number >= 0", path, factor);
+    if (attn_factor != 1.0)
+        return moh_fail(err, MOH_E_CONFIG, "%s: llama.rope.scaling.attn_factor is %g, expected 1 (moh does not scale "
+                        "the rotated q and k)", path, attn_factor);
     const moh_gguf_tensor *emb = moh_gguf_find_tensor(g, "token_embd.weight");
-    if (!emb || emb->n_dims != 2 || emb->ne[0] != C)
+    if (!emb || emb->n_dims > 2 || emb->ne[0] != C || emb->ne[1] < 1)
         return moh_fail(err, MOH_E_SHAPE, "%s: tensor 'token_embd.weight' is %s, expected [%ld, vocab] (ggml order)", path,
                         emb ? "of another shape" : "missing", C);
+    if (vocab >= 0 && vocab != emb->ne[1]) /* older llama.cpp sized token_embd by it */
+        return moh_fail(err, MOH_E_SHAPE, "%s: llama.vocab_size is %ld, expected %lld (the rows of token_embd.weight)",
+                        path, vocab, (long long)emb->ne[1]);
     cfg->hidden_size = (int)C;
     cfg->num_hidden_layers = (int)L;
     cfg->num_attention_heads = (int)h;
@@ -121,6 +190,8 @@ int lm_gguf_config(const moh_gguf *g, const char *path, moh_lm_config *cfg, moh_
     cfg->max_position_embeddings = (int)ctx;
     cfg->rms_norm_eps = eps;
     cfg->rope_theta = theta;
+    if (!strcmp(st, "linear") && factor != 0 && factor != 1) /* freq_scale = 1 / factor: HF's "linear" */
+        cfg->rope_scaling = (moh_rope_scaling){.type = MOH_ROPE_LINEAR, .factor = factor};
     cfg->tie_word_embeddings = moh_gguf_find_tensor(g, "output.weight") == NULL;
     cfg->router = MOH_ROUTER_NONE; /* a pretrained multi-head model: dense (MHA -> MoH conversion is separate) */
     cfg->load_balance_coef = 0.01;
@@ -153,9 +224,11 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
             rc = moh_fail(err, MOH_E_SHAPE, "%s: tensor '%s' is missing (the llama.* metadata needs it)", path, e->name);
             break;
         }
-        /* ggml order is the PyTorch shape reversed */
-        bool same = t->n_dims == e->ndim;
-        for (int dd = 0; dd < e->ndim && same; dd++) same = t->ne[dd] == e->shape[e->ndim - 1 - dd];
+        /* ggml order is the PyTorch shape reversed; all 4 ne compared, trailing 1s allowed
+         * (llama_model_loader::check_tensor_dims) */
+        bool same = true;
+        for (int dd = 0; dd < MOH_GGUF_MAX_DIMS && same; dd++)
+            same = t->ne[dd] == (dd < e->ndim ? e->shape[e->ndim - 1 - dd] : 1);
         if (!same) {
             rc = moh_fail(err, MOH_E_SHAPE, "%s: tensor '%s' has %d dims ne [%lld, %lld, %lld, %lld], expected %d dims "
                           "[%lld, %lld] (ggml order) for the llama.* metadata", path, e->name, t->n_dims,
@@ -204,10 +277,10 @@ int lm_gguf_export(const moh_lm_config *cfg, const float *data, const bpe_tok *t
         return moh_fail(err, MOH_E_ARG, "%s: the checkpoint routes heads (router %s, %d shared + top-%d of %d): llama.cpp "
                         "runs dense multi-head attention only, so a MoH model cannot be exported to GGUF", path,
                         attn_router_name(cfg->router), cfg->shared_heads, cfg->top_k, cfg->num_attention_heads);
-    if (cfg->rope_scaling.type != MOH_ROPE_DEFAULT)
+    if (cfg->rope_scaling.type != MOH_ROPE_DEFAULT && cfg->rope_scaling.type != MOH_ROPE_LINEAR)
         return moh_fail(err, MOH_E_ARG, "%s: the checkpoint's rope_scaling is \"%s\": moh writes no "
-                        "llama.rope.scaling.* keys or rope_freqs.weight, so llama.cpp would run it unscaled; expected a "
-                        "model without rope_scaling", path, attn_rope_type_name(cfg->rope_scaling.type));
+                        "rope_freqs.weight, so llama.cpp would run it unscaled; expected a model without rope_scaling "
+                        "or with linear", path, attn_rope_type_name(cfg->rope_scaling.type));
     const bool bpe = tok && !bpe_is_bytes(tok);
     if (bpe && bpe_n_tokens(tok) != cfg->vocab_size)
         return moh_fail(err, MOH_E_ARG, "%s: the tokenizer has %d tokens, expected vocab_size %d", path, bpe_n_tokens(tok),
@@ -240,6 +313,10 @@ int lm_gguf_export(const moh_lm_config *cfg, const float *data, const bpe_tok *t
         moh_gguf_add_u32(w, "llama.attention.value_length", (uint32_t)cfg->head_dim);
         moh_gguf_add_f32(w, "llama.attention.layer_norm_rms_epsilon", (float)cfg->rms_norm_eps);
         moh_gguf_add_f32(w, "llama.rope.freq_base", (float)cfg->rope_theta);
+        if (cfg->rope_scaling.type == MOH_ROPE_LINEAR) { /* llama.cpp: freq_scale = 1 / factor */
+            moh_gguf_add_str(w, "llama.rope.scaling.type", "linear");
+            moh_gguf_add_f32(w, "llama.rope.scaling.factor", (float)cfg->rope_scaling.factor);
+        }
         moh_gguf_add_u32(w, "llama.vocab_size", (uint32_t)cfg->vocab_size);
     }
     if (!rc && bpe) rc = bpe_to_gguf(tok, eos_id, chat_template, from, w, err);

@@ -8,21 +8,41 @@
 #include "models/lm.h"
 #include "text/bpe.h"
 
-/* The config of a GGUF whose general.architecture is "llama": hidden_size (llama.embedding_length),
- * layers (block_count), heads and KV heads (attention.head_count[_kv]), head_dim
- * (attention.key_length, default C / h), intermediate_size (feed_forward_length), context
- * (context_length), rms_norm_eps, rope_theta (rope.freq_base, default 10000), vocab_size (ne[1] of
- * token_embd.weight), tied when there is no output.weight; router "none" (a dense model).
- * RoPE scaling other than none is refused. Errors name path and key: MOH_E_SHAPE (missing),
- * MOH_E_FORMAT (type), MOH_E_CONFIG (value). */
+/* The config of a GGUF whose general.architecture is "llama", the keys read as llama.cpp's
+ * llama_model::load_hparams reads them for LLM_ARCH_LLAMA (the reason in brackets; refused in one
+ * line naming the file and key: MOH_E_SHAPE missing, MOH_E_FORMAT type, MOH_E_CONFIG value):
+ * - every key of exactly its type (GKV::get_kv "wrong type"): u32 block_count, embedding_length,
+ *   context_length, feed_forward_length, attention.head_count[_kv], attention.key_length /
+ *   value_length, rope.dimension_count, vocab_size, expert_[used_|group_|group_used_]count,
+ *   rope.scaling.original_context_length; f32 attention.layer_norm_rms_epsilon, rope.freq_base,
+ *   rope.scaling.factor / attn_factor, rope.scale_linear; string rope.scaling.type; bool
+ *   rope.scaling.finetuned; u16 split.count;
+ * - block_count 1..512 (LLAMA_MAX_LAYERS, get_key_or_arr); layer_norm_rms_epsilon required;
+ * - feed_forward_length, head_count, head_count_kv: a u32 or n_layer i32 / u32 / bool values
+ *   (get_key_or_arr; another length refused); moh has one width for all layers, so differing
+ *   values are refused;
+ * - head_dim = key_length (default C / heads); rope.dimension_count != key_length refused
+ *   ("invalid n_rot"), value_length != key_length refused (the llama graph asserts it);
+ * - RoPE: freq_base (default 10000); rope.scaling.type (default "linear") none or linear, yarn /
+ *   longrope / unknown names refused; rope.scaling.factor (else the older rope.scale_linear; 0 or
+ *   absent: none) honoured as HF "linear" (llama.cpp freq_scale = 1 / factor), ignored for type
+ *   none (llama_context), negative refused; rope.scaling.attn_factor other than 1 refused;
+ * - expert counts other than 0 refused (a mixture-of-experts FFN); split.count > 1 refused (the
+ *   other files of a split model);
+ * - llama.vocab_size other than the rows of token_embd.weight refused (older llama.cpp sized
+ *   token_embd by it; current llama.cpp uses the token count, which model_open checks);
+ * vocab_size is the rows of token_embd.weight, tied when there is no output.weight; router
+ * "none" (a dense model). */
 int lm_gguf_config(const moh_gguf *g, const char *path, moh_lm_config *cfg, moh_error *err);
 /* The weights of cfg (lm_gguf_config's) into data (lm_params layout, float32), dequantised, with
- * attn_q / attn_k rows back in the HF rotate-half order. A missing, misshapen, non-finite or
- * unknown tensor, or an unsupported quant type, is an error naming it. */
+ * attn_q / attn_k rows back in the HF rotate-half order. A missing, misshapen (all 4 ne compared,
+ * trailing 1s allowed, as check_tensor_dims), non-finite or unknown tensor (biases, rope_freqs),
+ * or an unsupported quant type, is an error naming it. */
 int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cfg, float *data, moh_error *err);
 /* Writes a dense LM (router "none") as a GGUF that llama.cpp runs: the llama.* metadata, the
  * weights under llama.cpp's names (F32, or with f16 the matrices in F16 and the norms F32), attn_q /
- * attn_k rows in ggml's RoPE order, no output.weight when tied, and the vocabulary: tok's BPE
+ * attn_k rows in ggml's RoPE order, no output.weight when tied, linear RoPE scaling as
+ * llama.rope.scaling.type / factor (llama3 scaling is refused), and the vocabulary: tok's BPE
  * (bpe_to_gguf: tokens, types, merges, pre; the special ids and chat template from `from`, the
  * GGUF the model was read from, or when NULL eos_id and chat_template (may be NULL)), or without one (tok NULL or the byte
  * vocabulary) the bytes as a byte-level BPE without merges (token b = byte b in GPT-2's

@@ -102,6 +102,9 @@ typedef struct train_hparams {
     double ema_decay;   /* EMA of the weights (0 = none): after every applied step
                          * ema = d ema + (1 - d) w with d = min(ema_decay, (1 + step) / (10 + step));
                          * model.safetensors then holds the EMA weights (diffusion families) */
+    long save_every;    /* extra checkpoints every N steps (0 = at validations and the end) */
+    int precision;      /* compute precision of the steps (moh_precision: 0 fp32, 1 bf16); saved as
+                         * it ran (bf16 asked on a CPU without it runs, and is saved as, fp32) */
 } train_hparams;
 
 typedef struct model_family model_family;
@@ -135,6 +138,8 @@ typedef struct batch_source {
     uint64_t rng_start;    /* data position of a fresh run (sources drawing at random) */
     size_t n_train, n_eval;/* size of the splits, in `what` */
     int seq_len;           /* text: tokens per sequence T (activations are sized for it); 0 images */
+    uint32_t data_crc;     /* zlib CRC-32 of the training then the validation data as read (text
+                            * bytes; images then labels), which ties a resume to its data */
     /* Micro-batch `micro` of optimizer step `step`, rank `rank` of `nranks` (each rank gets
      * examples [rank B / nranks, (rank + 1) B / nranks) of the global micro-batch); *data_rng is
      * the data position of sources that draw batches at random (advanced by every rank alike). */
@@ -229,9 +234,10 @@ struct model_family {
     /* The tensor registry in buffer order under a naming scheme (NULL: OOM or scheme not
      * supported by the family); *n gets the count. Caller frees. */
     model_tensor *(*tensors)(const void *cfg, model_naming scheme, int *n);
-    /* Optional: true for a tensor a checkpoint may hold beyond the registry (ignored on load; the
-     * LM's lm_head.weight when tied, as HF writes it). */
-    bool (*extra_tensor_ok)(const void *cfg, const char *name);
+    /* Optional: for a tensor a checkpoint may hold beyond the registry, the registry tensor it
+     * duplicates (it must hold the same values: the LM's lm_head.weight when config.json ties it to
+     * model.embed_tokens.weight), else NULL. */
+    const char *(*tied_tensor)(const void *cfg, const char *name);
     /* Typed parameter views over a new zeroed buffer: *params (family struct), *data [*n]. */
     int (*params_new)(const void *cfg, void **params, float **data, size_t *n, moh_error *err);
     void (*params_free)(void *params);

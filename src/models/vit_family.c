@@ -282,7 +282,8 @@ static int open_data(model *m, const data_request *req, batch_source *train, bat
                            .label = s->label, .examples_per_step = s->B, .steps_per_epoch = spe,
                            .warmup_cap = spe, .next = idx_next, .eval_items = idx_eval_items,
                            .eval_next = idx_eval_next, .free = idx_source_free, .n_train = (size_t)s->n_train,
-                           .n_eval = (size_t)s->eval.n};
+                           .n_eval = (size_t)s->eval.n,
+                           .data_crc = idx_split_crc(&s->eval, s->eval.n, idx_split_crc(&s->train, s->n_train, 0))};
     if (train) {
         *train = *eval;
         train->free = NULL;

@@ -1,12 +1,47 @@
 /* Byte-level BPE tokenizer (see bpe.h). Regexes: the GPT-2 pattern of Hugging Face `tokenizers`'
  * ByteLevel pre-tokenizer and the LLaMA-3 pattern of its tokenizer.json; which `pre` names use
  * which follows llama.cpp's llama-vocab.cpp. The merge loop follows the BPE algorithm of
- * Sennrich et al. as `tokenizers` applies it: lowest rank first, leftmost on ties. */
+ * Sennrich et al. as `tokenizers` applies it: lowest rank first, leftmost on ties.
+ *
+ * tokenizer.json is read as `tokenizers` 0.23 reads it (serialization.rs, models/bpe, pre_tokenizers,
+ * processors, added_vocabulary.rs; checked with tools/ref/bpe_strict_fixtures.py). Refused, with
+ * the reference's reason:
+ * - a top-level key other than its nine (its reader fails on one), version other than the string
+ *   "1.0" (Unknown tokenizer version), a key given twice in an object (it keeps the last, cJSON
+ *   the first);
+ * - model: type other than "BPE"; merges missing (Missing vocab/merges), mixing "A B" strings and
+ *   pairs (MergeType), a string not two parts split on one space (BadMerges), a part or result not
+ *   in the vocab (MergeTokenOutOfVocabulary); "#version" lines are skipped as it does; vocab and
+ *   added ids not integer literals in 0..2^32-1 (1.0, 1e0, -0 are floats to serde); booleans
+ *   (fuse_unk, byte_fallback, ignore_merges, ByteLevel's, Digits', Split's invert, added-token
+ *   flags) not true/false; dropout outside 0..1;
+ * - added_tokens: not an array (null too), an entry without all of id, content, single_word,
+ *   lstrip, rstrip, normalized, special; ids are the reference's (the vocab's id of the content,
+ *   else the next from the vocab size on; "" skipped), so a given id that differs is refused;
+ * - pre_tokenizer Split without invert, a behavior it does not know; TemplateProcessing without
+ *   pair, with a special token missing from special_tokens (it panics), single using B.
+ * Refused because the reference applies them and moh does not (never ignored): a normalizer
+ * (NFC, NFKC, Lowercase, Prepend, Replace, ...; NFC needs a Unicode library moh does not link),
+ * truncation, padding, dropout > 0, continuing_subword_prefix, end_of_word_suffix (but ""), unk_token or
+ * byte_fallback true when a byte has no token (moh drops it), add_prefix_space, Split behaviors
+ * other than Isolated and invert true, pre-tokenizers other than ByteLevel / Digits / Split /
+ * Sequence, a stage after ByteLevel or no ByteLevel (moh maps bytes last), lstrip / rstrip /
+ * single_word, post-processors other than ByteLevel / TemplateProcessing (Roberta, Bert), a
+ * decoder other than ByteLevel.
+ * Honoured: added tokens with "normalized": true matched in a second pass (the reference's
+ * split_normalized_trie), TemplateProcessing's single template (bpe_encode_special), Split
+ * {"String"} patterns, \p{L} / \p{N} / \s with Oniguruma's Unicode 16 classes and Digits with
+ * Rust's (re_onig).
+ * Stricter than the reference, as moh keeps tokens in an array by id: a vocab id at or past the
+ * vocab + added count, two tokens with one id, a pair merge part holding a space, a template id
+ * that is not a token. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "text/bpe.h"
 
 #include <cjson/cJSON.h>
 #include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <pcre2.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +87,9 @@ struct bpe_tok {
     bpe_pre pre;                  /* the pre-tokenizer as given (written back by the writer) */
     char *pattern[BPE_MAX_REGEX]; /* BPE_PRE_CUSTOM: the regexes as given (owned) */
     char *source;                 /* spec.source (owned), or NULL */
+    bool *norm;                   /* [n_tokens] added token matched in the second pass */
+    int *post;                    /* post-processor ids: n_pre before the text, n_suf after */
+    int n_pre, n_suf;
 };
 
 /* ---- GPT-2 byte <-> unicode table ---- */
@@ -200,21 +238,147 @@ void bpe_free(bpe_tok *t) {
     for (int i = 0; i < t->n_re; i++) pcre2_code_free(t->re[i]);
     for (int i = 0; i < BPE_MAX_REGEX; i++) free(t->pattern[i]);
     free(t->source);
+    free(t->norm);
+    free(t->post);
     free(t);
+}
+
+/* ---- Unicode classes as tokenizers has them ----
+ * tokenizers matches its regexes with Oniguruma (Unicode 16.0) and splits Digits with Rust's
+ * char::is_numeric (Unicode 17.0); PCRE2 10.42 has Unicode 14.0. The code points their \p{L},
+ * \p{N} and \s hold beyond PCRE2's (tools/ref/bpe_strict_fixtures.py lists them), and Oniguruma's
+ * \s (PCRE2's also holds U+180E): */
+#define ONIG_L_MORE                                                                                    \
+    "\\x{1C89}-\\x{1C8A}\\x{A7CB}-\\x{A7CD}\\x{A7DA}-\\x{A7DC}\\x{105C0}-\\x{105F3}\\x{10D4A}-\\x{10D65}" \
+    "\\x{10D6F}-\\x{10D85}\\x{10EC2}-\\x{10EC4}\\x{1123F}-\\x{11240}\\x{11380}-\\x{11389}\\x{1138B}"     \
+    "\\x{1138E}\\x{11390}-\\x{113B5}\\x{113B7}\\x{113D1}\\x{113D3}\\x{11BC0}-\\x{11BE0}\\x{11F02}"       \
+    "\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}\\x{1342F}\\x{13441}-\\x{13446}\\x{13460}-\\x{143FA}"     \
+    "\\x{16100}-\\x{1611D}\\x{16D40}-\\x{16D6C}\\x{18CFF}\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}"      \
+    "\\x{1E030}-\\x{1E06D}\\x{1E4D0}-\\x{1E4EB}\\x{1E5D0}-\\x{1E5ED}\\x{1E5F0}\\x{2B739}"                \
+    "\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}"
+#define ONIG_N_MORE                                                                                    \
+    "\\x{10D40}-\\x{10D49}\\x{116D0}-\\x{116E3}\\x{11BF0}-\\x{11BF9}\\x{11F50}-\\x{11F59}"              \
+    "\\x{16130}-\\x{16139}\\x{16D70}-\\x{16D79}\\x{1CCF0}-\\x{1CCF9}\\x{1D2C0}-\\x{1D2D3}"              \
+    "\\x{1E4F0}-\\x{1E4F9}\\x{1E5F1}-\\x{1E5FA}"
+#define RUST_N_MORE "\\x{11DE0}-\\x{11DE9}\\x{16FF4}-\\x{16FF6}" /* Unicode 17 digits */
+#define ONIG_S "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+
+typedef struct sbuf { char *p; size_t n, cap; bool oom; } sbuf;
+static void sb_put(sbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t c = (b->n + n + 1) * 2;
+        char *q = realloc(b->p, c);
+        if (!q) { b->oom = true; return; }
+        b->p = q;
+        b->cap = c;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+/* pat with \p{L}, \p{N}, \s and their negations widened to tokenizers' classes (digits: the Digits
+ * pre-tokenizer's, Rust's is_numeric) into *out (malloc'd). A negated one inside a character
+ * class cannot be widened there: MOH_E_FORMAT. */
+static int re_onig(const char *pat, bool digits, char **out, moh_error *err) {
+    sbuf b = {0};
+    bool in_class = false;
+    char q[96];
+    sb_str(&b, "");
+    for (const char *s = pat; *s;) {
+        if (*s == '[') {
+            const char *st = s++;
+            if (in_class) { /* a POSIX class [:name:] */
+                if (*s == ':') {
+                    const char *e = strstr(s, ":]");
+                    if (e) s = e + 2;
+                }
+            } else {
+                in_class = true;
+                if (*s == '^') s++;
+                if (*s == ']') s++; /* a literal ] first */
+            }
+            sb_put(&b, st, (size_t)(s - st));
+            continue;
+        }
+        if (*s == ']' && in_class) in_class = false;
+        if (*s != '\\' || !s[1]) {
+            sb_put(&b, s++, 1);
+            continue;
+        }
+        const char c = s[1];
+        if (c == 'Q') { /* quoted up to \E */
+            const char *e = strstr(s + 2, "\\E");
+            size_t n = e ? (size_t)(e + 2 - s) : strlen(s);
+            sb_put(&b, s, n);
+            s += n;
+            continue;
+        }
+        const char *more = NULL, *name = NULL;
+        bool neg = c == 'P' || c == 'S';
+        size_t skip = 2;
+        if (c == 'p' || c == 'P') {
+            char nm[16] = {0};
+            if (s[2] == '{') {
+                const char *e = strchr(s + 3, '}');
+                if (e && e - s - 3 < (long)sizeof nm) {
+                    memcpy(nm, s + 3, (size_t)(e - s - 3));
+                    skip = (size_t)(e + 1 - s);
+                }
+            } else if (s[2]) {
+                nm[0] = s[2];
+                skip = 3;
+            }
+            const char *n0 = nm;
+            if (*n0 == '^') neg = !neg, n0++;
+            if (!strcmp(n0, "L") || !strcmp(n0, "Letter")) name = "\\p{L}", more = ONIG_L_MORE;
+            else if (!strcmp(n0, "N") || !strcmp(n0, "Number")) name = "\\p{N}", more = digits ? ONIG_N_MORE RUST_N_MORE : ONIG_N_MORE;
+        } else if (c == 's' || c == 'S') {
+            name = "", more = ONIG_S;
+        }
+        if (!more) {
+            sb_put(&b, s, 2);
+            s += 2;
+            continue;
+        }
+        if (neg && in_class) {
+            free(b.p);
+            return moh_fail(err, MOH_E_FORMAT, "tokenizer regex '%s': a negated \\%c inside [...] cannot take "
+                            "tokenizers' Unicode classes (rewrite it as a negated class)",
+                            json_quote(q, sizeof q, pat, 64, 16), c);
+        }
+        if (!in_class) sb_str(&b, neg ? "[^" : "[");
+        sb_str(&b, name);
+        sb_str(&b, more);
+        if (!in_class) sb_str(&b, "]");
+        s += skip;
+    }
+    if (b.oom) {
+        free(b.p);
+        return moh_fail(err, MOH_E_NOMEM, "tokenizer regex: out of memory");
+    }
+    *out = b.p;
+    return MOH_OK;
 }
 
 static int compile_re(bpe_tok *t, const char *pat, moh_error *err) {
     int code;
     PCRE2_SIZE off;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED,
+    char *onig = NULL;
+    int rc = re_onig(pat, !strcmp(pat, DIGIT_RE) || !strcmp(pat, DIGIT_RE "+"), &onig, err);
+    if (rc) return rc;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)onig, PCRE2_ZERO_TERMINATED,
                                    PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &code, &off,
                                    NULL);
+    free(onig);
     if (!re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(code, msg, sizeof msg);
         char q[96];
-        return moh_fail(err, MOH_E_FORMAT, "tokenizer regex '%s': %s at offset %zu",
-                        json_quote(q, sizeof q, pat, 64, 16), (const char *)msg, (size_t)off);
+        return moh_fail(err, MOH_E_FORMAT, "tokenizer regex '%s': %s", json_quote(q, sizeof q, pat, 64, 16),
+                        (const char *)msg);
     }
     (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* optional speed-up; falls back if absent */
     t->re[t->n_re++] = re;
@@ -258,9 +422,11 @@ int bpe_create(bpe_tok **out, const bpe_spec *spec, moh_error *err) {
     t->merge_cap = pow2_at_least((size_t)spec->n_merges + 1);
     t->merges = calloc(t->merge_cap, sizeof *t->merges);
     t->added = malloc(((size_t)spec->n_added + 1) * sizeof(int));
+    t->norm = calloc((size_t)n, sizeof *t->norm);
+    t->post = malloc(((size_t)spec->n_post_prefix + (size_t)spec->n_post_suffix + 1) * sizeof(int));
     int rc = MOH_OK;
     if (!t->bytes || !t->len || !t->str || !t->by_bytes.slot || !t->by_str.slot || !t->merges ||
-        !t->added) {
+        !t->added || !t->norm || !t->post) {
         rc = moh_fail(err, MOH_E_NOMEM, "bpe_create: out of memory for %d tokens", n);
         goto fail;
     }
@@ -362,7 +528,22 @@ int bpe_create(bpe_tok **out, const bpe_spec *spec, moh_error *err) {
         t->len[id] = sl;
         if (sl > t->max_len) t->max_len = sl;
         t->added[t->n_added++] = id;
+        if (spec->added_normalized && spec->added_normalized[i]) t->norm[id] = true;
     }
+    if (spec->n_post_prefix < 0 || spec->n_post_suffix < 0) {
+        rc = moh_fail(err, MOH_E_ARG, "bpe_create: bad post-processor counts");
+        goto fail;
+    }
+    for (int i = 0; i < spec->n_post_prefix + spec->n_post_suffix; i++) {
+        int id = i < spec->n_post_prefix ? spec->post_prefix[i] : spec->post_suffix[i - spec->n_post_prefix];
+        if (id < 0 || id >= n || !t->str[id]) {
+            rc = moh_fail(err, MOH_E_FORMAT, "tokenizer post-processor: id %d is not a token", id);
+            goto fail;
+        }
+        t->post[i] = id;
+    }
+    t->n_pre = spec->n_post_prefix;
+    t->n_suf = spec->n_post_suffix;
     sort_added(t);
     for (int b = 0, k = 0; b <= 256; b++) {
         while (k < t->n_added && t->bytes[t->added[k]][0] < b) k++;
@@ -570,13 +751,34 @@ static int pre_split(const bpe_tok *t, work *w, int k, const uint8_t *s, size_t 
     return MOH_OK;
 }
 
-/* The added token starting at s[0..n) (longest), or -1. */
-static int added_at(const bpe_tok *t, const uint8_t *s, size_t n) {
+/* The added token of pass norm starting at s[0..n) (longest), or -1. */
+static int added_at(const bpe_tok *t, bool norm, const uint8_t *s, size_t n) {
     for (int k = t->added_first[s[0]]; k < t->added_first[s[0] + 1]; k++) {
         int id = t->added[k];
-        if (t->len[id] <= n && memcmp(t->bytes[id], s, t->len[id]) == 0) return id;
+        if (t->norm[id] == norm && t->len[id] <= n && memcmp(t->bytes[id], s, t->len[id]) == 0) return id;
     }
     return -1;
+}
+
+/* s[0..n) as tokenizers' AddedVocabulary splits it: pass 0 matches the added tokens with
+ * "normalized": false (leftmost, then longest), pass 1 those with true in the gaps, pass 2 runs
+ * the pre-tokenizer and BPE on what is left. */
+static int encode_seg(const bpe_tok *t, work *w, int pass, const uint8_t *s, size_t n, ids_buf *out) {
+    if (pass == 2) return n ? pre_split(t, w, 0, s, n, out) : MOH_OK;
+    size_t seg = 0;
+    for (size_t i = 0; i < n;) {
+        int id = added_at(t, pass == 1, s + i, n - i);
+        if (id < 0) {
+            i++;
+            continue;
+        }
+        int rc = encode_seg(t, w, pass + 1, s + seg, i - seg, out);
+        if (rc == MOH_OK) rc = ids_push(out, id);
+        if (rc) return rc;
+        i += t->len[id];
+        seg = i;
+    }
+    return encode_seg(t, w, pass + 1, s + seg, n - seg, out);
 }
 
 int bpe_encode(const bpe_tok *t, const uint8_t *text, size_t len, bool parse_added, int **ids,
@@ -587,24 +789,7 @@ int bpe_encode(const bpe_tok *t, const uint8_t *text, size_t len, bool parse_add
     ids_buf out = {0};
     work w = {0};
     w.md = pcre2_match_data_create(1, NULL);
-    int rc = w.md ? MOH_OK : MOH_E_NOMEM;
-    size_t seg = 0, i = 0;
-    while (rc == MOH_OK && i <= len) {
-        int id = -1;
-        if (i < len && parse_added && t->n_added) id = added_at(t, text + i, len - i);
-        if (id < 0 && i < len) {
-            i++;
-            continue;
-        }
-        if (i > seg) rc = pre_split(t, &w, 0, text + seg, i - seg, &out);
-        if (rc == MOH_OK && id >= 0) {
-            rc = ids_push(&out, id);
-            i += t->len[id];
-            seg = i;
-        } else if (id < 0) {
-            break; /* i == len */
-        }
-    }
+    int rc = w.md ? encode_seg(t, &w, parse_added && t->n_added ? 0 : 2, text, len, &out) : MOH_E_NOMEM;
     free(w.s);
     free(w.h);
     pcre2_match_data_free(w.md);
@@ -618,6 +803,27 @@ int bpe_encode(const bpe_tok *t, const uint8_t *text, size_t len, bool parse_add
     if (out.n == 0) free(out.v);
     *ids = out.n ? out.v : NULL;
     *n_ids = out.n;
+    return MOH_OK;
+}
+
+int bpe_encode_special(const bpe_tok *t, const uint8_t *text, size_t len, int **ids, size_t *n_ids,
+                       moh_error *err) {
+    int rc = bpe_encode(t, text, len, true, ids, n_ids, err);
+    if (rc || t->n_pre + t->n_suf == 0) return rc;
+    const size_t n = *n_ids, all = n + (size_t)t->n_pre + (size_t)t->n_suf;
+    int *v = malloc(all * sizeof *v);
+    if (!v) {
+        free(*ids);
+        *ids = NULL;
+        *n_ids = 0;
+        return moh_fail(err, MOH_E_NOMEM, "bpe_encode: out of memory");
+    }
+    memcpy(v, t->post, (size_t)t->n_pre * sizeof *v);
+    if (n) memcpy(v + t->n_pre, *ids, n * sizeof *v);
+    memcpy(v + t->n_pre + n, t->post + t->n_pre, (size_t)t->n_suf * sizeof *v);
+    free(*ids);
+    *ids = v;
+    *n_ids = all;
     return MOH_OK;
 }
 
@@ -693,58 +899,321 @@ size_t bpe_stream_flush(bpe_stream *s, uint8_t out[4]) {
 
 /* ---- tokenizer.json ---- */
 
+typedef struct tj_ctx {
+    const char *label;
+    moh_error *err;
+    bpe_spec *spec;
+    char *own[BPE_MAX_REGEX]; /* regexes made here (owned) */
+    int n_own;
+    bool byte_level;         /* the ByteLevel stage was seen */
+    int tpl;                 /* TemplateProcessing post-processors seen */
+    int *post;               /* [n_pre + n_suf] their ids (owned) */
+    int n_pre, n_suf;
+} tj_ctx;
+
+static int tj_err(tj_ctx *c, const char *fmt, ...) {
+    char msg[sizeof c->err->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return moh_fail(c->err, MOH_E_FORMAT, "%s: %s", c->label, msg);
+}
+
 static int tj_fail(const char *label, moh_error *err, const char *what) {
     return moh_fail(err, MOH_E_FORMAT, "%s: %s", label, what);
 }
 
+/* Scans text for the next number literal after *p; 1 when it is digits only (what serde reads as
+ * an unsigned integer: 1.0, 1e0, -0 are floats to it), 0 otherwise, -1 when none is left. */
+static int tj_next_literal(const char **p, const char *end) {
+    const char *s = *p;
+    while (s < end) {
+        if (*s == '"') {
+            for (s++; s < end && *s != '"'; s++)
+                if (*s == '\\') s++;
+            s++;
+        } else if (*s == '-' || (*s >= '0' && *s <= '9')) {
+            int whole = 1;
+            for (; s < end && strchr("+-.eE0123456789", *s); s++)
+                if (!(*s >= '0' && *s <= '9')) whole = 0;
+            *p = s;
+            return whole;
+        } else {
+            s++;
+        }
+    }
+    *p = s;
+    return -1;
+}
+
+/* Marks every number of the tree j (cJSON keeps text order) with valueint 1 when its literal is
+ * an unsigned integer, else 0 (cJSON keeps only the double). */
+static void tj_mark_ints(cJSON *j, const char **p, const char *end) {
+    for (; j; j = j->next) {
+        if (cJSON_IsNumber(j)) j->valueint = tj_next_literal(p, end) == 1;
+        if (j->child) tj_mark_ints(j->child, p, end);
+    }
+}
+
+/* A u32 as serde reads one: an integer literal in 0..2^32-1. */
+static bool tj_is_u32(const cJSON *j) {
+    return cJSON_IsNumber(j) && j->valueint == 1 && j->valuedouble >= 0 && j->valuedouble <= 4294967295.0;
+}
+
+/* Key key of object o as a bool into *out: req, it must be there; null_ok, null reads as absent
+ * (an Option<bool>); absent leaves *out. where names o in the message. */
+static int tj_bool(tj_ctx *c, const cJSON *o, const char *where, const char *key, bool req, bool null_ok, bool *out) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+    if ((!j && !req) || (cJSON_IsNull(j) && null_ok)) return MOH_OK;
+    if (!j) return tj_err(c, "%s: missing field \"%s\" (true or false)", where, key);
+    if (!cJSON_IsBool(j)) return tj_err(c, "%s: %s: expected true or false", where, key);
+    *out = cJSON_IsTrue(j);
+    return MOH_OK;
+}
+
+/* A key given twice in object o (tokenizers keeps the last or refuses; cJSON reads the first):
+ * refused. */
+static int tj_no_dups(tj_ctx *c, const cJSON *o, const char *where) {
+    for (const cJSON *a = o ? o->child : NULL; a; a = a->next)
+        for (const cJSON *b = a->next; b; b = b->next)
+            if (a->string && b->string && !strcmp(a->string, b->string)) {
+                char q[96];
+                return tj_err(c, "%s: key '%s' given twice", where, json_quote(q, sizeof q, a->string, 64, 16));
+            }
+    return MOH_OK;
+}
+
+/* The "type" string of object j, or NULL. */
+static const char *tj_type(const cJSON *j) {
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(j, "type");
+    return cJSON_IsString(ty) ? ty->valuestring : NULL;
+}
+
+static int tj_add_regex(tj_ctx *c, const char *re, bool own) {
+    bpe_spec *spec = c->spec;
+    if (spec->n_regex >= BPE_MAX_REGEX) {
+        if (own) free((char *)re);
+        return tj_err(c, "pre_tokenizer: more than %d splitting stages", BPE_MAX_REGEX);
+    }
+    if (own) c->own[c->n_own++] = (char *)re;
+    spec->pre_regex[spec->n_regex++] = re;
+    return MOH_OK;
+}
+
 /* Appends the regexes of one pre-tokenizer object j to spec (recursing into a Sequence). */
-static int tj_pre(const cJSON *j, bpe_spec *spec, const char *label, moh_error *err) {
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type");
-    if (!cJSON_IsString(type)) return tj_fail(label, err, "pre_tokenizer: expected an object with a string \"type\"");
-    const char *ty = type->valuestring;
+static int tj_pre(tj_ctx *c, const cJSON *j, int depth) {
     char q[96];
+    const char *ty = cJSON_IsObject(j) ? tj_type(j) : NULL;
+    int rc;
+    if (!ty) return tj_err(c, "pre_tokenizer: expected an object with a string \"type\"");
+    if ((rc = tj_no_dups(c, j, "pre_tokenizer"))) return rc;
+    if (c->byte_level) /* ByteLevel maps every byte to a character: moh does that last */
+        return tj_err(c, "pre_tokenizer: %s after ByteLevel is not applied by moh (expected ByteLevel as the last stage)",
+                      json_quote(q, sizeof q, ty, 64, 16));
     if (!strcmp(ty, "Sequence")) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "pretokenizers"), *it;
-        if (!cJSON_IsArray(list)) return tj_fail(label, err, "pre_tokenizer Sequence: expected an array \"pretokenizers\"");
+        if (!cJSON_IsArray(list)) return tj_err(c, "pre_tokenizer Sequence: expected an array \"pretokenizers\"");
+        if (depth > 8) return tj_err(c, "pre_tokenizer: Sequences nested more than 8 deep");
+        cJSON_ArrayForEach(it, list) if ((rc = tj_pre(c, it, depth + 1))) return rc;
+        return MOH_OK;
+    }
+    if (!strcmp(ty, "ByteLevel")) {
+        bool aps = false, trim = false, ur = true;
+        if ((rc = tj_bool(c, j, "pre_tokenizer ByteLevel", "add_prefix_space", true, false, &aps)) ||
+            (rc = tj_bool(c, j, "pre_tokenizer ByteLevel", "trim_offsets", true, false, &trim)) ||
+            (rc = tj_bool(c, j, "pre_tokenizer ByteLevel", "use_regex", false, false, &ur)))
+            return rc;
+        if (aps) return tj_err(c, "pre_tokenizer ByteLevel: add_prefix_space true is not applied by moh (expected false)");
+        c->byte_level = true;
+        return ur ? tj_add_regex(c, GPT2_RE, false) : MOH_OK;
+    }
+    if (!strcmp(ty, "Digits")) {
+        bool ind = false;
+        if ((rc = tj_bool(c, j, "pre_tokenizer Digits", "individual_digits", true, false, &ind))) return rc;
+        return tj_add_regex(c, ind ? DIGIT_RE : DIGIT_RE "+", false);
+    }
+    if (!strcmp(ty, "Split")) {
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(j, "pattern");
+        const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
+        const cJSON *str = cJSON_GetObjectItemCaseSensitive(pat, "String");
+        const cJSON *beh = cJSON_GetObjectItemCaseSensitive(j, "behavior");
+        bool inv = false;
+        if (!cJSON_IsObject(pat) || cJSON_GetArraySize(pat) != 1 || !(cJSON_IsString(re) || cJSON_IsString(str)))
+            return tj_err(c, "pre_tokenizer Split: expected \"pattern\": {\"Regex\": \"...\"} or {\"String\": \"...\"}");
+        static const char *const behs[] = {"Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
+        if (!cJSON_IsString(beh)) return tj_err(c, "pre_tokenizer Split: missing string \"behavior\"");
+        if (strcmp(beh->valuestring, "Isolated")) {
+            for (int i = 0; i < 4; i++)
+                if (!strcmp(beh->valuestring, behs[i]))
+                    return tj_err(c, "pre_tokenizer Split: behavior %s is not applied by moh (expected Isolated)", behs[i]);
+            return tj_err(c, "pre_tokenizer Split: behavior '%s' is not one of Removed, Isolated, MergedWithPrevious, "
+                          "MergedWithNext, Contiguous", json_quote(q, sizeof q, beh->valuestring, 64, 16));
+        }
+        if ((rc = tj_bool(c, j, "pre_tokenizer Split", "invert", true, false, &inv))) return rc;
+        if (inv) return tj_err(c, "pre_tokenizer Split: invert true is not applied by moh (expected false)");
+        const char *src = cJSON_IsString(re) ? re->valuestring : str->valuestring;
+        if (cJSON_IsString(re) && strcmp(src, DIGIT_RE) && strcmp(src, DIGIT_RE "+")) return tj_add_regex(c, src, false);
+        /* a literal String (escaped), or a Regex that reads as Digits' (Oniguruma's \p{N}, not Rust's) */
+        char *own = malloc(2 * strlen(src) + 8), *o = own;
+        if (!own) return moh_fail(c->err, MOH_E_NOMEM, "%s: out of memory", c->label);
+        o += sprintf(o, "(?:");
+        for (const char *s = src; *s; s++) {
+            if (cJSON_IsString(str) && strchr("\\^$.|?*+()[]{}-#&~ \t\n\r\f\v", *s) && *s) *o++ = '\\';
+            if (cJSON_IsString(str) && strchr("\t\n\r\f\v", *s)) { /* \n etc. as escapes */
+                static const char esc[] = {'\t', 't', '\n', 'n', '\r', 'r', '\f', 'f', '\v', 'v'};
+                for (int e = 0; e < 10; e += 2)
+                    if (esc[e] == *s) *o++ = esc[e + 1];
+                continue;
+            }
+            *o++ = *s;
+        }
+        sprintf(o, ")");
+        return tj_add_regex(c, own, true);
+    }
+    return tj_err(c, "pre_tokenizer type '%s' is not applied by moh (expected ByteLevel, Digits, Split, Sequence)",
+                  json_quote(q, sizeof q, ty, 64, 16));
+}
+
+/* One Piece of a TemplateProcessing template: *seq 'A' / 'B' for a Sequence, else its special
+ * token's entry in specials (*st). */
+static int tj_piece(tj_ctx *c, const cJSON *p, const cJSON *specials, char *seq, const cJSON **st) {
+    *seq = 0;
+    *st = NULL;
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(p, "SpecialToken"), *q = cJSON_GetObjectItemCaseSensitive(p, "Sequence");
+    const cJSON *x = s ? s : q;
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(x, "id"), *tid = cJSON_GetObjectItemCaseSensitive(x, "type_id");
+    if (!cJSON_IsObject(p) || cJSON_GetArraySize(p) != 1 || !cJSON_IsObject(x) || !cJSON_IsString(id) || !tj_is_u32(tid))
+        return tj_err(c, "post_processor TemplateProcessing: expected pieces {\"SpecialToken\" or \"Sequence\": "
+                      "{\"id\": \"...\", \"type_id\": n}}");
+    if (q) {
+        if (strcmp(id->valuestring, "A") && strcmp(id->valuestring, "B"))
+            return tj_err(c, "post_processor TemplateProcessing: Sequence id must be A or B");
+        *seq = id->valuestring[0];
+        return MOH_OK;
+    }
+    *st = cJSON_GetObjectItemCaseSensitive(specials, id->valuestring);
+    char qq[96];
+    if (!*st) /* tokenizers panics on it */
+        return tj_err(c, "post_processor TemplateProcessing: special token '%s' missing from special_tokens",
+                      json_quote(qq, sizeof qq, id->valuestring, 64, 16));
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(*st, "ids"), *toks = cJSON_GetObjectItemCaseSensitive(*st, "tokens"), *it;
+    if (!cJSON_IsArray(ids) || !cJSON_IsArray(toks) || cJSON_GetArraySize(ids) != cJSON_GetArraySize(toks) ||
+        !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(*st, "id")))
+        return tj_err(c, "post_processor TemplateProcessing: special token '%s': expected {\"id\", \"ids\", \"tokens\"} "
+                      "with as many ids as tokens", json_quote(qq, sizeof qq, id->valuestring, 64, 16));
+    cJSON_ArrayForEach(it, ids) if (!tj_is_u32(it))
+        return tj_err(c, "post_processor TemplateProcessing: special token '%s': ids must be integers in 0..2^32-1",
+                      json_quote(qq, sizeof qq, id->valuestring, 64, 16));
+    cJSON_ArrayForEach(it, toks) if (!cJSON_IsString(it))
+        return tj_err(c, "post_processor TemplateProcessing: special token '%s': tokens must be strings",
+                      json_quote(qq, sizeof qq, id->valuestring, 64, 16));
+    return MOH_OK;
+}
+
+/* One post-processor object j (recursing into a Sequence): ByteLevel (offsets only) or
+ * TemplateProcessing, whose "single" template gives the ids around one text. */
+static int tj_post(tj_ctx *c, const cJSON *j, int depth) {
+    char q[96];
+    const char *ty = cJSON_IsObject(j) ? tj_type(j) : NULL;
+    int rc;
+    if (!ty) return tj_err(c, "post_processor: expected an object with a string \"type\"");
+    if ((rc = tj_no_dups(c, j, "post_processor"))) return rc;
+    if (!strcmp(ty, "Sequence")) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "processors"), *it;
+        if (!cJSON_IsArray(list)) return tj_err(c, "post_processor Sequence: expected an array \"processors\"");
+        if (depth > 8) return tj_err(c, "post_processor: Sequences nested more than 8 deep");
+        cJSON_ArrayForEach(it, list) if ((rc = tj_post(c, it, depth + 1))) return rc;
+        return MOH_OK;
+    }
+    if (!strcmp(ty, "ByteLevel")) { /* trims offsets; the ids stay */
+        bool b = false;
+        if ((rc = tj_bool(c, j, "post_processor ByteLevel", "add_prefix_space", true, false, &b)) ||
+            (rc = tj_bool(c, j, "post_processor ByteLevel", "trim_offsets", true, false, &b)) ||
+            (rc = tj_bool(c, j, "post_processor ByteLevel", "use_regex", false, false, &b)))
+            return rc;
+        return MOH_OK;
+    }
+    if (strcmp(ty, "TemplateProcessing"))
+        return tj_err(c, "post_processor type '%s' is not applied by moh (expected null, ByteLevel, TemplateProcessing, "
+                      "Sequence)", json_quote(q, sizeof q, ty, 64, 16));
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(j, "single"), *pair = cJSON_GetObjectItemCaseSensitive(j, "pair");
+    const cJSON *specials = cJSON_GetObjectItemCaseSensitive(j, "special_tokens"), *it;
+    if (!cJSON_IsArray(single) || !cJSON_IsArray(pair) || !cJSON_IsObject(specials))
+        return tj_err(c, "post_processor TemplateProcessing: expected arrays \"single\", \"pair\" and an object "
+                      "\"special_tokens\"");
+    if (c->tpl++) return tj_err(c, "post_processor: a second TemplateProcessing is not applied by moh (expected one)");
+    int na = 0, nb = 0;
+    cJSON_ArrayForEach(it, pair) {
+        char seq;
+        const cJSON *st;
+        if ((rc = tj_piece(c, it, specials, &seq, &st))) return rc;
+        na += seq == 'A';
+        nb += seq == 'B';
+    }
+    if (!na || !nb) return tj_err(c, "post_processor TemplateProcessing: pair must use both sequences A and B");
+    int n_ids = 0;
+    na = nb = 0;
+    cJSON_ArrayForEach(it, single) {
+        char seq;
+        const cJSON *st;
+        if ((rc = tj_piece(c, it, specials, &seq, &st))) return rc;
+        na += seq == 'A';
+        nb += seq == 'B';
+        if (st) n_ids += cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(st, "ids"));
+    }
+    if (na != 1 || nb) return tj_err(c, "post_processor TemplateProcessing: single must hold sequence A once (moh encodes "
+                                     "one text), not %d A and %d B", na, nb);
+    if (!(c->post = malloc(((size_t)n_ids + 1) * sizeof(int))))
+        return moh_fail(c->err, MOH_E_NOMEM, "%s: out of memory", c->label);
+    bool after = false;
+    cJSON_ArrayForEach(it, single) {
+        char seq;
+        const cJSON *st, *id;
+        tj_piece(c, it, specials, &seq, &st);
+        if (seq) after = true;
+        else cJSON_ArrayForEach(id, cJSON_GetObjectItemCaseSensitive(st, "ids")) {
+                c->post[c->n_pre + c->n_suf] = id->valuedouble <= INT_MAX ? (int)id->valuedouble : -1;
+                if (after) c->n_suf++;
+                else c->n_pre++;
+            }
+    }
+    return MOH_OK;
+}
+
+/* The normalizer: null, or a Sequence of none (nothing to apply). */
+static int tj_normalizer(tj_ctx *c, const cJSON *j) {
+    char q[96];
+    if (!j || cJSON_IsNull(j)) return MOH_OK;
+    const char *ty = cJSON_IsObject(j) ? tj_type(j) : NULL;
+    if (!ty) return tj_err(c, "normalizer: expected null or an object with a string \"type\"");
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "normalizers"), *it;
+    if (!strcmp(ty, "Sequence") && cJSON_IsArray(list)) {
         cJSON_ArrayForEach(it, list) {
-            int rc = tj_pre(it, spec, label, err);
+            int rc = cJSON_IsObject(it) ? tj_normalizer(c, it) : tj_err(c, "normalizer Sequence: expected objects");
             if (rc) return rc;
         }
         return MOH_OK;
     }
-    if (!strcmp(ty, "ByteLevel")) {
-        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "add_prefix_space")))
-            return tj_fail(label, err, "pre_tokenizer ByteLevel: add_prefix_space true is not supported (expected false)");
-        const cJSON *ur = cJSON_GetObjectItemCaseSensitive(j, "use_regex");
-        if (ur && !cJSON_IsTrue(ur)) return MOH_OK; /* the byte mapping alone: no split */
-    }
-    if (spec->n_regex >= BPE_MAX_REGEX)
-        return moh_fail(err, MOH_E_FORMAT, "%s: pre_tokenizer: more than %d splitting stages", label, BPE_MAX_REGEX);
-    if (!strcmp(ty, "ByteLevel")) {
-        spec->pre_regex[spec->n_regex++] = GPT2_RE;
-        return MOH_OK;
-    }
-    if (!strcmp(ty, "Digits")) {
-        bool ind = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "individual_digits"));
-        spec->pre_regex[spec->n_regex++] = ind ? DIGIT_RE : DIGIT_RE "+";
-        return MOH_OK;
-    }
-    if (!strcmp(ty, "Split")) {
-        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(j, "pattern");
-        const cJSON *re = pat ? cJSON_GetObjectItemCaseSensitive(pat, "Regex") : NULL;
-        const cJSON *beh = cJSON_GetObjectItemCaseSensitive(j, "behavior");
-        if (!cJSON_IsString(re))
-            return tj_fail(label, err, "pre_tokenizer Split: expected \"pattern\": {\"Regex\": \"...\"}");
-        if (!cJSON_IsString(beh) || strcmp(beh->valuestring, "Isolated"))
-            return tj_fail(label, err, "pre_tokenizer Split: only \"behavior\": \"Isolated\" is supported");
-        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "invert")))
-            return tj_fail(label, err, "pre_tokenizer Split: \"invert\": true is not supported");
-        spec->pre_regex[spec->n_regex++] = re->valuestring;
-        return MOH_OK;
-    }
-    return moh_fail(err, MOH_E_FORMAT,
-                    "%s: pre_tokenizer type '%s' not supported (expected ByteLevel, Digits, Split, Sequence)",
-                    label, json_quote(q, sizeof q, ty, 64, 16));
+    return tj_err(c, "normalizer: %s is not applied by moh (expected null)", json_quote(q, sizeof q, ty, 64, 16));
+}
+
+/* The decoder: null or ByteLevel (byte-level tokens back to bytes, what bpe_decode does). */
+static int tj_decoder(tj_ctx *c, const cJSON *j) {
+    char q[96];
+    int rc;
+    if (!j || cJSON_IsNull(j)) return MOH_OK;
+    const char *ty = cJSON_IsObject(j) ? tj_type(j) : NULL;
+    if (!ty) return tj_err(c, "decoder: expected null or an object with a string \"type\"");
+    if (strcmp(ty, "ByteLevel"))
+        return tj_err(c, "decoder: %s is not applied by moh (expected null or ByteLevel)", json_quote(q, sizeof q, ty, 64, 16));
+    bool b = false;
+    if ((rc = tj_no_dups(c, j, "decoder")) ||
+        (rc = tj_bool(c, j, "decoder ByteLevel", "add_prefix_space", true, false, &b)) ||
+        (rc = tj_bool(c, j, "decoder ByteLevel", "trim_offsets", true, false, &b)) ||
+        (rc = tj_bool(c, j, "decoder ByteLevel", "use_regex", false, false, &b)))
+        return rc;
+    return MOH_OK;
 }
 
 /* A regex list that is one of the named pre-tokenizers (what llama.cpp knows by name) becomes
@@ -761,63 +1230,116 @@ static void tj_named_pre(bpe_spec *spec) {
     if (spec->pre != BPE_PRE_CUSTOM) spec->n_regex = 0;
 }
 
-static int tj_build(bpe_tok **out, const cJSON *root, const char *label, moh_error *err) {
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    if (!cJSON_IsObject(model)) return tj_fail(label, err, "expected an object \"model\"");
+/* The model fields other than vocab and merges (read before them). */
+static int tj_model_flags(tj_ctx *c, const cJSON *model, bool *needs_all_bytes) {
+    char q[96];
+    int rc;
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(model, "type");
     if (ty && (!cJSON_IsString(ty) || strcmp(ty->valuestring, "BPE")))
-        return tj_fail(label, err, "model.type: expected \"BPE\"");
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback")))
-        return tj_fail(label, err, "model.byte_fallback: true is not supported (expected false)");
-    const char *must_null[] = {"continuing_subword_prefix", "end_of_word_suffix", "dropout"};
-    for (int i = 0; i < 3; i++) {
-        const cJSON *x = cJSON_GetObjectItemCaseSensitive(model, must_null[i]);
-        if (x && !cJSON_IsNull(x))
-            return moh_fail(err, MOH_E_FORMAT, "%s: model.%s: expected null", label, must_null[i]);
+        return tj_err(c, "model.type: %s is not applied by moh (expected \"BPE\")",
+                      cJSON_IsString(ty) ? json_quote(q, sizeof q, ty->valuestring, 64, 16) : "not a string");
+    const cJSON *dr = cJSON_GetObjectItemCaseSensitive(model, "dropout");
+    if (dr && !cJSON_IsNull(dr)) {
+        if (!cJSON_IsNumber(dr) || !(dr->valuedouble >= 0 && dr->valuedouble <= 1))
+            return tj_err(c, "model.dropout: expected null or a number in 0..1");
+        if (dr->valuedouble != 0) /* 0 is no dropout to tokenizers */
+            return tj_err(c, "model.dropout: %g is not applied by moh (expected null or 0)", dr->valuedouble);
     }
-    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
-    if (norm && !cJSON_IsNull(norm)) return tj_fail(label, err, "normalizer: expected null (normalizers are not supported)");
+    static const char *const strs[] = {"continuing_subword_prefix", "end_of_word_suffix", "unk_token"};
+    for (int i = 0; i < 3; i++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(model, strs[i]);
+        if (!x || cJSON_IsNull(x)) continue;
+        if (!cJSON_IsString(x)) return tj_err(c, "model.%s: expected null or a string", strs[i]);
+        if (i < 2 && !x->valuestring[0]) continue; /* "" adds nothing (GPT-2's tokenizer.json) */
+        if (i < 2) return tj_err(c, "model.%s: '%s' is not applied by moh (expected null or \"\")", strs[i],
+                                 json_quote(q, sizeof q, x->valuestring, 64, 16));
+        *needs_all_bytes = true; /* unk_token: used only for a byte without a token */
+    }
+    bool b = false, fallback = false, im = false;
+    if ((rc = tj_bool(c, model, "model", "fuse_unk", false, true, &b)) ||
+        (rc = tj_bool(c, model, "model", "byte_fallback", false, true, &fallback)) ||
+        (rc = tj_bool(c, model, "model", "ignore_merges", false, true, &im)))
+        return rc;
+    if (fallback) *needs_all_bytes = true; /* likewise */
+    c->spec->ignore_merges = im;
+    return MOH_OK;
+}
+
+static int tj_build(bpe_tok **out, const cJSON *root, const char *label, moh_error *err) {
+    static const char *const top[] = {"version", "truncation", "padding", "added_tokens", "normalizer",
+                                      "pre_tokenizer", "post_processor", "decoder", "model"};
+    bpe_spec spec = {.pre = BPE_PRE_CUSTOM, .source = label};
+    tj_ctx cx = {.label = label, .err = err, .spec = &spec}, *c = &cx;
+    char q[96];
+    const cJSON *it;
+    int rc = tj_no_dups(c, root, "top level");
+    for (it = root->child; it && !rc; it = it->next) {
+        size_t k = 0;
+        while (k < 9 && strcmp(it->string, top[k])) k++;
+        if (k == 9) /* tokenizers' reader leaves its value unread and fails */
+            rc = tj_err(c, "unknown top-level field '%s' (tokenizers refuses it; expected version, truncation, padding, "
+                        "added_tokens, normalizer, pre_tokenizer, post_processor, decoder, model)",
+                        json_quote(q, sizeof q, it->string, 64, 16));
+    }
+    if (rc) return rc;
+    const cJSON *ver = cJSON_GetObjectItemCaseSensitive(root, "version");
+    if (ver && (!cJSON_IsString(ver) || strcmp(ver->valuestring, "1.0")))
+        return tj_err(c, "version: %s, expected \"1.0\" (tokenizers knows no other)",
+                      cJSON_IsString(ver) ? json_quote(q, sizeof q, ver->valuestring, 64, 16) : "not a string");
+    static const char *const nul[] = {"truncation", "padding"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, nul[i]);
+        if (x && !cJSON_IsNull(x)) return tj_err(c, "%s: not applied by moh (expected null)", nul[i]);
+    }
+    if ((rc = tj_normalizer(c, cJSON_GetObjectItemCaseSensitive(root, "normalizer")))) return rc;
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (!cJSON_IsObject(model)) return tj_fail(label, err, "expected an object \"model\"");
+    bool all_bytes = false;
+    if ((rc = tj_no_dups(c, model, "model")) || (rc = tj_model_flags(c, model, &all_bytes))) return rc;
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     if (!cJSON_IsObject(vocab)) return tj_fail(label, err, "model.vocab: expected an object {token: id}");
-    if (merges && !cJSON_IsArray(merges)) return tj_fail(label, err, "model.merges: expected an array");
-    if (added && !cJSON_IsArray(added) && !cJSON_IsNull(added)) return tj_fail(label, err, "added_tokens: expected an array");
-    const cJSON *it;
-    /* Ids: the vocab's and the added tokens', all < the vocab size + added count. */
+    if (!cJSON_IsArray(merges)) return tj_fail(label, err, "model.merges: expected an array (tokenizers requires it)");
+    if (added && !cJSON_IsArray(added)) return tj_fail(label, err, "added_tokens: expected an array");
+    /* Ids: the vocab's, all < the vocab size + added count (tokenizers allows any u32; moh keeps
+     * an array by id). */
     int n_vocab = cJSON_GetArraySize(vocab), n_add = added ? cJSON_GetArraySize(added) : 0;
-    long limit = (long)n_vocab + n_add;
-    long n_tok = 0;
-    const cJSON *groups[2] = {vocab, added};
-    for (int g = 0; g < 2; g++) {
-        if (!groups[g]) continue;
-        cJSON_ArrayForEach(it, groups[g]) {
-            const cJSON *idj = g == 0 ? it : cJSON_GetObjectItemCaseSensitive(it, "id");
-            const cJSON *cj = g == 0 ? NULL : cJSON_GetObjectItemCaseSensitive(it, "content");
-            if (g == 1 && !cJSON_IsString(cj))
-                return tj_fail(label, err, "added_tokens: expected objects with \"id\" and a string \"content\"");
-            if (!cJSON_IsNumber(idj) || !(idj->valuedouble >= 0 && idj->valuedouble < (double)limit) ||
-                idj->valuedouble != (double)(long)idj->valuedouble) {
-                char q[96];
-                return moh_fail(err, MOH_E_FORMAT, "%s: %s '%s': id must be an integer in 0..%ld",
-                                label, g == 0 ? "model.vocab" : "added_tokens",
-                                json_quote(q, sizeof q, g == 0 ? it->string : cj->valuestring, 64, 16),
-                                limit - 1);
-            }
-            if ((long)idj->valuedouble + 1 > n_tok) n_tok = (long)idj->valuedouble + 1;
-        }
+    long limit = (long)n_vocab + n_add, n_tok = 0;
+    cJSON_ArrayForEach(it, vocab) {
+        if (!tj_is_u32(it) || it->valuedouble >= (double)limit)
+            return tj_err(c, "model.vocab '%s': id must be an integer in 0..%ld", json_quote(q, sizeof q, it->string, 64, 16),
+                          limit - 1);
+        if ((long)it->valuedouble + 1 > n_tok) n_tok = (long)it->valuedouble + 1;
     }
-    if (n_tok == 0) return tj_fail(label, err, "model.vocab: empty");
+    if (n_vocab == 0) return tj_fail(label, err, "model.vocab: empty");
+    static const char *const flags[] = {"single_word", "lstrip", "rstrip", "normalized", "special"};
+    cJSON_ArrayForEach(it, added) {
+        const cJSON *cj = cJSON_GetObjectItemCaseSensitive(it, "content"), *idj = cJSON_GetObjectItemCaseSensitive(it, "id");
+        if (!cJSON_IsObject(it) || !cJSON_IsString(cj))
+            return tj_fail(label, err, "added_tokens: expected objects with \"id\" and a string \"content\"");
+        if (!tj_is_u32(idj))
+            return tj_err(c, "added_tokens '%s': id must be an integer in 0..2^32-1", json_quote(q, sizeof q, cj->valuestring, 64, 16));
+        if ((rc = tj_no_dups(c, it, "added_tokens"))) return rc;
+        for (int f = 0; f < 5; f++) {
+            bool v = false;
+            if ((rc = tj_bool(c, it, "added_tokens", flags[f], true, false, &v))) return rc;
+            if (v && f < 3)
+                return tj_err(c, "added token '%s': %s true is not applied by moh (expected false)",
+                              json_quote(q, sizeof q, cj->valuestring, 64, 16), flags[f]);
+        }
+        if ((long)idj->valuedouble + 1 > n_tok) n_tok = (long)idj->valuedouble + 1;
+    }
+    if (n_tok > limit) n_tok = limit; /* an added id past it is refused below */
     const char **tokens = calloc((size_t)n_tok, sizeof *tokens);
-    int n_m = merges ? cJSON_GetArraySize(merges) : 0;
+    int n_m = cJSON_GetArraySize(merges);
     char **mstr = calloc((size_t)n_m + 1, sizeof *mstr);
     int *add_ids = malloc(((size_t)n_add + 1) * sizeof(int));
-    int rc = MOH_OK;
-    if (!tokens || !mstr || !add_ids) {
+    bool *add_norm = calloc((size_t)n_add + 1, sizeof(bool));
+    if (!tokens || !mstr || !add_ids || !add_norm) {
         rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", label);
         goto done;
     }
-    char q[96];
     cJSON_ArrayForEach(it, vocab) {
         long id = (long)it->valuedouble;
         if (tokens[id]) {
@@ -826,31 +1348,65 @@ static int tj_build(bpe_tok **out, const cJSON *root, const char *label, moh_err
         }
         tokens[id] = it->string;
     }
-    int na = 0;
-    if (added) cJSON_ArrayForEach(it, added) {
-        long id = (long)cJSON_GetObjectItemCaseSensitive(it, "id")->valuedouble;
-        const char *c = cJSON_GetObjectItemCaseSensitive(it, "content")->valuestring;
-        const char *flags[] = {"lstrip", "rstrip", "single_word"};
-        for (int f = 0; f < 3; f++)
-            if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, flags[f]))) {
-                rc = moh_fail(err, MOH_E_FORMAT, "%s: added token '%s': %s true is not supported",
-                              label, json_quote(q, sizeof q, c, 64, 16), flags[f]);
+    if (all_bytes) /* unk_token / byte_fallback act only on a byte without a token */
+        for (int b = 0; b < 256; b++) {
+            char sp[4];
+            bpe_byte_spelling(b, sp);
+            if (!cJSON_GetObjectItemCaseSensitive(vocab, sp)) {
+                const cJSON *u = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
+                rc = tj_err(c, "model.%s is not applied by moh, which drops byte 0x%02X (it has no token; expected %s)",
+                            cJSON_IsString(u) ? "unk_token" : "byte_fallback", b,
+                            cJSON_IsString(u) ? "null" : "false");
                 goto done;
             }
-        if (tokens[id] && strcmp(tokens[id], c)) {
-            char q2[96];
-            rc = moh_fail(err, MOH_E_FORMAT, "%s: added token '%s': id %ld is token '%s' in model.vocab",
-                          label, json_quote(q, sizeof q, c, 64, 16), id,
-                          json_quote(q2, sizeof q2, tokens[id], 64, 16));
+        }
+    /* Added ids as tokenizers assigns them (the "id" given is only checked): the vocab's id of
+     * the content, else the id of the same content earlier in the list, else the next one from
+     * the vocab's size on. Empty contents are skipped. */
+    int na = 0;
+    long next = n_vocab;
+    cJSON_ArrayForEach(it, added) {
+        const char *cont = cJSON_GetObjectItemCaseSensitive(it, "content")->valuestring;
+        long given = (long)cJSON_GetObjectItemCaseSensitive(it, "id")->valuedouble, id = -1;
+        if (!cont[0]) continue;
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(vocab, cont);
+        if (v) id = (long)v->valuedouble;
+        for (int k = 0; k < na && id < 0; k++)
+            if (!strcmp(tokens[add_ids[k]], cont)) id = add_ids[k];
+        if (id < 0) id = next++;
+        if (given != id) {
+            rc = tj_err(c, "added token '%s': id %ld, but tokenizers gives it id %ld (expected %ld)",
+                        json_quote(q, sizeof q, cont, 64, 16), given, id, id);
             goto done;
         }
-        tokens[id] = c;
+        if (!v && id < n_tok && tokens[id] && strcmp(tokens[id], cont)) {
+            char q2[96];
+            rc = tj_err(c, "added token '%s': id %ld is token '%s' in model.vocab", json_quote(q, sizeof q, cont, 64, 16),
+                        id, json_quote(q2, sizeof q2, tokens[id], 64, 16));
+            goto done;
+        }
+        bool nz = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "normalized"));
+        int k = 0;
+        while (k < na && add_ids[k] != id) k++;
+        add_norm[k] = nz; /* a repeat: the last flags win */
+        if (k < na) continue;
+        tokens[id] = cont;
         add_ids[na++] = (int)id;
     }
     int k = 0;
-    if (merges) cJSON_ArrayForEach(it, merges) {
+    int n_str = 0, n_pair = 0;
+    cJSON_ArrayForEach(it, merges) {
+        if (cJSON_IsString(it)) n_str++;
+        else n_pair++;
+    }
+    if (n_str && n_pair) { /* tokenizers reads either form, not both */
+        rc = tj_fail(label, err, "model.merges: mixes \"A B\" strings and [\"A\", \"B\"] pairs (expected one form)");
+        goto done;
+    }
+    cJSON_ArrayForEach(it, merges) {
         const char *a = NULL, *b = NULL;
         if (cJSON_IsString(it)) {
+            if (!strncmp(it->valuestring, "#version", 8)) continue; /* a merges.txt header: skipped */
             mstr[k] = strdup(it->valuestring);
         } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 &&
                    cJSON_IsString(cJSON_GetArrayItem(it, 0)) && cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
@@ -872,14 +1428,28 @@ static int tj_build(bpe_tok **out, const cJSON *root, const char *label, moh_err
         }
         k++;
     }
-    bpe_spec spec = {.tokens = tokens, .n_tokens = (int)n_tok, .merges = (const char *const *)mstr,
-                     .n_merges = k, .added = add_ids, .n_added = na, .pre = BPE_PRE_CUSTOM};
-    const cJSON *im = cJSON_GetObjectItemCaseSensitive(model, "ignore_merges");
-    spec.ignore_merges = cJSON_IsTrue(im);
+    spec.tokens = tokens;
+    spec.n_tokens = (int)n_tok;
+    spec.merges = (const char *const *)mstr;
+    spec.n_merges = k;
+    spec.added = add_ids;
+    spec.n_added = na;
+    spec.added_normalized = add_norm;
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
-    if (pre && !cJSON_IsNull(pre) && (rc = tj_pre(pre, &spec, label, err))) goto done;
+    if (pre && !cJSON_IsNull(pre) && (rc = tj_pre(c, pre, 0))) goto done;
+    if (!cx.byte_level) {
+        rc = tj_fail(label, err, "pre_tokenizer: no ByteLevel stage; moh's BPE runs on bytes (expected ByteLevel, or a "
+                     "Sequence ending in ByteLevel)");
+        goto done;
+    }
+    const cJSON *post = cJSON_GetObjectItemCaseSensitive(root, "post_processor");
+    if (post && !cJSON_IsNull(post) && (rc = tj_post(c, post, 0))) goto done;
+    if ((rc = tj_decoder(c, cJSON_GetObjectItemCaseSensitive(root, "decoder")))) goto done;
+    spec.post_prefix = cx.post;
+    spec.n_post_prefix = cx.n_pre;
+    spec.post_suffix = cx.post ? cx.post + cx.n_pre : NULL;
+    spec.n_post_suffix = cx.n_suf;
     tj_named_pre(&spec);
-    spec.source = label;
     rc = bpe_create(out, &spec, err);
     if (rc && err && strncmp(err->msg, label, strlen(label)) != 0) {
         char tmp[sizeof err->msg];
@@ -887,10 +1457,13 @@ static int tj_build(bpe_tok **out, const cJSON *root, const char *label, moh_err
         moh_fail(err, rc, "%s: %s", label, tmp);
     }
 done:
-    for (int i = 0; i < n_m; i++) free(mstr[i]);
+    for (int i = 0; i < n_m; i++) free(mstr ? mstr[i] : NULL);
+    for (int i = 0; i < cx.n_own; i++) free(cx.own[i]);
+    free(cx.post);
     free(mstr);
     free(tokens);
     free(add_ids);
+    free(add_norm);
     return rc;
 }
 
@@ -901,6 +1474,8 @@ int bpe_from_tokenizer_json(bpe_tok **out, const char *text, size_t len, const c
     cJSON *root = NULL;
     int rc = json_parse_text(&rd, text, len, &root);
     if (rc) return rc;
+    const char *p = text;
+    tj_mark_ints(root, &p, text + len);
     if (!cJSON_IsObject(root)) rc = tj_fail(label, err, "expected a JSON object");
     else rc = tj_build(out, root, label, err);
     cJSON_Delete(root);
@@ -974,6 +1549,35 @@ static cJSON *tj_pre_json(const bpe_tok *t) {
     return seq;
 }
 
+/* The post-processor ids of t as a TemplateProcessing: each id a special token of its own. */
+static cJSON *tj_template_json(const bpe_tok *t) {
+    cJSON *o = tj_obj("TemplateProcessing"), *single = cJSON_AddArrayToObject(o, "single");
+    cJSON *pair = cJSON_AddArrayToObject(o, "pair"), *sp = cJSON_AddObjectToObject(o, "special_tokens");
+    for (int lst = 0; lst < 2; lst++) {
+        cJSON *l = lst ? pair : single;
+        for (int i = 0; i <= t->n_pre + t->n_suf; i++) {
+            const bool seq = i == t->n_pre;
+            cJSON *p = cJSON_CreateObject(), *x = cJSON_AddObjectToObject(p, seq ? "Sequence" : "SpecialToken");
+            cJSON_AddStringToObject(x, "id", seq ? "A" : t->str[t->post[i - (i > t->n_pre)]]);
+            cJSON_AddNumberToObject(x, "type_id", 0);
+            cJSON_AddItemToArray(l, p);
+        }
+    }
+    cJSON *b = cJSON_CreateObject(), *x = cJSON_AddObjectToObject(b, "Sequence");
+    cJSON_AddStringToObject(x, "id", "B");
+    cJSON_AddNumberToObject(x, "type_id", 1);
+    cJSON_AddItemToArray(pair, b);
+    for (int i = 0; i < t->n_pre + t->n_suf; i++) {
+        const char *s = t->str[t->post[i]];
+        if (cJSON_GetObjectItemCaseSensitive(sp, s)) continue;
+        cJSON *e = cJSON_AddObjectToObject(sp, s);
+        cJSON_AddStringToObject(e, "id", s);
+        cJSON_AddItemToObject(e, "ids", cJSON_CreateIntArray(&t->post[i], 1));
+        cJSON_AddItemToObject(e, "tokens", cJSON_CreateStringArray(&s, 1));
+    }
+    return o;
+}
+
 typedef struct merge_rec { int rank, a, b; } merge_rec;
 static int cmp_merge_rec(const void *x, const void *y) {
     const merge_rec *p = x, *q = y;
@@ -1015,13 +1619,14 @@ int bpe_to_tokenizer_json(const bpe_tok *t, char **json, size_t *len, moh_error 
         cJSON_AddBoolToObject(o, "single_word", false);
         cJSON_AddBoolToObject(o, "lstrip", false);
         cJSON_AddBoolToObject(o, "rstrip", false);
-        cJSON_AddBoolToObject(o, "normalized", false);
+        cJSON_AddBoolToObject(o, "normalized", t->norm[added[i]]);
         cJSON_AddBoolToObject(o, "special", true);
         cJSON_AddItemToArray(al, o);
     }
     cJSON_AddNullToObject(root, "normalizer");
     cJSON_AddItemToObject(root, "pre_tokenizer", tj_pre_json(t));
-    cJSON_AddNullToObject(root, "post_processor");
+    if (t->n_pre + t->n_suf) cJSON_AddItemToObject(root, "post_processor", tj_template_json(t));
+    else cJSON_AddNullToObject(root, "post_processor");
     cJSON *dec = tj_obj("ByteLevel");
     cJSON_AddBoolToObject(dec, "add_prefix_space", true);
     cJSON_AddBoolToObject(dec, "trim_offsets", true);
@@ -1120,6 +1725,13 @@ char *bpe_tokenizer_config_json(const bpe_tok *t, int eos_id, const char *chat_t
 bpe_pre bpe_pre_kind(const bpe_tok *t) { return t->pre; }
 
 const char *bpe_source(const bpe_tok *t) { return t->source; }
+
+void bpe_post_ids(const bpe_tok *t, const int **prefix, int *n_prefix, const int **suffix, int *n_suffix) {
+    *n_prefix = t->n_pre;
+    *n_suffix = t->n_suf;
+    *prefix = t->n_pre ? t->post : NULL;
+    *suffix = t->n_suf ? t->post + t->n_pre : NULL;
+}
 
 bool bpe_is_added(const bpe_tok *t, int id) {
     for (int i = 0; i < t->n_added; i++)

@@ -45,6 +45,15 @@ typedef struct bpe_spec {
     int n_regex;
     bool ignore_merges;
     const char *source; /* where the tokenizer came from, for messages (a file path), or NULL */
+    /* added_normalized[n_added] (NULL: all false): tokens HF marks "normalized": true, matched
+     * in the gaps the others leave (tokenizers' second pass). */
+    const bool *added_normalized;
+    /* ids the post-processor puts around one encoded text (bpe_encode_special): post_prefix
+     * before, post_suffix after (HF TemplateProcessing "single"); each a token. */
+    const int *post_prefix;
+    int n_post_prefix;
+    const int *post_suffix;
+    int n_post_suffix;
 } bpe_spec;
 
 /* Maps a `tokenizer.ggml.pre` name to *pre (ignore_merges: true for LLaMA-3). Unknown names:
@@ -56,11 +65,14 @@ int bpe_pre_from_name(const char *name, bpe_pre *pre, bool *ignore_merges, moh_e
  * a regex PCRE2 rejects (with its message and offset); MOH_E_ARG for counts < 0; MOH_E_NOMEM. */
 int bpe_create(bpe_tok **out, const bpe_spec *spec, moh_error *err);
 
-/* Hugging Face tokenizer.json text[0..len) (label names it in messages): model BPE (vocab,
- * merges as "A B" strings or [A, B] pairs, ignore_merges), added_tokens, normalizer null,
- * pre_tokenizer ByteLevel / Digits / Split(Regex, Isolated) / a Sequence of these. Anything else
- * (byte_fallback, a normalizer, add_prefix_space, lstrip/rstrip on an added token, ...) is
- * MOH_E_FORMAT naming the field; JSON syntax errors MOH_E_FORMAT with line and column. */
+/* Hugging Face tokenizer.json text[0..len) (label names it in messages), read as `tokenizers`
+ * 0.23 reads it (the rules: top comment of bpe.c): model BPE (vocab, merges as "A B" strings or
+ * [A, B] pairs, ignore_merges), added_tokens (ids as tokenizers assigns them), normalizer null,
+ * pre_tokenizer ByteLevel / Digits / Split(Isolated) / a Sequence of these ending in ByteLevel,
+ * post_processor null / ByteLevel / TemplateProcessing (bpe_encode_special applies it), decoder
+ * null / ByteLevel. What tokenizers refuses, and what it applies but moh does not (a normalizer,
+ * dropout, add_prefix_space, lstrip on an added token, ...), is MOH_E_FORMAT in one line naming
+ * the field; JSON syntax errors MOH_E_FORMAT with line and column. */
 int bpe_from_tokenizer_json(bpe_tok **out, const char *text, size_t len, const char *label,
                             moh_error *err);
 /* Same, from the file at path (MOH_E_IO when unreadable). */
@@ -118,6 +130,12 @@ int bpe_utf8_len(const uint8_t *s, size_t n);
 int bpe_encode(const bpe_tok *t, const uint8_t *text, size_t len, bool parse_added, int **ids,
                size_t *n_ids, moh_error *err);
 
+/* bpe_encode with added tokens matched, then the post-processor's ids around the result (what
+ * Hugging Face's encode(text) gives with its default add_special_tokens=True; bpe_encode is
+ * encode(text, add_special_tokens=False)). Errors as bpe_encode. */
+int bpe_encode_special(const bpe_tok *t, const uint8_t *text, size_t len, int **ids, size_t *n_ids,
+                       moh_error *err);
+
 /* Concatenated bytes of ids[0..n) into *out[*out_len] (malloc'd + one NUL byte, caller frees).
  * MOH_E_ARG naming the first id out of range; MOH_E_NOMEM. */
 int bpe_decode(const bpe_tok *t, const int *ids, size_t n, uint8_t **out, size_t *out_len,
@@ -147,6 +165,8 @@ bpe_pre bpe_pre_kind(const bpe_tok *t);
 const char *bpe_source(const bpe_tok *t);
 /* true when id is an added token (matched literally before BPE). */
 bool bpe_is_added(const bpe_tok *t, int id);
+/* The post-processor's ids (bpe_spec.post_prefix / post_suffix; views into t, NULL when 0). */
+void bpe_post_ids(const bpe_tok *t, const int **prefix, int *n_prefix, const int **suffix, int *n_suffix);
 /* The merges in rank order as token-id pairs (*left)[i] (*right)[i], i < *n (malloc'd, caller
  * frees both; NULL when *n == 0). A merge given twice appears once, at its first rank.
  * MOH_E_NOMEM. */

@@ -15,6 +15,7 @@
 #include "core/fsutil.h"
 #include "io/gguf.h"
 #include "text/bpe_gguf.h"
+#include "train/manifest.h"
 #include "train/train_util.h"
 
 #define CKPT_FORMAT "moh-train-v2"
@@ -33,6 +34,7 @@ static const train_key TRAIN_KEYS[] = {
     {"data_rng", 'u', ST(data_rng), 0, 0, NULL, 0},
     {"examples_seen", 'd', ST(examples_seen), 0, 1e18, NULL, 0},
     {"elapsed_s", 'd', ST(elapsed_s), 0, 1e12, NULL, 0},
+    {"data_crc", 'u', ST(data_crc), 0, 0, NULL, 0},
     {"lr", 'd', HP(lr), 1e-30, 1e3, "--lr", 'a'},
     {"min_lr_ratio", 'd', HP(min_lr_ratio), 0, 1, "--min-lr-ratio", 'a'},
     {"weight_decay", 'd', HP(weight_decay), 0, 1e3, "--weight-decay", 'a'},
@@ -54,6 +56,8 @@ static const train_key TRAIN_KEYS[] = {
     {"ema_decay", 'd', HP(ema_decay), 0, 0.999999999, "--ema-decay", 'a'},
     {"optimizer", 'i', HP(optimizer), 0, 1, "--optimizer", 'r'}, /* 0 adamw, 1 muon */
     {"muon_lr", 'd', HP(muon_lr), 0, 1e3, "--muon-lr", 'a'}, /* 0: the same as lr */
+    {"save_every", 'l', HP(save_every), 0, 1e15, "--save-every", 'a'},
+    {"precision", 'i', HP(precision), 0, 1, "--precision", 'a'}, /* 0 fp32, 1 bf16 */
 };
 enum { NUM_KEYS = (int)(sizeof TRAIN_KEYS / sizeof TRAIN_KEYS[0]) };
 
@@ -109,24 +113,34 @@ static void format_key(const train_key *k, const train_state *st, char *out, siz
     }
 }
 
-int checkpoint_save_tokenizer(const char *dir, const model *m, moh_error *err) {
+/* dir/name, or its staged name (manifest.h) for a save that commits through checkpoint.json. */
+static void target(char *out, size_t cap, const char *dir, const char *name, bool staged) {
+    if (staged) manifest_staged_path(out, cap, dir, name);
+    else join(out, cap, dir, name);
+}
+
+static int write_tokenizer(const char *dir, const model *m, bool staged, moh_error *err) {
     if (!m->tokenizer) return MOH_OK;
     char path[4200], *json = NULL;
     size_t len = 0;
     int rc = bpe_to_tokenizer_json(m->tokenizer, &json, &len, err);
     if (!rc) {
-        join(path, sizeof path, dir, "tokenizer.json");
+        target(path, sizeof path, dir, "tokenizer.json", staged);
         rc = fs_write_atomic(path, json, len, err);
         free(json);
     }
     if (!rc && !(json = bpe_tokenizer_config_json(m->tokenizer, m->eos_id, m->chat_template)))
         rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory writing tokenizer_config.json", dir);
     if (!rc) {
-        join(path, sizeof path, dir, "tokenizer_config.json");
+        target(path, sizeof path, dir, "tokenizer_config.json", staged);
         rc = fs_write_atomic(path, json, strlen(json), err);
         free(json);
     }
     return rc;
+}
+
+int checkpoint_save_tokenizer(const char *dir, const model *m, moh_error *err) {
+    return write_tokenizer(dir, m, false, err);
 }
 
 int checkpoint_load_tokenizer(model *m, const char *dir, moh_error *err) {
@@ -160,6 +174,9 @@ int checkpoint_load_tokenizer(model *m, const char *dir, moh_error *err) {
     return rc;
 }
 
+static int write_model(const char *dir, const model *m, const float *weights, long step, bool staged,
+                       moh_error *err);
+
 int checkpoint_save(const char *dir, const model *m, const float *m1, const float *m2, const train_state *st,
                     moh_error *err) {
     return checkpoint_save_ema(dir, m, m1, m2, NULL, st, err);
@@ -172,36 +189,42 @@ int checkpoint_save_ema(const char *dir, const model *m, const float *m1, const 
     model_tensor *ts = model_tensors(m, &nt);
     moh_st_entry *e = calloc((size_t)nt * 4 + 1, sizeof *e);
     char (*names)[112] = calloc((size_t)nt * 4 + 1, sizeof *names);
-    int rc = MOH_OK;
+    const char *files[CKPT_MAX_FILES];
+    int nf = 0, rc = MOH_OK;
     char path[4200];
     if (!ts || !e || !names) {
         rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory while saving", dir);
         goto out;
     }
-    if ((rc = checkpoint_save_tokenizer(dir, m, err))) goto out;
-    /* the EMA weights are the model's; the step of a training save lets a resume tell a save cut off
-     * between the two files */
-    if ((rc = checkpoint_save_model(dir, m, ema ? ema : m->data, st ? st->step : -1, err))) goto out;
+    /* every file staged, then committed together by checkpoint.json (manifest.h) */
+    if ((rc = write_tokenizer(dir, m, true, err))) goto out;
+    if (m->tokenizer) {
+        files[nf++] = "tokenizer.json";
+        files[nf++] = "tokenizer_config.json";
+    }
     {
         char *json = m->fam->config_to_json(m->cfg);
         if (!json) {
             rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory writing config.json", dir);
             goto out;
         }
-        join(path, sizeof path, dir, "config.json");
+        target(path, sizeof path, dir, "config.json", true);
         rc = fs_write_atomic(path, json, strlen(json), err);
         free(json);
+        if (rc) goto out;
+        files[nf++] = "config.json";
     }
-    if (!rc && m1 && m2 && st) {
-        /* one self-contained file for --resume: weights, moments and training state together, so a
-         * crash between two file renames can never pair weights with foreign moments; written last,
-         * so that a folder holding it also holds config.json (and the tokenizer) */
+    /* the EMA weights are the model's */
+    if ((rc = write_model(dir, m, ema ? ema : m->data, st ? st->step : -1, true, err))) goto out;
+    files[nf++] = "model.safetensors";
+    if (m1 && m2 && st) {
+        /* one self-contained file for --resume: weights, moments and training state together */
         make_entries(e, names, ts, nt, "param.", m->data);
         make_entries(e + nt, names + nt, ts, nt, "m.", m1);
         make_entries(e + 2 * nt, names + 2 * nt, ts, nt, "v.", m2);
         if (ema) make_entries(e + 3 * nt, names + 3 * nt, ts, nt, "ema.", ema);
         char vals[NUM_KEYS][48];
-        const char *meta[2 * (NUM_KEYS + 2)];
+        const char *meta[2 * (NUM_KEYS + 3)];
         meta[0] = "format";
         meta[1] = CKPT_FORMAT;
         meta[2] = "model_type";
@@ -211,18 +234,19 @@ int checkpoint_save_ema(const char *dir, const model *m, const float *m1, const 
             meta[2 * i + 4] = TRAIN_KEYS[i].key;
             meta[2 * i + 5] = vals[i];
         }
-        join(path, sizeof path, dir, "optimizer.safetensors");
-        if ((rc = moh_st_write_meta(path, e, (ema ? 4 : 3) * nt, meta, NUM_KEYS + 2, err))) goto out;
+        int nm = NUM_KEYS + 2;
+        if (st->data_path[0]) { /* where --resume finds the data without --data */
+            meta[2 * nm] = "data";
+            meta[2 * nm + 1] = st->data_path;
+            nm++;
+        }
+        target(path, sizeof path, dir, "optimizer.safetensors", true);
+        if ((rc = moh_st_write_meta(path, e, (ema ? 4 : 3) * nt, meta, nm, err))) goto out;
+        files[nf++] = "optimizer.safetensors";
     }
-    /* a byte model: a tokenizer left in dir (of a BPE model saved there before) would make it read
-     * as BPE; removed once the model is written */
-    static const char *const tok_files[] = {"tokenizer.json", "tokenizer_config.json"};
-    for (int i = 0; !rc && !m->tokenizer && i < 2; i++) {
-        join(path, sizeof path, dir, tok_files[i]);
-        if (unlink(path) != 0 && errno != ENOENT)
-            rc = moh_fail(err, MOH_E_IO, "%s: cannot remove the stale tokenizer file: %s", path, strerror(errno));
-    }
+    rc = manifest_commit(dir, files, nf, st ? st->step : -1, err);
 out:
+    if (rc) manifest_discard(dir);
     free(ts);
     free(e);
     free(names);
@@ -242,15 +266,41 @@ static int read_tensors(const moh_safetensors *st, const model_tensor *ts, int n
     return MOH_OK;
 }
 
-/* m's weights from an opened model.safetensors: every registry tensor, finite, nothing else. */
+/* An extra tensor `name` of st that the family ties to a registry tensor (model_family.tied_tensor):
+ * it must hold that tensor's values in m->data (HF ignores it and ties the two; a different one
+ * would be a silent change of the model). MOH_OK, or MOH_E_SHAPE / MOH_E_FORMAT naming both. */
+static int check_tied(const model *m, const moh_safetensors *st, const model_tensor *ts, int nt, const char *name,
+                      const char *twin, moh_error *err) {
+    const model_tensor *t = NULL;
+    for (int j = 0; j < nt && !t; j++)
+        if (!strcmp(ts[j].name, twin)) t = &ts[j];
+    if (!t) return moh_fail(err, MOH_E_SHAPE, "%s: tensor '%s' ties to '%s', which the model lacks", st->path, name, twin);
+    float *buf = malloc(sizeof(float) * (t->numel ? t->numel : 1));
+    if (!buf) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", st->path);
+    int rc = moh_st_read_f32(st, name, t->ndim, t->shape, buf, err);
+    if (!rc && memcmp(buf, m->data + t->offset, sizeof(float) * t->numel))
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s' differs from '%s', but config.json ties them "
+                      "(tie_word_embeddings true): expected no '%s', or the same values (or set tie_word_embeddings "
+                      "false)", st->path, name, twin, name);
+    free(buf);
+    return rc;
+}
+
+/* m's weights from an opened model.safetensors: every registry tensor, finite, nothing else (but a
+ * tied duplicate of one). */
 static int weights_from(model *m, const moh_safetensors *st, moh_error *err) {
     int nt = 0, rc = MOH_OK;
     model_tensor *ts = model_tensors(m, &nt);
     if (!ts) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", st->path);
     if (!rc) rc = read_tensors(st, ts, nt, "", m->data, err);
     for (int i = 0; !rc && i < st->n_tensors; i++) {
-        bool known = m->fam->extra_tensor_ok && m->fam->extra_tensor_ok(m->cfg, st->tensors[i].name);
+        bool known = false;
         for (int j = 0; j < nt && !known; j++) known = !strcmp(st->tensors[i].name, ts[j].name);
+        const char *twin = !known && m->fam->tied_tensor ? m->fam->tied_tensor(m->cfg, st->tensors[i].name) : NULL;
+        if (twin) {
+            rc = check_tied(m, st, ts, nt, st->tensors[i].name, twin, err);
+            continue;
+        }
         char shown[200];
         if (!known)
             rc = moh_fail(err, MOH_E_SHAPE, "%s: unexpected tensor '%s' for config.json (its router, shared_heads, "
@@ -298,7 +348,7 @@ static int load_sharded(model *m, const char *dir, const char *index, moh_error 
                 rc = moh_fail(err, MOH_E_FORMAT, "%s: weight_map names '%s' twice, expected each tensor once", index,
                               moh_st_quote(shown, sizeof shown, e->string));
     for (const cJSON *e = map->child; !rc && e; e = e->next) { /* every entry names a registry tensor */
-        bool known = m->fam->extra_tensor_ok && m->fam->extra_tensor_ok(m->cfg, e->string);
+        bool known = m->fam->tied_tensor && m->fam->tied_tensor(m->cfg, e->string); /* (checked below) */
         for (int j = 0; j < nt && !known; j++) known = !strcmp(e->string, ts[j].name);
         if (!known)
             rc = moh_fail(err, MOH_E_SHAPE, "%s: unexpected tensor '%s' for config.json", index,
@@ -325,6 +375,21 @@ static int load_sharded(model *m, const char *dir, const char *index, moh_error 
         rc = moh_st_read_f32(&shards[k], ts[i].name, ts[i].ndim, ts[i].shape, m->data + ts[i].offset, err);
         if (!rc) rc = train_check_finite(shards[k].path, ts[i].name, m->data + ts[i].offset, ts[i].numel, err);
     }
+    for (const cJSON *e = map->child; !rc && e; e = e->next) { /* tied duplicates hold their twin's values */
+        bool reg = false;
+        for (int j = 0; j < nt && !reg; j++) reg = !strcmp(e->string, ts[j].name);
+        const char *twin = !reg && m->fam->tied_tensor ? m->fam->tied_tensor(m->cfg, e->string) : NULL;
+        if (!twin) continue;
+        int k = 0;
+        while (k < nshards && strcmp(names[k], e->valuestring)) k++;
+        if (k == nshards) {
+            snprintf(names[k], sizeof names[k], "%s", e->valuestring);
+            join(path, sizeof path, dir, e->valuestring);
+            if ((rc = moh_st_open(&shards[k], path, err))) break;
+            nshards++;
+        }
+        rc = check_tied(m, &shards[k], ts, nt, e->string, twin, err);
+    }
     for (int k = 0; k < nshards; k++) moh_st_close(&shards[k]);
     free(shards);
     free(names);
@@ -335,8 +400,14 @@ static int load_sharded(model *m, const char *dir, const char *index, moh_error 
 
 int model_load(model *m, const char *dir, moh_error *err) {
     char path[4200];
+    bool found = false;
+    int rc = manifest_check(dir, false, &found, NULL, NULL, err); /* one save's files, never a mix */
+    if (rc) {
+        memset(m, 0, sizeof *m);
+        return rc;
+    }
     join(path, sizeof path, dir, "config.json");
-    int rc = model_from_config_file(m, path, err);
+    rc = model_from_config_file(m, path, err);
     if (rc) return rc;
     join(path, sizeof path, dir, "model.safetensors");
     struct stat sb;
@@ -461,7 +532,8 @@ int checkpoint_check_model(const char *dir, const model *m, const float *expect,
     return rc;
 }
 
-int checkpoint_save_model(const char *dir, const model *m, const float *weights, long step, moh_error *err) {
+static int write_model(const char *dir, const model *m, const float *weights, long step, bool staged,
+                       moh_error *err) {
     int nt = 0;
     model_tensor *ts = model_tensors(m, &nt);
     moh_st_entry *e = calloc((size_t)nt + 1, sizeof *e);
@@ -473,13 +545,17 @@ int checkpoint_save_model(const char *dir, const model *m, const float *weights,
         snprintf(sv, sizeof sv, "%ld", step);
         const char *meta[] = {"format", "pt", "step", sv};
         make_entries(e, names, ts, nt, "", weights);
-        join(path, sizeof path, dir, "model.safetensors");
+        target(path, sizeof path, dir, "model.safetensors", staged);
         rc = moh_st_write_meta(path, e, nt, meta, step >= 0 ? 2 : 1, err);
     }
     free(ts);
     free(e);
     free(names);
     return rc;
+}
+
+int checkpoint_save_model(const char *dir, const model *m, const float *weights, long step, moh_error *err) {
+    return write_model(dir, m, weights, step, false, err);
 }
 
 int checkpoint_load_optimizer(const char *dir, const model *m, float *params, float *m1, float *m2, train_state *st,
@@ -547,6 +623,10 @@ int checkpoint_load_optimizer_ema(const char *dir, const model *m, float *params
             }
         }
         if (!name) continue;
+        /* keys added after moh-train-v2 first shipped: absent in its earlier files (then not present) */
+        if (!moh_st_meta(&sf, name) && (k->offset == ST(data_crc) || k->offset == HP(save_every) ||
+                                         k->offset == HP(precision)))
+            continue;
         if (k->type == 'u') {
             const char *s = moh_st_meta(&sf, name);
             char *end = NULL;
@@ -565,6 +645,12 @@ int checkpoint_load_optimizer_ema(const char *dir, const model *m, float *params
         }
         if (!rc) *present |= (train_keys_present)1 << i;
     }
+    const char *data = moh_st_meta(&sf, "data");
+    st->data_path[0] = '\0';
+    if (!rc && data && (!*data || strlen(data) >= sizeof st->data_path))
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: __metadata__ field 'data' is %s, expected a path of 1 to %zu bytes",
+                      path, *data ? "too long" : "empty", sizeof st->data_path - 1);
+    else if (!rc && data) snprintf(st->data_path, sizeof st->data_path, "%s", data);
     if (!rc && old && !is_lm) { /* moh-vit-train-v1 keeps the augmentation as "PAD FLIP" */
         const char *aug = moh_st_meta(&sf, "augment");
         int pad = 0, flip = 0, used = 0;

@@ -12,9 +12,13 @@
  *                          training state in __metadata__ (TRAIN_KEYS in
  *                          checkpoint.c; format "moh-train-v2"; the 0.1 formats "moh-lm-train-v1"
  *                          and "moh-vit-train-v1" still load)
+ *   checkpoint.json        the manifest (train/manifest.h): the save's step and every file's size
+ *                          and CRC-32, written last as the save's commit point
  *   metrics.jsonl          appended by the trainer
- * Every file is written atomically (temp, fsync, rename): a crash mid-save leaves the previous
- * file intact, and resume reads one file, so it never mixes two saves. */
+ * A save stages every file (NAME.next.PID, fsync'ed), commits checkpoint.json, then renames the
+ * staged files into place: a crash or kill at any point leaves the previous save or the new one
+ * (a reader finishes a committed save), never a mix, and model_load and a resume refuse a file
+ * that differs from the manifest (changed, or copied from another checkpoint). */
 #ifndef MOH_CHECKPOINT_H
 #define MOH_CHECKPOINT_H
 #include "models/model.h"
@@ -30,6 +34,8 @@ typedef struct train_state {
     uint64_t data_rng;    /* data position of random-window sources after `step` steps */
     double examples_seen; /* tokens or images */
     double elapsed_s;     /* wall time spent training before this session */
+    uint64_t data_crc;    /* CRC-32 of the run's training and validation data (batch_source.data_crc) */
+    char data_path[1024]; /* the data as the run first opened it (an absolute path; "" = not recorded) */
     train_hparams hp;     /* the run's hyperparameters */
 } train_state;
 
@@ -52,10 +58,11 @@ const train_key *train_state_keys(int *n);
 int train_state_key_index(const char *key);
 
 /* Writes config.json and model.safetensors into dir (created if absent), and, when m1/m2 (AdamW
- * moments, m->n floats each) and st are given, optimizer.safetensors; m's tokenizer files
- * (checkpoint_save_tokenizer), or for a model without a tokenizer removes tokenizer.json and
- * tokenizer_config.json left in dir (after the model is written). MOH_OK or MOH_E_IO /
- * MOH_E_NOMEM naming the file. */
+ * moments, m->n floats each) and st are given, optimizer.safetensors (with st's training state
+ * and data path); m's tokenizer files (checkpoint_save_tokenizer), or for a model without a
+ * tokenizer removes tokenizer.json and tokenizer_config.json left in dir; all committed together
+ * by checkpoint.json (manifest_commit). MOH_OK or MOH_E_IO / MOH_E_NOMEM naming the file; on an
+ * error the previous checkpoint in dir is untouched. */
 int checkpoint_save(const char *dir, const model *m, const float *m1, const float *m2, const train_state *st,
                     moh_error *err);
 /* Writes m's tokenizer (when it has one) into dir as Hugging Face's tokenizer.json (text/bpe.h:
@@ -76,8 +83,10 @@ int checkpoint_save_ema(const char *dir, const model *m, const float *m1, const 
 /* Reads dir/config.json (family from its model_type) and dir/model.safetensors into a new model
  * (or, without model.safetensors, the shards a Hugging Face model.safetensors.index.json lists;
  * F32, BF16 or F16 tensors, converted to float32), and the tokenizer (checkpoint_load_tokenizer).
- * A missing, misshapen or non-finite tensor, or one the config does not have, is MOH_E_SHAPE /
- * MOH_E_FORMAT naming the file and tensor. */
+ * First manifest_check: a committed save is finished and, where the folder has checkpoint.json,
+ * every file read must match it (MOH_E_FORMAT naming the file otherwise). A missing, misshapen or
+ * non-finite tensor, or one the config does not have (a tied duplicate of one must hold its
+ * values), is MOH_E_SHAPE / MOH_E_FORMAT naming the file and tensor. */
 int model_load(model *m, const char *dir, moh_error *err);
 /* A model from path: a checkpoint directory (model_load) or a GGUF file (llama.cpp's format) of an
  * architecture a family reads (model_family.from_gguf: "llama"), weights dequantised to float32.

@@ -3,6 +3,7 @@
  * metrics.jsonl. Everything family-specific goes through model.h. */
 #include "train/trainer.h"
 
+#include <inttypes.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -15,6 +16,7 @@
 #include "train/adamw.h"
 #include "train/optim.h"
 #include "train/dist.h"
+#include "train/manifest.h"
 #include "train/train_util.h"
 
 void train_hparams_unset(train_hparams *h) {
@@ -24,7 +26,7 @@ void train_hparams_unset(train_hparams *h) {
                          .train_limit = LONG_MIN, .crop_pad = INT_MIN, .hflip = INT_MIN, .epochs = NAN,
                          .eval_every = LONG_MIN, .eval_limit = LONG_MIN, .log_every = LONG_MIN,
                          .attention = INT_MIN, .ema_decay = NAN, .optimizer = INT_MIN,
-                         .muon_lr = NAN};
+                         .muon_lr = NAN, .save_every = LONG_MIN, .precision = INT_MIN};
 }
 
 void train_options_defaults(train_options *o) {
@@ -55,6 +57,10 @@ static bool flag_given(const train_options *o, const train_key *k) {
 static void fmt_value(const train_key *k, const char *p, char *out, size_t cap) {
     if (!strcmp(k->key, "muon_lr") && *(const double *)p == 0) {
         snprintf(out, cap, "0 (= lr)");
+        return;
+    }
+    if (!strcmp(k->key, "precision")) {
+        snprintf(out, cap, "%s", *(const int *)p == 1 ? "bf16" : "fp32");
         return;
     }
     if (!strcmp(k->key, "optimizer")) {
@@ -199,6 +205,7 @@ typedef struct trainer {
     float *ema;              /* EMA of the weights [m.n] (hp.ema_decay > 0), else NULL */
     optim opt;               /* AdamW, or Muon + AdamW (hp.optimizer) */
     train_state st;
+    const char *data;        /* --data, or on resume without it the checkpoint's data path */
     FILE *metrics;
 } trainer;
 
@@ -247,6 +254,7 @@ static int dump_grads(trainer *tr, const moh_batch *b, const float *init, moh_er
 static int setup(trainer *tr, moh_error *err) {
     const train_options *o = tr->o;
     char path[4200], label[4300];
+    int rc = MOH_OK;
     if (o->resume) {
         struct stat sb;
         const bool there = stat(o->out_dir, &sb) == 0;
@@ -254,9 +262,10 @@ static int setup(trainer *tr, moh_error *err) {
             return moh_fail(err, MOH_E_IO, "--out '%s' is %s: expected the checkpoint folder of the run to resume",
                             o->out_dir, there ? "not a folder" : "not there");
         snprintf(path, sizeof path, "%s/config.json", o->out_dir);
-    }
-    else snprintf(path, sizeof path, "%s", o->init_path ? o->init_path : o->config_path);
-    int rc = !o->resume && o->init_path ? model_open(&tr->m, path, err) : model_from_config_file(&tr->m, path, err);
+    } else snprintf(path, sizeof path, "%s", o->init_path ? o->init_path : o->config_path);
+    bool manifest = false, model_missing = false; /* checkpoint.json: the last save's files, all of them */
+    if (o->resume && (rc = manifest_check(o->out_dir, true, &manifest, &model_missing, NULL, err))) return rc;
+    rc = !o->resume && o->init_path ? model_open(&tr->m, path, err) : model_from_config_file(&tr->m, path, err);
     if (!rc && o->resume) rc = checkpoint_load_tokenizer(&tr->m, o->out_dir, err); /* a BPE model's vocabulary */
     if (rc) return rc;
     model *m = &tr->m;
@@ -276,11 +285,16 @@ static int setup(trainer *tr, moh_error *err) {
     if (o->resume) { /* every file of the checkpoint is checked before anything is decided: a damaged
                       * model.safetensors stops a resume instead of passing for a finished run */
         const float *expect = ema_found ? tr->ema : m->data; /* what the save wrote there */
-        ckpt_model_state ms;
-        long mstep;
-        if ((rc = checkpoint_check_model(o->out_dir, m, expect, tr->st.step, &ms, &mstep, err))) return rc;
+        ckpt_model_state ms = model_missing ? CKPT_MODEL_MISSING : CKPT_MODEL_SAME;
+        long mstep = -1;
+        /* (with a manifest every file was checked against it; else model.safetensors is compared with
+         * the weights in optimizer.safetensors) */
+        if (!manifest && (rc = checkpoint_check_model(o->out_dir, m, expect, tr->st.step, &ms, &mstep, err)))
+            return rc;
         if (ms == CKPT_MODEL_MISSING && tr->d->rank == 0) { /* restored: exactly what the last save wrote */
             if ((rc = checkpoint_save_model(o->out_dir, m, expect, tr->st.step, err))) return rc;
+            bool again = false; /* the same bytes as the save wrote, or the manifest says which differ */
+            if (manifest && (rc = manifest_check(o->out_dir, true, &again, NULL, NULL, err))) return rc;
             if (!o->quiet)
                 printf("note: %s/model.safetensors was missing: written again from optimizer.safetensors (step %ld)\n",
                        o->out_dir, tr->st.step);
@@ -319,9 +333,27 @@ static int setup(trainer *tr, moh_error *err) {
     const int n = hp->shards / R, Blocal = hp->batch_size / R, Bmax = (Blocal + n - 1) / n;
     snprintf(label, sizeof label, "%s %s", o->resume ? "the checkpoint" : o->init_path ? "the model" : "the config",
              o->resume ? o->out_dir : path);
-    const data_request req = {.path = o->data_path, .hp = hp, .eval_batch = n * Bmax, .train = true,
+    tr->data = o->data_path;
+    if (!tr->data && o->resume && !tr->st.data_path[0])
+        return moh_fail(err, MOH_E_ARG, "%s/optimizer.safetensors does not record the run's data (an older format): "
+                        "give --data", o->out_dir);
+    if (!tr->data && o->resume) {
+        tr->data = tr->st.data_path;
+        if (!o->quiet) printf("data: %s (the checkpoint's)\n", tr->data);
+    }
+    if (!tr->data) return moh_fail(err, MOH_E_ARG, "missing required option --data");
+    const data_request req = {.path = tr->data, .hp = hp, .eval_batch = n * Bmax, .train = true,
                               .model_label = label, .quiet = o->quiet};
     if ((rc = fam->open_data(m, &req, &tr->train, &tr->eval, err))) return rc;
+    const int kc = train_state_key_index("data_crc");
+    if (o->resume && (present >> kc & 1) && tr->st.data_crc != tr->train.data_crc)
+        return moh_fail(err, MOH_E_ARG, "--data %s is not the data of the run in %s (its training and validation data "
+                        "have CRC-32 %08" PRIx64 ", these %08" PRIx32 "): a resume continues the same run on the same "
+                        "data; to train these weights on other data start a new run with --init %s", tr->data,
+                        o->out_dir, tr->st.data_crc, tr->train.data_crc, o->out_dir);
+    tr->st.data_crc = tr->train.data_crc;
+    char abs_data[sizeof tr->st.data_path]; /* recorded absolute, where the data is now */
+    if (fs_absolute(tr->data, abs_data, sizeof abs_data)) memcpy(tr->st.data_path, abs_data, sizeof abs_data);
     if (o->resume && tr->st.steps_per_epoch > 0 && tr->st.steps_per_epoch != tr->train.steps_per_epoch)
         return moh_fail(err, MOH_E_ARG, "%s: the checkpoint has %ld steps per epoch, this data gives %ld (expected the "
                         "same training split and --train-limit as the original run)", o->out_dir,
@@ -329,10 +361,11 @@ static int setup(trainer *tr, moh_error *err) {
     const bool sparse = hp->attention == 1;
     if ((rc = model_shards_init(&tr->w, m, Blocal, tr->train.seq_len, n, true, sparse, err))) return rc;
     char why[192];
-    if ((rc = model_shards_set_precision(&tr->w, m, o->precision, why, sizeof why, err))) return rc;
+    if ((rc = model_shards_set_precision(&tr->w, m, (moh_precision)hp->precision, why, sizeof why, err))) return rc;
     if (*why && !o->quiet) printf("moh train: --precision bf16 runs fp32: %s\n", why);
+    if (*why) tr->st.hp.precision = MOH_PRECISION_FP32; /* saved as it runs */
     /* Muon's Newton-Schulz products in bf16 where the step runs bf16 */
-    const bool bf16 = o->precision == MOH_PRECISION_BF16 && !*why;
+    const bool bf16 = hp->precision == MOH_PRECISION_BF16 && !*why;
     if ((rc = optim_init(&tr->opt, m, hp->optimizer, bf16, err))) return rc;
     if ((rc = fam->params_new(m->cfg, &tr->g, &tr->gdata, &tr->gn, err))) return rc;
     if (!o->resume) {
@@ -393,7 +426,7 @@ static train_cost_model cost_model(const trainer *tr, const run_clock *c, long s
     m.save_s = save_s;
     m.final_s = full * item_s + save_s;
     m.eval_every = hp->eval_every;
-    m.save_every = tr->o->save_every;
+    m.save_every = tr->st.hp.save_every;
     return m;
 }
 
@@ -520,7 +553,7 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
         if (spe <= 0) {
             if (!isnan(o->flags.epochs)) {
                 rc = moh_fail(err, MOH_E_ARG, "--epochs needs data read in epochs (images); %s draws random windows: "
-                              "give --steps or --max-minutes", o->data_path);
+                              "give --steps or --max-minutes", tr.data);
                 goto out;
             }
         } else {
@@ -607,7 +640,7 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
             snprintf(evs, sizeof evs, " (periodic validations: %ld %s; the final one: the whole split)", hp->eval_limit,
                      tr.eval.eval_unit ? tr.eval.eval_unit : "items");
         printf("data %s: %zu train / %zu eval %s%s; B=%d%s x accum %d in %d shard%s, %s steps",
-               o->data_path, tr.train.n_train, tr.eval.n_eval, tr.train.what, evs, hp->batch_size, tshape,
+               tr.data, tr.train.n_train, tr.eval.n_eval, tr.train.what, evs, hp->batch_size, tshape,
                hp->grad_accum, hp->shards, hp->shards == 1 ? "" : "s", auto_total ? "time-fitted" : "fixed");
         if (!auto_total) printf(" (%ld", total);
         if (!auto_total && spe > 0) printf(", %.2f epochs of %ld", (double)total / spe, spe);
@@ -848,7 +881,7 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
             last_log_step = st->step;
         }
         model_eval_free(&ev);
-        const bool do_save = last || do_eval || (o->save_every > 0 && st->step % o->save_every == 0);
+        const bool do_save = last || do_eval || (hp->save_every > 0 && st->step % hp->save_every == 0);
         if (do_save) {
             const double ts = train_now_s();
             /* never a non-finite value in a checkpoint (the guard checks the loss and gradient; a

@@ -22,13 +22,10 @@ typedef struct train_options {
     long steps;               /* total optimizer steps (0 = --epochs, fitted to max_minutes, or the
                                * family's default epochs) */
     double max_minutes;       /* wall-clock budget of this session, final validation included */
-    long save_every;          /* extra checkpoints every N steps (0 = at validations and the end) */
     long stop_at_step;        /* save and stop after this step, as if interrupted (0 = off) */
     int max_bad_steps;        /* consecutive non-finite steps skipped before the run stops */
     double comm_timeout;      /* multi-process: end the job when no step finishes for this long (s) */
     bool resume, quiet;
-    moh_precision precision;  /* compute precision of this session (not saved: any run may resume
-                               * in either); bf16 falls back to fp32 where the CPU lacks it */
     const char *dump_grads;   /* debug: the first step's batch, initial weights and gradient */
     long nan_step;            /* test hook: a NaN in one gradient element at steps nan_step .. */
     int nan_count;            /* .. nan_step + nan_count - 1 (0 = off) */
