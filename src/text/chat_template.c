@@ -58,7 +58,11 @@ static int fail(ctx *c, size_t at, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    c->rc = moh_fail(c->err, MOH_E_FORMAT, "%s: byte %zu: %s", c->label, at, msg);
+    char shown[4 * sizeof msg]; /* template text quoted in msg, control bytes as \xNN: one line */
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)msg; *p; p++)
+        o += (size_t)snprintf(shown + o, sizeof shown - o, *p < 0x20 || *p == 0x7f ? "\\x%02x" : "%c", *p);
+    c->rc = moh_fail(c->err, MOH_E_FORMAT, "%s: byte %zu: %s", c->label, at, shown);
     return c->rc;
 }
 

@@ -120,8 +120,8 @@ int manifest_parse(ckpt_manifest *mf, const char *text, size_t len, const char *
         rc = moh_fail(err, MOH_E_FORMAT, "%s: the top level is not an object, expected {\"format\": \"" FORMAT "\", ...}",
                       label);
     else if ((bad = bad_member(root, top, 3)))
-        rc = moh_fail(err, MOH_E_FORMAT, "%s: key '%.40s' is unknown or repeated, expected format, step and files once "
-                      "each", label, bad);
+        rc = moh_fail(err, MOH_E_FORMAT, "%s: key '%s' is unknown or repeated, expected format, step and files once "
+                      "each", label, moh_st_quote(shown, sizeof shown, bad));
     const cJSON *fmt = root ? cJSON_GetObjectItemCaseSensitive(root, "format") : NULL;
     const cJSON *step = root ? cJSON_GetObjectItemCaseSensitive(root, "step") : NULL;
     const cJSON *files = root ? cJSON_GetObjectItemCaseSensitive(root, "files") : NULL;
