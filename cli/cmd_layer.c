@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "attn/attn.h"
-#include "attn/sparse.h"
+#include "attn/layer.h"
 #include "args.h"
 #include "cli.h"
 #include "core/fsutil.h"
@@ -154,9 +154,8 @@ int cmd_layer(int argc, char **argv) {
     int status = 1;
     size_t len = 0;
     float *wbuf = NULL, *gbuf = NULL, *x = NULL, *dy = NULL, *y = NULL, *dx = NULL;
-    attn_cache_f32 cache = {0};
-    sparse_cache scache = {0};
-    bool have_cache = false;
+    attn_layer_f32 layer = {0};
+    bool have_layer = false;
     moh_attn_config cfg;
     attn_params_f32 p, g;
     int B = 0, N = 0;
@@ -194,13 +193,12 @@ int cmd_layer(int argc, char **argv) {
         status = 0;
         goto done;
     }
-    if (sparse ? sparse_cache_init(&scache, &cfg, B, N, &err) : attn_cache_init_f32(&cache, &cfg, B, N, &err)) goto fail;
-    have_cache = true;
+    if (attn_layer_init_f32(&layer, &cfg, B, N, sparse, &err)) goto fail;
+    have_layer = true;
     y = malloc(sizeof(float) * T * C);
     if (!y) goto oom;
-    if (sparse) sparse_forward_f32(&cfg, &p, x, B, N, y, &scache);
-    else attn_forward_f32(&cfg, &p, x, B, N, y, &cache);
-    const attn_cache_f32 *acache = sparse ? &scache.rc : &cache;
+    attn_layer_forward_f32(&layer, &cfg, &p, x, B, N, y);
+    const attn_cache_f32 *acache = attn_layer_router_f32(&layer);
 
     float *dxo = NULL;
     if (dy) {
@@ -209,8 +207,7 @@ int cmd_layer(int argc, char **argv) {
         dx = calloc(T * C, sizeof(float));
         if (!gbuf || !dx) goto oom;
         attn_params_bind_f32(&g, gbuf, &cfg);
-        if (sparse) sparse_backward_f32(&cfg, &p, &g, &scache, dy, (float)cfg.load_balance_coef, dx);
-        else attn_backward_f32(&cfg, &p, &g, &cache, dy, (float)cfg.load_balance_coef, dx);
+        attn_layer_backward_f32(&layer, &cfg, &p, &g, dy, (float)cfg.load_balance_coef, dx);
         dxo = dx;
     }
     if (write_outputs(a.output, &cfg, B, N, y, acache->gates, acache->lb_loss, dxo, &g, &err)) goto fail;
@@ -221,8 +218,7 @@ oom:
 fail:
     fprintf(stderr, "moh layer: %s\n", err.msg);
 done:
-    if (have_cache && sparse) sparse_cache_free(&scache);
-    else if (have_cache) attn_cache_free_f32(&cache);
+    if (have_layer) attn_layer_free_f32(&layer);
     free(wbuf);
     free(gbuf);
     free(x);

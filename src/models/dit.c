@@ -9,45 +9,23 @@
 
 #include "core/rng.h"
 
-/* The head-sparse attention path exists in float32 only (as in vit.c). */
-#define DIT_HAVE_SPARSE 1
-#define DIT_SPARSE_FORWARD(cfg, b, x, B, N, y, a, l) \
-    sparse_forward_f32(&(cfg)->attn[l], &(b)->attn, x, B, N, y, &(a)->sparse[l])
-#define DIT_SPARSE_BACKWARD(cfg, b, gb, a, l, dy, lb_scale, dx) \
-    sparse_backward_f32(&(cfg)->attn[l], &(b)->attn, &(gb)->attn, &(a)->sparse[l], dy, lb_scale, dx)
-#define DIT_SPARSE_LB(a, l) ((a)->sparse[l].rc.lb_loss)
 #define real float
 #define F(x) x##_f32
 #include "dit_impl.h"
 #undef real
 #undef F
-#undef DIT_HAVE_SPARSE
-#undef DIT_SPARSE_FORWARD
-#undef DIT_SPARSE_BACKWARD
-#undef DIT_SPARSE_LB
 
-#define DIT_HAVE_SPARSE 0
-#define DIT_SPARSE_FORWARD(cfg, b, x, B, N, y, a, l) ((void)0)
-#define DIT_SPARSE_BACKWARD(cfg, b, gb, a, l, dy, lb_scale, dx) ((void)0)
-#define DIT_SPARSE_LB(a, l) 0.0
 #define real double
 #define F(x) x##_f64
 #include "dit_impl.h"
 #undef real
 #undef F
-#undef DIT_HAVE_SPARSE
-#undef DIT_SPARSE_FORWARD
-#undef DIT_SPARSE_BACKWARD
-#undef DIT_SPARSE_LB
 
-const attn_cache_f32 *dit_router_cache_f32(const dit_acts_f32 *a, int l) {
-    return a->sparse ? &a->sparse[l].rc : &a->attn[l];
-}
+const attn_cache_f32 *dit_router_cache_f32(const dit_acts_f32 *a, int l) { return attn_layer_router_f32(&a->attn[l]); }
 
 int dit_acts_set_bf16_f32(dit_acts_f32 *a, const moh_dit_config *cfg, const bf16_mirror *w, moh_error *err) {
     int rc = bf16_ctx_use(&a->bf16, w, err);
-    for (int l = 0; !rc && l < a->n_sparse; l++) rc = sparse_cache_set_bf16(&a->sparse[l], &cfg->attn[l], a->bf16, err);
-    for (int l = 0; l < a->n_attn; l++) a->attn[l].bf16 = a->bf16;
+    for (int l = 0; !rc && l < a->n_attn; l++) rc = attn_layer_set_bf16_f32(&a->attn[l], &cfg->attn[l], a->bf16, err);
     return rc;
 }
 

@@ -29,7 +29,7 @@
 #ifndef MOH_DIT_H
 #define MOH_DIT_H
 #include "attn/attn.h"
-#include "attn/sparse.h"
+#include "attn/layer.h"
 #include "data/idx.h"
 #include "models/model.h"
 #include "moh.h"

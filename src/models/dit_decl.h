@@ -43,10 +43,8 @@ typedef struct F(dit_acts) {
     real *nf, *rstdf, *hf; /* [BN, D], [BN], [BN, D] final LN, 1/std, modulated */
     real *out_tok;         /* [BN, P] final linear output */
     real *out;             /* [B, C, H, W] eps prediction (unpatchified) */
-    F(attn_cache) *attn;   /* [L] reference-path attention caches, n_attn initialised */
+    F(attn_layer) *attn;   /* [L] attention layers (either path; attn/layer.h), n_attn initialised */
     int n_attn;
-    sparse_cache *sparse;  /* [L] head-sparse caches (float32 only; then attn is NULL) */
-    int n_sparse;
     real *dres, *dtmp, *dh;/* [BN, D] each: backward scratch */
     real *dff;             /* [2, BN, Hm] backward scratch */
     real *dtok;            /* [BN, P] backward scratch */

@@ -53,8 +53,6 @@ void F(dit_params_free)(F(dit_params) *p) {
 int F(dit_acts_init)(F(dit_acts) *a, const moh_dit_config *cfg, int Bmax, bool sparse, moh_error *err) {
     memset(a, 0, sizeof *a);
     if (Bmax < 1) return moh_fail(err, MOH_E_ARG, "dit: batch size %d, expected >= 1", Bmax);
-    if (sparse && !DIT_HAVE_SPARSE)
-        return moh_fail(err, MOH_E_ARG, "dit: the head-sparse attention path is float32 only");
     const size_t L = (size_t)cfg->depth, B = (size_t)Bmax, BN = B * (size_t)cfg->num_patches;
     const size_t D = (size_t)cfg->hidden_size, Hm = (size_t)cfg->mlp_hidden, P = (size_t)cfg->patch_dim;
     real **fields[] = {&a->patches, &a->tfreq, &a->th, &a->ts, &a->cond, &a->csilu, &a->mod, &a->fmod,
@@ -70,9 +68,8 @@ int F(dit_acts_init)(F(dit_acts) *a, const moh_dit_config *cfg, int Bmax, bool s
     size_t total = 0;
     for (size_t i = 0; i < nf; i++) total += sizes[i];
     a->block = malloc(total * sizeof(real));
-    if (sparse) a->sparse = calloc(L, sizeof *a->sparse);
-    else a->attn = calloc(L, sizeof *a->attn);
-    if (!a->block || (!a->attn && !a->sparse)) {
+    a->attn = calloc(L, sizeof *a->attn);
+    if (!a->block || !a->attn) {
         F(dit_acts_free)(a);
         return moh_fail(err, MOH_E_NOMEM, "dit: cannot allocate activations for batch %d (%zu MiB)", Bmax,
                         (total * sizeof(real)) >> 20);
@@ -83,26 +80,22 @@ int F(dit_acts_init)(F(dit_acts) *a, const moh_dit_config *cfg, int Bmax, bool s
         cur += sizes[i];
     }
     for (size_t l = 0; l < L; l++) {
-        const int rc = sparse ? sparse_cache_init(&a->sparse[l], &cfg->attn[l], Bmax, cfg->num_patches, err)
-                              : F(attn_cache_init)(&a->attn[l], &cfg->attn[l], Bmax, cfg->num_patches, err);
+        const int rc = F(attn_layer_init)(&a->attn[l], &cfg->attn[l], Bmax, cfg->num_patches, sparse, err);
         if (rc) {
             F(dit_acts_free)(a);
             return rc;
         }
-        if (sparse) a->n_sparse = (int)l + 1;
-        else a->n_attn = (int)l + 1;
+        a->n_attn = (int)l + 1;
     }
     a->Bmax = Bmax;
     return MOH_OK;
 }
 
 void F(dit_acts_free)(F(dit_acts) *a) {
-    for (int l = 0; l < a->n_attn; l++) F(attn_cache_free)(&a->attn[l]);
-    for (int l = 0; l < a->n_sparse; l++) sparse_cache_free(&a->sparse[l]);
+    for (int l = 0; l < a->n_attn; l++) F(attn_layer_free)(&a->attn[l]);
     free(a->attn);
-    free(a->sparse);
     free(a->block);
-    bf16_ctx_free(a->bf16); /* after the sparse caches that borrow it */
+    bf16_ctx_free(a->bf16); /* after the attention layers that borrow it */
     memset(a, 0, sizeof *a);
 }
 
@@ -302,9 +295,8 @@ real F(dit_forward)(const moh_dit_config *cfg, const F(dit_params) *p, F(dit_act
         /* attention branch: x + gate1 * attn(modulate(LN(x), shift1, scale1)) */
         F(dit_ln_forward)(n1, a->rstd1 + (size_t)l * BN, xi, BN, D);
         F(dit_modulate_forward)(h1, n1, mod, mod + D, D6, B, N, D);
-        if (DIT_HAVE_SPARSE && a->sparse) DIT_SPARSE_FORWARD(cfg, bk, h1, B, N, ao, a, l);
-        else F(attn_forward)(&cfg->attn[l], &bk->attn, h1, B, N, ao, &a->attn[l]);
-        if (F(dit_layer_routes)(cfg, l)) lb += DIT_HAVE_SPARSE && a->sparse ? DIT_SPARSE_LB(a, l) : a->attn[l].lb_loss;
+        F(attn_layer_forward)(&a->attn[l], &cfg->attn[l], &bk->attn, h1, B, N, ao);
+        if (F(dit_layer_routes)(cfg, l)) lb += F(attn_layer_router)(&a->attn[l])->lb_loss;
         memcpy(mid, xi, sizeof(real) * nD);
         F(dit_gated_add)(mid, mod + 2 * D, ao, D6, B, N, D);
         /* MLP branch: mid + gate2 * fc2(gelu_tanh(fc1(modulate(LN(mid), shift2, scale2)))) */
@@ -378,8 +370,7 @@ void F(dit_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(
         /* attention branch: mid = x + gate1 * ao; dres holds d mid and becomes d x */
         F(dit_gated_add_backward)(dtmp, dmod + 2 * D, dres, mod + 2 * D, a->ao + (size_t)l * nD, D6, B, N, D);
         memset(dh, 0, sizeof(real) * nD);
-        if (DIT_HAVE_SPARSE && a->sparse) DIT_SPARSE_BACKWARD(cfg, bk, gb, a, l, dtmp, lb_scale, dh);
-        else F(attn_backward)(&cfg->attn[l], &bk->attn, &gb->attn, &a->attn[l], dtmp, lb_scale, dh);
+        F(attn_layer_backward)(&a->attn[l], &cfg->attn[l], &bk->attn, &gb->attn, dtmp, lb_scale, dh);
         memset(dtmp, 0, sizeof(real) * nD);
         F(dit_modulate_backward)(dtmp, dmod, dmod + D, dh, a->n1 + (size_t)l * nD, mod + D, D6, B, N, D);
         F(dit_ln_backward)(dres, dtmp, a->n1 + (size_t)l * nD, a->rstd1 + (size_t)l * BN, BN, D);

@@ -9,7 +9,6 @@
 
 #include "core/rng.h"
 
-#include "attn/sparse.h"
 #include "ops/bf16.h"
 #include "ops/gemm.h"
 
@@ -28,30 +27,9 @@ static double lm_lap(double *acc, int ph, double t0) {
     return now;
 }
 
-/* The attention call of each instantiation: float32 runs the head-sparse path when the
- * activations were made by lm_acts_init_sparse_f32; float64 (gradient checks) always runs the
- * reference path. */
-static void lm_attn_forward_f32(const moh_lm_config *cfg, const attn_params_f32 *p, const float *x,
-                                int B, int T, float *y, lm_acts_f32 *a, int l) {
-    if (a->sparse) sparse_forward_f32(&cfg->attn, p, x, B, T, y, (sparse_cache *)a->sparse + l);
-    else attn_forward_f32(&cfg->attn, p, x, B, T, y, &a->attn[l]);
-}
-static void lm_attn_backward_f32(const moh_lm_config *cfg, const attn_params_f32 *p,
-                                 const attn_params_f32 *g, lm_acts_f32 *a, int l, const float *dy,
-                                 float lb_scale, float *dx) {
-    if (a->sparse) sparse_backward_f32(&cfg->attn, p, g, (sparse_cache *)a->sparse + l, dy, lb_scale, dx);
-    else attn_backward_f32(&cfg->attn, p, g, &a->attn[l], dy, lb_scale, dx);
-}
-const attn_cache_f32 *lm_router_f32(const lm_acts_f32 *a, int l) {
-    return a->sparse ? &((const sparse_cache *)a->sparse)[l].rc : &a->attn[l];
-}
-static void lm_sparse_free_f32(lm_acts_f32 *a) {
+static void lm_bf16_free_f32(lm_acts_f32 *a) {
     bf16_ctx_free(a->bf16);
     a->bf16 = NULL;
-    sparse_cache *sp = a->sparse;
-    for (int l = 0; sp && l < a->n_sparse; l++) sparse_cache_free(&sp[l]);
-    free(sp);
-    a->sparse = NULL;
 }
 /* Linear layers: bf16 GEMMs when the activations carry a bf16 context, else fp32 (ops.h). */
 static void lm_linear_forward_f32(lm_acts_f32 *a, float *out, const float *inp, const float *w,
@@ -90,17 +68,7 @@ static void lm_linear_backward_set_f64(lm_acts_f64 *a, double *dinp, double *dw,
     gemm_f64(false, false, M, I, O, 1.0, dout, O, w, I, 0.0, dinp, I);
     linear_backward_f64(NULL, dw, NULL, dout, inp, w, M, I, O);
 }
-static void lm_attn_forward_f64(const moh_lm_config *cfg, const attn_params_f64 *p, const double *x,
-                                int B, int T, double *y, lm_acts_f64 *a, int l) {
-    attn_forward_f64(&cfg->attn, p, x, B, T, y, &a->attn[l]);
-}
-static void lm_attn_backward_f64(const moh_lm_config *cfg, const attn_params_f64 *p,
-                                 const attn_params_f64 *g, lm_acts_f64 *a, int l, const double *dy,
-                                 double lb_scale, double *dx) {
-    attn_backward_f64(&cfg->attn, p, g, &a->attn[l], dy, lb_scale, dx);
-}
-const attn_cache_f64 *lm_router_f64(const lm_acts_f64 *a, int l) { return &a->attn[l]; }
-static void lm_sparse_free_f64(lm_acts_f64 *a) { (void)a; }
+static void lm_bf16_free_f64(lm_acts_f64 *a) { (void)a; }
 
 #define real float
 #define F(x) x##_f32
@@ -115,23 +83,7 @@ static void lm_sparse_free_f64(lm_acts_f64 *a) { (void)a; }
 #undef F
 
 int lm_acts_init_sparse_f32(lm_acts_f32 *a, const moh_lm_config *cfg, int B, int T, moh_error *err) {
-    int rc = lm_acts_alloc_f32(a, cfg, B, T, false, err);
-    if (rc) return rc;
-    const int L = cfg->num_hidden_layers;
-    sparse_cache *sp = calloc((size_t)L, sizeof *sp);
-    if (!sp) {
-        lm_acts_free_f32(a);
-        return moh_fail(err, MOH_E_NOMEM, "model: cannot allocate the sparse attention caches");
-    }
-    a->sparse = sp;
-    for (int l = 0; l < L; l++) {
-        if ((rc = sparse_cache_init(&sp[l], &cfg->attn, B, T, err))) {
-            lm_acts_free_f32(a);
-            return rc;
-        }
-        a->n_sparse = l + 1;
-    }
-    return MOH_OK;
+    return lm_acts_alloc_f32(a, cfg, B, T, true, err);
 }
 
 int lm_acts_set_bf16_f32(lm_acts_f32 *a, const moh_lm_config *cfg, const bf16_mirror *w, moh_error *err) {
@@ -139,9 +91,8 @@ int lm_acts_set_bf16_f32(lm_acts_f32 *a, const moh_lm_config *cfg, const bf16_mi
     const int rc0 = bf16_ctx_use(&c, w, err);
     a->bf16 = c;
     if (rc0) return rc0;
-    sparse_cache *sp = a->sparse;
-    for (int l = 0; sp && l < a->n_sparse; l++) {
-        const int rc = sparse_cache_set_bf16(&sp[l], &cfg->attn, a->bf16, err);
+    for (int l = 0; l < a->n_attn; l++) {
+        const int rc = attn_layer_set_bf16_f32(&a->attn[l], &cfg->attn, a->bf16, err);
         if (rc) return rc;
     }
     return MOH_OK;

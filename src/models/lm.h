@@ -6,13 +6,14 @@
 #ifndef MOH_LM_H
 #define MOH_LM_H
 #include "attn/attn.h"
+#include "attn/layer.h"
 #include "models/model.h"
 #include "moh.h"
 
 /* Phases of an LM forward + backward timed into lm_acts.phase_s (wall seconds, accumulated over
  * calls; zero them to restart). norm: RMSNorms with the residual adds fused into them (the final
  * norm included); mlp_in: gate and up GEMMs; head: LM head GEMM; loss: softmax cross-entropy.
- * The attention phases include the head-sparse path's own phases (sparse_cache.phase_s). */
+ * The attention phases include the attention path's own phases (attn_layer_phases_f32). */
 enum {
     LMT_PH_EMBED, LMT_PH_NORM, LMT_PH_ATTN, LMT_PH_MLP_IN, LMT_PH_SWIGLU, LMT_PH_MLP_DOWN,
     LMT_PH_HEAD, LMT_PH_LOSS,

@@ -34,11 +34,8 @@ typedef struct F(lm_acts) {
     real *lnf, *lnf_rstd; /* [BT, C], [BT] */
     real *logits;     /* [BT, V] */
     real *probs;      /* [BT, V] softmax of the logits (filled when targets are given) */
-    F(attn_cache) *attn; /* [L], n_attn of them initialised (reference attention path) */
+    F(attn_layer) *attn; /* [L] attention layers (either path; layer.h), n_attn of them initialised */
     int n_attn;
-    void *sparse;     /* float32 only: [L] sparse_cache (head-sparse path, lm_acts_init_sparse_f32);
-                       * then attn is NULL and the router activations are in sparse[l].rc */
-    int n_sparse;
     void *bf16;       /* float32 only: a bf16_ctx (ops/bf16.h, owned) when the big GEMMs and the
                        * attention tiles compute in bf16 (lm_acts_set_bf16_f32); NULL: fp32 */
     real *dres, *dtmp, *dff; /* backward scratch: [BT, C] x2, [3, BT, I] (dff) */

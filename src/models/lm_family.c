@@ -12,7 +12,6 @@
 
 #include "core/fsutil.h"
 #include "data/text.h"
-#include "attn/sparse.h"
 #include "models/lm.h"
 #include "models/lm_gguf.h"
 #include "text/bpe_gguf.h"
@@ -429,17 +428,14 @@ static int phase_times(void *acts, const char **names, double *seconds, bool *su
         seconds[n] = a->phase_s[i];
         sub[n] = false;
     }
-    sparse_cache *sp = a->sparse;
-    for (int k = 0; sp && k < SPARSE_NPHASE && n < cap; k++, n++) {
-        names[n] = sparse_phase_name(k);
-        seconds[n] = 0.0;
-        for (int l = 0; l < a->n_sparse; l++) seconds[n] += sp[l].phase_s[k];
-        sub[n] = true;
+    if (n < cap) {
+        for (int k = n; k < cap; k++) seconds[k] = 0.0;
+        int m = 0;
+        for (int l = 0; l < a->n_attn; l++) m = attn_layer_phases_f32(&a->attn[l], names + n, seconds + n, cap - n, reset);
+        for (int k = n; k < n + m; k++) sub[k] = true;
+        n += m;
     }
-    if (reset) {
-        memset(a->phase_s, 0, sizeof a->phase_s);
-        for (int l = 0; sp && l < a->n_sparse; l++) memset(sp[l].phase_s, 0, sizeof sp[l].phase_s);
-    }
+    if (reset) memset(a->phase_s, 0, sizeof a->phase_s);
     return n;
 }
 static int synthetic_batch(const void *cfg, int B, int T, uint64_t seed, moh_batch *out, void **buf, moh_error *err) {

@@ -36,8 +36,8 @@ void F(lm_params_free)(F(lm_params) *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* Allocates the activations; the reference attention caches only when ref_attn. */
-static int F(lm_acts_alloc)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, bool ref_attn,
+/* Allocates the activations, attention on the head-sparse path when sparse (float32 only). */
+static int F(lm_acts_alloc)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, bool sparse,
                             moh_error *err) {
     memset(a, 0, sizeof *a);
     const size_t L = (size_t)cfg->num_hidden_layers, BT = (size_t)B * T;
@@ -63,8 +63,8 @@ static int F(lm_acts_alloc)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int 
         *fields[i] = cur;
         cur += sizes[i];
     }
-    for (size_t l = 0; ref_attn && l < L; l++) {
-        if (F(attn_cache_init)(&a->attn[l], &cfg->attn, B, T, err)) {
+    for (size_t l = 0; l < L; l++) {
+        if (F(attn_layer_init)(&a->attn[l], &cfg->attn, B, T, sparse, err)) {
             F(lm_acts_free)(a);
             return err ? err->code : MOH_E_NOMEM;
         }
@@ -76,12 +76,12 @@ static int F(lm_acts_alloc)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int 
 }
 
 int F(lm_acts_init)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, moh_error *err) {
-    return F(lm_acts_alloc)(a, cfg, B, T, true, err);
+    return F(lm_acts_alloc)(a, cfg, B, T, false, err);
 }
 
 void F(lm_acts_free)(F(lm_acts) *a) {
-    for (int l = 0; l < a->n_attn; l++) F(attn_cache_free)(&a->attn[l]);
-    F(lm_sparse_free)(a);
+    for (int l = 0; l < a->n_attn; l++) F(attn_layer_free)(&a->attn[l]);
+    F(lm_bf16_free)(a); /* after the attention layers that borrow it */
     free(a->attn);
     free(a->block);
     memset(a, 0, sizeof *a);
@@ -110,9 +110,9 @@ real F(lm_forward)(const moh_lm_config *cfg, const F(lm_params) *p, F(lm_acts) *
             F(rmsnorm_forward)(ln1, a->ln1_rstd, x, b->ln1, BT, C, eps);
             t = lm_lap(ph, LMT_PH_NORM, t);
         }
-        F(lm_attn_forward)(cfg, &b->attn, ln1, B, T, ao, a, l);
+        F(attn_layer_forward)(&a->attn[l], &cfg->attn, &b->attn, ln1, B, T, ao);
         if (attn_routed_heads(&cfg->attn) > 0 && cfg->attn.top_k > 0) {
-            lb += F(lm_router)(a, l)->lb_loss; /* every layer routes alike: the mean is over all L */
+            lb += F(attn_layer_router)(&a->attn[l])->lb_loss; /* every layer routes alike: the mean is over all L */
             routing++;
         }
         t = lm_lap(ph, LMT_PH_ATTN, t);
@@ -182,7 +182,7 @@ void F(lm_backward)(const moh_lm_config *cfg, const F(lm_params) *p, const F(lm_
         t = lm_lap(ph, LMT_PH_B_NORM, t);
         /* attention branch of x1 = x_l + attn(ln1(x_l)) */
         memset(dtmp, 0, sizeof(real) * nC);
-        F(lm_attn_backward)(cfg, &b->attn, &gb->attn, a, l, dres, lb_scale, dtmp);
+        F(attn_layer_backward)(&a->attn[l], &cfg->attn, &b->attn, &gb->attn, dres, lb_scale, dtmp);
         t = lm_lap(ph, LMT_PH_B_ATTN, t);
         F(rmsnorm_backward)(dres, gb->ln1, dtmp, a->resid + (size_t)l * nC, b->ln1,
                             a->ln1_rstd + (size_t)l * BT, BT, C);
@@ -191,3 +191,5 @@ void F(lm_backward)(const moh_lm_config *cfg, const F(lm_params) *p, const F(lm_
     F(embedding_backward)(g->embed, dres, tokens, BT, C);
     lm_lap(ph, LMT_PH_B_EMBED, t);
 }
+
+const F(attn_cache) *F(lm_router)(const F(lm_acts) *a, int l) { return F(attn_layer_router)(&a->attn[l]); }

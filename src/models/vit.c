@@ -9,42 +9,23 @@
 
 #include "core/rng.h"
 
-/* The head-sparse attention path exists in float32 only: the float instantiation dispatches to
- * it when the activations were allocated for it; the double one never does. */
-#define VIT_HAVE_SPARSE 1
-#define VIT_SPARSE_FORWARD(cfg, b, x, B, N, y, a, l) \
-    sparse_forward_f32(&(cfg)->attn, &(b)->attn, x, B, N, y, &(a)->sparse[l])
-#define VIT_SPARSE_BACKWARD(cfg, b, gb, a, l, dy, lb_scale, dx) \
-    sparse_backward_f32(&(cfg)->attn, &(b)->attn, &(gb)->attn, &(a)->sparse[l], dy, lb_scale, dx)
 #define real float
 #define F(x) x##_f32
 #include "vit_impl.h"
 #undef real
 #undef F
-#undef VIT_HAVE_SPARSE
-#undef VIT_SPARSE_FORWARD
-#undef VIT_SPARSE_BACKWARD
 
-#define VIT_HAVE_SPARSE 0
-#define VIT_SPARSE_FORWARD(cfg, b, x, B, N, y, a, l) ((void)0)
-#define VIT_SPARSE_BACKWARD(cfg, b, gb, a, l, dy, lb_scale, dx) ((void)0)
 #define real double
 #define F(x) x##_f64
 #include "vit_impl.h"
 #undef real
 #undef F
-#undef VIT_HAVE_SPARSE
-#undef VIT_SPARSE_FORWARD
-#undef VIT_SPARSE_BACKWARD
 
-const attn_cache_f32 *vit_router_cache_f32(const vit_acts_f32 *a, int l) {
-    return a->sparse ? &a->sparse[l].rc : &a->attn[l];
-}
+const attn_cache_f32 *vit_router_cache_f32(const vit_acts_f32 *a, int l) { return attn_layer_router_f32(&a->attn[l]); }
 
 int vit_acts_set_bf16_f32(vit_acts_f32 *a, const moh_vit_config *cfg, const bf16_mirror *w, moh_error *err) {
     int rc = bf16_ctx_use(&a->bf16, w, err);
-    for (int l = 0; !rc && l < a->n_sparse; l++) rc = sparse_cache_set_bf16(&a->sparse[l], &cfg->attn, a->bf16, err);
-    for (int l = 0; l < a->n_attn; l++) a->attn[l].bf16 = a->bf16;
+    for (int l = 0; !rc && l < a->n_attn; l++) rc = attn_layer_set_bf16_f32(&a->attn[l], &cfg->attn, a->bf16, err);
     return rc;
 }
 

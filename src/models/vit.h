@@ -22,7 +22,7 @@
 #ifndef MOH_VIT_H
 #define MOH_VIT_H
 #include "attn/attn.h"
-#include "attn/sparse.h"
+#include "attn/layer.h"
 #include "data/idx.h"
 #include "models/model.h"
 #include "moh.h"

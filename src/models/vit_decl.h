@@ -41,11 +41,8 @@ typedef struct F(vit_acts) {
     real *fnorm, *fnorm_mean, *fnorm_rstd; /* [B, D], [B], [B]: norm / fc_norm of pooled */
     real *logits;          /* [B, K] */
     real *probs;           /* [B, K] softmax of logits (filled when labels are given) */
-    F(attn_cache) *attn;   /* [L] reference-path attention caches, n_attn of them initialised */
+    F(attn_layer) *attn;   /* [L] attention layers (either path; attn/layer.h), n_attn initialised */
     int n_attn;
-    sparse_cache *sparse;  /* [L] head-sparse path caches (float32 only, vit_acts_init with
-                            * sparse = true; then attn is NULL), n_sparse initialised */
-    int n_sparse;
     real *dres, *dtmp;     /* [BT, D] each: backward scratch (dtmp also holds forward temps) */
     real *dff;             /* [2, BT, Hm] backward scratch: d act, d fc1 */
     real *dlogits, *dfnorm, *dpooled; /* [B, K], [B, D], [B, D] */
@@ -66,7 +63,7 @@ void F(vit_params_free)(F(vit_params) *p);
 int F(vit_acts_init)(F(vit_acts) *a, const moh_vit_config *cfg, int Bmax, moh_error *err);
 /* Same, choosing the attention path: sparse = the head-sparse path (src/attn/sparse.h: only the
  * routed (token, head) pairs, flash-style tiles, same results to ~1e-5; float32 only, MOH_E_ARG
- * in float64); then a->attn is NULL and the router activations are in a->sparse[l].rc. */
+ * in float64). */
 int F(vit_acts_init_attn)(F(vit_acts) *a, const moh_vit_config *cfg, int Bmax, bool sparse,
                           moh_error *err);
 void F(vit_acts_free)(F(vit_acts) *a);

@@ -53,8 +53,6 @@ int F(vit_acts_init_attn)(F(vit_acts) *a, const moh_vit_config *cfg, int Bmax, b
                           moh_error *err) {
     memset(a, 0, sizeof *a);
     if (Bmax < 1) return moh_fail(err, MOH_E_ARG, "vit: batch size %d, expected >= 1", Bmax);
-    if (sparse && !VIT_HAVE_SPARSE)
-        return moh_fail(err, MOH_E_ARG, "vit: the head-sparse attention path is float32 only");
     const size_t L = (size_t)cfg->depth, B = (size_t)Bmax, BT = B * (size_t)cfg->num_tokens;
     const size_t D = (size_t)cfg->embed_dim, Hm = (size_t)cfg->mlp_hidden, K = (size_t)cfg->num_classes;
     const size_t BNp = B * (size_t)cfg->num_patches;
@@ -71,9 +69,8 @@ int F(vit_acts_init_attn)(F(vit_acts) *a, const moh_vit_config *cfg, int Bmax, b
     size_t total = 0;
     for (size_t i = 0; i < nf; i++) total += sizes[i];
     a->block = malloc(total * sizeof(real));
-    if (sparse) a->sparse = calloc(L, sizeof *a->sparse);
-    else a->attn = calloc(L, sizeof *a->attn);
-    if (!a->block || (!a->attn && !a->sparse)) {
+    a->attn = calloc(L, sizeof *a->attn);
+    if (!a->block || !a->attn) {
         F(vit_acts_free)(a);
         return moh_fail(err, MOH_E_NOMEM, "vit: cannot allocate activations for batch %d (%zu MiB)",
                         Bmax, (total * sizeof(real)) >> 20);
@@ -84,26 +81,22 @@ int F(vit_acts_init_attn)(F(vit_acts) *a, const moh_vit_config *cfg, int Bmax, b
         cur += sizes[i];
     }
     for (size_t l = 0; l < L; l++) {
-        const int rc = sparse ? sparse_cache_init(&a->sparse[l], &cfg->attn, Bmax, cfg->num_tokens, err)
-                              : F(attn_cache_init)(&a->attn[l], &cfg->attn, Bmax, cfg->num_tokens, err);
+        const int rc = F(attn_layer_init)(&a->attn[l], &cfg->attn, Bmax, cfg->num_tokens, sparse, err);
         if (rc) {
             F(vit_acts_free)(a);
             return rc;
         }
-        if (sparse) a->n_sparse = (int)l + 1;
-        else a->n_attn = (int)l + 1;
+        a->n_attn = (int)l + 1;
     }
     a->Bmax = Bmax;
     return MOH_OK;
 }
 
 void F(vit_acts_free)(F(vit_acts) *a) {
-    for (int l = 0; l < a->n_attn; l++) F(attn_cache_free)(&a->attn[l]);
-    for (int l = 0; l < a->n_sparse; l++) sparse_cache_free(&a->sparse[l]);
+    for (int l = 0; l < a->n_attn; l++) F(attn_layer_free)(&a->attn[l]);
     free(a->attn);
-    free(a->sparse);
     free(a->block);
-    bf16_ctx_free(a->bf16); /* after the sparse caches that borrow it */
+    bf16_ctx_free(a->bf16); /* after the attention layers that borrow it */
     memset(a, 0, sizeof *a);
 }
 
@@ -161,10 +154,9 @@ real F(vit_forward)(const moh_vit_config *cfg, const F(vit_params) *p, F(vit_act
         real *fc1 = a->fc1 + (size_t)l * nH, *act = a->act + (size_t)l * nH;
         F(layernorm_forward)(ln1, a->ln1_mean + (size_t)l * BT, a->ln1_rstd + (size_t)l * BT, x,
                              b->ln1_w, b->ln1_b, BT, D, eps);
-        if (VIT_HAVE_SPARSE && a->sparse) VIT_SPARSE_FORWARD(cfg, b, ln1, B, Ntok, ao, a, l);
-        else F(attn_forward)(&cfg->attn, &b->attn, ln1, B, Ntok, ao, &a->attn[l]);
+        F(attn_layer_forward)(&a->attn[l], &cfg->attn, &b->attn, ln1, B, Ntok, ao);
         if (attn_routed_heads(&cfg->attn) > 0 && cfg->attn.top_k > 0) {
-            lb += VIT_HAVE_SPARSE && a->sparse ? a->sparse[l].rc.lb_loss : a->attn[l].lb_loss;
+            lb += F(attn_layer_router)(&a->attn[l])->lb_loss;
             routing++;
         }
         F(vit_add)(mid, x, ao, nD);
@@ -246,8 +238,7 @@ void F(vit_backward)(const moh_vit_config *cfg, const F(vit_params) *p, const F(
                               a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT, BT, D);
         /* attention branch of mid = x_l + attn(norm1(x_l)) */
         memset(dtmp, 0, sizeof(real) * nD);
-        if (VIT_HAVE_SPARSE && a->sparse) VIT_SPARSE_BACKWARD(cfg, b, gb, a, l, dres, lb_scale, dtmp);
-        else F(attn_backward)(&cfg->attn, &b->attn, &gb->attn, &a->attn[l], dres, lb_scale, dtmp);
+        F(attn_layer_backward)(&a->attn[l], &cfg->attn, &b->attn, &gb->attn, dres, lb_scale, dtmp);
         F(layernorm_backward)(dres, gb->ln1_w, gb->ln1_b, dtmp, a->resid + (size_t)l * nD, b->ln1_w,
                               a->ln1_mean + (size_t)l * BT, a->ln1_rstd + (size_t)l * BT, BT, D);
     }

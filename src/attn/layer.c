@@ -1,0 +1,85 @@
+/* The attention-layer object (layer.h): one switch per call between the reference path
+ * (attention_impl.h) and the head-sparse path (sparse.c). */
+#include "attn/layer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn/sparse.h"
+
+int attn_layer_init_f32(attn_layer_f32 *L, const moh_attn_config *cfg, int B, int N, bool sparse, moh_error *err) {
+    memset(L, 0, sizeof *L);
+    if (!sparse) return attn_cache_init_f32(&L->ref, cfg, B, N, err);
+    sparse_cache *sp = calloc(1, sizeof *sp);
+    if (!sp) return moh_fail(err, MOH_E_NOMEM, "attention: cannot allocate the head-sparse cache");
+    const int rc = sparse_cache_init(sp, cfg, B, N, err);
+    if (rc) {
+        free(sp);
+        return rc;
+    }
+    L->sp = sp;
+    return MOH_OK;
+}
+
+int attn_layer_init_f64(attn_layer_f64 *L, const moh_attn_config *cfg, int B, int N, bool sparse, moh_error *err) {
+    memset(L, 0, sizeof *L);
+    if (sparse) return moh_fail(err, MOH_E_ARG, "attention: the head-sparse path is float32 only");
+    return attn_cache_init_f64(&L->ref, cfg, B, N, err);
+}
+
+void attn_layer_free_f32(attn_layer_f32 *L) {
+    if (L->sp) {
+        sparse_cache_free(L->sp);
+        free(L->sp);
+    } else {
+        attn_cache_free_f32(&L->ref);
+    }
+    memset(L, 0, sizeof *L);
+}
+
+void attn_layer_free_f64(attn_layer_f64 *L) {
+    attn_cache_free_f64(&L->ref);
+    memset(L, 0, sizeof *L);
+}
+
+void attn_layer_forward_f32(attn_layer_f32 *L, const moh_attn_config *cfg, const attn_params_f32 *p,
+                            const float *x, int B, int N, float *y) {
+    if (L->sp) sparse_forward_f32(cfg, p, x, B, N, y, L->sp);
+    else attn_forward_f32(cfg, p, x, B, N, y, &L->ref);
+}
+
+void attn_layer_forward_f64(attn_layer_f64 *L, const moh_attn_config *cfg, const attn_params_f64 *p,
+                            const double *x, int B, int N, double *y) {
+    attn_forward_f64(cfg, p, x, B, N, y, &L->ref);
+}
+
+void attn_layer_backward_f32(attn_layer_f32 *L, const moh_attn_config *cfg, const attn_params_f32 *p,
+                             const attn_params_f32 *g, const float *dy, float lb_scale, float *dx) {
+    if (L->sp) sparse_backward_f32(cfg, p, g, L->sp, dy, lb_scale, dx);
+    else attn_backward_f32(cfg, p, g, &L->ref, dy, lb_scale, dx);
+}
+
+void attn_layer_backward_f64(attn_layer_f64 *L, const moh_attn_config *cfg, const attn_params_f64 *p,
+                             const attn_params_f64 *g, const double *dy, double lb_scale, double *dx) {
+    attn_backward_f64(cfg, p, g, &L->ref, dy, lb_scale, dx);
+}
+
+const attn_cache_f32 *attn_layer_router_f32(const attn_layer_f32 *L) { return L->sp ? &L->sp->rc : &L->ref; }
+const attn_cache_f64 *attn_layer_router_f64(const attn_layer_f64 *L) { return &L->ref; }
+
+int attn_layer_set_bf16_f32(attn_layer_f32 *L, const moh_attn_config *cfg, struct bf16_ctx *ctx, moh_error *err) {
+    if (L->sp) return sparse_cache_set_bf16(L->sp, cfg, ctx, err);
+    L->ref.bf16 = ctx;
+    return MOH_OK;
+}
+
+int attn_layer_phases_f32(attn_layer_f32 *L, const char **names, double *seconds, int cap, bool reset) {
+    if (!L->sp) return 0;
+    int n = 0;
+    for (; n < SPARSE_NPHASE && n < cap; n++) {
+        names[n] = sparse_phase_name(n);
+        seconds[n] += L->sp->phase_s[n];
+    }
+    if (reset) memset(L->sp->phase_s, 0, sizeof L->sp->phase_s);
+    return n;
+}
