@@ -155,7 +155,7 @@ static int run_model(const model *m, const char *dir, analysis_data *d, const in
 }
 
 int cmd_analyze(int argc, char **argv) {
-    const char *ckpt = NULL, *data = NULL, *out = NULL, *compare = NULL, *which = "all", *cats = NULL;
+    const char *ckpt = NULL, *data = NULL, *out = NULL, *compare = NULL, *which = "all", *cats = NULL, *device = NULL;
     long max_tokens = 8192;
     int T = -1, batch = -1; /* -1: the model's default */
     bool no_plots = false;
@@ -170,6 +170,7 @@ int cmd_analyze(int argc, char **argv) {
         {"--seq-len", ARG_INT, &T, "T", "LM chunk length (default: config max_position_embeddings)", false, ARG_GE(1)},
         {"--batch-size", ARG_INT, &batch, "B", "sequences/images per forward (default 8 LM, 64 ViT)", false, ARG_IN(1, 65536)},
         {"--no-plots", ARG_FLAG, &no_plots, NULL, "write only analysis.json and the CSV tables", false, ARG_ANY},
+        CLI_DEVICE_SPEC(&device),
     };
     int rc = args_parse("analyze", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint DIR --data SRC --out DIR [--compare DIR] [--max-tokens N] [--layers all|last]",
@@ -195,6 +196,8 @@ int cmd_analyze(int argc, char **argv) {
     int status = 1, layers[1024], nl = 0, layer_shared[1024], layer_top_k[1024];
     const bool last = !strcmp(which, "last");
     if (model_load(&m, ckpt, &err)) goto fail;
+    const struct moh_backend *be = NULL;
+    if (cli_device("analyze", device, m.fam->model_type, false, &be)) goto done;
     const model_family *fam = m.fam;
     const int L = model_num_layers(&m);
     if (!fam->open_analysis) {

@@ -115,7 +115,7 @@ static int feed(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *k
 }
 
 int cmd_chat(int argc, char **argv) {
-    const char *path = NULL, *system = NULL, *precision = NULL;
+    const char *path = NULL, *system = NULL, *precision = NULL, *device = NULL;
     int max_tokens = 512, top_k = 0;
     double temp = 0.7, top_p = 1.0;
     uint64_t seed = 1;
@@ -128,6 +128,7 @@ int cmd_chat(int argc, char **argv) {
         {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: the smallest set of probability >= P (default 1)", false, ARG_IN_OC(0, 1)},
         {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false, ARG_ANY},
         {"--precision", ARG_CHOICE, &precision, "fp32|bf16", "decode in fp32 (default) or from bf16 weights and a bf16 KV cache with fp32 accumulation, as moh sample; a CPU without AVX-512 decodes in fp32 and says so", false, ARG_ANY},
+        CLI_DEVICE_SPEC(&device),
     };
     int rc = args_parse("chat", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]), "--model FILE.gguf|DIR [options]",
                         "Reads one user message per line on stdin and streams each reply to stdout. /reset starts\n"
@@ -146,6 +147,11 @@ int cmd_chat(int argc, char **argv) {
     }
     if (model_check_text_vocab(&m, path, &err)) {
         fprintf(stderr, "moh chat: %s\n", err.msg);
+        model_free(&m);
+        return 1;
+    }
+    const struct moh_backend *be = NULL;
+    if (cli_device("chat", device, m.fam->model_type, false, &be)) {
         model_free(&m);
         return 1;
     }

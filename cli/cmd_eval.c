@@ -26,7 +26,7 @@ static bool sample_quality_args(int argc, char **argv) {
 
 int cmd_eval(int argc, char **argv) {
     if (sample_quality_args(argc, argv)) return cmd_eval_image(argc, argv);
-    const char *ckpt = NULL, *data = NULL, *dump = NULL, *split = NULL, *precision = NULL;
+    const char *ckpt = NULL, *data = NULL, *dump = NULL, *split = NULL, *precision = NULL, *device = NULL;
     double val_fraction = NAN;
     int T = 0, B = 0;
     long limit = 0;
@@ -42,6 +42,7 @@ int cmd_eval(int argc, char **argv) {
         {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (the default for llama; same results to ~1e-5)", false, ARG_ANY},
         {"--reference-attention", ARG_FLAG, &reference, NULL, "every head computed then gated (the default for vit)", false, ARG_ANY},
         CLI_PRECISION_SPEC(&precision),
+        CLI_DEVICE_SPEC(&device),
         {"--json", ARG_FLAG, &json, NULL, "print one JSON object (llama: val_loss, bits_per_byte, tokens, bytes, vocab, split, head_share, layer_head_share; vit: accuracy, per_class, confusion, ce_loss, head_share, layer_head_share)", false, ARG_ANY},
         {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write the inputs and logits of the first evaluation batch (safetensors)", false, ARG_ANY},
     };
@@ -77,6 +78,8 @@ int cmd_eval(int argc, char **argv) {
     int status = 1;
     char label[PATH_MAX + 32];
     if (model_open(&m, ckpt, &err)) goto fail;
+    const struct moh_backend *be = NULL;
+    if (cli_device("eval", device, m.fam->model_type, false, &be)) goto done;
     train_hparams hp;
     m.fam->train_defaults(&hp);
     hp.seq_len = T;

@@ -52,7 +52,7 @@ static int feature_stats(const model *clf, const uint8_t *px, long n, int batch,
 }
 
 int cmd_eval_image(int argc, char **argv) {
-    const char *ckpt = NULL, *data = NULL, *clf_dir = NULL, *sampler = "ddpm", *sigma = "large", *precision = NULL;
+    const char *ckpt = NULL, *data = NULL, *clf_dir = NULL, *sampler = "ddpm", *sigma = "large", *precision = NULL, *device = NULL;
     int n = 5000, steps = 0, batch = 64, clf_batch = 256;
     double cfg = 4.0;
     uint64_t seed = 1;
@@ -72,6 +72,7 @@ int cmd_eval_image(int argc, char **argv) {
         {"--sparse-attn", ARG_FLAG, &sparse, NULL, "DiT attention on the head-sparse path", false, ARG_ANY},
         {"--reference-attention", ARG_FLAG, &reference, NULL, "every head computed then gated (the default)", false, ARG_ANY},
         CLI_PRECISION_SPEC(&precision),
+        CLI_DEVICE_SPEC(&device),
         {"--json", ARG_FLAG, &json, NULL, "print one JSON object: class_accuracy, fid, samples, steps, cfg, sampler, seed, per_class_accuracy, feature_dim, reference, reference_images, images_per_s", false, ARG_ANY},
     };
     int rc = args_parse("eval", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
@@ -110,6 +111,8 @@ int cmd_eval_image(int argc, char **argv) {
     double *mu1 = NULL, *S1 = NULL, *mu2 = NULL, *S2 = NULL, fid = NAN, secs = 0;
     char what[PATH_MAX + 64], clabel[PATH_MAX + 32];
     if (model_load(&m, ckpt, &err)) goto fail;
+    const struct moh_backend *be = NULL;
+    if (cli_device("eval", device, m.fam->model_type, false, &be)) goto done;
     if (strcmp(m.fam->task, "image-generation") || !m.fam->generate) {
         moh_fail(&err, MOH_E_ARG, "--classifier applies to image-generation checkpoints (DiT); %s is a %s (task %s)",
                  ckpt, m.fam->short_name, m.fam->task);

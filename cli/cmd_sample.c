@@ -72,7 +72,7 @@ int cmd_sample(int argc, char **argv) {
             !strcmp(f0->task, "image-generation"))
             return cmd_sample_image(argc, argv);
     }
-    const char *ckpt = NULL, *model_path = NULL, *prompt = "", *full = "slide", *dump = NULL, *precision = NULL;
+    const char *ckpt = NULL, *model_path = NULL, *prompt = "", *full = "slide", *dump = NULL, *precision = NULL, *device = NULL;
     int max_tokens = 256, top_k = 0;
     double temp = 0.8, top_p = 0.95;
     uint64_t seed = 1;
@@ -87,6 +87,7 @@ int cmd_sample(int argc, char **argv) {
         {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false, ARG_ANY},
         {"--context-full", ARG_CHOICE, &full, "slide|stop", "when the context is full: slide (re-encode its last half and go on; default) or stop", false, ARG_ANY},
         {"--precision", ARG_CHOICE, &precision, "fp32|bf16", "decode in fp32 (default) or from bf16 weights and a bf16 KV cache with fp32 accumulation (see below); a CPU without AVX-512 decodes in fp32 and says so", false, ARG_ANY},
+        CLI_DEVICE_SPEC(&device),
         {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write the prompt's ids (tokens [1, n]), the logits after each from the KV cache (logits [1, n, V]) and from the full forward pass (logits_forward), and the generated ids (generated [1, g]) as safetensors", false, ARG_ANY},
     };
     int rc = args_parse("sample", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
@@ -143,6 +144,11 @@ int cmd_sample(int argc, char **argv) {
     }
     if (model_check_text_vocab(&m, ckpt, &err)) {
         fprintf(stderr, "moh sample: %s\n", err.msg);
+        model_free(&m);
+        return 1;
+    }
+    const struct moh_backend *be = NULL;
+    if (cli_device("sample", device, m.fam->model_type, false, &be)) {
         model_free(&m);
         return 1;
     }

@@ -138,7 +138,7 @@ static int write_grid(const char *out, const uint8_t *bytes, int nc, int n, int 
 }
 
 int cmd_sample_image(int argc, char **argv) {
-    const char *ckpt = NULL, *cls = "all", *out = NULL, *out_idx = NULL, *sampler = "ddpm", *sigma = "large", *precision = NULL;
+    const char *ckpt = NULL, *cls = "all", *out = NULL, *out_idx = NULL, *sampler = "ddpm", *sigma = "large", *precision = NULL, *device = NULL;
     const char *names_arg = "auto";
     int n = 8, steps = 0, batch = 64, scale = 4;
     double cfg = 4.0;
@@ -161,6 +161,7 @@ int cmd_sample_image(int argc, char **argv) {
         {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (only the selected heads)", false, ARG_ANY},
         {"--reference-attention", ARG_FLAG, &reference, NULL, "every head computed then gated (the default)", false, ARG_ANY},
         CLI_PRECISION_SPEC(&precision),
+        CLI_DEVICE_SPEC(&device),
     };
     int rc = args_parse("sample", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint DIR [--class K|all] [--n N] [--steps S] [--cfg W] [--sampler ddpm|ddim]\n"
@@ -210,6 +211,11 @@ int cmd_sample_image(int argc, char **argv) {
     model m;
     if (model_load(&m, ckpt, &err)) {
         fprintf(stderr, "moh sample: %s\n", err.msg);
+        return 1;
+    }
+    const struct moh_backend *be = NULL;
+    if (cli_device("sample", device, m.fam->model_type, false, &be)) {
+        model_free(&m);
         return 1;
     }
     int C = 0, H = 0, W = 0;

@@ -36,7 +36,7 @@ int cmd_train(int argc, char **argv) {
     train_options o;
     train_options_defaults(&o);
     train_hparams *f = &o.flags;
-    const char *config = NULL, *init = NULL, *precision = NULL;
+    const char *config = NULL, *init = NULL, *precision = NULL, *device = NULL;
     bool no_flip = false, no_augment = false, sparse = false, reference = false;
     const char *optimizer = NULL;
     long eval_tokens = LONG_MIN;
@@ -80,6 +80,7 @@ int cmd_train(int argc, char **argv) {
         {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (only the selected heads; the default for llama)", false, ARG_ANY},
         {"--reference-attention", ARG_FLAG, &reference, NULL, "every head computed then gated (the definition; the default for vit); same results, slower", false, ARG_ANY},
         CLI_PRECISION_SPEC(&precision),
+        CLI_DEVICE_SPEC(&device),
         {"--quiet", ARG_FLAG, &o.quiet, NULL, "no progress output", false, ARG_ANY},
         {"--dump-grads", ARG_STR, &o.dump_grads, "FILE", "debug: write the first step's batch, initial weights (init.*) and gradient (grad.*)", false, ARG_ANY},
         {"--debug-nan-grad", ARG_LONG, &o.nan_step, "STEP", "test hook: put a NaN into one gradient element at step STEP (see --debug-nan-count)", false, ARG_GE(1)},
@@ -137,6 +138,11 @@ int cmd_train(int argc, char **argv) {
     }
     if (sparse || reference) f->attention = sparse ? 1 : 2; /* else the family's default, or the checkpoint's */
     o.seed_given = args_value(argc, argv, "--seed") != NULL;
+    moh_error derr = {0};
+    if (backend_parse_device(device, &o.device, &derr)) {
+        fprintf(stderr, "moh train: %s\n", derr.msg);
+        return 2;
+    }
     if (precision) f->precision = cli_precision_bf16(precision) ? MOH_PRECISION_BF16 : MOH_PRECISION_FP32;
     if (no_flip || no_augment) f->hflip = 0;
     if (no_augment) f->crop_pad = 0;

@@ -11,6 +11,8 @@
 #include "core/fsutil.h"
 #include "ops/bf16.h"
 #include "attn/attn.h"
+#include "backend/backend.h"
+#include "cuda/host.h"
 #include "models/lm_decode.h"
 #include "models/model.h"
 
@@ -217,6 +219,18 @@ bool cli_decode_bf16(const char *cmd, const char *value) {
     if (lm_decode_precision(MOH_PRECISION_BF16, why, sizeof why) == MOH_PRECISION_BF16) return true;
     fprintf(stderr, "moh %s: --precision bf16: decoding runs fp32 (%s)\n", cmd, why);
     return false;
+}
+
+int cli_device(const char *cmd, const char *value, const char *model_type, bool quiet, const moh_backend **be) {
+    moh_error err = {0};
+    moh_device d = MOH_DEVICE_AUTO;
+    char note[224];
+    if (backend_parse_device(value, &d, &err) || backend_resolve(d, model_type, be, note, sizeof note, &err)) {
+        fprintf(stderr, "moh %s: %s\n", cmd, err.msg);
+        return 1;
+    }
+    if (*note && !quiet && cu_built()) fprintf(stderr, "moh %s: device %s (%s)\n", cmd, (*be)->name, note);
+    return 0;
 }
 
 moh_precision cli_precision_run(const char *cmd, const char *value) {

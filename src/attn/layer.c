@@ -67,7 +67,8 @@ void attn_layer_backward_f64(attn_layer_f64 *L, const moh_attn_config *cfg, cons
 const attn_cache_f32 *attn_layer_router_f32(const attn_layer_f32 *L) { return L->sp ? &L->sp->rc : &L->ref; }
 const attn_cache_f64 *attn_layer_router_f64(const attn_layer_f64 *L) { return &L->ref; }
 
-int attn_layer_set_bf16_f32(attn_layer_f32 *L, const moh_attn_config *cfg, struct bf16_ctx *ctx, moh_error *err) {
+int attn_layer_set_compute_f32(attn_layer_f32 *L, const moh_attn_config *cfg, const be_ctx *cx, moh_error *err) {
+    bf16_ctx *ctx = be_cpu_bf16(cx);
     if (L->sp) return sparse_cache_set_bf16(L->sp, cfg, ctx, err);
     L->ref.bf16 = ctx;
     return MOH_OK;

@@ -10,9 +10,9 @@
 #include <stdbool.h>
 
 #include "attn/attn.h"
+#include "backend/backend.h"
 
 struct sparse_cache;
-struct bf16_ctx;
 
 /* The compute state of one float32 layer for batches of up to maxB x maxN tokens. */
 typedef struct attn_layer_f32 {
@@ -52,10 +52,11 @@ void attn_layer_backward_f64(attn_layer_f64 *L, const moh_attn_config *cfg, cons
 const attn_cache_f32 *attn_layer_router_f32(const attn_layer_f32 *L);
 const attn_cache_f64 *attn_layer_router_f64(const attn_layer_f64 *L);
 
-/* bf16 compute with the GEMM context ctx (ops/bf16.h, borrowed; NULL: fp32 again): the dense
+/* Compute as cx says (backend.h; borrowed until the next call or free): in bf16, the dense
  * projections as bf16 GEMMs on either path, and on the head-sparse path the attention tiles in
- * bf16 where the CPU has AVX512-BF16 or AMX-BF16 (sparse_cache_set_bf16). MOH_OK or MOH_E_NOMEM. */
-int attn_layer_set_bf16_f32(attn_layer_f32 *L, const moh_attn_config *cfg, struct bf16_ctx *ctx, moh_error *err);
+ * bf16 where the CPU has AVX512-BF16 or AMX-BF16 (sparse_cache_set_bf16); fp32 otherwise.
+ * MOH_OK or MOH_E_NOMEM. */
+int attn_layer_set_compute_f32(attn_layer_f32 *L, const moh_attn_config *cfg, const be_ctx *cx, moh_error *err);
 
 /* The path's own phases (head-sparse: router, kv_gemm, ...; the reference path times none):
  * ADDS the seconds accumulated since the last reset into seconds[0 .. n) and sets names[0 .. n),

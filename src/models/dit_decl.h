@@ -50,8 +50,7 @@ typedef struct F(dit_acts) {
     real *dtok;            /* [BN, P] backward scratch */
     real *dmod;            /* [B, 6D] backward scratch */
     real *dsc, *dcond, *dth; /* [B, D], [B, D], [2, B, D]: backward scratch */
-    struct bf16_ctx *bf16; /* float32 only (dit_acts_set_bf16_f32; owned): the linear layers,
-                            * attention projections and head-sparse tiles in bf16; NULL: fp32 */
+    be_ctx cx;             /* the backend and precision the ops run on (backend.h; dit_acts_set_bf16_f32) */
     real mse;              /* mean squared error of the last forward with targets */
     real lb_loss;          /* mean over routing layers of the load-balance loss (spec §2) */
     void *block;
@@ -91,13 +90,13 @@ void F(dit_ln_backward)(real *dx, const real *dout, const real *out, const real 
 /* TimestepEmbedder.timestep_embedding(t, 256): out [B, 256] = [cos(t w), sin(t w)], w_i =
  * exp(-ln(10000) i / 128) computed in float32 as PyTorch does. */
 void F(dit_timestep_freq)(real *out, const int *t, int B);
-/* Timestep embedder forward: t_emb [B, D] = mlp.2(SiLU(mlp.0(freq))); th, ts [B, D] saved. bf:
- * the two GEMMs in bf16 (ops/bf16.h linear_forward_ctx_f32), NULL: fp32 (float64: NULL only). */
-void F(dit_temb_forward)(const moh_dit_config *cfg, const F(dit_params) *p, struct bf16_ctx *bf, real *temb,
+/* Timestep embedder forward: t_emb [B, D] = mlp.2(SiLU(mlp.0(freq))); th, ts [B, D] saved. cx: the
+ * backend and precision of the two GEMMs (float64: ignored, may be NULL). */
+void F(dit_temb_forward)(const moh_dit_config *cfg, const F(dit_params) *p, const be_ctx *cx, real *temb,
                          real *th, real *ts, const real *freq, int B);
 /* Its backward from dtemb [B, D]: ACCUMULATES the four weight/bias gradients (dth scratch [2, B, D]). */
 void F(dit_temb_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(dit_params) *g,
-                          struct bf16_ctx *bf, const real *dtemb, const real *th, const real *ts, const real *freq,
+                          const be_ctx *cx, const real *dtemb, const real *th, const real *ts, const real *freq,
                           real *dth, int B);
 /* Patchify (x_embedder im2col): patches [B N, P] in (c, ky, kx) order from img [B, C, H, W]. */
 void F(dit_patchify)(const moh_dit_config *cfg, real *patches, const real *img, int B);

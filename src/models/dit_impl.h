@@ -52,6 +52,7 @@ void F(dit_params_free)(F(dit_params) *p) {
 
 int F(dit_acts_init)(F(dit_acts) *a, const moh_dit_config *cfg, int Bmax, bool sparse, moh_error *err) {
     memset(a, 0, sizeof *a);
+    be_ctx_init(&a->cx, NULL);
     if (Bmax < 1) return moh_fail(err, MOH_E_ARG, "dit: batch size %d, expected >= 1", Bmax);
     const size_t L = (size_t)cfg->depth, B = (size_t)Bmax, BN = B * (size_t)cfg->num_patches;
     const size_t D = (size_t)cfg->hidden_size, Hm = (size_t)cfg->mlp_hidden, P = (size_t)cfg->patch_dim;
@@ -95,7 +96,7 @@ void F(dit_acts_free)(F(dit_acts) *a) {
     for (int l = 0; l < a->n_attn; l++) F(attn_layer_free)(&a->attn[l]);
     free(a->attn);
     free(a->block);
-    bf16_ctx_free(a->bf16); /* after the attention layers that borrow it */
+    be_ctx_release(&a->cx); /* after the attention layers that borrow it */
     memset(a, 0, sizeof *a);
 }
 
@@ -179,23 +180,23 @@ void F(dit_timestep_freq)(real *out, const int *t, int B) {
         }
 }
 
-void F(dit_temb_forward)(const moh_dit_config *cfg, const F(dit_params) *p, struct bf16_ctx *bf, real *temb,
+void F(dit_temb_forward)(const moh_dit_config *cfg, const F(dit_params) *p, const be_ctx *cx, real *temb,
                          real *th, real *ts, const real *freq, int B) {
     const int D = cfg->hidden_size;
-    F(linear_forward_ctx)(bf, th, freq, p->t0_w, p->t0_b, B, DIT_FREQ_DIM, D);
+    F(be_linear_forward)(cx, th, freq, p->t0_w, p->t0_b, B, DIT_FREQ_DIM, D);
     F(silu_forward)(ts, th, (long)B * D);
-    F(linear_forward_ctx)(bf, temb, ts, p->t2_w, p->t2_b, B, D, D);
+    F(be_linear_forward)(cx, temb, ts, p->t2_w, p->t2_b, B, D, D);
 }
 
 void F(dit_temb_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(dit_params) *g,
-                          struct bf16_ctx *bf, const real *dtemb, const real *th, const real *ts, const real *freq,
+                          const be_ctx *cx, const real *dtemb, const real *th, const real *ts, const real *freq,
                           real *dth, int B) {
     const int D = cfg->hidden_size;
     real *dts = dth + (size_t)B * D; /* second half of the scratch */
     memset(dth, 0, sizeof(real) * 2 * (size_t)B * D);
-    F(linear_backward_ctx)(bf, dts, g->t2_w, g->t2_b, dtemb, ts, p->t2_w, B, D, D);
+    F(be_linear_backward)(cx, dts, 1, g->t2_w, g->t2_b, dtemb, ts, p->t2_w, B, D, D);
     F(silu_backward)(dth, dts, th, (long)B * D);
-    F(linear_backward_ctx)(bf, NULL, g->t0_w, g->t0_b, dth, freq, p->t0_w, B, DIT_FREQ_DIM, D);
+    F(be_linear_backward)(cx, NULL, 1, g->t0_w, g->t0_b, dth, freq, p->t0_w, B, DIT_FREQ_DIM, D);
 }
 
 void F(dit_patchify)(const moh_dit_config *cfg, real *patches, const real *img, int B) {
@@ -268,7 +269,7 @@ real F(dit_forward)(const moh_dit_config *cfg, const F(dit_params) *p, F(dit_act
     a->B = B;
     /* x_embedder + pos_embed */
     F(dit_patchify)(cfg, a->patches, x, B);
-    F(linear_forward_ctx)(a->bf16, a->resid, a->patches, p->xe_w, p->xe_b, BN, P, D);
+    F(be_linear_forward)(&a->cx, a->resid, a->patches, p->xe_w, p->xe_b, BN, P, D);
     for (int b = 0; b < B; b++)
         for (int n = 0; n < N; n++) {
             real *r = a->resid + ((size_t)b * N + n) * D;
@@ -277,7 +278,7 @@ real F(dit_forward)(const moh_dit_config *cfg, const F(dit_params) *p, F(dit_act
         }
     /* c = t_embedder(t) + y_embedder(y); SiLU(c) feeds every adaLN */
     F(dit_timestep_freq)(a->tfreq, t, B);
-    F(dit_temb_forward)(cfg, p, a->bf16, a->cond, a->th, a->ts, a->tfreq, B);
+    F(dit_temb_forward)(cfg, p, &a->cx, a->cond, a->th, a->ts, a->tfreq, B);
     for (int b = 0; b < B; b++) {
         const real *e = p->y_table + (size_t)y[b] * D;
         for (int c = 0; c < D; c++) a->cond[(size_t)b * D + c] += e[c];
@@ -291,7 +292,7 @@ real F(dit_forward)(const moh_dit_config *cfg, const F(dit_params) *p, F(dit_act
         real *n1 = a->n1 + (size_t)l * nD, *h1 = a->h1 + (size_t)l * nD, *ao = a->ao + (size_t)l * nD;
         real *n2 = a->n2 + (size_t)l * nD, *h2 = a->h2 + (size_t)l * nD, *f2 = a->f2 + (size_t)l * nD;
         real *fc1 = a->fc1 + (size_t)l * nH, *act = a->act + (size_t)l * nH;
-        F(linear_forward_ctx)(a->bf16, mod, a->csilu, bk->ada_w, bk->ada_b, B, D, D6);
+        F(be_linear_forward)(&a->cx, mod, a->csilu, bk->ada_w, bk->ada_b, B, D, D6);
         /* attention branch: x + gate1 * attn(modulate(LN(x), shift1, scale1)) */
         F(dit_ln_forward)(n1, a->rstd1 + (size_t)l * BN, xi, BN, D);
         F(dit_modulate_forward)(h1, n1, mod, mod + D, D6, B, N, D);
@@ -302,18 +303,18 @@ real F(dit_forward)(const moh_dit_config *cfg, const F(dit_params) *p, F(dit_act
         /* MLP branch: mid + gate2 * fc2(gelu_tanh(fc1(modulate(LN(mid), shift2, scale2)))) */
         F(dit_ln_forward)(n2, a->rstd2 + (size_t)l * BN, mid, BN, D);
         F(dit_modulate_forward)(h2, n2, mod + 3 * D, mod + 4 * D, D6, B, N, D);
-        F(linear_forward_ctx)(a->bf16, fc1, h2, bk->fc1_w, bk->fc1_b, BN, D, Hm);
+        F(be_linear_forward)(&a->cx, fc1, h2, bk->fc1_w, bk->fc1_b, BN, D, Hm);
         F(gelu_tanh_forward)(act, fc1, (long)nH);
-        F(linear_forward_ctx)(a->bf16, f2, act, bk->fc2_w, bk->fc2_b, BN, Hm, D);
+        F(be_linear_forward)(&a->cx, f2, act, bk->fc2_w, bk->fc2_b, BN, Hm, D);
         memcpy(xo, mid, sizeof(real) * nD);
         F(dit_gated_add)(xo, mod + 5 * D, f2, D6, B, N, D);
     }
     a->lb_loss = cfg->routing_layers ? (real)(lb / cfg->routing_layers) : 0;
     /* final layer, unpatchify */
-    F(linear_forward_ctx)(a->bf16, a->fmod, a->csilu, p->fa_w, p->fa_b, B, D, 2 * D);
+    F(be_linear_forward)(&a->cx, a->fmod, a->csilu, p->fa_w, p->fa_b, B, D, 2 * D);
     F(dit_ln_forward)(a->nf, a->rstdf, a->resid + (size_t)L * nD, BN, D);
     F(dit_modulate_forward)(a->hf, a->nf, a->fmod, a->fmod + D, 2 * D, B, N, D);
-    F(linear_forward_ctx)(a->bf16, a->out_tok, a->hf, p->fl_w, p->fl_b, BN, D, P);
+    F(be_linear_forward)(&a->cx, a->out_tok, a->hf, p->fl_w, p->fl_b, BN, D, P);
     F(dit_unpatchify)(cfg, a->out, a->out_tok, B, 0);
     if (!noise) {
         a->mse = 0;
@@ -342,14 +343,14 @@ void F(dit_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(
     F(dit_unpatchify)(cfg, dimg, a->dtok, B, 1);
     /* final layer */
     memset(dh, 0, sizeof(real) * nD);
-    F(linear_backward_ctx)(a->bf16, dh, g->fl_w, g->fl_b, a->dtok, a->hf, p->fl_w, BN, D, P);
+    F(be_linear_backward)(&a->cx, dh, 1, g->fl_w, g->fl_b, a->dtok, a->hf, p->fl_w, BN, D, P);
     memset(a->dmod, 0, sizeof(real) * (size_t)B * 2 * D);
     memset(dtmp, 0, sizeof(real) * nD);
     F(dit_modulate_backward)(dtmp, a->dmod, a->dmod + D, dh, a->nf, a->fmod + D, 2 * D, B, N, D);
     memset(dres, 0, sizeof(real) * nD);
     F(dit_ln_backward)(dres, dtmp, a->nf, a->rstdf, BN, D);
     memset(dsc, 0, sizeof(real) * (size_t)B * D);
-    F(linear_backward_ctx)(a->bf16, dsc, g->fa_w, g->fa_b, a->dmod, a->csilu, p->fa_w, B, D, 2 * D);
+    F(be_linear_backward)(&a->cx, dsc, 1, g->fa_w, g->fa_b, a->dmod, a->csilu, p->fa_w, B, D, 2 * D);
     for (int l = L - 1; l >= 0; l--) {
         const F(dit_block) *bk = &p->blocks[l];
         const F(dit_block) *gb = &g->blocks[l];
@@ -360,10 +361,10 @@ void F(dit_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(
         real *dact = a->dff, *dfc1 = a->dff + nH;
         F(dit_gated_add_backward)(dtmp, dmod + 5 * D, dres, mod + 5 * D, a->f2 + (size_t)l * nD, D6, B, N, D);
         memset(a->dff, 0, sizeof(real) * 2 * nH);
-        F(linear_backward_ctx)(a->bf16, dact, gb->fc2_w, gb->fc2_b, dtmp, a->act + (size_t)l * nH, bk->fc2_w, BN, Hm, D);
+        F(be_linear_backward)(&a->cx, dact, 1, gb->fc2_w, gb->fc2_b, dtmp, a->act + (size_t)l * nH, bk->fc2_w, BN, Hm, D);
         F(gelu_tanh_backward)(dfc1, dact, a->fc1 + (size_t)l * nH, (long)nH);
         memset(dh, 0, sizeof(real) * nD);
-        F(linear_backward_ctx)(a->bf16, dh, gb->fc1_w, gb->fc1_b, dfc1, a->h2 + (size_t)l * nD, bk->fc1_w, BN, D, Hm);
+        F(be_linear_backward)(&a->cx, dh, 1, gb->fc1_w, gb->fc1_b, dfc1, a->h2 + (size_t)l * nD, bk->fc1_w, BN, D, Hm);
         memset(dtmp, 0, sizeof(real) * nD);
         F(dit_modulate_backward)(dtmp, dmod + 3 * D, dmod + 4 * D, dh, a->n2 + (size_t)l * nD, mod + 4 * D, D6, B, N, D);
         F(dit_ln_backward)(dres, dtmp, a->n2 + (size_t)l * nD, a->rstd2 + (size_t)l * BN, BN, D);
@@ -374,7 +375,7 @@ void F(dit_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(
         memset(dtmp, 0, sizeof(real) * nD);
         F(dit_modulate_backward)(dtmp, dmod, dmod + D, dh, a->n1 + (size_t)l * nD, mod + D, D6, B, N, D);
         F(dit_ln_backward)(dres, dtmp, a->n1 + (size_t)l * nD, a->rstd1 + (size_t)l * BN, BN, D);
-        F(linear_backward_ctx)(a->bf16, dsc, gb->ada_w, gb->ada_b, dmod, a->csilu, bk->ada_w, B, D, D6);
+        F(be_linear_backward)(&a->cx, dsc, 1, gb->ada_w, gb->ada_b, dmod, a->csilu, bk->ada_w, B, D, D6);
     }
     /* conditioning: c = t_emb + y_emb, SiLU(c) */
     memset(a->dcond, 0, sizeof(real) * (size_t)B * D);
@@ -383,7 +384,7 @@ void F(dit_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(
         real *row = g->y_table + (size_t)y[b] * D;
         for (int c = 0; c < D; c++) row[c] += a->dcond[(size_t)b * D + c];
     }
-    F(dit_temb_backward)(cfg, p, g, a->bf16, a->dcond, a->th, a->ts, a->tfreq, a->dth, B);
+    F(dit_temb_backward)(cfg, p, g, &a->cx, a->dcond, a->th, a->ts, a->tfreq, a->dth, B);
     /* x_embedder (pos_embed is fixed: no gradient) */
-    F(linear_backward_ctx)(a->bf16, NULL, g->xe_w, g->xe_b, dres, a->patches, p->xe_w, BN, P, D);
+    F(be_linear_backward)(&a->cx, NULL, 1, g->xe_w, g->xe_b, dres, a->patches, p->xe_w, BN, P, D);
 }

@@ -9,7 +9,6 @@
 
 #include "core/rng.h"
 
-#include "ops/bf16.h"
 #include "ops/gemm.h"
 
 const char *lm_train_phase_name(int i) {
@@ -26,49 +25,6 @@ static double lm_lap(double *acc, int ph, double t0) {
     acc[ph] += now - t0;
     return now;
 }
-
-static void lm_bf16_free_f32(lm_acts_f32 *a) {
-    bf16_ctx_free(a->bf16);
-    a->bf16 = NULL;
-}
-/* Linear layers: bf16 GEMMs when the activations carry a bf16 context, else fp32 (ops.h). */
-static void lm_linear_forward_f32(lm_acts_f32 *a, float *out, const float *inp, const float *w,
-                                  const float *b, int M, int I, int O) {
-    if (a->bf16) bf16_linear_forward(a->bf16, out, inp, w, b, M, I, O);
-    else linear_forward_f32(out, inp, w, b, M, I, O);
-}
-static void lm_linear_backward_f32(lm_acts_f32 *a, float *dinp, float *dw, float *db, const float *dout,
-                                   const float *inp, const float *w, int M, int I, int O) {
-    if (a->bf16) bf16_linear_backward(a->bf16, dinp, dw, db, dout, inp, w, M, I, O);
-    else linear_backward_f32(dinp, dw, db, dout, inp, w, M, I, O);
-}
-/* linear_backward with dinp WRITTEN (dinp = dout w: no zeroing pass first); dw accumulated. */
-static void lm_linear_backward_set_f32(lm_acts_f32 *a, float *dinp, float *dw, const float *dout, const float *inp,
-                                       const float *w, int M, int I, int O) {
-    if (a->bf16) {
-        bf16_linear_backward_beta(a->bf16, dinp, 0.0f, dw, NULL, dout, inp, w, M, I, O);
-        return;
-    }
-    gemm_f32(false, false, M, I, O, 1.0f, dout, O, w, I, 0.0f, dinp, I);
-    linear_backward_f32(NULL, dw, NULL, dout, inp, w, M, I, O);
-}
-static void lm_linear_forward_f64(lm_acts_f64 *a, double *out, const double *inp, const double *w,
-                                  const double *b, int M, int I, int O) {
-    (void)a;
-    linear_forward_f64(out, inp, w, b, M, I, O);
-}
-static void lm_linear_backward_f64(lm_acts_f64 *a, double *dinp, double *dw, double *db, const double *dout,
-                                   const double *inp, const double *w, int M, int I, int O) {
-    (void)a;
-    linear_backward_f64(dinp, dw, db, dout, inp, w, M, I, O);
-}
-static void lm_linear_backward_set_f64(lm_acts_f64 *a, double *dinp, double *dw, const double *dout,
-                                       const double *inp, const double *w, int M, int I, int O) {
-    (void)a;
-    gemm_f64(false, false, M, I, O, 1.0, dout, O, w, I, 0.0, dinp, I);
-    linear_backward_f64(NULL, dw, NULL, dout, inp, w, M, I, O);
-}
-static void lm_bf16_free_f64(lm_acts_f64 *a) { (void)a; }
 
 #define real float
 #define F(x) x##_f32
@@ -87,12 +43,10 @@ int lm_acts_init_sparse_f32(lm_acts_f32 *a, const moh_lm_config *cfg, int B, int
 }
 
 int lm_acts_set_bf16_f32(lm_acts_f32 *a, const moh_lm_config *cfg, const bf16_mirror *w, moh_error *err) {
-    bf16_ctx *c = a->bf16;
-    const int rc0 = bf16_ctx_use(&c, w, err);
-    a->bf16 = c;
+    const int rc0 = be_ctx_set_weights(&a->cx, w, err);
     if (rc0) return rc0;
     for (int l = 0; l < a->n_attn; l++) {
-        const int rc = attn_layer_set_bf16_f32(&a->attn[l], &cfg->attn, a->bf16, err);
+        const int rc = attn_layer_set_compute_f32(&a->attn[l], &cfg->attn, &a->cx, err);
         if (rc) return rc;
     }
     return MOH_OK;

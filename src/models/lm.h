@@ -7,6 +7,7 @@
 #define MOH_LM_H
 #include "attn/attn.h"
 #include "attn/layer.h"
+#include "backend/backend.h"
 #include "models/model.h"
 #include "moh.h"
 

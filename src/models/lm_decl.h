@@ -36,8 +36,7 @@ typedef struct F(lm_acts) {
     real *probs;      /* [BT, V] softmax of the logits (filled when targets are given) */
     F(attn_layer) *attn; /* [L] attention layers (either path; layer.h), n_attn of them initialised */
     int n_attn;
-    void *bf16;       /* float32 only: a bf16_ctx (ops/bf16.h, owned) when the big GEMMs and the
-                       * attention tiles compute in bf16 (lm_acts_set_bf16_f32); NULL: fp32 */
+    be_ctx cx;        /* the backend and precision the ops run on (backend.h; lm_acts_set_bf16_f32) */
     real *dres, *dtmp, *dff; /* backward scratch: [BT, C] x2, [3, BT, I] (dff) */
     real *dlogits;    /* [BT, V] */
     real ce_loss;     /* mean cross-entropy (nats) of the last forward with targets */

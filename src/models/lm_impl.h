@@ -40,6 +40,7 @@ void F(lm_params_free)(F(lm_params) *p) {
 static int F(lm_acts_alloc)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, bool sparse,
                             moh_error *err) {
     memset(a, 0, sizeof *a);
+    be_ctx_init(&a->cx, NULL);
     const size_t L = (size_t)cfg->num_hidden_layers, BT = (size_t)B * T;
     const size_t C = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size, V = (size_t)cfg->vocab_size;
     real **fields[] = {&a->resid, &a->mid, &a->ln1, &a->ln1_rstd, &a->attn_out, &a->ln2, &a->ln2_rstd,
@@ -81,7 +82,7 @@ int F(lm_acts_init)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, moh_e
 
 void F(lm_acts_free)(F(lm_acts) *a) {
     for (int l = 0; l < a->n_attn; l++) F(attn_layer_free)(&a->attn[l]);
-    F(lm_bf16_free)(a); /* after the attention layers that borrow it */
+    be_ctx_release(&a->cx); /* after the attention layers that borrow it */
     free(a->attn);
     free(a->block);
     memset(a, 0, sizeof *a);
@@ -119,12 +120,12 @@ real F(lm_forward)(const moh_lm_config *cfg, const F(lm_params) *p, F(lm_acts) *
         real *mid = a->mid + (size_t)l * BT * C;
         F(add_rmsnorm_forward)(mid, ln2, a->ln2_rstd + (size_t)l * BT, x, ao, b->ln2, BT, C, eps);
         t = lm_lap(ph, LMT_PH_NORM, t);
-        F(lm_linear_forward)(a, gate, ln2, b->w_gate, NULL, BT, C, I);
-        F(lm_linear_forward)(a, up, ln2, b->w_up, NULL, BT, C, I);
+        F(be_linear_forward)(&a->cx, gate, ln2, b->w_gate, NULL, BT, C, I);
+        F(be_linear_forward)(&a->cx, up, ln2, b->w_up, NULL, BT, C, I);
         t = lm_lap(ph, LMT_PH_MLP_IN, t);
         F(swiglu_forward_sig)(act, a->sig + (size_t)l * BT * I, gate, up, (long)BT * I);
         t = lm_lap(ph, LMT_PH_SWIGLU, t);
-        F(lm_linear_forward)(a, a->dtmp, act, b->w_down, NULL, BT, I, C); /* dtmp: MLP output */
+        F(be_linear_forward)(&a->cx, a->dtmp, act, b->w_down, NULL, BT, I, C); /* dtmp: MLP output */
         t = lm_lap(ph, LMT_PH_MLP_DOWN, t);
         /* x_{l+1} = mid + MLP output, and the norm that reads it: next ln1, or the final norm */
         if (l + 1 < L)
@@ -136,7 +137,7 @@ real F(lm_forward)(const moh_lm_config *cfg, const F(lm_params) *p, F(lm_acts) *
     }
     a->lb_loss = routing ? (real)(lb / routing) : 0;
     if (L == 0) F(rmsnorm_forward)(a->lnf, a->lnf_rstd, a->resid, p->norm, BT, C, eps);
-    F(lm_linear_forward)(a, a->logits, a->lnf, p->lm_head, NULL, BT, C, V);
+    F(be_linear_forward)(&a->cx, a->logits, a->lnf, p->lm_head, NULL, BT, C, V);
     t = lm_lap(ph, LMT_PH_HEAD, t);
     if (!targets) {
         a->ce_loss = 0;
@@ -160,7 +161,7 @@ void F(lm_backward)(const moh_lm_config *cfg, const F(lm_params) *p, const F(lm_
     memset(a->dlogits, 0, sizeof(real) * (size_t)BT * V);
     F(cross_entropy_backward)(a->dlogits, a->probs, targets, BT, V, 0, 1);
     t = lm_lap(ph, LMT_PH_B_LOSS, t);
-    F(lm_linear_backward_set)(a, dtmp, g->lm_head, a->dlogits, a->lnf, p->lm_head, BT, C, V);
+    F(be_linear_backward)(&a->cx, dtmp, 0, g->lm_head, NULL, a->dlogits, a->lnf, p->lm_head, BT, C, V);
     t = lm_lap(ph, LMT_PH_B_HEAD, t);
     memset(dres, 0, sizeof(real) * nC);
     F(rmsnorm_backward)(dres, g->norm, dtmp, a->resid + (size_t)L * nC, p->norm, a->lnf_rstd, BT, C);
@@ -169,13 +170,13 @@ void F(lm_backward)(const moh_lm_config *cfg, const F(lm_params) *p, const F(lm_
         const F(lm_block) *b = &p->blocks[l];
         const F(lm_block) *gb = &g->blocks[l];
         /* MLP branch of x_{l+1} = x1 + down(swiglu(gate(ln2(x1)), up(ln2(x1)))) */
-        F(lm_linear_backward_set)(a, dact, gb->w_down, dres, a->act + (size_t)l * nI, b->w_down, BT, I, C);
+        F(be_linear_backward)(&a->cx, dact, 0, gb->w_down, NULL, dres, a->act + (size_t)l * nI, b->w_down, BT, I, C);
         t = lm_lap(ph, LMT_PH_B_MLP_DOWN, t);
         F(swiglu_backward_set)(dgate, dup, dact, a->gate + (size_t)l * nI, a->sig + (size_t)l * nI,
                                a->up + (size_t)l * nI, (long)nI);
         t = lm_lap(ph, LMT_PH_B_SWIGLU, t);
-        F(lm_linear_backward_set)(a, dtmp, gb->w_gate, dgate, a->ln2 + (size_t)l * nC, b->w_gate, BT, C, I);
-        F(lm_linear_backward)(a, dtmp, gb->w_up, NULL, dup, a->ln2 + (size_t)l * nC, b->w_up, BT, C, I);
+        F(be_linear_backward)(&a->cx, dtmp, 0, gb->w_gate, NULL, dgate, a->ln2 + (size_t)l * nC, b->w_gate, BT, C, I);
+        F(be_linear_backward)(&a->cx, dtmp, 1, gb->w_up, NULL, dup, a->ln2 + (size_t)l * nC, b->w_up, BT, C, I);
         t = lm_lap(ph, LMT_PH_B_MLP_IN, t);
         F(rmsnorm_backward)(dres, gb->ln2, dtmp, a->mid + (size_t)l * nC, b->ln2,
                             a->ln2_rstd + (size_t)l * BT, BT, C);

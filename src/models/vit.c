@@ -24,8 +24,8 @@
 const attn_cache_f32 *vit_router_cache_f32(const vit_acts_f32 *a, int l) { return attn_layer_router_f32(&a->attn[l]); }
 
 int vit_acts_set_bf16_f32(vit_acts_f32 *a, const moh_vit_config *cfg, const bf16_mirror *w, moh_error *err) {
-    int rc = bf16_ctx_use(&a->bf16, w, err);
-    for (int l = 0; !rc && l < a->n_attn; l++) rc = attn_layer_set_bf16_f32(&a->attn[l], &cfg->attn, a->bf16, err);
+    int rc = be_ctx_set_weights(&a->cx, w, err);
+    for (int l = 0; !rc && l < a->n_attn; l++) rc = attn_layer_set_compute_f32(&a->attn[l], &cfg->attn, &a->cx, err);
     return rc;
 }
 

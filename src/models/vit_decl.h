@@ -46,8 +46,7 @@ typedef struct F(vit_acts) {
     real *dres, *dtmp;     /* [BT, D] each: backward scratch (dtmp also holds forward temps) */
     real *dff;             /* [2, BT, Hm] backward scratch: d act, d fc1 */
     real *dlogits, *dfnorm, *dpooled; /* [B, K], [B, D], [B, D] */
-    struct bf16_ctx *bf16; /* float32 only (vit_acts_set_bf16_f32; owned): the linear layers,
-                            * attention projections and head-sparse tiles in bf16; NULL: fp32 */
+    be_ctx cx;             /* the backend and precision the ops run on (backend.h; vit_acts_set_bf16_f32) */
     real ce_loss;          /* mean label-smoothed cross-entropy (nats) of the last forward */
     real lb_loss;          /* mean over routing layers of the load-balance loss (spec §2) */
     void *block;           /* the allocation behind the arrays above */

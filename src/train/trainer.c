@@ -207,6 +207,8 @@ typedef struct trainer {
     train_state st;
     const char *data;        /* --data, or on resume without it the checkpoint's data path */
     FILE *metrics;
+    const moh_backend *be;   /* the device the run computes on (--device) */
+    char device_note[224];   /* why --device auto fell back to the CPU ("" when nothing fell back) */
 } trainer;
 
 static int dump_grads(trainer *tr, const moh_batch *b, const float *init, moh_error *err) {
@@ -304,6 +306,8 @@ static int setup(trainer *tr, moh_error *err) {
                    tr->st.step, tr->st.step);
         }
     }
+    if ((rc = backend_resolve(o->device, fam->model_type, &tr->be, tr->device_note, sizeof tr->device_note, err)))
+        return rc;
     const int max_T = fam->max_seq_len ? fam->max_seq_len(m->cfg) : 0;
     if ((rc = merge_hparams(o, fam, max_T, &tr->st, present, err))) return rc;
     const int R = tr->d->size;
@@ -626,11 +630,13 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
                "token, %s attention\n", o->resume ? "resuming" : "starting", fam->summary, fam->model_type, m->n,
                m->n / 1e6, router_label(a), model_active_heads(m), a->n_heads,
                hp->attention == 1 ? "head-sparse" : "reference");
-        if (tr.w.precision == MOH_PRECISION_BF16) {
+        {
             char prec[256];
             precision_describe(tr.w.precision, prec, sizeof prec);
-            printf("compute: %s%s\n", prec,
-                   hp->attention == 1 ? "" : "; reference attention: qkv and W_O in bf16, per-head scores and P V fp32");
+            printf("compute: %s%s; device %s%s%s%s\n", prec,
+                   tr.w.precision != MOH_PRECISION_BF16 || hp->attention == 1
+                       ? "" : "; reference attention: qkv and W_O in bf16, per-head scores and P V fp32",
+                   tr.be->name, tr.device_note[0] ? " (" : "", tr.device_note, tr.device_note[0] ? ")" : "");
         }
         if (o->init_path && !o->resume) printf("weights from %s (pretrained; fresh optimizer, step 0)\n", o->init_path);
         char tshape[32] = "";

@@ -4,6 +4,7 @@
  * schedules, Ctrl-C saves and resume. */
 #ifndef MOH_TRAINER_H
 #define MOH_TRAINER_H
+#include "backend/backend.h"
 #include "models/model.h"
 #include "train/checkpoint.h"
 
@@ -26,6 +27,7 @@ typedef struct train_options {
     int max_bad_steps;        /* consecutive non-finite steps skipped before the run stops */
     double comm_timeout;      /* multi-process: end the job when no step finishes for this long (s) */
     bool resume, quiet;
+    moh_device device;        /* --device (backend.h): auto (default), cpu or cuda */
     const char *dump_grads;   /* debug: the first step's batch, initial weights and gradient */
     long nan_step;            /* test hook: a NaN in one gradient element at steps nan_step .. */
     int nan_count;            /* .. nan_step + nan_count - 1 (0 = off) */

@@ -1,0 +1,103 @@
+/* The compute seam (issue 25): a backend is a table of device memory functions and the ops the
+ * families call; a registry names them (cpu, cuda) and resolves --device. Families reach compute
+ * only through a be_ctx (which backend, which precision) and the attention layer (attn/layer.h);
+ * every instruction-set and precision choice lives inside the backend. Style: ggml-backend's
+ * registry and one dispatch point per backend, without its graph (moh's backward is by hand).
+ * Adding a device: a new table (src/backend/<name>.c) and one line in backend.c's registry. */
+#ifndef MOH_BACKEND_H
+#define MOH_BACKEND_H
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "moh.h"
+#include "ops/bf16.h"
+#include "ops/ops.h"
+
+/* What --device asks for: auto (CUDA when this build has it, a GPU is present and the backend runs
+ * the family; else the CPU), or one device. */
+typedef enum moh_device { MOH_DEVICE_AUTO = 0, MOH_DEVICE_CPU = 1, MOH_DEVICE_CUDA = 2 } moh_device;
+
+struct moh_backend;
+
+/* The compute context of one set of activations (one shard): its backend and precision. The
+ * backend owns state (CPU: the bf16 GEMM context under bf16, else NULL). Zeroed = unset; families
+ * call be_ctx_init on their activations. */
+typedef struct be_ctx {
+    const struct moh_backend *be;
+    moh_precision precision;
+    void *state;
+} be_ctx;
+
+/* One backend. Ops take float32 device pointers, row-major, shapes as ops/ops_decl.h. */
+typedef struct moh_backend {
+    const char *name;      /* "cpu", "cuda": the --device value */
+    moh_device device;
+    /* Present in this build and on this machine; else false and why[cap] says why. */
+    bool (*available)(char *why, size_t cap);
+    /* Runs the family model_type whole (train, eval, sample); else false and why[cap]. */
+    bool (*runs_family)(const char *model_type, char *why, size_t cap);
+    /* Device memory (host memory on the CPU). MOH_E_NOMEM / MOH_E_DEVICE. */
+    int (*alloc)(void **p, size_t bytes, moh_error *err);
+    void (*free)(void *p);
+    int (*to_device)(void *dst, const void *src, size_t bytes, moh_error *err);
+    int (*to_host)(void *dst, const void *src, size_t bytes, moh_error *err);
+    int (*sync)(moh_error *err);
+    /* Precision of cx: bf16 with w the bf16 copy of the parameter buffer (kept in sync by the
+     * caller), fp32 with w == NULL. MOH_OK or MOH_E_NOMEM (cx unchanged). */
+    int (*ctx_set_weights)(be_ctx *cx, const bf16_mirror *w, moh_error *err);
+    void (*ctx_release)(be_ctx *cx);
+    /* nn.Linear: out[M, O] = inp[M, I] w[O, I]^T + b (b may be NULL). */
+    void (*linear_forward)(const be_ctx *cx, float *out, const float *inp, const float *w, const float *b,
+                           int M, int I, int O);
+    /* Its backward: dinp = dout w + beta dinp (beta 1: accumulate; 0: written; dinp may be NULL);
+     * dw += dout^T inp, db += column sums of dout (either may be NULL). */
+    void (*linear_backward)(const be_ctx *cx, float *dinp, float beta, float *dw, float *db, const float *dout,
+                            const float *inp, const float *w, int M, int I, int O);
+} moh_backend;
+
+/* The backend of device d (MOH_DEVICE_CPU or MOH_DEVICE_CUDA; NULL for auto). Every build has
+ * both tables; the CUDA one says it is unavailable where moh was built without CUDA. */
+const moh_backend *backend_get(moh_device d);
+/* Backends in registry order (*n gets the count). */
+const moh_backend *const *backend_list(int *n);
+/* Parses "auto", "cpu" or "cuda" (NULL: auto). MOH_E_ARG naming the value otherwise. */
+int backend_parse_device(const char *s, moh_device *d, moh_error *err);
+
+/* The backend that runs family model_type for a command asking for device `asked`: auto takes
+ * CUDA where it is available and runs the family, else the CPU, with note[cap] saying why the CPU
+ * ("auto: moh was built without CUDA"); a named device that cannot run is MOH_E_DEVICE with the
+ * reason in err ("--device cuda: no CUDA device (...)"). note is "" when nothing fell back. */
+int backend_resolve(moh_device asked, const char *model_type, const moh_backend **out, char *note, size_t cap,
+                    moh_error *err);
+
+/* cx on backend be in fp32 (be NULL: the CPU). */
+void be_ctx_init(be_ctx *cx, const moh_backend *be);
+/* Releases cx's backend state (fp32 again). */
+void be_ctx_release(be_ctx *cx);
+/* bf16 with the weights' bf16 copy w, or fp32 with w == NULL (moh_backend.ctx_set_weights). */
+int be_ctx_set_weights(be_ctx *cx, const bf16_mirror *w, moh_error *err);
+
+/* The ops as the model templates call them: F(be_linear_forward)(cx, ...). float32 dispatches
+ * through cx's backend; float64 (gradient checks) runs the float64 ops on the host. */
+static inline void be_linear_forward_f32(const be_ctx *cx, float *out, const float *inp, const float *w,
+                                         const float *b, int M, int I, int O) {
+    cx->be->linear_forward(cx, out, inp, w, b, M, I, O);
+}
+static inline void be_linear_backward_f32(const be_ctx *cx, float *dinp, float beta, float *dw, float *db,
+                                          const float *dout, const float *inp, const float *w, int M, int I,
+                                          int O) {
+    cx->be->linear_backward(cx, dinp, beta, dw, db, dout, inp, w, M, I, O);
+}
+static inline void be_linear_forward_f64(const be_ctx *cx, double *out, const double *inp, const double *w,
+                                         const double *b, int M, int I, int O) {
+    (void)cx;
+    linear_forward_f64(out, inp, w, b, M, I, O);
+}
+void be_linear_backward_f64(const be_ctx *cx, double *dinp, double beta, double *dw, double *db,
+                            const double *dout, const double *inp, const double *w, int M, int I, int O);
+
+/* The CPU backend's bf16 GEMM context of cx (NULL: fp32, or another backend): for the CPU
+ * attention paths (attn/layer.c), which run inside this backend. */
+struct bf16_ctx *be_cpu_bf16(const be_ctx *cx);
+
+#endif

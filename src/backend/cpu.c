@@ -1,0 +1,88 @@
+/* The CPU backend: host memory, the ops of src/ops (oneDNN GEMMs in fp32, or bf16 with fp32
+ * accumulation through a bf16_ctx when the context is bf16). Instruction sets are chosen inside
+ * those ops and the attention kernels at run time (cpuid); nothing above this seam names one. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/backends.h"
+#include "ops/gemm.h"
+
+static bool cpu_available(char *why, size_t cap) {
+    if (why && cap) why[0] = '\0';
+    return true;
+}
+
+static bool cpu_runs_family(const char *model_type, char *why, size_t cap) {
+    (void)model_type;
+    if (why && cap) why[0] = '\0';
+    return true;
+}
+
+static int cpu_alloc(void **p, size_t bytes, moh_error *err) {
+    *p = malloc(bytes ? bytes : 1);
+    return *p ? MOH_OK : moh_fail(err, MOH_E_NOMEM, "cpu: cannot allocate %zu bytes", bytes);
+}
+
+static void cpu_free(void *p) { free(p); }
+
+static int cpu_copy(void *dst, const void *src, size_t bytes, moh_error *err) {
+    (void)err;
+    if (bytes) memmove(dst, src, bytes);
+    return MOH_OK;
+}
+
+static int cpu_sync(moh_error *err) {
+    (void)err;
+    return MOH_OK;
+}
+
+static int cpu_ctx_set_weights(be_ctx *cx, const bf16_mirror *w, moh_error *err) {
+    bf16_ctx *c = cx->state;
+    const int rc = bf16_ctx_use(&c, w, err);
+    if (rc) return rc;
+    cx->state = c;
+    cx->precision = c ? MOH_PRECISION_BF16 : MOH_PRECISION_FP32;
+    return MOH_OK;
+}
+
+static void cpu_ctx_release(be_ctx *cx) {
+    bf16_ctx_free(cx->state);
+    cx->state = NULL;
+    cx->precision = MOH_PRECISION_FP32;
+}
+
+static void cpu_linear_forward(const be_ctx *cx, float *out, const float *inp, const float *w, const float *b,
+                               int M, int I, int O) {
+    linear_forward_ctx_f32(cx->state, out, inp, w, b, M, I, O);
+}
+
+static void cpu_linear_backward(const be_ctx *cx, float *dinp, float beta, float *dw, float *db, const float *dout,
+                                const float *inp, const float *w, int M, int I, int O) {
+    if (cx->state) {
+        bf16_linear_backward_beta(cx->state, dinp, beta, dw, db, dout, inp, w, M, I, O);
+    } else if (beta == 1.0f || !dinp) {
+        linear_backward_f32(dinp, dw, db, dout, inp, w, M, I, O);
+    } else {
+        gemm_f32(false, false, M, I, O, 1.0f, dout, O, w, I, beta, dinp, I);
+        linear_backward_f32(NULL, dw, db, dout, inp, w, M, I, O);
+    }
+}
+
+const moh_backend backend_cpu = {
+    .name = "cpu",
+    .device = MOH_DEVICE_CPU,
+    .available = cpu_available,
+    .runs_family = cpu_runs_family,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .sync = cpu_sync,
+    .ctx_set_weights = cpu_ctx_set_weights,
+    .ctx_release = cpu_ctx_release,
+    .linear_forward = cpu_linear_forward,
+    .linear_backward = cpu_linear_backward,
+};
+
+struct bf16_ctx *be_cpu_bf16(const be_ctx *cx) { return cx->be == &backend_cpu ? cx->state : NULL; }
