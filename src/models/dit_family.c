@@ -8,13 +8,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "core/rng.h"
 #include "data/idx.h"
 #include "models/dit.h"
 #include "models/dit_analysis.h"
 #include "models/dit_diffusion.h"
+#include "models/image_source.h"
 #include "models/model.h"
 
 #define DIT_EVAL_SEED 0x5EEDE7A1ULL /* the fixed noise of every validation (comparable across runs) */
@@ -105,170 +105,60 @@ static void train_defaults(train_hparams *hp) {
                           .log_every = 50, .ema_decay = 0.999};
 }
 
-/* ---- IDX diffusion batch source ------------------------------------------------------------- */
+/* ---- IDX diffusion batch source (image_source.h) -------------------------------------------- */
 
-typedef struct dit_source {
+/* Noised images x_t, their noise eps, timesteps t and labels (class label dropped with probability
+ * class_dropout_prob while training, to num_classes), from (seed, example key) alone; evaluation:
+ * the fixed noise DIT_EVAL_SEED keyed by the item's index, no dropout, no augmentation. */
+typedef struct dit_noiser {
     const moh_dit_config *cfg;
     dit_schedule sch;
-    idx_split train, eval;
-    int n_train, B, accum, eval_B;
-    long micro_per_epoch;
-    uint64_t seed;
-    idx_augment aug;
-    int *perm;
-    long perm_epoch;
-    int *idx, *lab, *t;        /* [cap] */
-    float *img, *eps;          /* [cap, C, H, W] */
-    char label[PATH_MAX + 16];
-} dit_source;
+} dit_noiser;
 
-static void dit_source_free(void *self) {
-    dit_source *s = self;
-    dit_schedule_free(&s->sch);
-    idx_split_free(&s->train);
-    idx_split_free(&s->eval);
-    free(s->perm);
-    free(s->idx);
-    free(s->lab);
-    free(s->t);
-    free(s->img);
-    free(s->eps);
-    free(s);
-}
-
-/* Fills s->img (x_t), s->eps, s->t, s->lab for items idx[0..cnt) of split sp: example j has key
- * key_base + j; drop = label-dropout probability (0 for evaluation). */
-static void noise_batch(dit_source *s, const idx_split *sp, int cnt, const idx_augment *aug, uint64_t seed,
-                        uint64_t key_base, double drop) {
-    const moh_dit_config *c = s->cfg;
+static void dit_make(void *ctx, const idx_split *sp, int cnt, bool train, uint64_t seed, uint64_t key_base,
+                     const idx_augment *aug, image_batch *b, moh_batch *out) {
+    const dit_noiser *nz = ctx;
+    const moh_dit_config *c = nz->cfg;
     const int hw = c->input_size * c->input_size;
+    const double drop = train ? c->class_dropout_prob : 0.0;
+    if (!train) seed = DIT_EVAL_SEED;
 #pragma omp parallel for schedule(static) if (cnt >= 16)
     for (int j = 0; j < cnt; j++) {
-        float *x = s->img + (size_t)j * hw, *e = s->eps + (size_t)j * hw;
-        idx_image_to_float(sp, s->idx[j], 0.5, 0.5, aug, seed, key_base + (uint64_t)j, x);
+        float *x = b->img + (size_t)j * hw, *e = b->eps + (size_t)j * hw;
+        idx_image_to_float(sp, b->idx[j], 0.5, 0.5, aug, seed, key_base + (uint64_t)j, x);
         bool dropped = false;
-        dit_draw(seed, key_base + (uint64_t)j, c->diffusion_steps, drop, hw, &s->t[j], e, &dropped);
-        s->lab[j] = dropped ? c->num_classes : sp->labels[s->idx[j]];
-        dit_q_sample(&s->sch, s->t[j], e, x, hw);
+        dit_draw(seed, key_base + (uint64_t)j, c->diffusion_steps, drop, hw, &b->t[j], e, &dropped);
+        b->lab[j] = dropped ? c->num_classes : sp->labels[b->idx[j]];
+        dit_q_sample(&nz->sch, b->t[j], e, x, hw);
     }
+    *out = (moh_batch){.B = cnt, .images = b->img, .C = 1, .H = c->input_size, .W = c->input_size, .labels = b->lab,
+                       .timesteps = b->t, .noise = b->eps};
 }
 
-static void fill_batch(const dit_source *s, int cnt, moh_batch *out) {
-    *out = (moh_batch){.B = cnt, .images = s->img, .C = 1, .H = s->cfg->input_size, .W = s->cfg->input_size,
-                       .labels = s->lab, .timesteps = s->t, .noise = s->eps};
-}
-
-static int src_next(void *self, long step, int micro, int rank, int nranks, uint64_t *data_rng, moh_batch *out,
-                    moh_error *err) {
-    dit_source *s = self;
-    const int B = s->B;
-    const long g = step * s->accum + micro, epoch = g / s->micro_per_epoch, pos = g % s->micro_per_epoch;
-    if (epoch != s->perm_epoch) {
-        idx_epoch_order(s->perm, s->n_train, s->seed, epoch);
-        s->perm_epoch = epoch;
-    }
-    const int lo = (int)((long)B * rank / nranks), hi = (int)((long)B * (rank + 1) / nranks);
-    for (int j = lo; j < hi; j++) s->idx[j - lo] = s->perm[pos * B + j];
-    const uint64_t key = (uint64_t)epoch * (uint64_t)s->n_train + (uint64_t)(pos * B + lo);
-    noise_batch(s, &s->train, hi - lo, &s->aug, s->seed, key, s->cfg->class_dropout_prob);
-    fill_batch(s, hi - lo, out);
-    return MOH_OK;
-}
-
-static long src_eval_items(void *self, long limit) {
-    const dit_source *s = self;
-    return limit > 0 && limit < s->eval.n ? limit : s->eval.n;
-}
-
-static long src_eval_next(void *self, long *cursor, long limit, int capacity, moh_batch *out) {
-    dit_source *s = self;
-    const long n = src_eval_items(self, limit), i0 = *cursor;
-    if (i0 >= n) return 0;
-    if (capacity > s->eval_B) capacity = s->eval_B;
-    const int cnt = (int)(n - i0 < capacity ? n - i0 : capacity);
-    for (int j = 0; j < cnt; j++) s->idx[j] = (int)(i0 + j);
-    noise_batch(s, &s->eval, cnt, NULL, DIT_EVAL_SEED, (uint64_t)i0, 0.0);
-    *cursor = i0 + cnt;
-    fill_batch(s, cnt, out);
-    return cnt;
-}
-
-static int check_split(const moh_dit_config *cfg, const idx_split *sp, const char *label, moh_error *err) {
-    if (cfg->in_channels != 1)
-        return moh_fail(err, MOH_E_CONFIG, "%s: IDX images have 1 channel, config in_channels is %d (expected 1)", label,
-                        cfg->in_channels);
-    if (sp->rows != cfg->input_size || sp->cols != cfg->input_size)
-        return moh_fail(err, MOH_E_CONFIG, "%s: images are %dx%d, config input_size is %d (expected square images of "
-                        "that side)", label, sp->rows, sp->cols, cfg->input_size);
-    return MOH_OK;
+static void dit_noiser_free(void *ctx) {
+    dit_noiser *nz = ctx;
+    if (!nz) return;
+    dit_schedule_free(&nz->sch);
+    free(nz);
 }
 
 static int open_data(model *m, const data_request *req, batch_source *train, batch_source *eval, moh_error *err) {
-    moh_dit_config *cfg = m->cfg;
-    const train_hparams *hp = req->hp;
-    struct stat st;
-    if (stat(req->path, &st) == 0 && !S_ISDIR(st.st_mode))
-        return moh_fail(err, MOH_E_ARG, "--data %s is a file, but %s is a DiT (image) model: it needs a directory of "
-                        "IDX files (train-images-idx3-ubyte[.gz], t10k-images-idx3-ubyte[.gz], ...)", req->path,
-                        req->model_label);
-    if (hp->crop_pad != 0)
-        return moh_fail(err, MOH_E_ARG, "--crop-pad is %d, expected 0 for a DiT (random crops would shift the images "
-                        "it learns to generate; --no-flip turns off the one augmentation)", hp->crop_pad);
-    dit_source *s = calloc(1, sizeof *s);
-    if (!s) return moh_fail(err, MOH_E_NOMEM, "data: out of memory");
-    s->cfg = cfg;
-    s->perm_epoch = -1;
-    s->B = hp->batch_size;
-    s->accum = hp->grad_accum > 0 ? hp->grad_accum : 1;
-    s->eval_B = req->eval_batch > 0 ? req->eval_batch : hp->batch_size;
-    s->seed = hp->seed;
-    s->aug = (idx_augment){0, hp->hflip != 0};
-    const char *split = req->train ? "t10k" : (req->split ? req->split : "t10k");
-    snprintf(s->label, sizeof s->label, "%s/%s", req->path, split);
-    int rc = dit_schedule_init(&s->sch, cfg, err);
-    if (!rc && req->train) {
-        rc = idx_split_load(&s->train, req->path, "train", cfg->num_classes, err);
-        if (!rc) rc = check_split(cfg, &s->train, req->path, err);
-    }
-    if (!rc) rc = idx_split_load(&s->eval, req->path, split, cfg->num_classes, err);
-    if (!rc) rc = check_split(cfg, &s->eval, req->path, err);
-    if (!rc && req->train) {
-        s->n_train = hp->train_limit > 0 && hp->train_limit < s->train.n ? (int)hp->train_limit : s->train.n;
-        s->micro_per_epoch = s->n_train / s->B;
-        if (s->micro_per_epoch / s->accum < 1)
-            rc = moh_fail(err, MOH_E_ARG, "--batch-size %d x --grad-accum %d is more than the %d training images", s->B,
-                          s->accum, s->n_train);
-    }
-    if (!rc && req->train && s->eval.n > DIT_TRAIN_VAL) s->eval.n = DIT_TRAIN_VAL; /* (the arrays keep their size) */
-    if (!req->train && s->eval_B > s->eval.n && s->eval.n > 0) s->eval_B = s->eval.n;
-    const int cap = s->B > s->eval_B ? s->B : s->eval_B;
-    const size_t hw = (size_t)cfg->input_size * cfg->input_size;
-    if (!rc) {
-        s->perm = malloc(sizeof(int) * (size_t)(s->n_train > 0 ? s->n_train : 1));
-        s->idx = malloc(sizeof(int) * (size_t)cap);
-        s->lab = malloc(sizeof(int) * (size_t)cap);
-        s->t = malloc(sizeof(int) * (size_t)cap);
-        s->img = malloc(sizeof(float) * hw * (size_t)cap);
-        s->eps = malloc(sizeof(float) * hw * (size_t)cap);
-        if (!s->perm || !s->idx || !s->lab || !s->t || !s->img || !s->eps)
-            rc = moh_fail(err, MOH_E_NOMEM, "data: out of memory");
-    }
+    const moh_dit_config *cfg = m->cfg;
+    dit_noiser *nz = calloc(1, sizeof *nz);
+    if (!nz) return moh_fail(err, MOH_E_NOMEM, "data: out of memory");
+    nz->cfg = cfg;
+    const int rc = dit_schedule_init(&nz->sch, cfg, err);
     if (rc) {
-        dit_source_free(s);
+        free(nz);
         return rc;
     }
-    const long spe = s->micro_per_epoch / s->accum;
-    *eval = (batch_source){.self = s, .unit = "img", .seen_key = "images", .eval_unit = "images", .what = "images",
-                           .label = s->label, .examples_per_step = s->B, .steps_per_epoch = spe,
-                           .warmup_cap = spe, .next = src_next, .eval_items = src_eval_items,
-                           .eval_next = src_eval_next, .free = dit_source_free, .n_train = (size_t)s->n_train,
-                           .n_eval = (size_t)s->eval.n,
-                           .data_crc = idx_split_crc(&s->eval, s->eval.n, idx_split_crc(&s->train, s->n_train, 0))};
-    if (train) {
-        *train = *eval;
-        train->free = NULL;
-    }
-    return MOH_OK;
+    const image_family f = {
+        .family = "DiT", .channels = cfg->in_channels, .side = cfg->input_size, .channels_key = "in_channels",
+        .side_key = "input_size", .num_classes = cfg->num_classes, .crop_pad_max = 0,
+        .crop_refusal = "random crops would shift the images it learns to generate; --no-flip turns off the one "
+                        "augmentation",
+        .train_eval_cap = DIT_TRAIN_VAL, .noise = true, .make = dit_make, .ctx = nz, .ctx_free = dit_noiser_free};
+    return image_source_open(&f, req, train, eval, err);
 }
 
 /* ---- metric: eps MSE at fixed (timestep, noise) per test image ------------------------------- */

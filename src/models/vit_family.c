@@ -6,27 +6,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "core/fsutil.h"
 #include "core/rng.h"
 #include "data/idx.h"
+#include "models/image_source.h"
 #include "models/model.h"
 #include "models/vit.h"
 #include "models/vit_analysis.h"
 
+/* The IDX source's view of a ViT config (image_source.h). */
+static void vit_make(void *ctx, const idx_split *sp, int cnt, bool train, uint64_t seed, uint64_t key_base,
+                     const idx_augment *aug, image_batch *b, moh_batch *out);
+static image_family vit_images(const moh_vit_config *cfg) {
+    return (image_family){.family = "ViT", .channels = cfg->in_chans, .side = cfg->img_size, .channels_key = "in_chans",
+                          .side_key = "img_size", .num_classes = cfg->num_classes, .crop_pad_max = 64,
+                          .make = vit_make, .ctx = (void *)cfg};
+}
+
 int vit_check_split(const moh_vit_config *cfg, const idx_split *s, const char *label, moh_error *err) {
-    if (cfg->in_chans != 1)
-        return moh_fail(err, MOH_E_CONFIG, "%s: IDX images have 1 channel, config in_chans is %d "
-                        "(expected 1)", label, cfg->in_chans);
-    if (s->rows != cfg->img_size || s->cols != cfg->img_size)
-        return moh_fail(err, MOH_E_CONFIG, "%s: images are %dx%d, config img_size is %d (expected "
-                        "square images of that side)", label, s->rows, s->cols, cfg->img_size);
-    if (s->num_classes > cfg->num_classes)
-        return moh_fail(err, MOH_E_CONFIG, "%s: labels checked against %d classes, config "
-                        "num_classes is %d", label, s->num_classes, cfg->num_classes);
-    return MOH_OK;
+    const image_family f = vit_images(cfg);
+    return image_check_split(&f, s, label, err);
 }
 
 void vit_make_batch(const moh_vit_config *cfg, const idx_split *s, const int *idx, int count,
@@ -127,168 +127,43 @@ static void train_defaults(train_hparams *hp) {
                           .log_every = 50};
 }
 
-/* ---- IDX batch source ---------------------------------------------------------------------- */
+/* ---- IDX batch source (image_source.h) ------------------------------------------------------ */
 
-typedef struct idx_source {
-    const moh_vit_config *cfg; /* the model's (mean/std filled by open_data) */
-    idx_split train, eval;
-    int n_train;               /* training images used (--train-limit) */
-    int B;                     /* micro-batch (all ranks) */
-    int accum;                 /* micro-batches per optimizer step */
-    long micro_per_epoch;      /* micro-batches per pass over the n_train images */
-    uint64_t seed;
-    idx_augment aug;
-    int *perm;                 /* [n_train] order of perm_epoch */
-    long perm_epoch;
-    int *idx, *lab;            /* [max(B, eval_B)] */
-    float *img;                /* [max(B, eval_B), H, W] */
-    int eval_B;
-    char label[PATH_MAX + 16];
-} idx_source;
-
-static void idx_source_free(void *self) {
-    idx_source *s = self;
-    idx_split_free(&s->train);
-    idx_split_free(&s->eval);
-    free(s->perm);
-    free(s->idx);
-    free(s->lab);
-    free(s->img);
-    free(s);
-}
-
-/* Micro-batch `micro` of step `step`: global micro-batch g = step * accum + micro in the epoch order
- * (a permutation per epoch; the last partial batch of an epoch dropped). */
-static int idx_next(void *self, long step, int micro, int rank, int nranks, uint64_t *data_rng, moh_batch *out,
-                    moh_error *err) {
-    idx_source *s = self;
-    const int B = s->B;
-    const long g = step * s->accum + micro, epoch = g / s->micro_per_epoch, pos = g % s->micro_per_epoch;
-    if (epoch != s->perm_epoch) {
-        idx_epoch_order(s->perm, s->n_train, s->seed, epoch);
-        s->perm_epoch = epoch;
-    }
-    const int lo = (int)((long)B * rank / nranks), hi = (int)((long)B * (rank + 1) / nranks);
-    for (int j = lo; j < hi; j++) {
-        s->idx[j - lo] = s->perm[pos * B + j];
-        s->lab[j - lo] = s->train.labels[s->idx[j - lo]];
-    }
-    const uint64_t key = (uint64_t)epoch * (uint64_t)s->n_train + (uint64_t)(pos * B + lo);
-    vit_make_batch(s->cfg, &s->train, s->idx, hi - lo, &s->aug, s->seed, key, s->img);
-    *out = (moh_batch){.B = hi - lo, .images = s->img, .C = 1, .H = s->cfg->img_size, .W = s->cfg->img_size,
-                       .labels = s->lab};
-    return MOH_OK;
-}
-
-static long idx_eval_items(void *self, long limit) {
-    const idx_source *s = self;
-    return limit > 0 && limit < s->eval.n ? limit : s->eval.n;
-}
-
-static long idx_eval_next(void *self, long *cursor, long limit, int capacity, moh_batch *out) {
-    idx_source *s = self;
-    const long n = idx_eval_items(self, limit), i0 = *cursor;
-    if (i0 >= n) return 0;
-    if (capacity > s->eval_B) capacity = s->eval_B;
-    const int cnt = (int)(n - i0 < capacity ? n - i0 : capacity);
-    for (int j = 0; j < cnt; j++) {
-        s->idx[j] = (int)(i0 + j);
-        s->lab[j] = s->eval.labels[i0 + j];
-    }
-    vit_make_batch(s->cfg, &s->eval, s->idx, cnt, NULL, 0, 0, s->img);
-    *cursor = i0 + cnt;
-    *out = (moh_batch){.B = cnt, .images = s->img, .C = 1, .H = s->cfg->img_size, .W = s->cfg->img_size,
-                       .labels = s->lab};
-    return cnt;
-}
-
-/* true when dir holds a file named name */
-static bool has_file(const char *dir, const char *name) {
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    return access(path, F_OK) == 0;
+/* Normalised images and their labels; evaluation batches are not augmented (keys unused). */
+static void vit_make(void *ctx, const idx_split *sp, int cnt, bool train, uint64_t seed, uint64_t key_base,
+                     const idx_augment *aug, image_batch *b, moh_batch *out) {
+    const moh_vit_config *cfg = ctx;
+    for (int j = 0; j < cnt; j++) b->lab[j] = sp->labels[b->idx[j]];
+    if (train) vit_make_batch(cfg, sp, b->idx, cnt, aug, seed, key_base, b->img);
+    else vit_make_batch(cfg, sp, b->idx, cnt, NULL, 0, 0, b->img);
+    *out = (moh_batch){.B = cnt, .images = b->img, .C = 1, .H = cfg->img_size, .W = cfg->img_size, .labels = b->lab};
 }
 
 static int open_data(model *m, const data_request *req, batch_source *train, batch_source *eval, moh_error *err) {
     moh_vit_config *cfg = m->cfg;
-    const train_hparams *hp = req->hp;
-    const char *data = req->path;
-    struct stat st;
-    if (stat(data, &st) == 0 && !S_ISDIR(st.st_mode))
-        return moh_fail(err, MOH_E_ARG, "--data %s is a file, but %s is a ViT (image) model: it needs a directory of "
-                        "IDX files (train-images-idx3-ubyte[.gz], t10k-images-idx3-ubyte[.gz], ...)", data,
-                        req->model_label);
-    if (stat(data, &st) == 0 && (has_file(data, "val.txt") || has_file(data, "train.txt")) &&
-        !has_file(data, "t10k-images-idx3-ubyte") && !has_file(data, "t10k-images-idx3-ubyte.gz"))
-        return moh_fail(err, MOH_E_ARG, "--data %s holds text (val.txt / train.txt), but %s is a ViT (image) model: it "
-                        "needs a directory of IDX files (t10k-images-idx3-ubyte[.gz], ...)", data, req->model_label);
-    if (hp->crop_pad < 0 || hp->crop_pad > 64)
-        return moh_fail(err, MOH_E_ARG, "--crop-pad is %d, expected 0..64", hp->crop_pad);
-    idx_source *s = calloc(1, sizeof *s);
-    if (!s) return moh_fail(err, MOH_E_NOMEM, "data: out of memory");
-    s->cfg = cfg;
-    s->perm_epoch = -1;
-    s->B = hp->batch_size;
-    s->accum = hp->grad_accum > 0 ? hp->grad_accum : 1;
-    s->eval_B = req->eval_batch > 0 ? req->eval_batch : hp->batch_size;
-    s->seed = hp->seed;
-    s->aug = (idx_augment){hp->crop_pad, hp->hflip != 0};
-    const char *split = req->train ? "t10k" : (req->split ? req->split : "t10k");
-    snprintf(s->label, sizeof s->label, "%s/%s", data, split);
-    int rc = MOH_OK;
-    if (req->train) {
-        rc = idx_split_load(&s->train, data, "train", cfg->num_classes, err);
-        if (!rc) rc = vit_check_split(cfg, &s->train, data, err);
-    }
-    if (!rc) rc = idx_split_load(&s->eval, data, split, cfg->num_classes, err);
-    if (!rc) rc = vit_check_split(cfg, &s->eval, data, err);
+    const image_family f = vit_images(cfg);
+    batch_source ev;
+    int rc = image_source_open(&f, req, train, &ev, err);
     if (!rc && cfg->n_norm == 0) { /* normalisation statistics of the whole training split */
         if (req->train) {
-            idx_mean_std(&s->train, &cfg->mean[0], &cfg->std[0]);
+            idx_mean_std(image_source_train_split(&ev), &cfg->mean[0], &cfg->std[0]);
             if (!(cfg->std[0] > 0))
                 rc = moh_fail(err, MOH_E_FORMAT, "%s: every training pixel has the same value; expected images with "
-                              "some contrast (std > 0)", data);
+                              "some contrast (std > 0)", req->path);
         } else {
-            rc = idx_train_mean_std(data, cfg->num_classes, &cfg->mean[0], &cfg->std[0], err);
+            rc = idx_train_mean_std(req->path, cfg->num_classes, &cfg->mean[0], &cfg->std[0], err);
             if (!rc && !req->quiet)
                 fprintf(stderr, "moh eval: note: the checkpoint's config.json has no mean/std; using the training "
                         "split's (%.4f, %.4f)\n", cfg->mean[0], cfg->std[0]);
         }
         if (!rc) cfg->n_norm = 1;
+        if (rc) {
+            batch_source_free(&ev);
+            if (train) memset(train, 0, sizeof *train);
+        }
     }
-    if (!rc && req->train) {
-        s->n_train = hp->train_limit > 0 && hp->train_limit < s->train.n ? (int)hp->train_limit : s->train.n;
-        s->micro_per_epoch = s->n_train / s->B;
-        if (s->micro_per_epoch / s->accum < 1)
-            rc = moh_fail(err, MOH_E_ARG, "--batch-size %d x --grad-accum %d is more than the %d training images",
-                          s->B, s->accum, s->n_train);
-    }
-    if (!req->train && s->eval_B > s->eval.n && s->eval.n > 0) s->eval_B = s->eval.n; /* result does not change */
-    const int cap = s->B > s->eval_B ? s->B : s->eval_B;
-    const size_t hw = (size_t)cfg->img_size * cfg->img_size;
-    if (!rc) {
-        s->perm = malloc(sizeof(int) * (size_t)(s->n_train > 0 ? s->n_train : 1));
-        s->idx = malloc(sizeof(int) * (size_t)cap);
-        s->lab = malloc(sizeof(int) * (size_t)cap);
-        s->img = malloc(sizeof(float) * hw * (size_t)cap);
-        if (!s->perm || !s->idx || !s->lab || !s->img) rc = moh_fail(err, MOH_E_NOMEM, "data: out of memory");
-    }
-    if (rc) {
-        idx_source_free(s);
-        return rc;
-    }
-    const long spe = s->micro_per_epoch / s->accum;
-    *eval = (batch_source){.self = s, .unit = "img", .seen_key = "images", .eval_unit = "images", .what = "images",
-                           .label = s->label, .examples_per_step = s->B, .steps_per_epoch = spe,
-                           .warmup_cap = spe, .next = idx_next, .eval_items = idx_eval_items,
-                           .eval_next = idx_eval_next, .free = idx_source_free, .n_train = (size_t)s->n_train,
-                           .n_eval = (size_t)s->eval.n,
-                           .data_crc = idx_split_crc(&s->eval, s->eval.n, idx_split_crc(&s->train, s->n_train, 0))};
-    if (train) {
-        *train = *eval;
-        train->free = NULL;
-    }
-    return MOH_OK;
+    if (!rc) *eval = ev;
+    return rc;
 }
 
 static void eval_add(const void *cfg, const void *acts, const moh_batch *b, int first, int count, model_eval *r) {
@@ -396,8 +271,7 @@ static int dump_logits(const model *m, batch_source *src, const char *path, moh_
     const moh_vit_config *cfg = m->cfg;
     long cursor = 0;
     moh_batch b;
-    const idx_source *s = src->self;
-    const long n = src->eval_next(src->self, &cursor, 0, s->eval_B, &b);
+    const long n = src->eval_next(src->self, &cursor, 0, INT_MAX, &b); /* one evaluation batch, its full size */
     if (n <= 0) return moh_fail(err, MOH_E_FORMAT, "%s: no images to dump", path);
     void *acts = NULL;
     int rc = acts_new(cfg, b.B, 0, false, &acts, err);
