@@ -28,7 +28,7 @@
 typedef struct bt_run {
     char name[64];
     model m;           /* config and parameters (m.data [m.n]) */
-    void *g;           /* gradient views (fam->params_new) over gdata [m.n] */
+    void *g;           /* gradient views (model_params_new) over gdata [m.n] */
     float *gdata;
     void *acts[4];     /* [path + 2 precision]: reference, sparse; in fp32, then bf16 */
     bf16_mirror mw;    /* bf16: the weights' bf16 copy, converted every step (as model_shards) */
@@ -45,9 +45,9 @@ typedef struct bt_run {
 static void bt_free(bt_run *r) {
     const model_family *fam = r->m.fam;
     for (int k = 0; fam && k < 4; k++)
-        if (r->acts[k]) fam->acts_free(r->acts[k]);
+        if (r->acts[k]) model_acts_free(fam, r->acts[k]);
     bf16_mirror_free(&r->mw);
-    if (fam && r->g) fam->params_free(r->g);
+    if (fam && r->g) model_params_free(fam, r->g);
     model_free(&r->m);
     free(r->batch_buf);
     free(r->mom);
@@ -79,11 +79,11 @@ static int bt_init(bt_run *r, const char *name, int B, int *T, const bt_run *fir
                         name, fam->short_name, fam->model_type);
     if (*T <= 0) *T = fam->max_seq_len ? fam->max_seq_len(r->m.cfg) : 0;
     size_t gn = 0;
-    if ((rc = fam->params_new(r->m.cfg, &r->g, &r->gdata, &gn, err))) return rc;
+    if ((rc = model_params_new(fam, r->m.cfg, &r->g, &r->gdata, &gn, err))) return rc;
     fam->init_random(r->m.cfg, r->m.params, 7);
     for (int k = 0; k < 4; k++) {
         if (!want[k] && !(k == 0 && want[1])) continue; /* the sparse path's check needs the reference */
-        if ((rc = fam->acts_new(r->m.cfg, B, *T, k % 2 == 1, &r->acts[k], err))) return rc;
+        if ((rc = model_acts_new(fam, r->m.cfg, B, *T, k % 2 == 1, &r->acts[k], err))) return rc;
         if (k < 2) continue;
         if (!fam->acts_set_bf16)
             return moh_fail(err, MOH_E_ARG, "%s: the %s family computes in fp32 only", name, fam->short_name);

@@ -48,13 +48,13 @@ void cli_config_not_found(const char *cmd, const char *config);
 #define CLI_PRECISION_SPEC(dst) {"--precision", ARG_CHOICE, (dst), "fp32|bf16", CLI_PRECISION_HELP, false, ARG_ANY}
 bool cli_precision_bf16(const char *value);
 /* --device auto|cpu|cuda (an ARG_CHOICE spec whose dst is a const char *; NULL: auto). */
-#define CLI_DEVICE_HELP "compute device: auto (default: CUDA where moh was built with it, a GPU is present and the CUDA backend runs this model, else the CPU, saying why when a GPU build falls back), cpu, or cuda (an error where it cannot run)"
+#define CLI_DEVICE_HELP "compute device: auto (default: CUDA where moh was built with it, a GPU is present and the CUDA backend runs this model, else the CPU, train says why), cpu, or cuda (an error where it cannot run)"
 #define CLI_DEVICE_SPEC(dst) {"--device", ARG_CHOICE, (dst), "auto|cpu|cuda", CLI_DEVICE_HELP, false, ARG_ANY}
-/* The backend (src/backend/backend.h) that runs model_type for --device value: 0 with *be set
- * (an auto that fell back on a build with CUDA prints "moh CMD: device cpu (auto: WHY)" on stderr
- * unless quiet), or 1 after "moh CMD: --device cuda: WHY" on stderr. */
+/* The backend (src/backend/backend.h) that runs model_type for --device value: 0 with *be set (auto
+ * falls back to the CPU silently; train's start line says why), or 1 after "moh CMD: --device
+ * cuda: WHY" on stderr. */
 struct moh_backend;
-int cli_device(const char *cmd, const char *value, const char *model_type, bool quiet, const struct moh_backend **be);
+int cli_device(const char *cmd, const char *value, const char *model_type, const struct moh_backend **be);
 /* The precision a command runs for --precision value (NULL: fp32), with one line on stderr when
  * bf16 was asked: "moh CMD: --precision bf16 runs fp32: WHY" (no bf16 hardware) or
  * "moh CMD: compute bf16 (...)" (precision_describe). */

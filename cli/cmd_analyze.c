@@ -129,7 +129,7 @@ static int run_model(const model *m, const char *dir, analysis_data *d, const in
     if (rc) return rc;
     int *cat = malloc(sizeof(int) * (size_t)d->batch);
     void *acts = NULL;
-    rc = fam->acts_new(m->cfg, d->batch, d->T, false, &acts, err);
+    rc = model_acts_new(fam, m->cfg, d->batch, d->T, false, &acts, err);
     float *pbuf = NULL;
     if (!rc) { /* tokens of the largest batch: d->batch examples */
         moh_batch probe = {.B = 1, .T = d->T};
@@ -148,7 +148,7 @@ static int run_model(const model *m, const char *dir, analysis_data *d, const in
         progress_add(&pg, (double)items);
     }
     progress_end(&pg);
-    if (acts) fam->acts_free(acts);
+    if (acts) model_acts_free(fam, acts);
     free(cat);
     free(pbuf);
     return rc;
@@ -197,7 +197,7 @@ int cmd_analyze(int argc, char **argv) {
     const bool last = !strcmp(which, "last");
     if (model_load(&m, ckpt, &err)) goto fail;
     const struct moh_backend *be = NULL;
-    if (cli_device("analyze", device, m.fam->model_type, false, &be)) goto done;
+    if (cli_device("analyze", device, m.fam->model_type, &be)) goto done;
     const model_family *fam = m.fam;
     const int L = model_num_layers(&m);
     if (!fam->open_analysis) {

@@ -151,7 +151,7 @@ int cmd_chat(int argc, char **argv) {
         return 1;
     }
     const struct moh_backend *be = NULL;
-    if (cli_device("chat", device, m.fam->model_type, false, &be)) {
+    if (cli_device("chat", device, m.fam->model_type, &be)) {
         model_free(&m);
         return 1;
     }

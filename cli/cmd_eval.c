@@ -79,7 +79,7 @@ int cmd_eval(int argc, char **argv) {
     char label[PATH_MAX + 32];
     if (model_open(&m, ckpt, &err)) goto fail;
     const struct moh_backend *be = NULL;
-    if (cli_device("eval", device, m.fam->model_type, false, &be)) goto done;
+    if (cli_device("eval", device, m.fam->model_type, &be)) goto done;
     train_hparams hp;
     m.fam->train_defaults(&hp);
     hp.seq_len = T;

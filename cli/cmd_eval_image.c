@@ -112,7 +112,7 @@ int cmd_eval_image(int argc, char **argv) {
     char what[PATH_MAX + 64], clabel[PATH_MAX + 32];
     if (model_load(&m, ckpt, &err)) goto fail;
     const struct moh_backend *be = NULL;
-    if (cli_device("eval", device, m.fam->model_type, false, &be)) goto done;
+    if (cli_device("eval", device, m.fam->model_type, &be)) goto done;
     if (strcmp(m.fam->task, "image-generation") || !m.fam->generate) {
         moh_fail(&err, MOH_E_ARG, "--classifier applies to image-generation checkpoints (DiT); %s is a %s (task %s)",
                  ckpt, m.fam->short_name, m.fam->task);

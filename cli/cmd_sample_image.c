@@ -214,7 +214,7 @@ int cmd_sample_image(int argc, char **argv) {
         return 1;
     }
     const struct moh_backend *be = NULL;
-    if (cli_device("sample", device, m.fam->model_type, false, &be)) {
+    if (cli_device("sample", device, m.fam->model_type, &be)) {
         model_free(&m);
         return 1;
     }

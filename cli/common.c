@@ -12,7 +12,6 @@
 #include "ops/bf16.h"
 #include "attn/attn.h"
 #include "backend/backend.h"
-#include "cuda/host.h"
 #include "models/lm_decode.h"
 #include "models/model.h"
 
@@ -221,7 +220,7 @@ bool cli_decode_bf16(const char *cmd, const char *value) {
     return false;
 }
 
-int cli_device(const char *cmd, const char *value, const char *model_type, bool quiet, const moh_backend **be) {
+int cli_device(const char *cmd, const char *value, const char *model_type, const moh_backend **be) {
     moh_error err = {0};
     moh_device d = MOH_DEVICE_AUTO;
     char note[224];
@@ -229,7 +228,6 @@ int cli_device(const char *cmd, const char *value, const char *model_type, bool 
         fprintf(stderr, "moh %s: %s\n", cmd, err.msg);
         return 1;
     }
-    if (*note && !quiet && cu_built()) fprintf(stderr, "moh %s: device %s (%s)\n", cmd, (*be)->name, note);
     return 0;
 }
 

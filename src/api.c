@@ -72,7 +72,7 @@ int moh_model_new(moh_model **out, const char *config_json_path, uint64_t seed, 
 void moh_model_free(moh_model *h) {
     if (!h) return;
     if (h->have_w) model_shards_free(&h->w, &h->m);
-    if (h->g) h->m.fam->params_free(h->g);
+    if (h->g) model_params_free(h->m.fam, h->g);
     model_free(&h->m);
     free(h->ts);
     free(h->m1);
@@ -353,7 +353,7 @@ static int ensure_optimizer(moh_model *h, moh_error *err) {
     const size_t n = h->m.n;
     size_t gn = 0;
     if (!h->g) {
-        const int rc = h->m.fam->params_new(h->m.cfg, &h->g, &h->gdata, &gn, err);
+        const int rc = model_params_new(h->m.fam, h->m.cfg, &h->g, &h->gdata, &gn, err);
         if (rc) return rc;
     }
     if (!h->decay && !(h->decay = calloc(n, sizeof(bool)))) return moh_fail(err, MOH_E_NOMEM, "moh_model_train_step: out of memory");

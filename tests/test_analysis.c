@@ -486,14 +486,14 @@ static void test_hooks(test_ctx *ctx) {
             for (int i = 0; i < b.B * b.T; i++) same &= b.tokens[i] == ta[k * 16 + i];
         CHECK(ctx, same, "LM chunk tokens are the bytes of a.txt in order");
         void *acts = NULL;
-        CHECK(ctx, m.fam->acts_new(m.cfg, d.batch, d.T, false, &acts, &err) == MOH_OK, "%s", err.msg);
+        CHECK(ctx, model_acts_new(m.fam, m.cfg, d.batch, d.T, false, &acts, &err) == MOH_OK, "%s", err.msg);
         if (acts) {
             double ce, lb;
             m.fam->forward(m.cfg, m.params, acts, &b, 0, b.B, false, &ce, &lb);
             const attn_cache_f32 *c = m.fam->router(acts, 1);
             CHECK(ctx, c && c->att && c->o && c->gates && c->p, "reference-path cache holds att, o, gates, p");
             CHECK(ctx, c && c->att && fabsf(c->att[0] - 1.0f) < 1e-6f, "causal first row attends to itself only");
-            m.fam->acts_free(acts);
+            model_acts_free(m.fam, acts);
         }
         d.free(d.self);
     }

@@ -536,7 +536,7 @@ static void test_lm_train(test_ctx *ctx) {
         size_t gn = 0;
         moh_batch b;
         CHECK(ctx, model_shards_init(&w, &m, 4, 64, 2, true, true, &err) == MOH_OK, "%s", err.msg);
-        CHECK(ctx, m.fam->params_new(m.cfg, &g, &gd, &gn, &err) == MOH_OK, "%s", err.msg);
+        CHECK(ctx, model_params_new(m.fam, m.cfg, &g, &gd, &gn, &err) == MOH_OK, "%s", err.msg);
         CHECK(ctx, m.fam->synthetic_batch(m.cfg, 4, 64, 5, &b, &buf, &err) == MOH_OK, "%s", err.msg);
         char why[160];
         CHECK(ctx, model_shards_set_precision(&w, &m, k ? MOH_PRECISION_BF16 : MOH_PRECISION_FP32, why, sizeof why,
@@ -555,7 +555,7 @@ static void test_lm_train(test_ctx *ctx) {
         free(mom);
         free(vel);
         free(buf);
-        m.fam->params_free(g);
+        model_params_free(m.fam, g);
         model_shards_free(&w, &m);
         model_free(&m);
     }
@@ -599,7 +599,7 @@ static void test_image_step(test_ctx *ctx, const char *name, const char *cfg, bo
         float *gd = NULL;
         moh_batch b;
         CHECK(ctx, model_shards_init(&w, &m, 6, 0, 2, true, sparse, &err) == MOH_OK, "%s", err.msg);
-        CHECK(ctx, m.fam->params_new(m.cfg, &g, &gd, &n, &err) == MOH_OK, "%s", err.msg);
+        CHECK(ctx, model_params_new(m.fam, m.cfg, &g, &gd, &n, &err) == MOH_OK, "%s", err.msg);
         CHECK(ctx, m.fam->synthetic_batch(m.cfg, 6, 0, 5, &b, &buf, &err) == MOH_OK, "%s", err.msg);
         char why[160];
         CHECK(ctx, model_shards_set_precision(&w, &m, k ? MOH_PRECISION_BF16 : MOH_PRECISION_FP32, why, sizeof why,
@@ -618,7 +618,7 @@ static void test_image_step(test_ctx *ctx, const char *name, const char *cfg, bo
             fallbacks = c ? bf16_ctx_fallbacks(c) : -1;
         }
         free(buf);
-        m.fam->params_free(g);
+        model_params_free(m.fam, g);
         model_shards_free(&w, &m);
         model_free(&m);
     }

@@ -37,42 +37,20 @@ static model_tensor *tensors(const void *cfg, model_naming scheme, int *n) {
     return scheme == MODEL_NAMES_CHECKPOINT ? dit_tensors(cfg, n) : NULL;
 }
 
-static int params_new(const void *cfg, void **params, float **data, size_t *n, moh_error *err) {
-    dit_params_f32 *p = calloc(1, sizeof *p);
-    if (!p) return moh_fail(err, MOH_E_NOMEM, "model: out of memory");
-    int rc = dit_params_init_f32(p, cfg, err);
-    if (rc) {
-        free(p);
-        return rc;
-    }
-    *params = p;
-    *data = p->data;
-    *n = p->n;
-    return MOH_OK;
+static int params_init(void *p, const void *cfg, float **data, size_t *n, moh_error *err) {
+    const int rc = dit_params_init_f32(p, cfg, err);
+    *data = ((const dit_params_f32 *)p)->data;
+    *n = ((const dit_params_f32 *)p)->n;
+    return rc;
 }
-static void params_free(void *p) {
-    if (!p) return;
-    dit_params_free_f32(p);
-    free(p);
-}
+static void params_release(void *p) { dit_params_free_f32(p); }
 static void init_random(const void *cfg, void *p, uint64_t seed) { dit_params_init_random(cfg, p, seed); }
 
-static int acts_new(const void *cfg, int Bmax, int T, bool sparse, void **acts, moh_error *err) {
-    dit_acts_f32 *a = calloc(1, sizeof *a);
-    if (!a) return moh_fail(err, MOH_E_NOMEM, "model: out of memory");
-    int rc = dit_acts_init_f32(a, cfg, Bmax, sparse, err);
-    if (rc) {
-        free(a);
-        return rc;
-    }
-    *acts = a;
-    return MOH_OK;
+static int acts_init(void *a, const void *cfg, int Bmax, int T, bool sparse, moh_error *err) {
+    (void)T;
+    return dit_acts_init_f32(a, cfg, Bmax, sparse, err);
 }
-static void acts_free(void *a) {
-    if (!a) return;
-    dit_acts_free_f32(a);
-    free(a);
-}
+static void acts_release(void *a) { dit_acts_free_f32(a); }
 static int acts_set_bf16(const void *cfg, void *acts, const bf16_mirror *w, moh_error *err) {
     return dit_acts_set_bf16_f32(acts, cfg, w, err);
 }
@@ -249,11 +227,13 @@ const model_family dit_family = {
     .attn = attn,
     .attn_layer = attn_layer,
     .tensors = tensors,
-    .params_new = params_new,
-    .params_free = params_free,
+    .params_size = sizeof(dit_params_f32),
+    .params_init = params_init,
+    .params_release = params_release,
     .init_random = init_random,
-    .acts_new = acts_new,
-    .acts_free = acts_free,
+    .acts_size = sizeof(dit_acts_f32),
+    .acts_init = acts_init,
+    .acts_release = acts_release,
     .acts_set_bf16 = acts_set_bf16,
     .forward = forward,
     .backward = backward,

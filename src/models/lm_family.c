@@ -33,42 +33,19 @@ static const char *tied_tensor(const void *cfg, const char *name) {
                ? "model.embed_tokens.weight" : NULL;
 }
 
-static int params_new(const void *cfg, void **params, float **data, size_t *n, moh_error *err) {
-    lm_params_f32 *p = calloc(1, sizeof *p);
-    if (!p) return moh_fail(err, MOH_E_NOMEM, "model: out of memory");
-    int rc = lm_params_init_f32(p, cfg, err);
-    if (rc) {
-        free(p);
-        return rc;
-    }
-    *params = p;
-    *data = p->data;
-    *n = p->n;
-    return MOH_OK;
+static int params_init(void *p, const void *cfg, float **data, size_t *n, moh_error *err) {
+    const int rc = lm_params_init_f32(p, cfg, err);
+    *data = ((const lm_params_f32 *)p)->data;
+    *n = ((const lm_params_f32 *)p)->n;
+    return rc;
 }
-static void params_free(void *p) {
-    if (!p) return;
-    lm_params_free_f32(p);
-    free(p);
-}
+static void params_release(void *p) { lm_params_free_f32(p); }
 static void init_random(const void *cfg, void *p, uint64_t seed) { lm_params_init_random(cfg, p, seed, 0.02); }
 
-static int acts_new(const void *cfg, int Bmax, int T, bool sparse, void **acts, moh_error *err) {
-    lm_acts_f32 *a = calloc(1, sizeof *a);
-    if (!a) return moh_fail(err, MOH_E_NOMEM, "model: out of memory");
-    int rc = sparse ? lm_acts_init_sparse_f32(a, cfg, Bmax, T, err) : lm_acts_init_f32(a, cfg, Bmax, T, err);
-    if (rc) {
-        free(a);
-        return rc;
-    }
-    *acts = a;
-    return MOH_OK;
+static int acts_init(void *a, const void *cfg, int Bmax, int T, bool sparse, moh_error *err) {
+    return sparse ? lm_acts_init_sparse_f32(a, cfg, Bmax, T, err) : lm_acts_init_f32(a, cfg, Bmax, T, err);
 }
-static void acts_free(void *a) {
-    if (!a) return;
-    lm_acts_free_f32(a);
-    free(a);
-}
+static void acts_release(void *a) { lm_acts_free_f32(a); }
 
 static int acts_set_bf16(const void *cfg, void *acts, const bf16_mirror *w, moh_error *err) {
     return lm_acts_set_bf16_f32(acts, cfg, w, err);
@@ -387,7 +364,7 @@ static int dump_logits(const model *m, batch_source *src, const char *path, moh_
     if (src->eval_next(src->self, &cursor, 0, 1, &b) <= 0)
         return moh_fail(err, MOH_E_FORMAT, "%s: too short for one prediction", path);
     void *acts = NULL;
-    int rc = acts_new(cfg, 1, b.T, true, &acts, err);
+    int rc = model_acts_new(&lm_family, cfg, 1, b.T, true, &acts, err);
     float *ft = rc ? NULL : malloc(sizeof(float) * 3 * (size_t)b.T);
     if (!rc && !ft) rc = moh_fail(err, MOH_E_NOMEM, "out of memory");
     if (!rc) {
@@ -403,7 +380,7 @@ static int dump_logits(const model *m, batch_source *src, const char *path, moh_
         rc = moh_st_write(path, e, 4, err);
     }
     free(ft);
-    acts_free(acts);
+    model_acts_free(&lm_family, acts);
     return rc;
 }
 
@@ -466,7 +443,7 @@ static int from_gguf(model *m, const void *gg, const char *path, moh_error *err)
     if (!cfg) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
     m->cfg = cfg;
     int rc = lm_gguf_config(g, path, cfg, err);
-    if (!rc) rc = params_new(cfg, &m->params, &m->data, &m->n, err);
+    if (!rc) rc = model_params_new(&lm_family, cfg, &m->params, &m->data, &m->n, err);
     if (!rc) rc = lm_gguf_weights(g, path, cfg, m->data, err);
     if (rc) model_free(m);
     return rc;
@@ -489,11 +466,13 @@ const model_family lm_family = {
     .attn = attn,
     .tensors = tensors,
     .tied_tensor = tied_tensor,
-    .params_new = params_new,
-    .params_free = params_free,
+    .params_size = sizeof(lm_params_f32),
+    .params_init = params_init,
+    .params_release = params_release,
     .init_random = init_random,
-    .acts_new = acts_new,
-    .acts_free = acts_free,
+    .acts_size = sizeof(lm_acts_f32),
+    .acts_init = acts_init,
+    .acts_release = acts_release,
     .acts_set_bf16 = acts_set_bf16,
     .forward = forward,
     .backward = backward,

@@ -91,7 +91,7 @@ int model_check_text_vocab(const model *m, const char *label, moh_error *err) {
 void model_free(model *m) {
     bpe_free(m->tokenizer);
     free(m->chat_template);
-    if (m->fam && m->params) m->fam->params_free(m->params);
+    if (m->fam && m->params) model_params_free(m->fam, m->params);
     free(m->cfg);
     memset(m, 0, sizeof *m);
 }
@@ -111,7 +111,7 @@ int model_from_config_text(model *m, const char *text, size_t len, const char *l
         snprintf(err->msg + used, sizeof err->msg - used, " (no \"model_type\" field: read as \"%s\"; other "
                  "families need theirs, e.g. \"model_type\": \"vit\")", fam->model_type);
     }
-    if (!rc) rc = fam->params_new(m->cfg, &m->params, &m->data, &m->n, err);
+    if (!rc) rc = model_params_new(fam, m->cfg, &m->params, &m->data, &m->n, err);
     if (rc) model_free(m);
     return rc;
 }
@@ -237,6 +237,44 @@ void model_eval_free(model_eval *r) {
     memset(r, 0, sizeof *r);
 }
 
+int model_params_new(const model_family *f, const void *cfg, void **params, float **data, size_t *n,
+                     moh_error *err) {
+    void *p = calloc(1, f->params_size);
+    if (!p) return moh_fail(err, MOH_E_NOMEM, "model: out of memory");
+    const int rc = f->params_init(p, cfg, data, n, err);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    *params = p;
+    return MOH_OK;
+}
+
+void model_params_free(const model_family *f, void *params) {
+    if (!params) return;
+    f->params_release(params);
+    free(params);
+}
+
+int model_acts_new(const model_family *f, const void *cfg, int Bmax, int T, bool sparse, void **acts,
+                   moh_error *err) {
+    void *a = calloc(1, f->acts_size);
+    if (!a) return moh_fail(err, MOH_E_NOMEM, "model: out of memory");
+    const int rc = f->acts_init(a, cfg, Bmax, T, sparse, err);
+    if (rc) {
+        free(a);
+        return rc;
+    }
+    *acts = a;
+    return MOH_OK;
+}
+
+void model_acts_free(const model_family *f, void *acts) {
+    if (!acts) return;
+    f->acts_release(acts);
+    free(acts);
+}
+
 void batch_source_free(batch_source *s) {
     if (s->free && s->self) s->free(s->self);
     memset(s, 0, sizeof *s);
@@ -253,9 +291,9 @@ int model_default_shards(int batch) {
 
 void model_shards_free(model_shards *w, const model *m) {
     for (int s = 0; w->acts && s < w->n; s++)
-        if (w->acts[s]) m->fam->acts_free(w->acts[s]);
+        if (w->acts[s]) model_acts_free(m->fam, w->acts[s]);
     for (int s = 0; w->grads && s < w->n; s++)
-        if (w->grads[s]) m->fam->params_free(w->grads[s]);
+        if (w->grads[s]) model_params_free(m->fam, w->grads[s]);
     free(w->acts);
     free(w->grads);
     free(w->gdata);
@@ -302,9 +340,9 @@ int model_shards_init(model_shards *w, const model *m, int batch, int T, int n, 
         return moh_fail(err, MOH_E_NOMEM, "shards: out of memory");
     }
     for (int s = 0; s < n; s++) {
-        int rc = m->fam->acts_new(m->cfg, w->Bmax, T, sparse, &w->acts[s], err);
+        int rc = model_acts_new(m->fam, m->cfg, w->Bmax, T, sparse, &w->acts[s], err);
         size_t np = 0;
-        if (!rc && g) rc = m->fam->params_new(m->cfg, &w->grads[s], &w->gdata[s], &np, err);
+        if (!rc && g) rc = model_params_new(m->fam, m->cfg, &w->grads[s], &w->gdata[s], &np, err);
         if (rc) {
             model_shards_free(w, m);
             return rc;

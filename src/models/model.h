@@ -238,14 +238,19 @@ struct model_family {
      * duplicates (it must hold the same values: the LM's lm_head.weight when config.json ties it to
      * model.embed_tokens.weight), else NULL. */
     const char *(*tied_tensor)(const void *cfg, const char *name);
-    /* Typed parameter views over a new zeroed buffer: *params (family struct), *data [*n]. */
-    int (*params_new)(const void *cfg, void **params, float **data, size_t *n, moh_error *err);
-    void (*params_free)(void *params);
+    /* Parameters: a family struct of params_size bytes (zeroed by the caller) that params_init
+     * points over a new zeroed buffer *data [*n] (model_params_new); params_release frees the
+     * buffer, not the struct. */
+    size_t params_size;
+    int (*params_init)(void *params, const void *cfg, float **data, size_t *n, moh_error *err);
+    void (*params_release)(void *params);
     void (*init_random)(const void *cfg, void *params, uint64_t seed);
-    /* Activations for up to Bmax examples of T tokens (text; ignored by images); sparse = the
-     * head-sparse attention path (attn/sparse.h) instead of the reference one. */
-    int (*acts_new)(const void *cfg, int Bmax, int T, bool sparse, void **acts, moh_error *err);
-    void (*acts_free)(void *acts);
+    /* Activations: a family struct of acts_size bytes that acts_init fills for up to Bmax examples
+     * of T tokens (text; ignored by images), attention on the head-sparse path when sparse
+     * (attn/layer.h) (model_acts_new); acts_release frees what it holds, not the struct. */
+    size_t acts_size;
+    int (*acts_init)(void *acts, const void *cfg, int Bmax, int T, bool sparse, moh_error *err);
+    void (*acts_release)(void *acts);
     /* Optional (NULL: the family computes in fp32 only): bf16 compute on acts with the bf16 copy
      * w of the parameter buffer (the caller keeps it in sync with the weights), fp32 again with
      * w == NULL. MOH_OK or MOH_E_NOMEM. */
@@ -350,6 +355,16 @@ typedef struct image_gen_request {
     void (*progress)(void *ctx, long done, long total); /* may be NULL */
     void *ctx;
 } image_gen_request;
+
+/* The one adapter of every family's parameters and activations (params_size / params_init,
+ * acts_size / acts_init above): a new struct *params with views over *data [*n] (zeroed), or *acts.
+ * MOH_OK, MOH_E_NOMEM, or the family's error; nothing allocated on error. The frees take NULL. */
+int model_params_new(const model_family *f, const void *cfg, void **params, float **data, size_t *n,
+                     moh_error *err);
+void model_params_free(const model_family *f, void *params);
+int model_acts_new(const model_family *f, const void *cfg, int Bmax, int T, bool sparse, void **acts,
+                   moh_error *err);
+void model_acts_free(const model_family *f, void *acts);
 
 /* ---- registry ---------------------------------------------------------------------------- */
 /* The family called model_type, or NULL. */

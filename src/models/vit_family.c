@@ -15,6 +15,8 @@
 #include "models/vit.h"
 #include "models/vit_analysis.h"
 
+extern const model_family vit_family;
+
 /* The IDX source's view of a ViT config (image_source.h). */
 static void vit_make(void *ctx, const idx_split *sp, int cnt, bool train, uint64_t seed, uint64_t key_base,
                      const idx_augment *aug, image_batch *b, moh_batch *out);
@@ -55,42 +57,20 @@ static model_tensor *tensors(const void *cfg, model_naming scheme, int *n) {
     return scheme == MODEL_NAMES_CHECKPOINT ? vit_tensors(cfg, n) : NULL;
 }
 
-static int params_new(const void *cfg, void **params, float **data, size_t *n, moh_error *err) {
-    vit_params_f32 *p = calloc(1, sizeof *p);
-    if (!p) return moh_fail(err, MOH_E_NOMEM, "model: out of memory");
-    int rc = vit_params_init_f32(p, cfg, err);
-    if (rc) {
-        free(p);
-        return rc;
-    }
-    *params = p;
-    *data = p->data;
-    *n = p->n;
-    return MOH_OK;
+static int params_init(void *p, const void *cfg, float **data, size_t *n, moh_error *err) {
+    const int rc = vit_params_init_f32(p, cfg, err);
+    *data = ((const vit_params_f32 *)p)->data;
+    *n = ((const vit_params_f32 *)p)->n;
+    return rc;
 }
-static void params_free(void *p) {
-    if (!p) return;
-    vit_params_free_f32(p);
-    free(p);
-}
+static void params_release(void *p) { vit_params_free_f32(p); }
 static void init_random(const void *cfg, void *p, uint64_t seed) { vit_params_init_random(cfg, p, seed); }
 
-static int acts_new(const void *cfg, int Bmax, int T, bool sparse, void **acts, moh_error *err) {
-    vit_acts_f32 *a = calloc(1, sizeof *a);
-    if (!a) return moh_fail(err, MOH_E_NOMEM, "model: out of memory");
-    int rc = vit_acts_init_attn_f32(a, cfg, Bmax, sparse, err);
-    if (rc) {
-        free(a);
-        return rc;
-    }
-    *acts = a;
-    return MOH_OK;
+static int acts_init(void *a, const void *cfg, int Bmax, int T, bool sparse, moh_error *err) {
+    (void)T;
+    return vit_acts_init_attn_f32(a, cfg, Bmax, sparse, err);
 }
-static void acts_free(void *a) {
-    if (!a) return;
-    vit_acts_free_f32(a);
-    free(a);
-}
+static void acts_release(void *a) { vit_acts_free_f32(a); }
 static int acts_set_bf16(const void *cfg, void *acts, const bf16_mirror *w, moh_error *err) {
     return vit_acts_set_bf16_f32(acts, cfg, w, err);
 }
@@ -274,7 +254,7 @@ static int dump_logits(const model *m, batch_source *src, const char *path, moh_
     const long n = src->eval_next(src->self, &cursor, 0, INT_MAX, &b); /* one evaluation batch, its full size */
     if (n <= 0) return moh_fail(err, MOH_E_FORMAT, "%s: no images to dump", path);
     void *acts = NULL;
-    int rc = acts_new(cfg, b.B, 0, false, &acts, err);
+    int rc = model_acts_new(&vit_family, cfg, b.B, 0, false, &acts, err);
     float *lab = rc ? NULL : malloc(sizeof(float) * (size_t)b.B);
     if (!rc && !lab) rc = moh_fail(err, MOH_E_NOMEM, "dump-logits: out of memory");
     if (!rc) {
@@ -287,7 +267,7 @@ static int dump_logits(const model *m, batch_source *src, const char *path, moh_
         rc = moh_st_write(path, e, 3, err);
     }
     free(lab);
-    acts_free(acts);
+    model_acts_free(&vit_family, acts);
     return rc;
 }
 
@@ -342,11 +322,13 @@ const model_family vit_family = {
     .num_layers = num_layers,
     .attn = attn,
     .tensors = tensors,
-    .params_new = params_new,
-    .params_free = params_free,
+    .params_size = sizeof(vit_params_f32),
+    .params_init = params_init,
+    .params_release = params_release,
     .init_random = init_random,
-    .acts_new = acts_new,
-    .acts_free = acts_free,
+    .acts_size = sizeof(vit_acts_f32),
+    .acts_init = acts_init,
+    .acts_release = acts_release,
     .acts_set_bf16 = acts_set_bf16,
     .forward = forward,
     .backward = backward,

@@ -371,7 +371,7 @@ static int setup(trainer *tr, moh_error *err) {
     /* Muon's Newton-Schulz products in bf16 where the step runs bf16 */
     const bool bf16 = hp->precision == MOH_PRECISION_BF16 && !*why;
     if ((rc = optim_init(&tr->opt, m, hp->optimizer, bf16, err))) return rc;
-    if ((rc = fam->params_new(m->cfg, &tr->g, &tr->gdata, &tr->gn, err))) return rc;
+    if ((rc = model_params_new(fam, m->cfg, &tr->g, &tr->gdata, &tr->gn, err))) return rc;
     if (!o->resume) {
         if (!o->init_path) fam->init_random(m->cfg, m->params, hp->seed); /* else the pretrained weights */
         if (tr->ema) memcpy(tr->ema, m->data, sizeof(float) * m->n);
@@ -386,7 +386,7 @@ static void teardown(trainer *tr) {
     batch_source_free(&tr->eval);
     if (tr->m.fam) {
         model_shards_free(&tr->w, &tr->m);
-        if (tr->g) tr->m.fam->params_free(tr->g);
+        if (tr->g) model_params_free(tr->m.fam, tr->g);
     }
     model_free(&tr->m);
     free(tr->m1);
