@@ -57,76 +57,46 @@ void dit_pos_embed(const moh_dit_config *cfg, float *out) {
 /* kind of initialisation of one tensor (dit_params_init_random) */
 enum { INIT_ZERO, INIT_XAVIER, INIT_N002, INIT_POS };
 
-typedef struct tensor_list {
-    model_tensor *t;
-    unsigned char *init;
-    int n;
-    size_t off;
-} tensor_list;
-
-/* decay: 0 none, 1 weight decay, 2 decay and a hidden matrix (model_tensor.hidden: Muon) */
-static void push(tensor_list *L, int decay, int init, int ndim, const int64_t *shape, const char *fmt, int layer) {
-    model_tensor *e = &L->t[L->n];
-    L->init[L->n] = (unsigned char)init;
-    L->n++;
-    snprintf(e->name, sizeof e->name, fmt, layer);
-    e->ndim = ndim;
-    e->numel = 1;
-    for (int i = 0; i < MODEL_MAX_DIMS; i++) {
-        e->shape[i] = i < ndim ? shape[i] : 0;
-        if (i < ndim) e->numel *= (size_t)shape[i];
-    }
-    e->offset = L->off;
-    e->decay = decay > 0;
-    e->hidden = decay == 2;
-    L->off += e->numel;
-}
-
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 
 static model_tensor *build(const moh_dit_config *cfg, int *n, unsigned char **init_out) {
     const int Ln = cfg->depth;
     const int64_t D = cfg->hidden_size, Hm = cfg->mlp_hidden, P = cfg->patch_dim, p = cfg->patch_size;
     const int cap = Ln * 16 + 16;
-    tensor_list L = {calloc((size_t)cap, sizeof(model_tensor)), calloc((size_t)cap, 1), 0, 0};
-    if (!L.t || !L.init) {
-        free(L.t);
-        free(L.init);
-        return NULL;
-    }
-    push(&L, false, INIT_POS, 3, SHAPE(1, cfg->num_patches, D), "pos_embed", 0);
-    push(&L, true, INIT_XAVIER, 4, SHAPE(D, cfg->in_channels, p, p), "x_embedder.proj.weight", 0);
-    push(&L, false, INIT_ZERO, 1, SHAPE(D), "x_embedder.proj.bias", 0);
-    push(&L, true, INIT_N002, 2, SHAPE(D, DIT_FREQ_DIM), "t_embedder.mlp.0.weight", 0);
-    push(&L, false, INIT_ZERO, 1, SHAPE(D), "t_embedder.mlp.0.bias", 0);
-    push(&L, true, INIT_N002, 2, SHAPE(D, D), "t_embedder.mlp.2.weight", 0);
-    push(&L, false, INIT_ZERO, 1, SHAPE(D), "t_embedder.mlp.2.bias", 0);
-    push(&L, true, INIT_N002, 2, SHAPE(cfg->num_classes + 1, D), "y_embedder.embedding_table.weight", 0);
+    model_tensor_list L;
+    if (model_tensor_list_init(&L, cap)) return NULL;
+    model_tensor_push(&L, false, INIT_POS, 3, SHAPE(1, cfg->num_patches, D), "pos_embed", 0);
+    model_tensor_push(&L, true, INIT_XAVIER, 4, SHAPE(D, cfg->in_channels, p, p), "x_embedder.proj.weight", 0);
+    model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "x_embedder.proj.bias", 0);
+    model_tensor_push(&L, true, INIT_N002, 2, SHAPE(D, DIT_FREQ_DIM), "t_embedder.mlp.0.weight", 0);
+    model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "t_embedder.mlp.0.bias", 0);
+    model_tensor_push(&L, true, INIT_N002, 2, SHAPE(D, D), "t_embedder.mlp.2.weight", 0);
+    model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "t_embedder.mlp.2.bias", 0);
+    model_tensor_push(&L, true, INIT_N002, 2, SHAPE(cfg->num_classes + 1, D), "y_embedder.embedding_table.weight", 0);
     for (int l = 0; l < Ln; l++) {
         const moh_attn_config *a = &cfg->attn[l];
         /* the attention tensors in attn_params_bind order */
-        push(&L, 2, INIT_XAVIER, 2, SHAPE(3 * D, D), "blocks.%d.attn.qkv.weight", l);
-        push(&L, false, INIT_ZERO, 1, SHAPE(3 * D), "blocks.%d.attn.qkv.bias", l);
-        push(&L, 2, INIT_XAVIER, 2, SHAPE(D, D), "blocks.%d.attn.proj.weight", l);
-        push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.attn.proj.bias", l);
-        if (attn_has_wg(a)) push(&L, true, INIT_XAVIER, 2, SHAPE(attn_routed_heads(a), D), "blocks.%d.attn.wg.weight", l);
-        if (attn_has_wg0(a)) push(&L, true, INIT_XAVIER, 2, SHAPE(2, D), "blocks.%d.attn.wg_0.weight", l);
-        if (attn_has_wg1(a)) push(&L, true, INIT_XAVIER, 2, SHAPE(a->shared_heads, D), "blocks.%d.attn.wg_1.weight", l);
-        push(&L, 2, INIT_XAVIER, 2, SHAPE(Hm, D), "blocks.%d.mlp.fc1.weight", l);
-        push(&L, false, INIT_ZERO, 1, SHAPE(Hm), "blocks.%d.mlp.fc1.bias", l);
-        push(&L, 2, INIT_XAVIER, 2, SHAPE(D, Hm), "blocks.%d.mlp.fc2.weight", l);
-        push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.mlp.fc2.bias", l);
-        push(&L, true, INIT_ZERO, 2, SHAPE(6 * D, D), "blocks.%d.adaLN_modulation.1.weight", l);
-        push(&L, false, INIT_ZERO, 1, SHAPE(6 * D), "blocks.%d.adaLN_modulation.1.bias", l);
+        model_tensor_push(&L, 2, INIT_XAVIER, 2, SHAPE(3 * D, D), "blocks.%d.attn.qkv.weight", l);
+        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(3 * D), "blocks.%d.attn.qkv.bias", l);
+        model_tensor_push(&L, 2, INIT_XAVIER, 2, SHAPE(D, D), "blocks.%d.attn.proj.weight", l);
+        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.attn.proj.bias", l);
+        if (attn_has_wg(a))
+            model_tensor_push(&L, true, INIT_XAVIER, 2, SHAPE(attn_routed_heads(a), D), "blocks.%d.attn.wg.weight", l);
+        if (attn_has_wg0(a)) model_tensor_push(&L, true, INIT_XAVIER, 2, SHAPE(2, D), "blocks.%d.attn.wg_0.weight", l);
+        if (attn_has_wg1(a))
+            model_tensor_push(&L, true, INIT_XAVIER, 2, SHAPE(a->shared_heads, D), "blocks.%d.attn.wg_1.weight", l);
+        model_tensor_push(&L, 2, INIT_XAVIER, 2, SHAPE(Hm, D), "blocks.%d.mlp.fc1.weight", l);
+        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(Hm), "blocks.%d.mlp.fc1.bias", l);
+        model_tensor_push(&L, 2, INIT_XAVIER, 2, SHAPE(D, Hm), "blocks.%d.mlp.fc2.weight", l);
+        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.mlp.fc2.bias", l);
+        model_tensor_push(&L, true, INIT_ZERO, 2, SHAPE(6 * D, D), "blocks.%d.adaLN_modulation.1.weight", l);
+        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(6 * D), "blocks.%d.adaLN_modulation.1.bias", l);
     }
-    push(&L, true, INIT_ZERO, 2, SHAPE(P, D), "final_layer.linear.weight", 0);
-    push(&L, false, INIT_ZERO, 1, SHAPE(P), "final_layer.linear.bias", 0);
-    push(&L, true, INIT_ZERO, 2, SHAPE(2 * D, D), "final_layer.adaLN_modulation.1.weight", 0);
-    push(&L, false, INIT_ZERO, 1, SHAPE(2 * D), "final_layer.adaLN_modulation.1.bias", 0);
-    *n = L.n;
-    if (init_out) *init_out = L.init;
-    else free(L.init);
-    return L.t;
+    model_tensor_push(&L, true, INIT_ZERO, 2, SHAPE(P, D), "final_layer.linear.weight", 0);
+    model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(P), "final_layer.linear.bias", 0);
+    model_tensor_push(&L, true, INIT_ZERO, 2, SHAPE(2 * D, D), "final_layer.adaLN_modulation.1.weight", 0);
+    model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(2 * D), "final_layer.adaLN_modulation.1.bias", 0);
+    return model_tensor_list_done(&L, n, init_out);
 }
 
 model_tensor *dit_tensors(const moh_dit_config *cfg, int *n) { return build(cfg, n, NULL); }

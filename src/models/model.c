@@ -237,6 +237,46 @@ void model_eval_free(model_eval *r) {
     memset(r, 0, sizeof *r);
 }
 
+int model_tensor_list_init(model_tensor_list *L, int cap) {
+    memset(L, 0, sizeof *L);
+    L->t = calloc((size_t)cap, sizeof *L->t);
+    L->init = calloc((size_t)cap, 1);
+    if (!L->t || !L->init) {
+        free(L->t);
+        free(L->init);
+        memset(L, 0, sizeof *L);
+        return MOH_E_NOMEM;
+    }
+    L->cap = cap;
+    return MOH_OK;
+}
+
+void model_tensor_push(model_tensor_list *L, int decay, int init, int ndim, const int64_t *shape, const char *fmt,
+                       int layer) {
+    if (L->n >= L->cap) return;
+    model_tensor *e = &L->t[L->n];
+    L->init[L->n] = (unsigned char)init;
+    L->n++;
+    snprintf(e->name, sizeof e->name, fmt, layer);
+    e->ndim = ndim;
+    e->numel = 1;
+    for (int i = 0; i < MODEL_MAX_DIMS; i++) {
+        e->shape[i] = i < ndim ? shape[i] : 0;
+        if (i < ndim) e->numel *= (size_t)shape[i];
+    }
+    e->offset = L->off;
+    e->decay = decay > 0;
+    e->hidden = decay == 2;
+    L->off += e->numel;
+}
+
+model_tensor *model_tensor_list_done(model_tensor_list *L, int *n, unsigned char **init_out) {
+    *n = L->n;
+    if (init_out) *init_out = L->init;
+    else free(L->init);
+    return L->t;
+}
+
 int model_params_new(const model_family *f, const void *cfg, void **params, float **data, size_t *n,
                      moh_error *err) {
     void *p = calloc(1, f->params_size);

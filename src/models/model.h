@@ -36,6 +36,24 @@ typedef struct model_tensor {
                       * updates it; embeddings, heads, routers, norms, biases stay on AdamW */
 } model_tensor;
 
+/* A tensor registry under construction (the families' builders): tensors in buffer order, each with
+ * a family-defined initialisation kind. */
+typedef struct model_tensor_list {
+    model_tensor *t;       /* [cap] */
+    unsigned char *init;   /* [cap] the family's initialisation kind of each tensor */
+    int n, cap;
+    size_t off;            /* floats so far */
+} model_tensor_list;
+/* An empty list of room cap. MOH_OK or MOH_E_NOMEM (nothing allocated). */
+int model_tensor_list_init(model_tensor_list *L, int cap);
+/* Appends the tensor named fmt (with %d = layer) of shape[ndim] at the current offset; decay: 0
+ * none, 1 weight decay, 2 decay and a hidden matrix (Muon). Past cap: ignored, *L->n stays cap
+ * (the families size cap to their configs). */
+void model_tensor_push(model_tensor_list *L, int decay, int init, int ndim, const int64_t *shape, const char *fmt,
+                       int layer);
+/* Hands over the table (*n its count) and, when init_out is not NULL, the kinds; frees the rest. */
+model_tensor *model_tensor_list_done(model_tensor_list *L, int *n, unsigned char **init_out);
+
 /* Naming schemes of the tensor registry. */
 typedef enum model_naming {
     MODEL_NAMES_CHECKPOINT = 0, /* the family's PyTorch state_dict names (model.safetensors) */

@@ -32,31 +32,6 @@ int vit_acts_set_bf16_f32(vit_acts_f32 *a, const moh_vit_config *cfg, const bf16
 /* kind of initialisation of one tensor (vit_params_init_random) */
 enum { INIT_ZERO, INIT_ONE, INIT_TRUNC02, INIT_CLS, INIT_CONV };
 
-typedef struct tensor_list {
-    vit_tensor *t;
-    unsigned char *init; /* INIT_* per tensor */
-    int n;
-    size_t off;
-} tensor_list;
-
-/* decay: 0 none, 1 weight decay, 2 decay and a hidden matrix (model_tensor.hidden: Muon) */
-static void push(tensor_list *L, int decay, int init, int ndim, const int64_t *shape, const char *fmt, int layer) {
-    vit_tensor *e = &L->t[L->n];
-    L->init[L->n] = (unsigned char)init;
-    L->n++;
-    snprintf(e->name, sizeof e->name, fmt, layer);
-    e->ndim = ndim;
-    e->numel = 1;
-    for (int i = 0; i < 4; i++) {
-        e->shape[i] = i < ndim ? shape[i] : 0;
-        if (i < ndim) e->numel *= (size_t)shape[i];
-    }
-    e->offset = L->off;
-    e->decay = decay > 0;
-    e->hidden = decay == 2;
-    L->off += e->numel;
-}
-
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 
 /* Builds the table; init (may be NULL) receives the INIT_* kind of every tensor. */
@@ -65,45 +40,38 @@ static vit_tensor *build(const moh_vit_config *cfg, int *n, unsigned char **init
     const int Ln = cfg->depth;
     const int64_t D = cfg->embed_dim, Hm = cfg->mlp_hidden, K = cfg->num_classes, p = cfg->patch_size;
     const int cap = Ln * 16 + 8;
-    tensor_list L = {calloc((size_t)cap, sizeof(vit_tensor)), calloc((size_t)cap, 1), 0, 0};
-    if (!L.t || !L.init) {
-        free(L.t);
-        free(L.init);
-        return NULL;
-    }
-    if (cfg->class_token) push(&L, false, INIT_CLS, 3, SHAPE(1, 1, D), "cls_token", 0);
-    push(&L, false, INIT_TRUNC02, 3, SHAPE(1, cfg->num_tokens, D), "pos_embed", 0);
-    push(&L, true, INIT_CONV, 4, SHAPE(D, cfg->in_chans, p, p), "patch_embed.proj.weight", 0);
-    push(&L, false, INIT_CONV, 1, SHAPE(D), "patch_embed.proj.bias", 0);
+    model_tensor_list L;
+    if (model_tensor_list_init(&L, cap)) return NULL;
+    if (cfg->class_token) model_tensor_push(&L, false, INIT_CLS, 3, SHAPE(1, 1, D), "cls_token", 0);
+    model_tensor_push(&L, false, INIT_TRUNC02, 3, SHAPE(1, cfg->num_tokens, D), "pos_embed", 0);
+    model_tensor_push(&L, true, INIT_CONV, 4, SHAPE(D, cfg->in_chans, p, p), "patch_embed.proj.weight", 0);
+    model_tensor_push(&L, false, INIT_CONV, 1, SHAPE(D), "patch_embed.proj.bias", 0);
     for (int l = 0; l < Ln; l++) {
-        push(&L, false, INIT_ONE, 1, SHAPE(D), "blocks.%d.norm1.weight", l);
-        push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.norm1.bias", l);
+        model_tensor_push(&L, false, INIT_ONE, 1, SHAPE(D), "blocks.%d.norm1.weight", l);
+        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.norm1.bias", l);
         /* the attention tensors in attn_params_bind order (attn_tensors_f32 names) */
-        push(&L, 2, INIT_TRUNC02, 2, SHAPE(3 * D, D), "blocks.%d.attn.qkv.weight", l);
-        push(&L, false, INIT_ZERO, 1, SHAPE(3 * D), "blocks.%d.attn.qkv.bias", l);
-        push(&L, 2, INIT_TRUNC02, 2, SHAPE(D, D), "blocks.%d.attn.proj.weight", l);
-        push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.attn.proj.bias", l);
+        model_tensor_push(&L, 2, INIT_TRUNC02, 2, SHAPE(3 * D, D), "blocks.%d.attn.qkv.weight", l);
+        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(3 * D), "blocks.%d.attn.qkv.bias", l);
+        model_tensor_push(&L, 2, INIT_TRUNC02, 2, SHAPE(D, D), "blocks.%d.attn.proj.weight", l);
+        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.attn.proj.bias", l);
         if (attn_has_wg(a))
-            push(&L, true, INIT_TRUNC02, 2, SHAPE(attn_routed_heads(a), D), "blocks.%d.attn.wg.weight", l);
-        if (attn_has_wg0(a)) push(&L, true, INIT_TRUNC02, 2, SHAPE(2, D), "blocks.%d.attn.wg_0.weight", l);
+            model_tensor_push(&L, true, INIT_TRUNC02, 2, SHAPE(attn_routed_heads(a), D), "blocks.%d.attn.wg.weight", l);
+        if (attn_has_wg0(a)) model_tensor_push(&L, true, INIT_TRUNC02, 2, SHAPE(2, D), "blocks.%d.attn.wg_0.weight", l);
         if (attn_has_wg1(a))
-            push(&L, true, INIT_TRUNC02, 2, SHAPE(a->shared_heads, D), "blocks.%d.attn.wg_1.weight", l);
-        push(&L, false, INIT_ONE, 1, SHAPE(D), "blocks.%d.norm2.weight", l);
-        push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.norm2.bias", l);
-        push(&L, 2, INIT_TRUNC02, 2, SHAPE(Hm, D), "blocks.%d.mlp.fc1.weight", l);
-        push(&L, false, INIT_ZERO, 1, SHAPE(Hm), "blocks.%d.mlp.fc1.bias", l);
-        push(&L, 2, INIT_TRUNC02, 2, SHAPE(D, Hm), "blocks.%d.mlp.fc2.weight", l);
-        push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.mlp.fc2.bias", l);
+            model_tensor_push(&L, true, INIT_TRUNC02, 2, SHAPE(a->shared_heads, D), "blocks.%d.attn.wg_1.weight", l);
+        model_tensor_push(&L, false, INIT_ONE, 1, SHAPE(D), "blocks.%d.norm2.weight", l);
+        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.norm2.bias", l);
+        model_tensor_push(&L, 2, INIT_TRUNC02, 2, SHAPE(Hm, D), "blocks.%d.mlp.fc1.weight", l);
+        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(Hm), "blocks.%d.mlp.fc1.bias", l);
+        model_tensor_push(&L, 2, INIT_TRUNC02, 2, SHAPE(D, Hm), "blocks.%d.mlp.fc2.weight", l);
+        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.mlp.fc2.bias", l);
     }
     const bool tok = cfg->global_pool == VIT_POOL_TOKEN;
-    push(&L, false, INIT_ONE, 1, SHAPE(D), tok ? "norm.weight" : "fc_norm.weight", 0);
-    push(&L, false, INIT_ZERO, 1, SHAPE(D), tok ? "norm.bias" : "fc_norm.bias", 0);
-    push(&L, true, INIT_TRUNC02, 2, SHAPE(K, D), "head.weight", 0);
-    push(&L, false, INIT_ZERO, 1, SHAPE(K), "head.bias", 0);
-    *n = L.n;
-    if (init_out) *init_out = L.init;
-    else free(L.init);
-    return L.t;
+    model_tensor_push(&L, false, INIT_ONE, 1, SHAPE(D), tok ? "norm.weight" : "fc_norm.weight", 0);
+    model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), tok ? "norm.bias" : "fc_norm.bias", 0);
+    model_tensor_push(&L, true, INIT_TRUNC02, 2, SHAPE(K, D), "head.weight", 0);
+    model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(K), "head.bias", 0);
+    return model_tensor_list_done(&L, n, init_out);
 }
 
 vit_tensor *vit_tensors(const moh_vit_config *cfg, int *n) { return build(cfg, n, NULL); }
