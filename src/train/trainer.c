@@ -253,59 +253,15 @@ static int dump_grads(trainer *tr, const moh_batch *b, const float *init, moh_er
     return rc;
 }
 
-static int setup(trainer *tr, moh_error *err) {
+/* The device, the run's hyperparameters (flags over the checkpoint's over the family's), the EMA,
+ * this rank's shards, the data (a resume's checked by its CRC), the compute precision, the optimizer
+ * and a fresh run's initial weights. path: the config or model the run started from. */
+static int setup_run(trainer *tr, train_keys_present present, bool ema_found, const char *path, moh_error *err) {
     const train_options *o = tr->o;
-    char path[4200], label[4300];
-    int rc = MOH_OK;
-    if (o->resume) {
-        struct stat sb;
-        const bool there = stat(o->out_dir, &sb) == 0;
-        if (!there || !S_ISDIR(sb.st_mode))
-            return moh_fail(err, MOH_E_IO, "--out '%s' is %s: expected the checkpoint folder of the run to resume",
-                            o->out_dir, there ? "not a folder" : "not there");
-        snprintf(path, sizeof path, "%s/config.json", o->out_dir);
-    } else snprintf(path, sizeof path, "%s", o->init_path ? o->init_path : o->config_path);
-    bool manifest = false, model_missing = false; /* checkpoint.json: the last save's files, all of them */
-    if (o->resume && (rc = manifest_check(o->out_dir, true, &manifest, &model_missing, NULL, err))) return rc;
-    rc = !o->resume && o->init_path ? model_open(&tr->m, path, err) : model_from_config_file(&tr->m, path, err);
-    if (!rc && o->resume) rc = checkpoint_load_tokenizer(&tr->m, o->out_dir, err); /* a BPE model's vocabulary */
-    if (rc) return rc;
     model *m = &tr->m;
     const model_family *fam = m->fam;
-    tr->m1 = calloc(m->n, sizeof(float));
-    tr->m2 = calloc(m->n, sizeof(float));
-    if (!tr->m1 || !tr->m2) return moh_fail(err, MOH_E_NOMEM, "optimizer state: out of memory");
-    train_keys_present present = 0;
-    train_hparams defaults;
-    fam->train_defaults(&defaults);
-    const bool may_ema = defaults.ema_decay > 0 || (!isnan(o->flags.ema_decay) && o->flags.ema_decay > 0);
-    if (may_ema && !(tr->ema = malloc(sizeof(float) * m->n))) return moh_fail(err, MOH_E_NOMEM, "EMA: out of memory");
-    bool ema_found = false;
-    if (o->resume && (rc = checkpoint_load_optimizer_ema(o->out_dir, m, m->data, tr->m1, tr->m2, tr->ema, &ema_found,
-                                                         &tr->st, &present, err)))
-        return rc;
-    if (o->resume) { /* every file of the checkpoint is checked before anything is decided: a damaged
-                      * model.safetensors stops a resume instead of passing for a finished run */
-        const float *expect = ema_found ? tr->ema : m->data; /* what the save wrote there */
-        ckpt_model_state ms = model_missing ? CKPT_MODEL_MISSING : CKPT_MODEL_SAME;
-        long mstep = -1;
-        /* (with a manifest every file was checked against it; else model.safetensors is compared with
-         * the weights in optimizer.safetensors) */
-        if (!manifest && (rc = checkpoint_check_model(o->out_dir, m, expect, tr->st.step, &ms, &mstep, err)))
-            return rc;
-        if (ms == CKPT_MODEL_MISSING && tr->d->rank == 0) { /* restored: exactly what the last save wrote */
-            if ((rc = checkpoint_save_model(o->out_dir, m, expect, tr->st.step, err))) return rc;
-            bool again = false; /* the same bytes as the save wrote, or the manifest says which differ */
-            if (manifest && (rc = manifest_check(o->out_dir, true, &again, NULL, NULL, err))) return rc;
-            if (!o->quiet)
-                printf("note: %s/model.safetensors was missing: written again from optimizer.safetensors (step %ld)\n",
-                       o->out_dir, tr->st.step);
-        } else if (ms == CKPT_MODEL_NEWER && tr->d->rank == 0 && !o->quiet) {
-            printf("note: %s/model.safetensors is of step %ld, from a save that ended before its optimizer.safetensors "
-                   "(step %ld): training resumes from step %ld and the next save rewrites it\n", o->out_dir, mstep,
-                   tr->st.step, tr->st.step);
-        }
-    }
+    char label[4300];
+    int rc;
     if ((rc = backend_resolve(o->device, fam->model_type, &tr->be, tr->device_note, sizeof tr->device_note, err)))
         return rc;
     const int max_T = fam->max_seq_len ? fam->max_seq_len(m->cfg) : 0;
@@ -379,6 +335,64 @@ static int setup(trainer *tr, moh_error *err) {
         tr->st.steps_per_epoch = tr->train.steps_per_epoch;
     }
     return MOH_OK;
+}
+
+/* The model (a config, pretrained weights or the checkpoint), the optimizer state and (resume) every
+ * file of the checkpoint checked; then setup_run. */
+static int setup(trainer *tr, moh_error *err) {
+    const train_options *o = tr->o;
+    char path[4200];
+    int rc = MOH_OK;
+    if (o->resume) {
+        struct stat sb;
+        const bool there = stat(o->out_dir, &sb) == 0;
+        if (!there || !S_ISDIR(sb.st_mode))
+            return moh_fail(err, MOH_E_IO, "--out '%s' is %s: expected the checkpoint folder of the run to resume",
+                            o->out_dir, there ? "not a folder" : "not there");
+        snprintf(path, sizeof path, "%s/config.json", o->out_dir);
+    } else snprintf(path, sizeof path, "%s", o->init_path ? o->init_path : o->config_path);
+    bool manifest = false, model_missing = false; /* checkpoint.json: the last save's files, all of them */
+    if (o->resume && (rc = manifest_check(o->out_dir, true, &manifest, &model_missing, NULL, err))) return rc;
+    rc = !o->resume && o->init_path ? model_open(&tr->m, path, err) : model_from_config_file(&tr->m, path, err);
+    if (!rc && o->resume) rc = checkpoint_load_tokenizer(&tr->m, o->out_dir, err); /* a BPE model's vocabulary */
+    if (rc) return rc;
+    model *m = &tr->m;
+    const model_family *fam = m->fam;
+    tr->m1 = calloc(m->n, sizeof(float));
+    tr->m2 = calloc(m->n, sizeof(float));
+    if (!tr->m1 || !tr->m2) return moh_fail(err, MOH_E_NOMEM, "optimizer state: out of memory");
+    train_keys_present present = 0;
+    train_hparams defaults;
+    fam->train_defaults(&defaults);
+    const bool may_ema = defaults.ema_decay > 0 || (!isnan(o->flags.ema_decay) && o->flags.ema_decay > 0);
+    if (may_ema && !(tr->ema = malloc(sizeof(float) * m->n))) return moh_fail(err, MOH_E_NOMEM, "EMA: out of memory");
+    bool ema_found = false;
+    if (o->resume && (rc = checkpoint_load_optimizer_ema(o->out_dir, m, m->data, tr->m1, tr->m2, tr->ema, &ema_found,
+                                                         &tr->st, &present, err)))
+        return rc;
+    if (o->resume) { /* every file of the checkpoint is checked before anything is decided: a damaged
+                      * model.safetensors stops a resume instead of passing for a finished run */
+        const float *expect = ema_found ? tr->ema : m->data; /* what the save wrote there */
+        ckpt_model_state ms = model_missing ? CKPT_MODEL_MISSING : CKPT_MODEL_SAME;
+        long mstep = -1;
+        /* (with a manifest every file was checked against it; else model.safetensors is compared with
+         * the weights in optimizer.safetensors) */
+        if (!manifest && (rc = checkpoint_check_model(o->out_dir, m, expect, tr->st.step, &ms, &mstep, err)))
+            return rc;
+        if (ms == CKPT_MODEL_MISSING && tr->d->rank == 0) { /* restored: exactly what the last save wrote */
+            if ((rc = checkpoint_save_model(o->out_dir, m, expect, tr->st.step, err))) return rc;
+            bool again = false; /* the same bytes as the save wrote, or the manifest says which differ */
+            if (manifest && (rc = manifest_check(o->out_dir, true, &again, NULL, NULL, err))) return rc;
+            if (!o->quiet)
+                printf("note: %s/model.safetensors was missing: written again from optimizer.safetensors (step %ld)\n",
+                       o->out_dir, tr->st.step);
+        } else if (ms == CKPT_MODEL_NEWER && tr->d->rank == 0 && !o->quiet) {
+            printf("note: %s/model.safetensors is of step %ld, from a save that ended before its optimizer.safetensors "
+                   "(step %ld): training resumes from step %ld and the next save rewrites it\n", o->out_dir, mstep,
+                   tr->st.step, tr->st.step);
+        }
+    }
+    return setup_run(tr, present, ema_found, path, err);
 }
 
 static void teardown(trainer *tr) {
@@ -508,12 +522,515 @@ static uint64_t run_hash(const trainer *tr) {
 static void eval_sum(void *ctx, double *x, size_t n) { dist_sum_f64(ctx, x, n); }
 static void pet(void *ctx, long done, long total) { dist_watchdog_pet(ctx); }
 
+/* The state of one session's step loop (run and its phases). */
+typedef struct run_loop {
+    long total;             /* the schedule's steps (provisional 2^40 until a --max-minutes fit) */
+    bool auto_total;        /* fitted to --max-minutes */
+    bool fitted;            /* total is known */
+    long warmup, warmup_cap, eval_every, spe, per_step, whole_split, start_step;
+    double max_s, elapsed0, c0; /* the budget (s), elapsed_s and the CPU clock at the start */
+    run_clock clk;
+    double last_log_train_s, last_metric;
+    long last_log_step, last_eval_n; /* items the last validation covered (the whole split: "final") */
+    int bad_run;            /* non-finite steps in a row */
+    float *init;            /* --dump-grads: the initial weights, until the first step */
+    eval_split split;       /* validation split across the ranks */
+    train_progress watch;
+} run_loop;
+
+/* One step: what it measured and what follows it. */
+typedef struct step_out {
+    long step;              /* the step's index (st->step before it) */
+    double t_top, t, lr, lr_muon, loss, ce, lb, gnorm, comm_s, val_s, smin, smax;
+    double train_s;         /* training seconds of the session at t (validations and saves excluded) */
+    bool bad, pause, time_up, intr, last, do_eval;
+    train_cost_model cm;    /* the rest of the run as run_decide saw it */
+    model_eval ev;
+    char fam_json[96];
+} step_out;
+
+/* The schedule length: --steps; or (resume) the interrupted run's; or --epochs (or the family's
+ * default epochs when no --max-minutes is given) over data with epochs; or fitted to
+ * --max-minutes. A resume of a time-fitted run keeps the saved length (the lr curve goes on from
+ * where it stopped) and --max-minutes only caps that session. Checked before --out is touched.
+ * *done: nothing to train (a resume already at its last step). */
+static int run_length(trainer *tr, run_loop *L, bool *done, moh_error *err) {
+    const train_options *o = tr->o;
+    train_state *st = &tr->st;
+    const train_hparams *hp = &st->hp;
+    const long spe = L->spe;
+    long total = o->steps;
+    *done = false;
+    if (total == 0 && !isnan(o->flags.epochs) && spe > 0) total = llround(hp->epochs * (double)spe); /* --epochs */
+    if (o->resume && st->total_steps > 0 && total == 0) total = st->total_steps;
+    if (o->resume && o->stop_at_step > 0 && o->stop_at_step <= st->step)
+        return moh_fail(err, MOH_E_ARG, "--stop-at-step %ld is not after the checkpoint's step %ld in %s (expected a "
+                        "later step)", o->stop_at_step, st->step, o->out_dir);
+    if (o->resume && total > 0 && st->total_steps > 0 && total != st->total_steps && !o->quiet && st->step < total)
+        printf("note: %s gives %ld steps in place of the checkpoint's total_steps %ld (the cosine is recomputed over "
+               "the new length from step %ld on)\n", o->steps > 0 ? "--steps" : "--epochs", total, st->total_steps,
+               st->step + 1);
+    if (total == 0 && hp->epochs > 0 && (!isnan(o->flags.epochs) || o->max_minutes <= 0)) {
+        if (spe <= 0) {
+            if (!isnan(o->flags.epochs))
+                return moh_fail(err, MOH_E_ARG, "--epochs needs data read in epochs (images); %s draws random windows: "
+                                "give --steps or --max-minutes", tr->data);
+        } else {
+            total = llround(hp->epochs * (double)spe);
+            if (total < 1)
+                return moh_fail(err, MOH_E_ARG, "--epochs %g gives %ld steps, expected at least 1", hp->epochs, total);
+        }
+    }
+    L->total = total;
+    L->auto_total = total <= 0;
+    if (L->auto_total && o->max_minutes <= 0) return moh_fail(err, MOH_E_ARG, "give --steps or --max-minutes");
+    if (o->resume && !L->auto_total && st->step > total)
+        return moh_fail(err, MOH_E_ARG, "--steps is %ld, but the checkpoint in %s is already at step %ld (expected "
+                        "--steps above it to train on)", total, o->out_dir, st->step);
+    if (o->resume && !L->auto_total && st->step == total) { /* nothing to train: touch nothing else */
+        if (tr->d->rank == 0) fs_remove_stale_tmp(o->out_dir); /* (train_metrics_open does it for a run that trains) */
+        if (!o->quiet)
+            printf("moh train: the checkpoint in %s is already at step %ld of its %ld-step run: nothing to train "
+                   "(give a larger --steps to continue)\n", o->out_dir, st->step, total);
+        *done = true;
+    }
+    return MOH_OK;
+}
+
+/* The checkpoint folder and metrics.jsonl (rank 0), the MPI watchdog, the --dump-grads copy of the
+ * initial weights; then the warmup, the validation period and the clocks. */
+static int run_open(trainer *tr, run_loop *L, moh_error *err) {
+    const train_options *o = tr->o;
+    train_state *st = &tr->st;
+    const train_hparams *hp = &st->hp;
+    int rc = MOH_OK;
+    if (tr->d->rank == 0) { /* rank 0 alone writes the checkpoint folder */
+        if (!o->resume) rc = train_check_fresh_out(o->out_dir, err);
+        if (!rc) rc = fs_mkdir_p(o->out_dir, err);
+        if (!rc) rc = train_metrics_open(o->out_dir, o->resume, st->step, &tr->metrics, err);
+    }
+    if ((rc = agree(tr->d, rc, err))) return rc;
+    if (tr->d->size > 1 && (rc = dist_watchdog_start(tr->d, o->comm_timeout, err))) return rc;
+    if (o->dump_grads) {
+        if (!(L->init = malloc(sizeof(float) * tr->m.n))) return moh_fail(err, MOH_E_NOMEM, "out of memory");
+        memcpy(L->init, tr->m.data, sizeof(float) * tr->m.n);
+    }
+    L->per_step = tr->train.examples_per_step * hp->grad_accum;
+    L->warmup_cap = tr->train.warmup_cap > 0 ? tr->train.warmup_cap : 100;
+    L->warmup = hp->warmup >= 0 ? hp->warmup : L->warmup_cap;
+    if (!L->auto_total && hp->warmup < 0 && L->warmup > L->total / 10) L->warmup = L->total / 10;
+    if (o->resume && st->total_steps > 0 && o->flags.warmup == LONG_MIN) L->warmup = st->warmup;
+    if (L->auto_total) L->total = 1L << 40; /* provisional, fitted after the first timed steps */
+    st->total_steps = L->auto_total ? 0 : L->total;
+    st->warmup = L->warmup;
+    L->fitted = !L->auto_total;
+    if (!L->auto_total && L->warmup >= L->total && st->step < L->total && !o->quiet)
+        printf("note: the warmup of %ld steps is not below the run's %ld steps: the lr never decays (give a smaller "
+               "--warmup)\n", L->warmup, L->total);
+    L->eval_every = hp->eval_every > 0 ? hp->eval_every : L->spe;
+    L->elapsed0 = st->elapsed_s;
+    L->max_s = o->max_minutes * 60.0;
+    L->c0 = train_cpu_s();
+    L->clk = (run_clock){.t0 = train_now_s(), .start_step = st->step, .base_step = st->step};
+    L->start_step = L->last_log_step = st->step;
+    L->last_log_train_s = 0.0;
+    L->last_metric = NAN;
+    L->whole_split = tr->eval.eval_items(tr->eval.self, 0);
+    return MOH_OK;
+}
+
+/* The start lines: the model, the compute, the data and the schedule. */
+static void run_print_start(const trainer *tr, const run_loop *L) {
+    const train_options *o = tr->o;
+    const model *m = &tr->m;
+    const model_family *fam = m->fam;
+    const train_state *st = &tr->st;
+    const train_hparams *hp = &st->hp;
+    const moh_attn_config *a = model_attn(m);
+    const int R = tr->d->size;
+    printf("moh train: %s a %s (model_type \"%s\"), %zu parameters (%.2fM), router %s, %.3g/%d heads active per "
+           "token, %s attention\n", o->resume ? "resuming" : "starting", fam->summary, fam->model_type, m->n,
+           m->n / 1e6, router_label(a), model_active_heads(m), a->n_heads,
+           hp->attention == 1 ? "head-sparse" : "reference");
+    char prec[256];
+    precision_describe(tr->w.precision, prec, sizeof prec);
+    printf("compute: %s%s; device %s%s%s%s\n", prec,
+           tr->w.precision != MOH_PRECISION_BF16 || hp->attention == 1
+               ? "" : "; reference attention: qkv and W_O in bf16, per-head scores and P V fp32",
+           tr->be->name, tr->device_note[0] ? " (" : "", tr->device_note, tr->device_note[0] ? ")" : "");
+    if (o->init_path && !o->resume) printf("weights from %s (pretrained; fresh optimizer, step 0)\n", o->init_path);
+    char tshape[32] = "";
+    if (tr->train.seq_len > 0) snprintf(tshape, sizeof tshape, " T=%d", tr->train.seq_len);
+    char evs[96] = ""; /* periodic validations on part of the split, the final one on all of it */
+    if (hp->eval_limit > 0 && (size_t)hp->eval_limit < tr->eval.n_eval)
+        snprintf(evs, sizeof evs, " (periodic validations: %ld %s; the final one: the whole split)", hp->eval_limit,
+                 tr->eval.eval_unit ? tr->eval.eval_unit : "items");
+    printf("data %s: %zu train / %zu eval %s%s; B=%d%s x accum %d in %d shard%s, %s steps", tr->data,
+           tr->train.n_train, tr->eval.n_eval, tr->train.what, evs, hp->batch_size, tshape, hp->grad_accum, hp->shards,
+           hp->shards == 1 ? "" : "s", L->auto_total ? "time-fitted" : "fixed");
+    if (!L->auto_total) printf(" (%ld", L->total);
+    if (!L->auto_total && L->spe > 0) printf(", %.2f epochs of %ld", (double)L->total / L->spe, L->spe);
+    if (!L->auto_total) printf(")");
+    if (L->auto_total && hp->warmup < 0 && !(o->resume && st->step > 0)) /* set by the fit, below */
+        printf(", warmup min(%ld, steps / 10), lr %g, seed %llu", L->warmup_cap, hp->lr, (unsigned long long)hp->seed);
+    else printf(", warmup %ld, lr %g, seed %llu", L->warmup, hp->lr, (unsigned long long)hp->seed);
+    if (hp->optimizer == 1) printf(", Muon at lr %g on the hidden matrices", hp->muon_lr > 0 ? hp->muon_lr : hp->lr);
+    if (R > 1) printf("; %d ranks (MPI) of %d shard%s each", R, hp->shards / R, hp->shards / R == 1 ? "" : "s");
+    printf("\n");
+    fflush(stdout);
+}
+
+/* --max-minutes without a length: before every step, total = this step + the steps that still fit
+ * in the budget at the measured step time, with the periodic validations and checkpoints still due
+ * and the final whole-split validation costed in (never below step + 1). lr(step) is the cosine over
+ * the current total; a refit by d steps moves it by at most ~1.6 d / (total - warmup) of the lr
+ * range, and follows only the drift of the measured times, so the curve stays close to one cosine
+ * and reaches its minimum at the last step, as the budget ends. The first fit comes after 6 steps
+ * (3 timed after the 3 slow first ones); the warmup (unless given) is min(cap, total / 10) of that
+ * fit, then kept. Until then the lr ramps as with a warmup of cap. Under MPI rank 0's fit holds. */
+static void run_fit(trainer *tr, run_loop *L, long step, double t_top) {
+    const train_options *o = tr->o;
+    train_state *st = &tr->st;
+    if (L->auto_total && step - L->start_step >= 6) {
+        const train_cost_model cm = cost_model(tr, &L->clk, step, t_top);
+        const long nfit = train_fit_steps(&cm, step, L->max_s - (t_top - L->clk.t0));
+        st->total_steps = L->total = step + (nfit > 1 ? nfit : 1);
+        if (!L->fitted) {
+            L->fitted = true;
+            if (st->hp.warmup < 0)
+                st->warmup = L->warmup = L->total / 10 < L->warmup_cap ? L->total / 10 : L->warmup_cap;
+            if (!o->quiet) {
+                printf("schedule fitted to %g min: %ld steps (%.3f s/step; refitted as training goes), warmup %ld",
+                       o->max_minutes, L->total, cm.step_s, L->warmup);
+                if (st->hp.warmup < 0 && L->warmup < L->warmup_cap) /* what the lr of the steps so far was */
+                    printf(" (until this fit the lr ramped as for a warmup of %ld)", L->warmup_cap);
+                printf("\n");
+            }
+        }
+    }
+    if (L->auto_total && tr->d->size > 1) {
+        long fit[3] = {L->total, L->warmup, L->fitted};
+        dist_bcast(tr->d, fit, sizeof fit);
+        st->total_steps = L->total = fit[0];
+        st->warmup = L->warmup = fit[1];
+        L->fitted = fit[2] != 0;
+    }
+}
+
+/* The step's gradient into tr->gdata: its micro-batches through the shards, the ranks' mean, the
+ * accumulation mean, the --debug-nan-grad hook, --dump-grads after the first. */
+static int run_gradient(trainer *tr, run_loop *L, step_out *S, moh_batch *b, moh_error *err) {
+    const train_options *o = tr->o;
+    dist_ctx *d = tr->d;
+    const int R = d->size;
+    train_hparams *hp = &tr->st.hp;
+    const long step = S->step;
+    int rc;
+    memset(tr->gdata, 0, sizeof(float) * tr->gn);
+    for (int micro = 0; micro < hp->grad_accum; micro++) {
+        if ((rc = tr->train.next(tr->train.self, step, micro, d->rank, R, &tr->st.data_rng, b, err))) return rc;
+        double c = 0.0, l = 0.0;
+        S->loss += model_shards_step(&tr->m, &tr->w, b, true, tr->g, tr->gdata, &c, &l);
+        S->ce += c;
+        S->lb += l;
+    }
+    const bool nan_hook = o->nan_count > 0 && step + 1 >= o->nan_step && step + 1 < o->nan_step + o->nan_count;
+    if (R > 1) { /* the ranks' equal parts: mean of their gradients and losses */
+        const double c0s = d->comm_s;
+        const float inv = 1.0f / (float)R;
+        for (size_t i = 0; i < tr->gn; i++) tr->gdata[i] *= inv;
+        if (nan_hook && d->rank == R - 1) tr->gdata[tr->gn / 2] = NAN; /* test hook: on the last rank only */
+        dist_sum_f32(d, tr->gdata, tr->gn, (size_t)1 << 20);
+        double sums[3] = {S->loss / R, S->ce / R, S->lb / R};
+        dist_sum_f64(d, sums, 3);
+        S->loss = sums[0], S->ce = sums[1], S->lb = sums[2];
+        S->comm_s = d->comm_s - c0s;
+    }
+    if (hp->grad_accum > 1) {
+        for (size_t i = 0; i < tr->gn; i++) tr->gdata[i] /= (float)hp->grad_accum;
+        S->loss /= hp->grad_accum;
+        S->ce /= hp->grad_accum;
+        S->lb /= hp->grad_accum;
+    }
+    if (R == 1 && nan_hook) tr->gdata[tr->gn / 2] = NAN; /* test hook (--debug-nan-grad) */
+    if (L->init) {
+        rc = dump_grads(tr, b, L->init, err);
+        free(L->init);
+        L->init = NULL;
+        if (rc) return rc;
+    }
+    return MOH_OK;
+}
+
+/* Clipping, the non-finite guard (such a step is never applied: the weights and moments stay as
+ * they were, it is only counted; the run stops after max_bad_steps of them in a row), the
+ * optimizer and the EMA. */
+static int run_update(trainer *tr, run_loop *L, step_out *S, moh_error *err) {
+    const train_options *o = tr->o;
+    train_state *st = &tr->st;
+    const train_hparams *hp = &st->hp;
+    model *m = &tr->m;
+    const long step = S->step;
+    S->gnorm = clip_grad_norm(tr->gdata, tr->gn, hp->grad_clip);
+    S->bad = !isfinite(S->loss) || !isfinite(S->gnorm);
+    if (S->bad) {
+        L->bad_run++;
+        st->skipped++;
+        if (tr->d->rank == 0)
+            fprintf(stderr, "moh train: warning: step %ld: loss %g, gradient norm %g: not finite, step skipped (%d in a "
+                    "row, %ld in the run)\n", step + 1, S->loss, S->gnorm, L->bad_run, st->skipped);
+        if (L->bad_run >= o->max_bad_steps) {
+            char muon_hint[64] = "";
+            if (hp->optimizer == 1)
+                snprintf(muon_hint, sizeof muon_hint, " or --muon-lr (now %g)", hp->muon_lr > 0 ? hp->muon_lr : hp->lr);
+            const int rc = moh_fail(err, MOH_E_ARG, "steps %ld-%ld: loss or gradient not finite %d times in a row; "
+                                    "stopped (the last checkpoint in %s is intact); lower --lr (now %g)%s",
+                                    step + 2 - L->bad_run, step + 1, L->bad_run, o->out_dir, hp->lr, muon_hint);
+            if (tr->d->rank != 0) err->msg[0] = '\0'; /* the same on every rank: rank 0 says it */
+            return rc;
+        }
+        return MOH_OK;
+    }
+    L->bad_run = 0;
+    const adamw_config ac = {hp->beta1, hp->beta2, 1e-8, hp->weight_decay};
+    const muon_config mc = {.momentum = 0.95, .weight_decay = hp->weight_decay, .ns_steps = 5};
+    optim_step(&tr->opt, &ac, &mc, m->data, tr->gdata, tr->m1, tr->m2, step + 1, S->lr, S->lr_muon);
+    if (tr->ema) { /* decay warmed up over the first updates: min(d, (1 + n) / (10 + n)) */
+        const double n = (double)(step + 1), dn = (1.0 + n) / (10.0 + n);
+        const float dd = (float)(hp->ema_decay < dn ? hp->ema_decay : dn), one = 1.0f - dd;
+        float *e = tr->ema;
+        const float *w = m->data;
+#pragma omp parallel for schedule(static) if (m->n >= 65536)
+        for (size_t i = 0; i < m->n; i++) e[i] = dd * e[i] + one * w[i];
+    }
+    return MOH_OK;
+}
+
+/* After a step: whether the session ends here (the schedule's end, out of time, Ctrl-C,
+ * --stop-at-step) and whether it validates. Out of time means one more step and the final
+ * validation no longer fit; during the first 3 steps (too slow to predict from) only when the
+ * budget is spent. Under MPI rank 0's clock decides and a Ctrl-C on any rank stops every rank. */
+static void run_decide(trainer *tr, run_loop *L, step_out *S, train_signals *sigs) {
+    const train_state *st = &tr->st;
+    const double run_s = S->t - L->clk.t0;
+    S->pause = tr->o->stop_at_step > 0 && st->step >= tr->o->stop_at_step;
+    S->cm = cost_model(tr, &L->clk, st->step, S->t);
+    S->time_up = L->max_s > 0 && (run_s >= L->max_s || (st->step - L->start_step >= 3 &&
+                                                        train_fit_steps(&S->cm, st->step, L->max_s - run_s) == 0));
+    /* read once: a Ctrl-C after this point is handled at the next step, never without a save */
+    S->intr = train_interrupted(sigs);
+    if (tr->d->size > 1) {
+        int flags[1] = {S->time_up};
+        dist_bcast(tr->d, flags, sizeof flags);
+        S->time_up = flags[0] != 0;
+        S->intr = dist_max_int(tr->d, S->intr) != 0;
+    }
+    S->last = st->step >= L->total || S->time_up || S->intr || S->pause;
+    /* the end of the run validates the whole split; Ctrl-C saves at once (no validation);
+     * --stop-at-step validates as a periodic validation does */
+    S->do_eval = (S->last && !S->intr) || (L->eval_every > 0 && st->step % L->eval_every == 0);
+}
+
+/* The step's validation (S->do_eval) into S->ev. A periodic validation that used up the budget
+ * (one more step and the final one no longer fit) ends the run here: it is the final one when it
+ * covered the whole split; otherwise the whole split is validated only if time is left. */
+static int run_validate(trainer *tr, run_loop *L, step_out *S, moh_error *err) {
+    const train_state *st = &tr->st;
+    const bool whole = S->last && !S->intr && !S->pause;
+    int rc = model_evaluate_split(&tr->m, &tr->w, &tr->eval, whole ? 0 : st->hp.eval_limit, &L->watch, &L->split,
+                                  &S->ev, err);
+    if (rc) return rc;
+    S->val_s = train_now_s() - S->t;
+    L->clk.over_s += S->val_s;
+    if (!S->last) {
+        L->clk.val_s += S->val_s;
+        L->clk.val_items += S->ev.n;
+    }
+    const double t0 = L->clk.t0, max_s = L->max_s, t2 = train_now_s();
+    int spent[2] = {!S->last && max_s > 0 && (t2 - t0 >= max_s || train_fit_steps(&S->cm, st->step, max_s - (t2 - t0)) == 0),
+                    t2 - t0 < max_s};
+    dist_bcast(tr->d, spent, sizeof spent); /* rank 0's clock decides */
+    if (spent[0]) {
+        S->time_up = S->last = true;
+        if (S->ev.n < L->whole_split && spent[1]) {
+            model_eval_free(&S->ev);
+            if ((rc = model_evaluate_split(&tr->m, &tr->w, &tr->eval, 0, &L->watch, &L->split, &S->ev, err))) return rc;
+            S->val_s = train_now_s() - S->t;
+            L->clk.over_s += train_now_s() - t2;
+        } else if (S->ev.n < L->whole_split && !tr->o->quiet) {
+            printf("note: the time budget ran out in the validation at step %ld: it covered %ld of the split's %ld %s "
+                   "(moh eval gives the whole split)\n", st->step, S->ev.n, L->whole_split, tr->eval.eval_unit);
+        }
+    }
+    L->last_metric = S->ev.metric;
+    L->last_eval_n = S->ev.n;
+    return MOH_OK;
+}
+
+/* One metrics.jsonl line (rank 0); JSON has no nan / inf: null. */
+static void run_metrics(const trainer *tr, const run_loop *L, const step_out *S) {
+    FILE *mf = tr->metrics;
+    if (!mf) return;
+    const train_state *st = &tr->st;
+    const train_hparams *hp = &st->hp;
+    char loss_s[32], ce_s[32], gn_s[32], lb_s[32];
+    json_num(loss_s, sizeof loss_s, "%.6f", S->loss);
+    json_num(ce_s, sizeof ce_s, "%.6f", S->ce);
+    json_num(gn_s, sizeof gn_s, "%.4f", S->gnorm);
+    json_num(lb_s, sizeof lb_s, "%.6f", S->lb);
+    fprintf(mf, "{\"step\": %ld", st->step);
+    if (L->spe > 0) fprintf(mf, ", \"epoch\": %.4f", (double)st->step / L->spe);
+    fprintf(mf,
+            ", \"loss\": %s, \"ce\": %s, \"lb_loss\": %s, \"lr\": %.6g, \"grad_norm\": %s%s, \"%s\": %.0f, "
+            "\"elapsed_s\": %.2f, \"cpu_s\": %.2f, \"step_s\": %.4f, \"train_%s_s\": %.1f, \"routed_share_min\": "
+            "%.4f, \"routed_share_max\": %.4f",
+            loss_s, ce_s, lb_s, S->lr, gn_s, S->fam_json, tr->train.seen_key, st->examples_seen, st->elapsed_s,
+            train_cpu_s() - L->c0, S->t - S->t_top, tr->train.unit,
+            (double)(st->step - L->start_step) * L->per_step / S->train_s, S->smin, S->smax);
+    if (hp->optimizer == OPTIM_MUON) fprintf(mf, ", \"muon_lr\": %.6g", S->lr_muon);
+    if (st->skipped > 0) fprintf(mf, ", \"skipped\": %ld", st->skipped);
+    if (S->bad) fprintf(mf, ", \"step_skipped\": true");
+    if (L->fitted) fprintf(mf, ", \"total_steps\": %ld", L->total);
+    if (tr->d->size > 1) fprintf(mf, ", \"ranks\": %d, \"comm_s\": %.4f", tr->d->size, S->comm_s);
+    if (S->do_eval) {
+        char js[256];
+        tr->m.fam->eval_json(&S->ev, js, sizeof js);
+        fprintf(mf, "%s, \"val_s\": %.3f", js, S->val_s);
+    }
+    fprintf(mf, "}\n");
+    fflush(mf);
+}
+
+/* The progress line: training examples per second since the last one (validation and checkpoints
+ * excluded), elapsed and remaining time, head shares, the validation. */
+static void run_progress(const trainer *tr, run_loop *L, const step_out *S) {
+    const train_state *st = &tr->st;
+    const double run_s = S->t - L->clk.t0, train_s = S->train_s;
+    const double rate = (double)(st->step - L->last_log_step) * L->per_step / (train_s - L->last_log_train_s);
+    double eta = L->fitted ? train_cost_of(&S->cm, st->step, L->total - st->step) : L->max_s - run_s;
+    if (L->max_s > 0 && eta > L->max_s - run_s) eta = L->max_s - run_s;
+    char el[32], et[32], share[64] = "", val[96] = "", ep[32] = "", tot[24] = "?";
+    train_fmt_time(el, sizeof el, st->elapsed_s);
+    train_fmt_time(et, sizeof et, eta);
+    if (model_attn(&tr->m)->router != MOH_ROUTER_NONE)
+        snprintf(share, sizeof share, " | head share %.2f-%.2f", S->smin, S->smax);
+    if (S->do_eval) tr->m.fam->eval_brief(&S->ev, val, sizeof val);
+    if (L->spe > 0) snprintf(ep, sizeof ep, " | ep %5.2f", (double)st->step / L->spe);
+    if (L->fitted) snprintf(tot, sizeof tot, "%ld", L->total); /* not known until the --max-minutes fit */
+    printf("step %6ld/%-6s%s | loss %.4f | lb %.3f | lr %.2e | %6.0f %s/s | %s, ETA %s%s%s\n", st->step, tot, ep,
+           S->ce, S->lb, S->lr, rate, tr->train.unit, el, et, share, val);
+    fflush(stdout);
+    L->last_log_train_s = train_s;
+    L->last_log_step = st->step;
+}
+
+/* A checkpoint when one is due (the end, a validation, --save-every); never a non-finite value in
+ * it (the guard checks the loss and gradient; a damaged moment could still turn a weight to nan). */
+static int run_save(trainer *tr, run_loop *L, const step_out *S, moh_error *err) {
+    const train_state *st = &tr->st;
+    const bool due = S->last || S->do_eval || (st->hp.save_every > 0 && st->step % st->hp.save_every == 0);
+    if (!due) return MOH_OK;
+    const double ts = train_now_s();
+    moh_error why = {0};
+    int rc = MOH_OK;
+    if (train_check_finite("weights", "parameters", tr->m.data, tr->m.n, &why))
+        rc = moh_fail(err, MOH_E_ARG, "step %ld: a weight is not finite (%s); nothing saved, the last checkpoint in %s "
+                      "is intact", st->step, why.msg, tr->o->out_dir);
+    if (!rc && tr->d->rank == 0) rc = checkpoint_save_ema(tr->o->out_dir, &tr->m, tr->m1, tr->m2, tr->ema, st, err);
+    if ((rc = agree(tr->d, rc, err))) return rc;
+    const double sv = train_now_s() - ts;
+    L->clk.over_s += sv;
+    L->clk.save_s += sv;
+    L->clk.saves++;
+    if (S->do_eval && !S->last) {
+        L->clk.eval_s += S->val_s + sv;
+        L->clk.evals++;
+    }
+    return MOH_OK;
+}
+
+/* How the session ends after a step that ends it: 130 after Ctrl-C, 0 otherwise (printed). */
+static int run_end_of_session(const trainer *tr, const run_loop *L, const step_out *S) {
+    const train_options *o = tr->o;
+    const train_state *st = &tr->st;
+    if (S->intr) {
+        if (!o->quiet) printf("interrupted: checkpoint saved to %s at step %ld\n", o->out_dir, st->step);
+        return 130;
+    }
+    if (S->pause && st->step < L->total) {
+        if (!o->quiet) printf("stopped at step %ld as asked; continue with --resume\n", st->step);
+    } else if (S->time_up && st->step < L->total && !o->quiet) {
+        if (L->fitted) printf("time budget of %g min reached at step %ld of %ld (checkpoint saved; --resume "
+                              "continues)\n", o->max_minutes, st->step, L->total);
+        else printf("time budget of %g min reached at step %ld, before the schedule was fitted\n", o->max_minutes,
+                    st->step);
+    }
+    return 0;
+}
+
+/* The closing line of a session that was not interrupted. */
+static void run_print_done(const trainer *tr, const run_loop *L) {
+    const train_state *st = &tr->st;
+    const double now = train_now_s();
+    char wall[32], trs[32], ov[32], sk[48] = "";
+    train_fmt_time(wall, sizeof wall, now - L->clk.t0);
+    train_fmt_time(trs, sizeof trs, training_s(&L->clk, now));
+    train_fmt_time(ov, sizeof ov, L->clk.over_s);
+    if (st->skipped) snprintf(sk, sizeof sk, " (%ld skipped: not finite)", st->skipped);
+    char which[96] = "final"; /* a --stop-at-step pause validates part of the split, as a periodic one */
+    if (L->last_eval_n < L->whole_split)
+        snprintf(which, sizeof which, "last (%ld of the split's %ld %s)", L->last_eval_n, L->whole_split,
+                 tr->eval.eval_unit);
+    printf("done: %ld steps%s, %.0f %s, %s %s %.4f, checkpoint in %s (this session: %s wall = %s training + %s "
+           "validation and checkpoints)\n", st->step, sk, st->examples_seen, tr->train.seen_key, which,
+           tr->m.fam->metric_name, L->last_metric, tr->o->out_dir, wall, trs, ov);
+}
+
+/* One step: schedule, gradient, update, then the end-of-step decisions, validation, metrics,
+ * progress and checkpoint. *end: the session ends after it (*status: 0 or 130). */
+static int run_step(trainer *tr, run_loop *L, train_signals *sigs, moh_batch *b, bool *end, int *status,
+                    moh_error *err) {
+    train_state *st = &tr->st;
+    const train_hparams *hp = &st->hp;
+    step_out S = {.step = st->step, .t_top = train_now_s()};
+    if (S.step - L->start_step == 3) { /* the first 3 steps are slower: the step time leaves them out */
+        L->clk.base_s = training_s(&L->clk, S.t_top);
+        L->clk.base_step = S.step;
+    }
+    run_fit(tr, L, S.step, S.t_top);
+    S.lr = lr_schedule(S.step, L->warmup, L->fitted ? L->total : 1L << 40, hp->lr, hp->lr * hp->min_lr_ratio);
+    S.lr_muon = hp->muon_lr > 0 ? S.lr * hp->muon_lr / hp->lr : S.lr; /* the same schedule */
+    int rc = run_gradient(tr, L, &S, b, err);
+    if (!rc) rc = run_update(tr, L, &S, err);
+    if (rc) return rc;
+    st->step++;
+    st->examples_seen += (double)L->per_step;
+    model_shards_routed_share(&tr->m, &tr->w, b, &S.smin, &S.smax);
+    if (tr->m.fam->train_json)
+        tr->m.fam->train_json(tr->m.cfg, tr->w.acts, tr->w.count, tr->w.n, b, S.fam_json, sizeof S.fam_json);
+    S.t = train_now_s();
+    S.train_s = training_s(&L->clk, S.t);
+    st->elapsed_s = L->elapsed0 + (S.t - L->clk.t0);
+    run_decide(tr, L, &S, sigs);
+    if (S.do_eval && (rc = run_validate(tr, L, &S, err))) return rc;
+    run_metrics(tr, L, &S);
+    if (!tr->o->quiet && (st->step % hp->log_every == 0 || S.do_eval || st->step == L->start_step + 1))
+        run_progress(tr, L, &S);
+    model_eval_free(&S.ev);
+    if ((rc = run_save(tr, L, &S, err))) return rc;
+    dist_watchdog_pet(tr->d);
+    *end = S.intr || (S.pause && st->step < L->total) || S.time_up;
+    if (*end) *status = run_end_of_session(tr, L, &S);
+    return MOH_OK;
+}
+
 static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_error *err) {
     trainer tr;
     memset(&tr, 0, sizeof tr);
     tr.o = o;
     tr.d = d;
-    float *init = NULL;
+    run_loop L;
+    memset(&L, 0, sizeof L);
     const int R = d->size;
     int rc = setup(&tr, err);
     if (!rc && R > 1 && o->dump_grads) rc = moh_fail(err, MOH_E_ARG, "--dump-grads runs in one process, not under mpirun");
@@ -531,420 +1048,22 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
         dist_bcast(d, tr.m2, sizeof(float) * tr.m.n);
         if (tr.ema) dist_bcast(d, tr.ema, sizeof(float) * tr.m.n);
     }
-    model *m = &tr.m;
-    const model_family *fam = m->fam;
-    train_state *st = &tr.st;
-    train_hparams *hp = &st->hp;
-    const long spe = tr.train.steps_per_epoch;
-    /* The schedule length: --steps; or (resume) the interrupted run's; or --epochs (or the family's
-     * default epochs when no --max-minutes is given) over data with epochs; or fitted to
-     * --max-minutes. A resume of a time-fitted run keeps the saved length (the lr curve goes on
-     * from where it stopped) and --max-minutes only caps that session. Checked before --out is
-     * touched. */
-    long total = o->steps;
-    if (total == 0 && !isnan(o->flags.epochs) && spe > 0) total = llround(hp->epochs * (double)spe); /* --epochs */
-    if (o->resume && st->total_steps > 0 && total == 0) total = st->total_steps;
-    if (o->resume && o->stop_at_step > 0 && o->stop_at_step <= st->step) {
-        rc = moh_fail(err, MOH_E_ARG, "--stop-at-step %ld is not after the checkpoint's step %ld in %s (expected a later "
-                      "step)", o->stop_at_step, st->step, o->out_dir);
-        goto out;
-    }
-    if (o->resume && total > 0 && st->total_steps > 0 && total != st->total_steps && !o->quiet && st->step < total)
-        printf("note: %s gives %ld steps in place of the checkpoint's total_steps %ld (the cosine is recomputed over "
-               "the new length from step %ld on)\n", o->steps > 0 ? "--steps" : "--epochs", total, st->total_steps,
-               st->step + 1);
-    if (total == 0 && hp->epochs > 0 && (!isnan(o->flags.epochs) || o->max_minutes <= 0)) {
-        if (spe <= 0) {
-            if (!isnan(o->flags.epochs)) {
-                rc = moh_fail(err, MOH_E_ARG, "--epochs needs data read in epochs (images); %s draws random windows: "
-                              "give --steps or --max-minutes", tr.data);
-                goto out;
-            }
-        } else {
-            total = llround(hp->epochs * (double)spe);
-            if (total < 1) {
-                rc = moh_fail(err, MOH_E_ARG, "--epochs %g gives %ld steps, expected at least 1", hp->epochs, total);
-                goto out;
-            }
-        }
-    }
-    const bool auto_total = total <= 0;
-    if (auto_total && o->max_minutes <= 0) {
-        rc = moh_fail(err, MOH_E_ARG, "give --steps or --max-minutes");
-        goto out;
-    }
-    if (o->resume && !auto_total && st->step > total) {
-        rc = moh_fail(err, MOH_E_ARG, "--steps is %ld, but the checkpoint in %s is already at step %ld (expected "
-                      "--steps above it to train on)", total, o->out_dir, st->step);
-        goto out;
-    }
-    if (o->resume && !auto_total && st->step == total) { /* nothing to train: touch nothing else */
-        if (d->rank == 0) fs_remove_stale_tmp(o->out_dir); /* (train_metrics_open does it for a run that trains) */
-        if (!o->quiet)
-            printf("moh train: the checkpoint in %s is already at step %ld of its %ld-step run: nothing to train "
-                   "(give a larger --steps to continue)\n", o->out_dir, st->step, total);
-        goto out;
-    }
-    if (d->rank == 0) { /* rank 0 alone writes the checkpoint folder */
-        if (!o->resume) rc = train_check_fresh_out(o->out_dir, err);
-        if (!rc) rc = fs_mkdir_p(o->out_dir, err);
-        if (!rc) rc = train_metrics_open(o->out_dir, o->resume, st->step, &tr.metrics, err);
-    }
-    if ((rc = agree(d, rc, err))) goto out;
-    if (R > 1 && (rc = dist_watchdog_start(d, o->comm_timeout, err))) goto out;
-    if (o->dump_grads) {
-        if (!(init = malloc(sizeof(float) * m->n))) {
-            rc = moh_fail(err, MOH_E_NOMEM, "out of memory");
-            goto out;
-        }
-        memcpy(init, m->data, sizeof(float) * m->n);
-    }
-
-    const long per_step = tr.train.examples_per_step * hp->grad_accum;
-    const long warmup_cap = tr.train.warmup_cap > 0 ? tr.train.warmup_cap : 100;
-    long warmup = hp->warmup >= 0 ? hp->warmup : warmup_cap;
-    if (!auto_total && hp->warmup < 0 && warmup > total / 10) warmup = total / 10;
-    if (o->resume && st->total_steps > 0 && o->flags.warmup == LONG_MIN) warmup = st->warmup;
-    if (auto_total) total = 1L << 40; /* provisional, fitted after the first timed steps */
-    st->total_steps = auto_total ? 0 : total;
-    st->warmup = warmup;
-    bool fitted = !auto_total;
-    if (!auto_total && warmup >= total && st->step < total && !o->quiet)
-        printf("note: the warmup of %ld steps is not below the run's %ld steps: the lr never decays (give a smaller "
-               "--warmup)\n", warmup, total);
-    const long eval_every = hp->eval_every > 0 ? hp->eval_every : spe;
-
-
-
-    const double elapsed0 = st->elapsed_s, max_s = o->max_minutes * 60.0, c0 = train_cpu_s();
-    run_clock clk = {.t0 = train_now_s(), .start_step = st->step, .base_step = st->step};
-    const double t0 = clk.t0;
-    const long start_step = st->step;
-    double last_log_train_s = 0.0, last_metric = NAN;
-    long last_eval_n = 0; /* items the last validation covered (the whole split: "final") */
-    long last_log_step = start_step;
-    int status = 0, bad_run = 0;
-    if (!o->quiet) {
-        const moh_attn_config *a = model_attn(m);
-        printf("moh train: %s a %s (model_type \"%s\"), %zu parameters (%.2fM), router %s, %.3g/%d heads active per "
-               "token, %s attention\n", o->resume ? "resuming" : "starting", fam->summary, fam->model_type, m->n,
-               m->n / 1e6, router_label(a), model_active_heads(m), a->n_heads,
-               hp->attention == 1 ? "head-sparse" : "reference");
-        {
-            char prec[256];
-            precision_describe(tr.w.precision, prec, sizeof prec);
-            printf("compute: %s%s; device %s%s%s%s\n", prec,
-                   tr.w.precision != MOH_PRECISION_BF16 || hp->attention == 1
-                       ? "" : "; reference attention: qkv and W_O in bf16, per-head scores and P V fp32",
-                   tr.be->name, tr.device_note[0] ? " (" : "", tr.device_note, tr.device_note[0] ? ")" : "");
-        }
-        if (o->init_path && !o->resume) printf("weights from %s (pretrained; fresh optimizer, step 0)\n", o->init_path);
-        char tshape[32] = "";
-        if (tr.train.seq_len > 0) snprintf(tshape, sizeof tshape, " T=%d", tr.train.seq_len);
-        char evs[96] = ""; /* periodic validations on part of the split, the final one on all of it */
-        if (hp->eval_limit > 0 && (size_t)hp->eval_limit < tr.eval.n_eval)
-            snprintf(evs, sizeof evs, " (periodic validations: %ld %s; the final one: the whole split)", hp->eval_limit,
-                     tr.eval.eval_unit ? tr.eval.eval_unit : "items");
-        printf("data %s: %zu train / %zu eval %s%s; B=%d%s x accum %d in %d shard%s, %s steps",
-               tr.data, tr.train.n_train, tr.eval.n_eval, tr.train.what, evs, hp->batch_size, tshape,
-               hp->grad_accum, hp->shards, hp->shards == 1 ? "" : "s", auto_total ? "time-fitted" : "fixed");
-        if (!auto_total) printf(" (%ld", total);
-        if (!auto_total && spe > 0) printf(", %.2f epochs of %ld", (double)total / spe, spe);
-        if (!auto_total) printf(")");
-        if (auto_total && hp->warmup < 0 && !(o->resume && st->step > 0)) /* set by the fit, below */
-            printf(", warmup min(%ld, steps / 10), lr %g, seed %llu", warmup_cap, hp->lr, (unsigned long long)hp->seed);
-        else printf(", warmup %ld, lr %g, seed %llu", warmup, hp->lr, (unsigned long long)hp->seed);
-        if (hp->optimizer == 1)
-            printf(", Muon at lr %g on the hidden matrices", hp->muon_lr > 0 ? hp->muon_lr : hp->lr);
-        if (R > 1) printf("; %d ranks (MPI) of %d shard%s each", R, hp->shards / R, hp->shards / R == 1 ? "" : "s");
-        printf("\n");
-        fflush(stdout);
-    }
-    const long whole_split = tr.eval.eval_items(tr.eval.self, 0);
-    const eval_split split = {d->rank, R, eval_sum, d}; /* validation split across the ranks */
-    const train_progress watch = {pet, d};
-    const adamw_config ac = {hp->beta1, hp->beta2, 1e-8, hp->weight_decay};
-    const muon_config mc = {.momentum = 0.95, .weight_decay = hp->weight_decay, .ns_steps = 5};
+    L.spe = tr.train.steps_per_epoch;
+    bool nothing = false;
+    if ((rc = run_length(&tr, &L, &nothing, err)) || nothing) goto out;
+    if ((rc = run_open(&tr, &L, err))) goto out;
+    L.split = (eval_split){d->rank, R, eval_sum, d};
+    L.watch = (train_progress){pet, d};
+    if (!o->quiet) run_print_start(&tr, &L);
     moh_batch b = {0};
-    while (st->step < total) {
-        const long step = st->step;
-        const double t_top = train_now_s();
-        if (step - start_step == 3) { /* the first 3 steps are slower: the step time leaves them out */
-            clk.base_s = training_s(&clk, t_top);
-            clk.base_step = step;
-        }
-        if (auto_total && step - start_step >= 6) {
-            /* --max-minutes without a length: before every step, total = this step + the steps that
-             * still fit in the budget at the measured step time, with the periodic validations and
-             * checkpoints still due and the final whole-split validation costed in (never below
-             * step + 1). lr(step) is the cosine over the current total; a refit by d steps moves it
-             * by at most ~1.6 d / (total - warmup) of the lr range, and follows only the drift of
-             * the measured times, so the curve stays close to one cosine and reaches its minimum
-             * at the last step, as the budget ends. The first fit comes after 6 steps (3 timed
-             * after the 3 slow first ones); the warmup (unless given) is min(cap, total / 10) of
-             * that fit, then kept. Until then the lr ramps as with a warmup of cap. */
-            const train_cost_model cm = cost_model(&tr, &clk, step, t_top);
-            const long nfit = train_fit_steps(&cm, step, max_s - (t_top - t0));
-            st->total_steps = total = step + (nfit > 1 ? nfit : 1);
-            if (!fitted) {
-                fitted = true;
-                if (hp->warmup < 0) st->warmup = warmup = total / 10 < warmup_cap ? total / 10 : warmup_cap;
-                if (!o->quiet) {
-                    printf("schedule fitted to %g min: %ld steps (%.3f s/step; refitted as training goes), "
-                           "warmup %ld", o->max_minutes, total, cm.step_s, warmup);
-                    if (hp->warmup < 0 && warmup < warmup_cap) /* what the lr of the steps so far was */
-                        printf(" (until this fit the lr ramped as for a warmup of %ld)", warmup_cap);
-                    printf("\n");
-                }
-            }
-        }
-        if (auto_total && R > 1) { /* rank 0's fit holds everywhere */
-            long fit[3] = {total, warmup, fitted};
-            dist_bcast(d, fit, sizeof fit);
-            st->total_steps = total = fit[0];
-            st->warmup = warmup = fit[1];
-            fitted = fit[2] != 0;
-        }
-        const double lr = lr_schedule(step, warmup, fitted ? total : 1L << 40, hp->lr, hp->lr * hp->min_lr_ratio);
-        const double lr_muon = hp->muon_lr > 0 ? lr * hp->muon_lr / hp->lr : lr; /* the same schedule */
-        memset(tr.gdata, 0, sizeof(float) * tr.gn);
-        double loss = 0.0, ce = 0.0, lb = 0.0;
-        for (int micro = 0; micro < hp->grad_accum; micro++) {
-            if ((rc = tr.train.next(tr.train.self, step, micro, d->rank, R, &st->data_rng, &b, err))) goto stop;
-            double c = 0.0, l = 0.0;
-            loss += model_shards_step(m, &tr.w, &b, true, tr.g, tr.gdata, &c, &l);
-            ce += c;
-            lb += l;
-        }
-        double comm_s = 0.0;
-        if (R > 1) { /* the ranks' equal parts: mean of their gradients and losses */
-            const double c0s = d->comm_s;
-            const float inv = 1.0f / (float)R;
-            for (size_t i = 0; i < tr.gn; i++) tr.gdata[i] *= inv;
-            if (o->nan_count > 0 && d->rank == R - 1 && step + 1 >= o->nan_step && step + 1 < o->nan_step + o->nan_count)
-                tr.gdata[tr.gn / 2] = NAN; /* test hook (--debug-nan-grad): on the last rank only */
-            dist_sum_f32(d, tr.gdata, tr.gn, (size_t)1 << 20);
-            double sums[3] = {loss / R, ce / R, lb / R};
-            dist_sum_f64(d, sums, 3);
-            loss = sums[0], ce = sums[1], lb = sums[2];
-            comm_s = d->comm_s - c0s;
-        }
-        if (hp->grad_accum > 1) {
-            for (size_t i = 0; i < tr.gn; i++) tr.gdata[i] /= (float)hp->grad_accum;
-            loss /= hp->grad_accum;
-            ce /= hp->grad_accum;
-            lb /= hp->grad_accum;
-        }
-        if (R == 1 && o->nan_count > 0 && step + 1 >= o->nan_step && step + 1 < o->nan_step + o->nan_count)
-            tr.gdata[tr.gn / 2] = NAN; /* test hook (--debug-nan-grad) */
-        if (init) {
-            rc = dump_grads(&tr, &b, init, err);
-            free(init);
-            init = NULL;
-            if (rc) goto stop;
-        }
-        const double gnorm = clip_grad_norm(tr.gdata, tr.gn, hp->grad_clip);
-        /* non-finite guard: such a step is never applied (the weights and moments stay as they
-         * were), only counted; the run stops after max_bad_steps of them in a row */
-        const bool bad = !isfinite(loss) || !isfinite(gnorm);
-        if (bad) {
-            bad_run++;
-            st->skipped++;
-            if (d->rank == 0)
-                fprintf(stderr, "moh train: warning: step %ld: loss %g, gradient norm %g: not finite, step skipped (%d in "
-                        "a row, %ld in the run)\n", step + 1, loss, gnorm, bad_run, st->skipped);
-            if (bad_run >= o->max_bad_steps) {
-                char muon_hint[64] = "";
-                if (hp->optimizer == 1)
-                    snprintf(muon_hint, sizeof muon_hint, " or --muon-lr (now %g)", hp->muon_lr > 0 ? hp->muon_lr : hp->lr);
-                rc = moh_fail(err, MOH_E_ARG, "steps %ld-%ld: loss or gradient not finite %d times in a row; stopped "
-                              "(the last checkpoint in %s is intact); lower --lr (now %g)%s", step + 2 - bad_run,
-                              step + 1, bad_run, o->out_dir, hp->lr, muon_hint);
-                if (d->rank != 0) err->msg[0] = '\0'; /* the same on every rank: rank 0 says it */
-                goto stop;
-            }
-        } else {
-            bad_run = 0;
-            optim_step(&tr.opt, &ac, &mc, m->data, tr.gdata, tr.m1, tr.m2, step + 1, lr, lr_muon);
-            if (tr.ema) { /* decay warmed up over the first updates: min(d, (1 + n) / (10 + n)) */
-                const double n = (double)(step + 1), dn = (1.0 + n) / (10.0 + n);
-                const float dd = (float)(hp->ema_decay < dn ? hp->ema_decay : dn), one = 1.0f - dd;
-                float *e = tr.ema;
-                const float *w = m->data;
-#pragma omp parallel for schedule(static) if (m->n >= 65536)
-                for (size_t i = 0; i < m->n; i++) e[i] = dd * e[i] + one * w[i];
-            }
-        }
-        st->step++;
-        st->examples_seen += (double)per_step;
-        double smin, smax;
-        model_shards_routed_share(m, &tr.w, &b, &smin, &smax);
-        char fam_json[96] = "";
-        if (fam->train_json) fam->train_json(m->cfg, tr.w.acts, tr.w.count, tr.w.n, &b, fam_json, sizeof fam_json);
-        const double t = train_now_s(), run_s = t - t0, step_s = t - t_top, train_s = training_s(&clk, t);
-        st->elapsed_s = elapsed0 + run_s;
-        const bool pause = o->stop_at_step > 0 && st->step >= o->stop_at_step;
-        /* out of time when one more step and the final validation no longer fit; during the first
-         * 3 steps (too slow to predict from) only when the budget is spent */
-        const train_cost_model cm = cost_model(&tr, &clk, st->step, t);
-        bool time_up = max_s > 0 && (run_s >= max_s || (st->step - start_step >= 3 &&
-                                                        train_fit_steps(&cm, st->step, max_s - run_s) == 0));
-        /* read once: a Ctrl-C after this point is handled at the next step, never without a save */
-        bool intr = train_interrupted(sigs);
-        if (R > 1) { /* rank 0's clock decides; a Ctrl-C on any rank stops every rank */
-            int flags[1] = {time_up};
-            dist_bcast(d, flags, sizeof flags);
-            time_up = flags[0] != 0;
-            intr = dist_max_int(d, intr) != 0;
-        }
-        bool last = st->step >= total || time_up || intr || pause;
-        /* the end of the run validates the whole split; Ctrl-C saves at once (no validation);
-         * --stop-at-step validates as a periodic validation does */
-        const bool do_eval = (last && !intr) || (eval_every > 0 && st->step % eval_every == 0);
-        const bool whole = last && !intr && !pause;
-        model_eval ev = {0};
-        double val_s = 0.0;
-        if (do_eval) {
-            if ((rc = model_evaluate_split(m, &tr.w, &tr.eval, whole ? 0 : hp->eval_limit, &watch, &split, &ev, err)))
-                goto stop;
-            val_s = train_now_s() - t;
-            clk.over_s += val_s;
-            if (!last) {
-                clk.val_s += val_s;
-                clk.val_items += ev.n;
-            }
-            /* a periodic validation that used up the budget (one more step and the final one no
-             * longer fit) ends the run here: it is the final one when it covered the whole split;
-             * otherwise the whole split is validated only if time is left */
-            const double t2 = train_now_s();
-            int spent[2] = {!last && max_s > 0 && (t2 - t0 >= max_s || train_fit_steps(&cm, st->step, max_s - (t2 - t0)) == 0),
-                            t2 - t0 < max_s};
-            dist_bcast(d, spent, sizeof spent); /* rank 0's clock decides */
-            if (spent[0]) {
-                time_up = last = true;
-                if (ev.n < whole_split && spent[1]) {
-                    model_eval_free(&ev);
-                    if ((rc = model_evaluate_split(m, &tr.w, &tr.eval, 0, &watch, &split, &ev, err))) goto stop;
-                    val_s = train_now_s() - t;
-                    clk.over_s += train_now_s() - t2;
-                } else if (ev.n < whole_split && !o->quiet) {
-                    printf("note: the time budget ran out in the validation at step %ld: it covered %ld of the "
-                           "split's %ld %s (moh eval gives the whole split)\n", st->step, ev.n, whole_split,
-                           tr.eval.eval_unit);
-                }
-            }
-            last_metric = ev.metric;
-            last_eval_n = ev.n;
-        }
-        char loss_s[32], ce_s[32], gn_s[32]; /* JSON has no nan / inf: null */
-        FILE *mf = tr.metrics; /* rank 0 only */
-        if (mf) {
-            json_num(loss_s, sizeof loss_s, "%.6f", loss);
-            json_num(ce_s, sizeof ce_s, "%.6f", ce);
-            json_num(gn_s, sizeof gn_s, "%.4f", gnorm);
-            fprintf(mf, "{\"step\": %ld", st->step);
-            if (spe > 0) fprintf(mf, ", \"epoch\": %.4f", (double)st->step / spe);
-            char lb_s[32];
-            json_num(lb_s, sizeof lb_s, "%.6f", lb);
-            fprintf(mf,
-                    ", \"loss\": %s, \"ce\": %s, \"lb_loss\": %s, \"lr\": %.6g, \"grad_norm\": %s%s, \"%s\": %.0f, "
-                    "\"elapsed_s\": %.2f, \"cpu_s\": %.2f, \"step_s\": %.4f, \"train_%s_s\": %.1f, \"routed_share_min\": "
-                    "%.4f, \"routed_share_max\": %.4f",
-                    loss_s, ce_s, lb_s, lr, gn_s, fam_json, tr.train.seen_key, st->examples_seen, st->elapsed_s,
-                    train_cpu_s() - c0, step_s, tr.train.unit, (double)(st->step - start_step) * per_step / train_s, smin,
-                    smax);
-            if (hp->optimizer == OPTIM_MUON) fprintf(mf, ", \"muon_lr\": %.6g", lr_muon);
-            if (st->skipped > 0) fprintf(mf, ", \"skipped\": %ld", st->skipped);
-            if (bad) fprintf(mf, ", \"step_skipped\": true");
-            if (fitted) fprintf(mf, ", \"total_steps\": %ld", total);
-            if (R > 1) fprintf(mf, ", \"ranks\": %d, \"comm_s\": %.4f", R, comm_s);
-            if (do_eval) {
-                char js[256];
-                fam->eval_json(&ev, js, sizeof js);
-                fprintf(mf, "%s, \"val_s\": %.3f", js, val_s);
-            }
-            fprintf(mf, "}\n");
-            fflush(mf);
-        }
-        if (!o->quiet && (st->step % hp->log_every == 0 || do_eval || st->step == start_step + 1)) {
-            /* training examples per second since the last progress line, validation and
-             * checkpoints excluded */
-            const double rate = (double)(st->step - last_log_step) * per_step / (train_s - last_log_train_s);
-            double eta = fitted ? train_cost_of(&cm, st->step, total - st->step) : max_s - run_s;
-            if (max_s > 0 && eta > max_s - run_s) eta = max_s - run_s;
-            char el[32], et[32], share[64] = "", val[96] = "", ep[32] = "", tot[24] = "?";
-            train_fmt_time(el, sizeof el, st->elapsed_s);
-            train_fmt_time(et, sizeof et, eta);
-            if (model_attn(m)->router != MOH_ROUTER_NONE)
-                snprintf(share, sizeof share, " | head share %.2f-%.2f", smin, smax);
-            if (do_eval) fam->eval_brief(&ev, val, sizeof val);
-            if (spe > 0) snprintf(ep, sizeof ep, " | ep %5.2f", (double)st->step / spe);
-            if (fitted) snprintf(tot, sizeof tot, "%ld", total); /* not known until the --max-minutes fit */
-            printf("step %6ld/%-6s%s | loss %.4f | lb %.3f | lr %.2e | %6.0f %s/s | %s, ETA %s%s%s\n", st->step, tot,
-                   ep, ce, lb, lr, rate, tr.train.unit, el, et, share, val);
-            fflush(stdout);
-            last_log_train_s = train_s;
-            last_log_step = st->step;
-        }
-        model_eval_free(&ev);
-        const bool do_save = last || do_eval || (hp->save_every > 0 && st->step % hp->save_every == 0);
-        if (do_save) {
-            const double ts = train_now_s();
-            /* never a non-finite value in a checkpoint (the guard checks the loss and gradient; a
-             * damaged moment could still turn a weight to nan) */
-            moh_error why = {0};
-            if (train_check_finite("weights", "parameters", m->data, m->n, &why))
-                rc = moh_fail(err, MOH_E_ARG, "step %ld: a weight is not finite (%s); nothing saved, the last checkpoint "
-                              "in %s is intact", st->step, why.msg, o->out_dir);
-            if (!rc && d->rank == 0) rc = checkpoint_save_ema(o->out_dir, m, tr.m1, tr.m2, tr.ema, st, err);
-            if ((rc = agree(d, rc, err))) goto stop;
-            const double sv = train_now_s() - ts;
-            clk.over_s += sv;
-            clk.save_s += sv;
-            clk.saves++;
-            if (do_eval && !last) {
-                clk.eval_s += val_s + sv;
-                clk.evals++;
-            }
-        }
-        dist_watchdog_pet(d);
-        if (intr) {
-            if (!o->quiet) printf("interrupted: checkpoint saved to %s at step %ld\n", o->out_dir, st->step);
-            status = 130;
-            break;
-        }
-        if (pause && st->step < total) {
-            if (!o->quiet) printf("stopped at step %ld as asked; continue with --resume\n", st->step);
-            break;
-        }
-        if (time_up) {
-            if (st->step < total && !o->quiet) {
-                if (fitted) printf("time budget of %g min reached at step %ld of %ld (checkpoint saved; --resume "
-                                   "continues)\n", o->max_minutes, st->step, total);
-                else printf("time budget of %g min reached at step %ld, before the schedule was fitted\n",
-                            o->max_minutes, st->step);
-            }
-            break;
-        }
-    }
-    if (!o->quiet && status == 0) {
-        const double now = train_now_s();
-        char wall[32], trs[32], ov[32], sk[48] = "";
-        train_fmt_time(wall, sizeof wall, now - t0);
-        train_fmt_time(trs, sizeof trs, training_s(&clk, now));
-        train_fmt_time(ov, sizeof ov, clk.over_s);
-        if (st->skipped) snprintf(sk, sizeof sk, " (%ld skipped: not finite)", st->skipped);
-        char which[96] = "final"; /* a --stop-at-step pause validates part of the split, as a periodic one */
-        if (last_eval_n < whole_split)
-            snprintf(which, sizeof which, "last (%ld of the split's %ld %s)", last_eval_n, whole_split, tr.eval.eval_unit);
-        printf("done: %ld steps%s, %.0f %s, %s %s %.4f, checkpoint in %s (this session: %s wall = %s training + %s "
-               "validation and checkpoints)\n", st->step, sk, st->examples_seen, tr.train.seen_key, which,
-               fam->metric_name, last_metric, o->out_dir, wall, trs, ov);
-    }
+    int status = 0;
+    bool end = false;
+    while (!end && tr.st.step < L.total)
+        if ((rc = run_step(&tr, &L, sigs, &b, &end, &status, err))) goto out;
+    if (!o->quiet && status == 0) run_print_done(&tr, &L);
     rc = status;
-stop:
 out:
-    free(init);
+    free(L.init);
     teardown(&tr);
     return rc;
 }
