@@ -26,7 +26,6 @@
 #include "models/lm_decode.h"
 #include "models/model.h"
 #include "text/bpe.h"
-#include "train/checkpoint.h"
 
 typedef struct bdm_run {
     const char *path;

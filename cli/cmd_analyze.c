@@ -18,7 +18,6 @@
 #include "cli.h"
 #include "core/fsutil.h"
 #include "models/model.h"
-#include "train/checkpoint.h"
 
 static const char *router_name(moh_router r) {
     return r == MOH_ROUTER_LEARNED ? "learned" : r == MOH_ROUTER_QUERY_NORM ? "query_norm" : "none";

@@ -20,7 +20,6 @@
 #include "models/model.h"
 #include "text/bpe.h"
 #include "text/chat_template.h"
-#include "train/checkpoint.h"
 #include "train/train_util.h"
 
 #define TURN_USER(u) "<|im_start|>user\n" u "<|im_end|>\n"

@@ -11,7 +11,6 @@
 #include "args.h"
 #include "cli.h"
 #include "models/model.h"
-#include "train/checkpoint.h"
 
 /* true when argv holds an option of `moh eval --classifier` (sample quality of a DiT) */
 static bool sample_quality_args(int argc, char **argv) {

@@ -21,7 +21,6 @@
 #include "data/idx.h"
 #include "models/image_quality.h"
 #include "models/model.h"
-#include "train/checkpoint.h"
 
 static double now_s(void) {
     struct timespec ts;

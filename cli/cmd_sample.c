@@ -15,7 +15,6 @@
 #include "cli.h"
 #include "models/lm_decode.h"
 #include "models/lm_sample.h"
-#include "train/checkpoint.h"
 #include "models/model.h"
 #include "text/bpe.h"
 

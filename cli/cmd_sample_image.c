@@ -17,7 +17,6 @@
 #include "io/png.h"
 #include "models/model.h"
 #include "text/bpe.h"
-#include "train/checkpoint.h"
 
 /* true when the folder that would hold path exists */
 static bool parent_exists(const char *path) {

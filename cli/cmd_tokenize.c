@@ -68,7 +68,7 @@ int cmd_tokenize(int argc, char **argv) {
     snprintf(tj, sizeof tj, "%s/tokenizer.json", path);
     const bool dir_tok = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) && stat(tj, &sb) == 0;
     if (dir_tok || (pl >= 5 && !strcmp(path + pl - 5, ".json"))) { /* the tokenizer alone, not the weights */
-        const int rc2 = dir_tok ? checkpoint_load_tokenizer(&m, path, &err) : bpe_load_tokenizer_json(&m.tokenizer, path, &err);
+        const int rc2 = dir_tok ? model_load_tokenizer(&m, path, &err) : bpe_load_tokenizer_json(&m.tokenizer, path, &err);
         if (rc2) {
             fprintf(stderr, "moh tokenize: %s\n", err.msg);
             return 1;

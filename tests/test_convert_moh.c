@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "models/lm.h"
-#include "train/checkpoint.h"
+#include "models/model.h"
 #include "test_util.h"
 
 #define DENSE "tests/fixtures/lm/dense_tied_gqa" /* 4 query heads on 2 KV heads, tied head */

@@ -9,7 +9,7 @@
 
 #include "models/dit.h"
 #include "models/dit_diffusion.h"
-#include "train/checkpoint.h"
+#include "models/model.h"
 #include "test_util.h"
 
 static float *read_tensor(test_ctx *ctx, const moh_safetensors *st, const char *name, int ndim, const int64_t *shape,

@@ -15,7 +15,7 @@
 #include "models/lm.h"
 #include "models/lm_gguf.h"
 #include "text/bpe_gguf.h"
-#include "train/checkpoint.h"
+#include "models/model.h"
 #include "test_util.h"
 
 #define DIR "tests/fixtures/gguf_llama"

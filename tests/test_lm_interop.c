@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "models/lm.h"
-#include "train/checkpoint.h"
+#include "models/model.h"
 #include "test_util.h"
 
 #define FIXDIR "tests/fixtures/lm"

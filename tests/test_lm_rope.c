@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "models/lm_decode.h"
-#include "train/checkpoint.h"
+#include "models/model.h"
 #include "test_util.h"
 
 #define FIXDIR "tests/fixtures/lm_rope"

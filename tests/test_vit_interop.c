@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "models/vit.h"
-#include "train/checkpoint.h"
+#include "models/model.h"
 #include "test_util.h"
 
 static const char *const CASES[] = {"dense_token", "dense_avg", "moh_token", "moh_avg"};

@@ -399,6 +399,35 @@ int model_family_of_json(const char *text, size_t len, const char *label, const 
 int model_family_of_dir(const char *dir, const model_family **fam, moh_error *err);
 
 /* ---- one model --------------------------------------------------------------------------- */
+/* ---- loading (model_io.c) ---------------------------------------------------------------- */
+/* Reads every registry tensor ts[0..nt), named prefix + name, from st into buf at its offset:
+ * shape as the registry's, values finite. MOH_E_SHAPE / MOH_E_FORMAT naming st's file and tensor. */
+int model_read_tensors(const moh_safetensors *st, const model_tensor *ts, int nt, const char *prefix, float *buf,
+                       moh_error *err);
+/* m's weights from an opened model.safetensors: every registry tensor, finite, nothing else (but a
+ * tied duplicate of one, which must hold its twin's values). Errors as model_read_tensors. */
+int model_weights_from(model *m, const moh_safetensors *st, moh_error *err);
+/* Reads dir/config.json (family from its model_type) and dir/model.safetensors into a new model
+ * (or, without model.safetensors, the shards a Hugging Face model.safetensors.index.json lists;
+ * F32, BF16 or F16 tensors, converted to float32), and the tokenizer (model_load_tokenizer).
+ * First manifest_check: a committed save is finished and, where the folder has checkpoint.json,
+ * every file read must match it (MOH_E_FORMAT naming the file otherwise). A missing, misshapen or
+ * non-finite tensor, or one the config does not have (a tied duplicate of one must hold its
+ * values), is MOH_E_SHAPE / MOH_E_FORMAT naming the file and tensor. */
+int model_load(model *m, const char *dir, moh_error *err);
+/* A model from path: a checkpoint directory (model_load) or a GGUF file (llama.cpp's format) of an
+ * architecture a family reads (model_family.from_gguf: "llama"), weights dequantised to float32.
+ * Errors name the path, the key or tensor. */
+int model_open(model *m, const char *path, moh_error *err);
+/* Reads a model.safetensors file at path into m (same checks). */
+int model_load_weights(model *m, const char *path, moh_error *err);
+/* Attaches dir/tokenizer.json (when present; else m is left as it is: a byte model) to m, with
+ * eos_id and chat_template from dir/tokenizer_config.json when present. The tokenizer may have
+ * fewer tokens than the model's vocab_size (padded embeddings), not more (MOH_E_SHAPE; not checked
+ * for a zeroed m, which gets the tokenizer alone). Reader
+ * errors name the file (MOH_E_FORMAT, MOH_E_IO). */
+int model_load_tokenizer(model *m, const char *dir, moh_error *err);
+
 /* Parses config.json text (family from its model_type) into a new model with zeroed params. */
 int model_from_config_text(model *m, const char *text, size_t len, const char *label, moh_error *err);
 /* Reads and parses a config.json file into a new model with zeroed params. */

@@ -12,7 +12,7 @@
  *                          training state in __metadata__ (TRAIN_KEYS in
  *                          checkpoint.c; format "moh-train-v2"; the 0.1 formats "moh-lm-train-v1"
  *                          and "moh-vit-train-v1" still load)
- *   checkpoint.json        the manifest (train/manifest.h): the save's step and every file's size
+ *   checkpoint.json        the manifest (io/manifest.h): the save's step and every file's size
  *                          and CRC-32, written last as the save's commit point
  *   metrics.jsonl          appended by the trainer
  * A save stages every file (NAME.next.PID, fsync'ed), commits checkpoint.json, then renames the
@@ -69,31 +69,11 @@ int checkpoint_save(const char *dir, const model *m, const float *m1, const floa
  * bpe_to_tokenizer_json) and tokenizer_config.json (eos_token, chat_template), each atomically.
  * checkpoint_save calls it. MOH_E_IO / MOH_E_NOMEM naming the file. */
 int checkpoint_save_tokenizer(const char *dir, const model *m, moh_error *err);
-/* Attaches dir/tokenizer.json (when present; else m is left as it is: a byte model) to m, with
- * eos_id and chat_template from dir/tokenizer_config.json when present. The tokenizer may have
- * fewer tokens than the model's vocab_size (padded embeddings), not more (MOH_E_SHAPE; not checked
- * for a zeroed m, which gets the tokenizer alone). Reader
- * errors name the file (MOH_E_FORMAT, MOH_E_IO). */
-int checkpoint_load_tokenizer(model *m, const char *dir, moh_error *err);
 /* Same, with the EMA of the weights (ema [m->n], may be NULL): optimizer.safetensors also holds
  * ema.<name>, and model.safetensors holds the EMA weights instead of m's (what eval and sample
  * use, as DiT evaluates its EMA model). */
 int checkpoint_save_ema(const char *dir, const model *m, const float *m1, const float *m2, const float *ema,
                         const train_state *st, moh_error *err);
-/* Reads dir/config.json (family from its model_type) and dir/model.safetensors into a new model
- * (or, without model.safetensors, the shards a Hugging Face model.safetensors.index.json lists;
- * F32, BF16 or F16 tensors, converted to float32), and the tokenizer (checkpoint_load_tokenizer).
- * First manifest_check: a committed save is finished and, where the folder has checkpoint.json,
- * every file read must match it (MOH_E_FORMAT naming the file otherwise). A missing, misshapen or
- * non-finite tensor, or one the config does not have (a tied duplicate of one must hold its
- * values), is MOH_E_SHAPE / MOH_E_FORMAT naming the file and tensor. */
-int model_load(model *m, const char *dir, moh_error *err);
-/* A model from path: a checkpoint directory (model_load) or a GGUF file (llama.cpp's format) of an
- * architecture a family reads (model_family.from_gguf: "llama"), weights dequantised to float32.
- * Errors name the path, the key or tensor. */
-int model_open(model *m, const char *path, moh_error *err);
-/* Reads a model.safetensors file at path into m (same checks). */
-int model_load_weights(model *m, const char *path, moh_error *err);
 /* Reads dir/optimizer.safetensors into params, m1, m2 (m->n floats each) and st; *present gets the
  * keys the file holds. MOH_E_IO / MOH_E_FORMAT / MOH_E_SHAPE naming the file and field. */
 int checkpoint_load_optimizer(const char *dir, const model *m, float *params, float *m1, float *m2, train_state *st,

@@ -16,7 +16,7 @@
 #include "train/adamw.h"
 #include "train/optim.h"
 #include "train/dist.h"
-#include "train/manifest.h"
+#include "io/manifest.h"
 #include "train/train_util.h"
 
 void train_hparams_unset(train_hparams *h) {
@@ -354,7 +354,7 @@ static int setup(trainer *tr, moh_error *err) {
     bool manifest = false, model_missing = false; /* checkpoint.json: the last save's files, all of them */
     if (o->resume && (rc = manifest_check(o->out_dir, true, &manifest, &model_missing, NULL, err))) return rc;
     rc = !o->resume && o->init_path ? model_open(&tr->m, path, err) : model_from_config_file(&tr->m, path, err);
-    if (!rc && o->resume) rc = checkpoint_load_tokenizer(&tr->m, o->out_dir, err); /* a BPE model's vocabulary */
+    if (!rc && o->resume) rc = model_load_tokenizer(&tr->m, o->out_dir, err); /* a BPE model's vocabulary */
     if (rc) return rc;
     model *m = &tr->m;
     const model_family *fam = m->fam;

@@ -1,10 +1,10 @@
-/* libFuzzer target: manifest_parse (src/train/manifest.c, checkpoint.json) on arbitrary bytes.
+/* libFuzzer target: manifest_parse (src/io/manifest.c, checkpoint.json) on arbitrary bytes.
  * Invariants (trap on violation): an accepted manifest lists 1..5 distinct files with config.json
  * and model.safetensors among them and a step of -1 or >= 0; every refusal is one NUL-terminated
  * line starting with the label and leaves no files listed. */
 #include <string.h>
 
-#include "train/manifest.h"
+#include "io/manifest.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

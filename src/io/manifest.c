@@ -1,5 +1,5 @@
 /* checkpoint.json (format, reader rules and the save protocol in manifest.h). */
-#include "train/manifest.h"
+#include "io/manifest.h"
 
 #include <dirent.h>
 #include <errno.h>
