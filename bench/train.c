@@ -7,7 +7,7 @@
  *    head-sparse path (`moh train --sparse-attn`); before timing, its loss and gradients are checked
  *    against the reference path on the same batch (relative 1e-4), and the run stops if they
  *    disagree.
- * With --precision bf16 or both, each path also runs in bf16 (acts_set_bf16: GEMMs and attention
+ * With --precision bf16 or both, each path also runs in bf16 (attn_stack_set_weights_f32: GEMMs and attention
  * tiles in bf16, fp32 master weights whose bf16 copy is converted every step, inside the timing).
  * Tokens are attention tokens: B T for text, B num_tokens (tokens_per_example) for images. */
 #include <math.h>
@@ -85,10 +85,8 @@ static int bt_init(bt_run *r, const char *name, int B, int *T, const bt_run *fir
         if (!want[k] && !(k == 0 && want[1])) continue; /* the sparse path's check needs the reference */
         if ((rc = model_acts_new(fam, r->m.cfg, B, *T, k % 2 == 1, &r->acts[k], err))) return rc;
         if (k < 2) continue;
-        if (!fam->acts_set_bf16)
-            return moh_fail(err, MOH_E_ARG, "%s: the %s family computes in fp32 only", name, fam->short_name);
         if (!r->mw.data && (rc = bf16_mirror_init(&r->mw, r->m.data, r->m.n, err))) return rc;
-        if ((rc = fam->acts_set_bf16(r->m.cfg, r->acts[k], &r->mw, err))) return rc;
+        if ((rc = attn_stack_set_weights_f32(r->acts[k], &r->mw, err))) return rc;
     }
     if ((rc = fam->synthetic_batch(r->m.cfg, B, *T, 99, &r->batch, &r->batch_buf, err))) return rc;
     if (first && fam->tokens_per_example(r->m.cfg, &r->batch) != fam->tokens_per_example(first->m.cfg, &first->batch))

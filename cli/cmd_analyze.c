@@ -102,7 +102,7 @@ static int add_layers(analysis *an, const model *m, const void *acts, const int 
     for (int s = 0; !rc && s < nl; s++) {
         const moh_attn_config *a = model_attn_layer(m, layers[s]);
         const int El = attn_routed_heads(a);
-        const attn_cache_f32 *c = m->fam->router(acts, layers[s]); /* the whole cache: reference path */
+        const attn_cache_f32 *c = model_router(acts, layers[s]); /* the whole cache: reference path */
         const float *p = El > 0 ? c->p : NULL;
         if (E > 0 && El != E) {
             const size_t T = (size_t)B * N;

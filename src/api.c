@@ -300,7 +300,7 @@ int moh_model_router_gates(const moh_model *h, int l, const float **gates, long 
     if (!h || !gates || !tokens) return moh_fail(err, MOH_E_ARG, "moh_model_router_gates: the model, gates or tokens is NULL");
     const int rc = check_layer(h, l, "moh_model_router_gates", err);
     if (rc) return rc;
-    if (gates) *gates = h->m.fam->router(h->w.acts[0], l)->gates;
+    if (gates) *gates = model_router(h->w.acts[0], l)->gates;
     if (tokens) *tokens = (long)h->last.B * h->m.fam->tokens_per_example(h->m.cfg, &h->last);
     return MOH_OK;
 }

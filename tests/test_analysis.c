@@ -490,7 +490,7 @@ static void test_hooks(test_ctx *ctx) {
         if (acts) {
             double ce, lb;
             m.fam->forward(m.cfg, m.params, acts, &b, 0, b.B, false, &ce, &lb);
-            const attn_cache_f32 *c = m.fam->router(acts, 1);
+            const attn_cache_f32 *c = model_router(acts, 1);
             CHECK(ctx, c && c->att && c->o && c->gates && c->p, "reference-path cache holds att, o, gates, p");
             CHECK(ctx, c && c->att && fabsf(c->att[0] - 1.0f) < 1e-6f, "causal first row attends to itself only");
             model_acts_free(m.fam, acts);

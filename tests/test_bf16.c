@@ -612,8 +612,7 @@ static void test_image_step(test_ctx *ctx, const char *name, const char *cfg, bo
         grad[k] = malloc(sizeof(float) * n);
         memcpy(grad[k], gd, sizeof(float) * n);
         if (k) { /* the shards' GEMM contexts (the first field that differs between the families) */
-            const bf16_ctx *c = be_cpu_bf16(!strcmp(m.fam->model_type, "vit") ? &((vit_acts_f32 *)w.acts[0])->cx
-                                                                             : &((dit_acts_f32 *)w.acts[0])->cx);
+            const bf16_ctx *c = be_cpu_bf16(&((const attn_stack_f32 *)w.acts[0])->cx);
             snprintf(impl, sizeof impl, "%s", c ? bf16_ctx_impl(c) : "none"); /* the context dies below */
             fallbacks = c ? bf16_ctx_fallbacks(c) : -1;
         }

@@ -74,6 +74,20 @@ int attn_layer_set_compute_f32(attn_layer_f32 *L, const moh_attn_config *cfg, co
     return MOH_OK;
 }
 
+#define F(x) x##_f32
+#include "attn/layer_stack_impl.h"
+#undef F
+#define F(x) x##_f64
+#include "attn/layer_stack_impl.h"
+#undef F
+
+int attn_stack_set_weights_f32(attn_stack_f32 *s, const bf16_mirror *w, moh_error *err) {
+    int rc = be_ctx_set_weights(&s->cx, w, err);
+    for (int l = 0; !rc && l < s->n; l++)
+        rc = attn_layer_set_compute_f32(&s->layer[l], &s->cfg[s->per_layer ? l : 0], &s->cx, err);
+    return rc;
+}
+
 int attn_layer_phases_f32(attn_layer_f32 *L, const char **names, double *seconds, int cap, bool reset) {
     if (!L->sp) return 0;
     int n = 0;

@@ -58,6 +58,43 @@ const attn_cache_f64 *attn_layer_router_f64(const attn_layer_f64 *L);
  * MOH_OK or MOH_E_NOMEM. */
 int attn_layer_set_compute_f32(attn_layer_f32 *L, const moh_attn_config *cfg, const be_ctx *cx, moh_error *err);
 
+/* A model's attention layers and the compute context its ops share. Every family's activations
+ * begin with one (the f32 twin in the float32 instantiation), so generic code (models/model.c)
+ * reaches the gates, the load-balance loss and the compute settings of any family through it. */
+typedef struct attn_stack_f32 {
+    be_ctx cx;                  /* backend and precision of the model's ops (backend.h) */
+    attn_layer_f32 *layer;      /* [n] */
+    int n;                      /* layers made (all of them after a successful init) */
+    const moh_attn_config *cfg; /* layer l's config: cfg[per_layer ? l : 0] (borrowed from the model) */
+    bool per_layer;
+} attn_stack_f32;
+typedef struct attn_stack_f64 {
+    be_ctx cx;                  /* (float64 runs the host ops; kept for the templates' calls) */
+    attn_layer_f64 *layer;
+    int n;
+    const moh_attn_config *cfg;
+    bool per_layer;
+} attn_stack_f64;
+
+/* L layers for batches of up to B x N tokens on the CPU backend in fp32, layer l configured by
+ * cfg[per_layer ? l : 0] (cfg must outlive s), on the head-sparse path when sparse. MOH_OK or
+ * attn_layer_init's errors; on error the layers made so far stay for attn_stack_free. */
+int attn_stack_init_f32(attn_stack_f32 *s, int L, const moh_attn_config *cfg, bool per_layer, int B, int N,
+                        bool sparse, moh_error *err);
+int attn_stack_init_f64(attn_stack_f64 *s, int L, const moh_attn_config *cfg, bool per_layer, int B, int N,
+                        bool sparse, moh_error *err);
+/* Frees the layers, then the compute context they borrow (a zeroed s is fine). */
+void attn_stack_free_f32(attn_stack_f32 *s);
+void attn_stack_free_f64(attn_stack_f64 *s);
+/* Precision of the stack's ops and layers: bf16 with w (the bf16 copy of the parameter buffer,
+ * kept in sync by the caller), fp32 with w == NULL (be_ctx_set_weights, attn_layer_set_compute).
+ * MOH_OK or MOH_E_NOMEM. */
+int attn_stack_set_weights_f32(attn_stack_f32 *s, const bf16_mirror *w, moh_error *err);
+/* Layer l's router activations of the last forward (attn_layer_router). */
+static inline const attn_cache_f32 *attn_stack_router_f32(const attn_stack_f32 *s, int l) {
+    return attn_layer_router_f32(&s->layer[l]);
+}
+
 /* The path's own phases (head-sparse: router, kv_gemm, ...; the reference path times none):
  * ADDS the seconds accumulated since the last reset into seconds[0 .. n) and sets names[0 .. n),
  * n = the returned count (<= cap); reset zeroes the layer's counters afterwards. */

@@ -21,13 +21,6 @@
 #undef real
 #undef F
 
-const attn_cache_f32 *dit_router_cache_f32(const dit_acts_f32 *a, int l) { return attn_layer_router_f32(&a->attn[l]); }
-
-int dit_acts_set_bf16_f32(dit_acts_f32 *a, const moh_dit_config *cfg, const bf16_mirror *w, moh_error *err) {
-    int rc = be_ctx_set_weights(&a->cx, w, err);
-    for (int l = 0; !rc && l < a->n_attn; l++) rc = attn_layer_set_compute_f32(&a->attn[l], &cfg->attn[l], &a->cx, err);
-    return rc;
-}
 
 int dit_active_head_layers(const moh_dit_config *cfg) {
     int n = 0;

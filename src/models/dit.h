@@ -95,15 +95,6 @@ int dit_active_head_layers(const moh_dit_config *cfg);
 #undef real
 #undef F
 
-/* The router activations (gates [T, h], mask, lb_loss, ...) of layer l of the last forward, from
- * whichever attention path ran. */
-const attn_cache_f32 *dit_router_cache_f32(const dit_acts_f32 *a, int l);
-/* bf16 compute on a (ops/bf16.h): with w (the bf16 copy of the parameter buffer, kept in sync by
- * the caller) x_embedder, timestep MLP, adaLN modulations, MLP, final layer and the attention
- * projections run bf16 GEMMs (fp32 accumulation), the head-sparse path also its bf16 tiles;
- * LayerNorm, modulate, softmax, router, SiLU/GELU and the loss stay fp32. w == NULL: fp32 again.
- * MOH_OK or MOH_E_NOMEM. */
-int dit_acts_set_bf16_f32(dit_acts_f32 *a, const moh_dit_config *cfg, const bf16_mirror *w, moh_error *err);
 
 /* The model's tensors in buffer order (official DiT state_dict order, pos_embed included: it is a
  * state_dict entry although not trained); *n gets the count. Caller frees. NULL on OOM. */

@@ -26,6 +26,8 @@ typedef struct F(dit_params) {
 
 /* Activations of one forward pass for up to Bmax images, kept for backward. */
 typedef struct F(dit_acts) {
+    F(attn_stack) attn;    /* first, for models/model.c: the attention layers (either path) and the
+                            * backend and precision of every op (attn/layer.h) */
     int B, Bmax;
     real *patches;         /* [BN, P] flattened input patches */
     real *tfreq;           /* [B, 256] timestep frequency embedding */
@@ -43,14 +45,11 @@ typedef struct F(dit_acts) {
     real *nf, *rstdf, *hf; /* [BN, D], [BN], [BN, D] final LN, 1/std, modulated */
     real *out_tok;         /* [BN, P] final linear output */
     real *out;             /* [B, C, H, W] eps prediction (unpatchified) */
-    F(attn_layer) *attn;   /* [L] attention layers (either path; attn/layer.h), n_attn initialised */
-    int n_attn;
     real *dres, *dtmp, *dh;/* [BN, D] each: backward scratch */
     real *dff;             /* [2, BN, Hm] backward scratch */
     real *dtok;            /* [BN, P] backward scratch */
     real *dmod;            /* [B, 6D] backward scratch */
     real *dsc, *dcond, *dth; /* [B, D], [B, D], [2, B, D]: backward scratch */
-    be_ctx cx;             /* the backend and precision the ops run on (backend.h; dit_acts_set_bf16_f32) */
     real mse;              /* mean squared error of the last forward with targets */
     real lb_loss;          /* mean over routing layers of the load-balance loss (spec §2) */
     void *block;

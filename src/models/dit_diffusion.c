@@ -114,7 +114,7 @@ int dit_sample(const moh_dit_config *cfg, const dit_params_f32 *p, const image_g
     if (!rc && precision_resolve(req->precision, NULL, 0) == MOH_PRECISION_BF16) {
         rc = bf16_mirror_init(&me->wbf, p->data, p->n, err);
         if (!rc) bf16_mirror_sync(&me->wbf);
-        for (int s = 0; !rc && s < me->n; s++) rc = dit_acts_set_bf16_f32(&me->a[s], cfg, &me->wbf, err);
+        for (int s = 0; !rc && s < me->n; s++) rc = attn_stack_set_weights_f32(&me->a[s].attn, &me->wbf, err);
     }
     if (!rc && !(me->out = malloc(sizeof(float) * chw * (size_t)rows)))
         rc = moh_fail(err, MOH_E_NOMEM, "sample: out of memory");

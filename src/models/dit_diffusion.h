@@ -36,7 +36,7 @@ void dit_q_sample(const dit_schedule *s, int t, const float *eps, float *x, int 
 
 /* Samples req->n images of the model p (cfg) into out [n, C, H, W] (pixels in [-1, 1], clipped).
  * req->precision bf16 (where precision_resolve allows it, else silently fp32: the caller reports):
- * one bf16 copy of the weights and a bf16 GEMM context per thread (dit_acts_set_bf16_f32).
+ * one bf16 copy of the weights and a bf16 GEMM context per thread (attn_stack_set_weights_f32).
  * Errors: MOH_E_ARG (steps not in 1..T, cfg_scale < 0 or not finite, a label outside
  * 0..num_classes, batch < 1), MOH_E_NOMEM. */
 int dit_sample(const moh_dit_config *cfg, const dit_params_f32 *p, const image_gen_request *req, float *out,

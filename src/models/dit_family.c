@@ -51,9 +51,6 @@ static int acts_init(void *a, const void *cfg, int Bmax, int T, bool sparse, moh
     return dit_acts_init_f32(a, cfg, Bmax, sparse, err);
 }
 static void acts_release(void *a) { dit_acts_free_f32(a); }
-static int acts_set_bf16(const void *cfg, void *acts, const bf16_mirror *w, moh_error *err) {
-    return dit_acts_set_bf16_f32(acts, cfg, w, err);
-}
 
 static size_t chw_of(const moh_dit_config *c) { return (size_t)c->in_channels * c->input_size * c->input_size; }
 
@@ -72,7 +69,6 @@ static void backward(const void *cfg, const void *params, void *grads, void *act
                      int count) {
     dit_backward_f32(cfg, params, grads, acts, b->labels + first, b->noise + (size_t)first * chw_of(cfg));
 }
-static const attn_cache_f32 *router(const void *acts, int l) { return dit_router_cache_f32(acts, l); }
 static int tokens_per_example(const void *cfg, const moh_batch *b) { return ((const moh_dit_config *)cfg)->num_patches; }
 
 static void train_defaults(train_hparams *hp) {
@@ -214,40 +210,16 @@ static int generate(const model *m, const image_gen_request *req, float *out, mo
 }
 
 const model_family dit_family = {
+    MODEL_FAMILY_CORE(dit_params_f32, dit_acts_f32),
     .model_type = "dit",
     .task = "image-generation",
     .summary = "class-conditional diffusion transformer (official DiT / MoH-DiT layout)",
     .data_help = "a dir of MNIST-style IDX files: train-images-idx3-ubyte[.gz], train-labels-..., t10k-...; "
                  "validation in training: the first 2000 t10k images (eval-limit of them each time, all at the end)",
     .config_size = sizeof(moh_dit_config),
-    .describe = describe,
-    .config_parse = cfg_parse,
-    .config_to_json = cfg_json,
-    .num_layers = num_layers,
-    .attn = attn,
     .attn_layer = attn_layer,
-    .tensors = tensors,
-    .params_size = sizeof(dit_params_f32),
-    .params_init = params_init,
-    .params_release = params_release,
-    .init_random = init_random,
-    .acts_size = sizeof(dit_acts_f32),
-    .acts_init = acts_init,
-    .acts_release = acts_release,
-    .acts_set_bf16 = acts_set_bf16,
-    .forward = forward,
-    .backward = backward,
-    .router = router,
-    .tokens_per_example = tokens_per_example,
-    .train_defaults = train_defaults,
     .unused_keys = "seq_len val_fraction",
-    .open_data = open_data,
-    .eval_add = eval_add,
-    .eval_finish = eval_finish,
-    .eval_json = eval_json,
-    .eval_brief = eval_brief,
     .metric_name = "val eps MSE",
-    .eval_report = eval_report,
     .default_sparse = false,
     .image_shape = image_shape,
     .image_norm = image_norm,

@@ -52,7 +52,6 @@ void F(dit_params_free)(F(dit_params) *p) {
 
 int F(dit_acts_init)(F(dit_acts) *a, const moh_dit_config *cfg, int Bmax, bool sparse, moh_error *err) {
     memset(a, 0, sizeof *a);
-    be_ctx_init(&a->cx, NULL);
     if (Bmax < 1) return moh_fail(err, MOH_E_ARG, "dit: batch size %d, expected >= 1", Bmax);
     const size_t L = (size_t)cfg->depth, B = (size_t)Bmax, BN = B * (size_t)cfg->num_patches;
     const size_t D = (size_t)cfg->hidden_size, Hm = (size_t)cfg->mlp_hidden, P = (size_t)cfg->patch_dim;
@@ -65,38 +64,25 @@ int F(dit_acts_init)(F(dit_acts) *a, const moh_dit_config *cfg, int Bmax, bool s
                             L * BN * D, L * BN, L * BN * D, L * BN * Hm, L * BN * Hm, L * BN * D, BN * D, BN,
                             BN * D, BN * P, BN * P, BN * D, BN * D, BN * D, 2 * BN * Hm, BN * P, B * 6 * D,
                             B * D, B * D, 2 * B * D};
-    const size_t nf = sizeof sizes / sizeof sizes[0];
     size_t total = 0;
-    for (size_t i = 0; i < nf; i++) total += sizes[i];
-    a->block = malloc(total * sizeof(real));
-    a->attn = calloc(L, sizeof *a->attn);
-    if (!a->block || !a->attn) {
+    a->block = F(views_alloc)(fields, sizes, sizeof sizes / sizeof sizes[0], &total);
+    if (!a->block) {
         F(dit_acts_free)(a);
         return moh_fail(err, MOH_E_NOMEM, "dit: cannot allocate activations for batch %d (%zu MiB)", Bmax,
                         (total * sizeof(real)) >> 20);
     }
-    real *cur = a->block;
-    for (size_t i = 0; i < nf; i++) {
-        *fields[i] = cur;
-        cur += sizes[i];
-    }
-    for (size_t l = 0; l < L; l++) {
-        const int rc = F(attn_layer_init)(&a->attn[l], &cfg->attn[l], Bmax, cfg->num_patches, sparse, err);
-        if (rc) {
-            F(dit_acts_free)(a);
-            return rc;
-        }
-        a->n_attn = (int)l + 1;
+    const int rc = F(attn_stack_init)(&a->attn, (int)L, cfg->attn, true, Bmax, cfg->num_patches, sparse, err);
+    if (rc) {
+        F(dit_acts_free)(a);
+        return rc;
     }
     a->Bmax = Bmax;
     return MOH_OK;
 }
 
 void F(dit_acts_free)(F(dit_acts) *a) {
-    for (int l = 0; l < a->n_attn; l++) F(attn_layer_free)(&a->attn[l]);
-    free(a->attn);
+    F(attn_stack_free)(&a->attn); /* the layers, then the compute context they borrow */
     free(a->block);
-    be_ctx_release(&a->cx); /* after the attention layers that borrow it */
     memset(a, 0, sizeof *a);
 }
 
@@ -269,7 +255,7 @@ real F(dit_forward)(const moh_dit_config *cfg, const F(dit_params) *p, F(dit_act
     a->B = B;
     /* x_embedder + pos_embed */
     F(dit_patchify)(cfg, a->patches, x, B);
-    F(be_linear_forward)(&a->cx, a->resid, a->patches, p->xe_w, p->xe_b, BN, P, D);
+    F(be_linear_forward)(&a->attn.cx, a->resid, a->patches, p->xe_w, p->xe_b, BN, P, D);
     for (int b = 0; b < B; b++)
         for (int n = 0; n < N; n++) {
             real *r = a->resid + ((size_t)b * N + n) * D;
@@ -278,7 +264,7 @@ real F(dit_forward)(const moh_dit_config *cfg, const F(dit_params) *p, F(dit_act
         }
     /* c = t_embedder(t) + y_embedder(y); SiLU(c) feeds every adaLN */
     F(dit_timestep_freq)(a->tfreq, t, B);
-    F(dit_temb_forward)(cfg, p, &a->cx, a->cond, a->th, a->ts, a->tfreq, B);
+    F(dit_temb_forward)(cfg, p, &a->attn.cx, a->cond, a->th, a->ts, a->tfreq, B);
     for (int b = 0; b < B; b++) {
         const real *e = p->y_table + (size_t)y[b] * D;
         for (int c = 0; c < D; c++) a->cond[(size_t)b * D + c] += e[c];
@@ -292,29 +278,29 @@ real F(dit_forward)(const moh_dit_config *cfg, const F(dit_params) *p, F(dit_act
         real *n1 = a->n1 + (size_t)l * nD, *h1 = a->h1 + (size_t)l * nD, *ao = a->ao + (size_t)l * nD;
         real *n2 = a->n2 + (size_t)l * nD, *h2 = a->h2 + (size_t)l * nD, *f2 = a->f2 + (size_t)l * nD;
         real *fc1 = a->fc1 + (size_t)l * nH, *act = a->act + (size_t)l * nH;
-        F(be_linear_forward)(&a->cx, mod, a->csilu, bk->ada_w, bk->ada_b, B, D, D6);
+        F(be_linear_forward)(&a->attn.cx, mod, a->csilu, bk->ada_w, bk->ada_b, B, D, D6);
         /* attention branch: x + gate1 * attn(modulate(LN(x), shift1, scale1)) */
         F(dit_ln_forward)(n1, a->rstd1 + (size_t)l * BN, xi, BN, D);
         F(dit_modulate_forward)(h1, n1, mod, mod + D, D6, B, N, D);
-        F(attn_layer_forward)(&a->attn[l], &cfg->attn[l], &bk->attn, h1, B, N, ao);
-        if (F(dit_layer_routes)(cfg, l)) lb += F(attn_layer_router)(&a->attn[l])->lb_loss;
+        F(attn_layer_forward)(&a->attn.layer[l], &cfg->attn[l], &bk->attn, h1, B, N, ao);
+        if (F(dit_layer_routes)(cfg, l)) lb += F(attn_layer_router)(&a->attn.layer[l])->lb_loss;
         memcpy(mid, xi, sizeof(real) * nD);
         F(dit_gated_add)(mid, mod + 2 * D, ao, D6, B, N, D);
         /* MLP branch: mid + gate2 * fc2(gelu_tanh(fc1(modulate(LN(mid), shift2, scale2)))) */
         F(dit_ln_forward)(n2, a->rstd2 + (size_t)l * BN, mid, BN, D);
         F(dit_modulate_forward)(h2, n2, mod + 3 * D, mod + 4 * D, D6, B, N, D);
-        F(be_linear_forward)(&a->cx, fc1, h2, bk->fc1_w, bk->fc1_b, BN, D, Hm);
+        F(be_linear_forward)(&a->attn.cx, fc1, h2, bk->fc1_w, bk->fc1_b, BN, D, Hm);
         F(gelu_tanh_forward)(act, fc1, (long)nH);
-        F(be_linear_forward)(&a->cx, f2, act, bk->fc2_w, bk->fc2_b, BN, Hm, D);
+        F(be_linear_forward)(&a->attn.cx, f2, act, bk->fc2_w, bk->fc2_b, BN, Hm, D);
         memcpy(xo, mid, sizeof(real) * nD);
         F(dit_gated_add)(xo, mod + 5 * D, f2, D6, B, N, D);
     }
     a->lb_loss = cfg->routing_layers ? (real)(lb / cfg->routing_layers) : 0;
     /* final layer, unpatchify */
-    F(be_linear_forward)(&a->cx, a->fmod, a->csilu, p->fa_w, p->fa_b, B, D, 2 * D);
+    F(be_linear_forward)(&a->attn.cx, a->fmod, a->csilu, p->fa_w, p->fa_b, B, D, 2 * D);
     F(dit_ln_forward)(a->nf, a->rstdf, a->resid + (size_t)L * nD, BN, D);
     F(dit_modulate_forward)(a->hf, a->nf, a->fmod, a->fmod + D, 2 * D, B, N, D);
-    F(be_linear_forward)(&a->cx, a->out_tok, a->hf, p->fl_w, p->fl_b, BN, D, P);
+    F(be_linear_forward)(&a->attn.cx, a->out_tok, a->hf, p->fl_w, p->fl_b, BN, D, P);
     F(dit_unpatchify)(cfg, a->out, a->out_tok, B, 0);
     if (!noise) {
         a->mse = 0;
@@ -343,14 +329,14 @@ void F(dit_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(
     F(dit_unpatchify)(cfg, dimg, a->dtok, B, 1);
     /* final layer */
     memset(dh, 0, sizeof(real) * nD);
-    F(be_linear_backward)(&a->cx, dh, 1, g->fl_w, g->fl_b, a->dtok, a->hf, p->fl_w, BN, D, P);
+    F(be_linear_backward)(&a->attn.cx, dh, 1, g->fl_w, g->fl_b, a->dtok, a->hf, p->fl_w, BN, D, P);
     memset(a->dmod, 0, sizeof(real) * (size_t)B * 2 * D);
     memset(dtmp, 0, sizeof(real) * nD);
     F(dit_modulate_backward)(dtmp, a->dmod, a->dmod + D, dh, a->nf, a->fmod + D, 2 * D, B, N, D);
     memset(dres, 0, sizeof(real) * nD);
     F(dit_ln_backward)(dres, dtmp, a->nf, a->rstdf, BN, D);
     memset(dsc, 0, sizeof(real) * (size_t)B * D);
-    F(be_linear_backward)(&a->cx, dsc, 1, g->fa_w, g->fa_b, a->dmod, a->csilu, p->fa_w, B, D, 2 * D);
+    F(be_linear_backward)(&a->attn.cx, dsc, 1, g->fa_w, g->fa_b, a->dmod, a->csilu, p->fa_w, B, D, 2 * D);
     for (int l = L - 1; l >= 0; l--) {
         const F(dit_block) *bk = &p->blocks[l];
         const F(dit_block) *gb = &g->blocks[l];
@@ -361,21 +347,21 @@ void F(dit_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(
         real *dact = a->dff, *dfc1 = a->dff + nH;
         F(dit_gated_add_backward)(dtmp, dmod + 5 * D, dres, mod + 5 * D, a->f2 + (size_t)l * nD, D6, B, N, D);
         memset(a->dff, 0, sizeof(real) * 2 * nH);
-        F(be_linear_backward)(&a->cx, dact, 1, gb->fc2_w, gb->fc2_b, dtmp, a->act + (size_t)l * nH, bk->fc2_w, BN, Hm, D);
+        F(be_linear_backward)(&a->attn.cx, dact, 1, gb->fc2_w, gb->fc2_b, dtmp, a->act + (size_t)l * nH, bk->fc2_w, BN, Hm, D);
         F(gelu_tanh_backward)(dfc1, dact, a->fc1 + (size_t)l * nH, (long)nH);
         memset(dh, 0, sizeof(real) * nD);
-        F(be_linear_backward)(&a->cx, dh, 1, gb->fc1_w, gb->fc1_b, dfc1, a->h2 + (size_t)l * nD, bk->fc1_w, BN, D, Hm);
+        F(be_linear_backward)(&a->attn.cx, dh, 1, gb->fc1_w, gb->fc1_b, dfc1, a->h2 + (size_t)l * nD, bk->fc1_w, BN, D, Hm);
         memset(dtmp, 0, sizeof(real) * nD);
         F(dit_modulate_backward)(dtmp, dmod + 3 * D, dmod + 4 * D, dh, a->n2 + (size_t)l * nD, mod + 4 * D, D6, B, N, D);
         F(dit_ln_backward)(dres, dtmp, a->n2 + (size_t)l * nD, a->rstd2 + (size_t)l * BN, BN, D);
         /* attention branch: mid = x + gate1 * ao; dres holds d mid and becomes d x */
         F(dit_gated_add_backward)(dtmp, dmod + 2 * D, dres, mod + 2 * D, a->ao + (size_t)l * nD, D6, B, N, D);
         memset(dh, 0, sizeof(real) * nD);
-        F(attn_layer_backward)(&a->attn[l], &cfg->attn[l], &bk->attn, &gb->attn, dtmp, lb_scale, dh);
+        F(attn_layer_backward)(&a->attn.layer[l], &cfg->attn[l], &bk->attn, &gb->attn, dtmp, lb_scale, dh);
         memset(dtmp, 0, sizeof(real) * nD);
         F(dit_modulate_backward)(dtmp, dmod, dmod + D, dh, a->n1 + (size_t)l * nD, mod + D, D6, B, N, D);
         F(dit_ln_backward)(dres, dtmp, a->n1 + (size_t)l * nD, a->rstd1 + (size_t)l * BN, BN, D);
-        F(be_linear_backward)(&a->cx, dsc, 1, gb->ada_w, gb->ada_b, dmod, a->csilu, bk->ada_w, B, D, D6);
+        F(be_linear_backward)(&a->attn.cx, dsc, 1, gb->ada_w, gb->ada_b, dmod, a->csilu, bk->ada_w, B, D, D6);
     }
     /* conditioning: c = t_emb + y_emb, SiLU(c) */
     memset(a->dcond, 0, sizeof(real) * (size_t)B * D);
@@ -384,7 +370,7 @@ void F(dit_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(
         real *row = g->y_table + (size_t)y[b] * D;
         for (int c = 0; c < D; c++) row[c] += a->dcond[(size_t)b * D + c];
     }
-    F(dit_temb_backward)(cfg, p, g, &a->cx, a->dcond, a->th, a->ts, a->tfreq, a->dth, B);
+    F(dit_temb_backward)(cfg, p, g, &a->attn.cx, a->dcond, a->th, a->ts, a->tfreq, a->dth, B);
     /* x_embedder (pos_embed is fixed: no gradient) */
-    F(be_linear_backward)(&a->cx, NULL, 1, g->xe_w, g->xe_b, dres, a->patches, p->xe_w, BN, P, D);
+    F(be_linear_backward)(&a->attn.cx, NULL, 1, g->xe_w, g->xe_b, dres, a->patches, p->xe_w, BN, P, D);
 }

@@ -42,16 +42,6 @@ int lm_acts_init_sparse_f32(lm_acts_f32 *a, const moh_lm_config *cfg, int B, int
     return lm_acts_alloc_f32(a, cfg, B, T, true, err);
 }
 
-int lm_acts_set_bf16_f32(lm_acts_f32 *a, const moh_lm_config *cfg, const bf16_mirror *w, moh_error *err) {
-    const int rc0 = be_ctx_set_weights(&a->cx, w, err);
-    if (rc0) return rc0;
-    for (int l = 0; l < a->n_attn; l++) {
-        const int rc = attn_layer_set_compute_f32(&a->attn[l], &cfg->attn, &a->cx, err);
-        if (rc) return rc;
-    }
-    return MOH_OK;
-}
-
 /* decay: 0 none, 1 AdamW weight decay, 2 decay and a hidden matrix (model_tensor.hidden) */
 static void push(lm_tensor *t, int *n, size_t *off, int decay, int64_t r, int64_t c, const char *fmt, int layer) {
     lm_tensor *e = &t[(*n)++];

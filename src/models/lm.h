@@ -42,12 +42,6 @@ const char *lm_train_phase_name(int i);
  * as the reference path to ~1e-6. MOH_OK or MOH_E_NOMEM. */
 int lm_acts_init_sparse_f32(lm_acts_f32 *a, const moh_lm_config *cfg, int B, int T, moh_error *err);
 
-/* bf16 compute (ops/bf16.h) on activations a: with w (the bf16 copy of the parameter buffer,
- * kept in sync by the caller) the linear layers run bf16 GEMMs and the head-sparse attention its
- * bf16 tiles, fp32 accumulation; w == NULL returns to fp32. MOH_OK or MOH_E_NOMEM. */
-struct bf16_mirror;
-int lm_acts_set_bf16_f32(lm_acts_f32 *a, const moh_lm_config *cfg, const struct bf16_mirror *w,
-                         moh_error *err);
 
 /* One named checkpoint tensor (HF LlamaForCausalLM names), a view into a buffer laid out like
  * lm_params: the model interface's tensor type. */

@@ -23,6 +23,8 @@ typedef struct F(lm_params) {
 
 /* Activations of one forward pass for a [B, T] batch, kept for backward. */
 typedef struct F(lm_acts) {
+    F(attn_stack) attn;    /* first, for models/model.c: the attention layers (either path) and the
+                            * backend and precision of every op (attn/layer.h) */
     int B, T;
     real *resid;      /* [L + 1, BT, C]: input of each block, then the final residual */
     real *mid;        /* [L, BT, C]: residual after the attention branch (input of ln2) */
@@ -34,9 +36,6 @@ typedef struct F(lm_acts) {
     real *lnf, *lnf_rstd; /* [BT, C], [BT] */
     real *logits;     /* [BT, V] */
     real *probs;      /* [BT, V] softmax of the logits (filled when targets are given) */
-    F(attn_layer) *attn; /* [L] attention layers (either path; layer.h), n_attn of them initialised */
-    int n_attn;
-    be_ctx cx;        /* the backend and precision the ops run on (backend.h; lm_acts_set_bf16_f32) */
     real *dres, *dtmp, *dff; /* backward scratch: [BT, C] x2, [3, BT, I] (dff) */
     real *dlogits;    /* [BT, V] */
     real ce_loss;     /* mean cross-entropy (nats) of the last forward with targets */
@@ -51,10 +50,6 @@ void F(lm_params_free)(F(lm_params) *p);
 /* Allocates activations for batches of up to B x T tokens. MOH_OK or MOH_E_NOMEM. */
 int F(lm_acts_init)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, moh_error *err);
 void F(lm_acts_free)(F(lm_acts) *a);
-
-/* Router activations (gates [BT, h], mask, p, lb_loss) of layer l after a forward, whichever
- * attention path ran. */
-const F(attn_cache) *F(lm_router)(const F(lm_acts) *a, int l);
 
 /* Forward: tokens [B, T] (ids < V) -> a->logits [B*T, V]. With targets [B, T] (may be NULL; -1 =
  * ignore) also a->ce_loss and a->probs. Always fills

@@ -47,9 +47,6 @@ static int acts_init(void *a, const void *cfg, int Bmax, int T, bool sparse, moh
 }
 static void acts_release(void *a) { lm_acts_free_f32(a); }
 
-static int acts_set_bf16(const void *cfg, void *acts, const bf16_mirror *w, moh_error *err) {
-    return lm_acts_set_bf16_f32(acts, cfg, w, err);
-}
 
 static double forward(const void *cfg, const void *params, void *acts, const moh_batch *b, int first, int count,
                       bool train, double *ce, double *lb) {
@@ -66,7 +63,6 @@ static void backward(const void *cfg, const void *params, void *grads, void *act
     const size_t off = (size_t)first * b->T;
     lm_backward_f32(cfg, params, grads, acts, b->tokens + off, b->targets + off);
 }
-static const attn_cache_f32 *router(const void *acts, int l) { return lm_router_f32(acts, l); }
 static int tokens_per_example(const void *cfg, const moh_batch *b) { return b->T; }
 
 static void train_defaults(train_hparams *hp) {
@@ -408,7 +404,7 @@ static int phase_times(void *acts, const char **names, double *seconds, bool *su
     if (n < cap) {
         for (int k = n; k < cap; k++) seconds[k] = 0.0;
         int m = 0;
-        for (int l = 0; l < a->n_attn; l++) m = attn_layer_phases_f32(&a->attn[l], names + n, seconds + n, cap - n, reset);
+        for (int l = 0; l < a->attn.n; l++) m = attn_layer_phases_f32(&a->attn.layer[l], names + n, seconds + n, cap - n, reset);
         for (int k = n; k < n + m; k++) sub[k] = true;
         n += m;
     }
@@ -454,42 +450,18 @@ static int to_gguf(const model *m, const char *path, bool f16, const void *src, 
 }
 
 const model_family lm_family = {
+    MODEL_FAMILY_CORE(lm_params_f32, lm_acts_f32),
     .model_type = "llama",
     .task = "text-generation",
     .summary = "decoder language model (HF LLaMA layout, byte or BPE tokens)",
     .data_help = "a UTF-8 text file (its last --val-fraction is validation) or a dir with train.txt + val.txt",
     .config_size = sizeof(moh_lm_config),
-    .describe = describe,
-    .config_parse = cfg_parse,
-    .config_to_json = cfg_json,
-    .num_layers = num_layers,
-    .attn = attn,
-    .tensors = tensors,
     .tied_tensor = tied_tensor,
-    .params_size = sizeof(lm_params_f32),
-    .params_init = params_init,
-    .params_release = params_release,
-    .init_random = init_random,
-    .acts_size = sizeof(lm_acts_f32),
-    .acts_init = acts_init,
-    .acts_release = acts_release,
-    .acts_set_bf16 = acts_set_bf16,
-    .forward = forward,
-    .backward = backward,
-    .router = router,
-    .tokens_per_example = tokens_per_example,
     .max_seq_len = max_seq_len,
     .num_outputs = num_outputs,
     .logits = logits,
-    .train_defaults = train_defaults,
     .unused_keys = "train_limit crop_pad hflip ema_decay",
-    .open_data = open_data,
-    .eval_add = eval_add,
-    .eval_finish = eval_finish,
-    .eval_json = eval_json,
-    .eval_brief = eval_brief,
     .metric_name = "val bits/byte",
-    .eval_report = eval_report,
     .dump_logits = dump_logits,
     .legacy_optimizer_format = "moh-lm-train-v1",
     .gguf_arch = "llama",

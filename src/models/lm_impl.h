@@ -40,7 +40,6 @@ void F(lm_params_free)(F(lm_params) *p) {
 static int F(lm_acts_alloc)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, bool sparse,
                             moh_error *err) {
     memset(a, 0, sizeof *a);
-    be_ctx_init(&a->cx, NULL);
     const size_t L = (size_t)cfg->num_hidden_layers, BT = (size_t)B * T;
     const size_t C = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size, V = (size_t)cfg->vocab_size;
     real **fields[] = {&a->resid, &a->mid, &a->ln1, &a->ln1_rstd, &a->attn_out, &a->ln2, &a->ln2_rstd,
@@ -50,26 +49,17 @@ static int F(lm_acts_alloc)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int 
                             L * BT * I, L * BT * I, L * BT * I, L * BT * I, BT * C, BT, BT * V, BT * V,
                             BT * C, BT * C, 3 * BT * I, BT * V};
     size_t total = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
-    a->block = malloc(total * sizeof(real));
-    a->attn = calloc(L, sizeof *a->attn);
-    if (!a->block || !a->attn) {
+    a->block = F(views_alloc)(fields, sizes, sizeof sizes / sizeof sizes[0], &total);
+    if (!a->block) {
         F(lm_acts_free)(a);
         return moh_fail(err, MOH_E_NOMEM, "model: cannot allocate activations for B=%d T=%d (%zu MiB): lower "
                         "--batch-size or --seq-len",
                         B, T, (total * sizeof(real)) >> 20);
     }
-    real *cur = a->block;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        *fields[i] = cur;
-        cur += sizes[i];
-    }
-    for (size_t l = 0; l < L; l++) {
-        if (F(attn_layer_init)(&a->attn[l], &cfg->attn, B, T, sparse, err)) {
-            F(lm_acts_free)(a);
-            return err ? err->code : MOH_E_NOMEM;
-        }
-        a->n_attn = (int)l + 1;
+    const int rc = F(attn_stack_init)(&a->attn, (int)L, &cfg->attn, false, B, T, sparse, err);
+    if (rc) {
+        F(lm_acts_free)(a);
+        return rc;
     }
     a->B = B;
     a->T = T;
@@ -81,9 +71,7 @@ int F(lm_acts_init)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, moh_e
 }
 
 void F(lm_acts_free)(F(lm_acts) *a) {
-    for (int l = 0; l < a->n_attn; l++) F(attn_layer_free)(&a->attn[l]);
-    be_ctx_release(&a->cx); /* after the attention layers that borrow it */
-    free(a->attn);
+    F(attn_stack_free)(&a->attn); /* the layers, then the compute context they borrow */
     free(a->block);
     memset(a, 0, sizeof *a);
 }
@@ -111,21 +99,21 @@ real F(lm_forward)(const moh_lm_config *cfg, const F(lm_params) *p, F(lm_acts) *
             F(rmsnorm_forward)(ln1, a->ln1_rstd, x, b->ln1, BT, C, eps);
             t = lm_lap(ph, LMT_PH_NORM, t);
         }
-        F(attn_layer_forward)(&a->attn[l], &cfg->attn, &b->attn, ln1, B, T, ao);
+        F(attn_layer_forward)(&a->attn.layer[l], &cfg->attn, &b->attn, ln1, B, T, ao);
         if (attn_routed_heads(&cfg->attn) > 0 && cfg->attn.top_k > 0) {
-            lb += F(attn_layer_router)(&a->attn[l])->lb_loss; /* every layer routes alike: the mean is over all L */
+            lb += F(attn_layer_router)(&a->attn.layer[l])->lb_loss; /* every layer routes alike: the mean is over all L */
             routing++;
         }
         t = lm_lap(ph, LMT_PH_ATTN, t);
         real *mid = a->mid + (size_t)l * BT * C;
         F(add_rmsnorm_forward)(mid, ln2, a->ln2_rstd + (size_t)l * BT, x, ao, b->ln2, BT, C, eps);
         t = lm_lap(ph, LMT_PH_NORM, t);
-        F(be_linear_forward)(&a->cx, gate, ln2, b->w_gate, NULL, BT, C, I);
-        F(be_linear_forward)(&a->cx, up, ln2, b->w_up, NULL, BT, C, I);
+        F(be_linear_forward)(&a->attn.cx, gate, ln2, b->w_gate, NULL, BT, C, I);
+        F(be_linear_forward)(&a->attn.cx, up, ln2, b->w_up, NULL, BT, C, I);
         t = lm_lap(ph, LMT_PH_MLP_IN, t);
         F(swiglu_forward_sig)(act, a->sig + (size_t)l * BT * I, gate, up, (long)BT * I);
         t = lm_lap(ph, LMT_PH_SWIGLU, t);
-        F(be_linear_forward)(&a->cx, a->dtmp, act, b->w_down, NULL, BT, I, C); /* dtmp: MLP output */
+        F(be_linear_forward)(&a->attn.cx, a->dtmp, act, b->w_down, NULL, BT, I, C); /* dtmp: MLP output */
         t = lm_lap(ph, LMT_PH_MLP_DOWN, t);
         /* x_{l+1} = mid + MLP output, and the norm that reads it: next ln1, or the final norm */
         if (l + 1 < L)
@@ -137,7 +125,7 @@ real F(lm_forward)(const moh_lm_config *cfg, const F(lm_params) *p, F(lm_acts) *
     }
     a->lb_loss = routing ? (real)(lb / routing) : 0;
     if (L == 0) F(rmsnorm_forward)(a->lnf, a->lnf_rstd, a->resid, p->norm, BT, C, eps);
-    F(be_linear_forward)(&a->cx, a->logits, a->lnf, p->lm_head, NULL, BT, C, V);
+    F(be_linear_forward)(&a->attn.cx, a->logits, a->lnf, p->lm_head, NULL, BT, C, V);
     t = lm_lap(ph, LMT_PH_HEAD, t);
     if (!targets) {
         a->ce_loss = 0;
@@ -161,7 +149,7 @@ void F(lm_backward)(const moh_lm_config *cfg, const F(lm_params) *p, const F(lm_
     memset(a->dlogits, 0, sizeof(real) * (size_t)BT * V);
     F(cross_entropy_backward)(a->dlogits, a->probs, targets, BT, V, 0, 1);
     t = lm_lap(ph, LMT_PH_B_LOSS, t);
-    F(be_linear_backward)(&a->cx, dtmp, 0, g->lm_head, NULL, a->dlogits, a->lnf, p->lm_head, BT, C, V);
+    F(be_linear_backward)(&a->attn.cx, dtmp, 0, g->lm_head, NULL, a->dlogits, a->lnf, p->lm_head, BT, C, V);
     t = lm_lap(ph, LMT_PH_B_HEAD, t);
     memset(dres, 0, sizeof(real) * nC);
     F(rmsnorm_backward)(dres, g->norm, dtmp, a->resid + (size_t)L * nC, p->norm, a->lnf_rstd, BT, C);
@@ -170,20 +158,20 @@ void F(lm_backward)(const moh_lm_config *cfg, const F(lm_params) *p, const F(lm_
         const F(lm_block) *b = &p->blocks[l];
         const F(lm_block) *gb = &g->blocks[l];
         /* MLP branch of x_{l+1} = x1 + down(swiglu(gate(ln2(x1)), up(ln2(x1)))) */
-        F(be_linear_backward)(&a->cx, dact, 0, gb->w_down, NULL, dres, a->act + (size_t)l * nI, b->w_down, BT, I, C);
+        F(be_linear_backward)(&a->attn.cx, dact, 0, gb->w_down, NULL, dres, a->act + (size_t)l * nI, b->w_down, BT, I, C);
         t = lm_lap(ph, LMT_PH_B_MLP_DOWN, t);
         F(swiglu_backward_set)(dgate, dup, dact, a->gate + (size_t)l * nI, a->sig + (size_t)l * nI,
                                a->up + (size_t)l * nI, (long)nI);
         t = lm_lap(ph, LMT_PH_B_SWIGLU, t);
-        F(be_linear_backward)(&a->cx, dtmp, 0, gb->w_gate, NULL, dgate, a->ln2 + (size_t)l * nC, b->w_gate, BT, C, I);
-        F(be_linear_backward)(&a->cx, dtmp, 1, gb->w_up, NULL, dup, a->ln2 + (size_t)l * nC, b->w_up, BT, C, I);
+        F(be_linear_backward)(&a->attn.cx, dtmp, 0, gb->w_gate, NULL, dgate, a->ln2 + (size_t)l * nC, b->w_gate, BT, C, I);
+        F(be_linear_backward)(&a->attn.cx, dtmp, 1, gb->w_up, NULL, dup, a->ln2 + (size_t)l * nC, b->w_up, BT, C, I);
         t = lm_lap(ph, LMT_PH_B_MLP_IN, t);
         F(rmsnorm_backward)(dres, gb->ln2, dtmp, a->mid + (size_t)l * nC, b->ln2,
                             a->ln2_rstd + (size_t)l * BT, BT, C);
         t = lm_lap(ph, LMT_PH_B_NORM, t);
         /* attention branch of x1 = x_l + attn(ln1(x_l)) */
         memset(dtmp, 0, sizeof(real) * nC);
-        F(attn_layer_backward)(&a->attn[l], &cfg->attn, &b->attn, &gb->attn, dres, lb_scale, dtmp);
+        F(attn_layer_backward)(&a->attn.layer[l], &cfg->attn, &b->attn, &gb->attn, dres, lb_scale, dtmp);
         t = lm_lap(ph, LMT_PH_B_ATTN, t);
         F(rmsnorm_backward)(dres, gb->ln1, dtmp, a->resid + (size_t)l * nC, b->ln1,
                             a->ln1_rstd + (size_t)l * BT, BT, C);
@@ -193,4 +181,3 @@ void F(lm_backward)(const moh_lm_config *cfg, const F(lm_params) *p, const F(lm_
     lm_lap(ph, LMT_PH_B_EMBED, t);
 }
 
-const F(attn_cache) *F(lm_router)(const F(lm_acts) *a, int l) { return F(attn_layer_router)(&a->attn[l]); }

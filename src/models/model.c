@@ -344,19 +344,15 @@ void model_shards_free(model_shards *w, const model *m) {
 int model_shards_set_precision(model_shards *w, const model *m, moh_precision p, char *note, size_t cap,
                                moh_error *err) {
     char why[160];
-    moh_precision run = precision_resolve(p, why, sizeof why);
-    if (run == MOH_PRECISION_BF16 && !m->fam->acts_set_bf16) {
-        snprintf(why, sizeof why, "the %s family computes in fp32 only", m->fam->short_name);
-        run = MOH_PRECISION_FP32;
-    }
+    const moh_precision run = precision_resolve(p, why, sizeof why);
     if (cap) snprintf(note, cap, "%s", p == MOH_PRECISION_BF16 && run != p ? why : "");
     const bool bf = run == MOH_PRECISION_BF16;
     if (bf && !w->wbf16.data) {
         const int rc = bf16_mirror_init(&w->wbf16, m->data, m->n, err);
         if (rc) return rc;
     }
-    for (int s = 0; m->fam->acts_set_bf16 && s < w->n; s++) {
-        const int rc = m->fam->acts_set_bf16(m->cfg, w->acts[s], bf ? &w->wbf16 : NULL, err);
+    for (int s = 0; s < w->n; s++) {
+        const int rc = attn_stack_set_weights_f32(w->acts[s], bf ? &w->wbf16 : NULL, err);
         if (rc) return rc;
     }
     if (!bf) bf16_mirror_free(&w->wbf16);
@@ -451,7 +447,7 @@ void model_shards_routed_share(const model *m, const model_shards *w, const moh_
             double f = 0.0, T = 0.0;
             for (int s = 0; s < w->n; s++) {
                 const long Ts = (long)w->count[s] * per;
-                const float *mask = m->fam->router(w->acts[s], l)->mask;
+                const float *mask = model_router(w->acts[s], l)->mask;
                 for (long t = 0; t < Ts; t++) f += mask[(size_t)t * E + i];
                 T += (double)Ts;
             }
@@ -517,7 +513,7 @@ int model_evaluate_split(const model *m, model_shards *w, batch_source *src, lon
             f->eval_add(m->cfg, w->acts[s], &b, w->first[s], w->count[s], r);
             const long Ts = (long)w->count[s] * per;
             for (int l = 0; l < L; l++) {
-                const float *g = f->router(w->acts[s], l)->gates;
+                const float *g = model_router(w->acts[s], l)->gates;
                 for (long t = 0; t < Ts; t++)
                     for (int i = 0; i < h; i++) r->head_share[(size_t)l * h + i] += g[t * h + i] != 0.0f;
             }

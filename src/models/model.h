@@ -17,6 +17,7 @@
 #include <stdio.h>
 
 #include "attn/attn.h"
+#include "attn/layer.h"
 #include "moh.h"
 #include "ops/bf16.h"
 #include "train/train_util.h"
@@ -265,14 +266,12 @@ struct model_family {
     void (*init_random)(const void *cfg, void *params, uint64_t seed);
     /* Activations: a family struct of acts_size bytes that acts_init fills for up to Bmax examples
      * of T tokens (text; ignored by images), attention on the head-sparse path when sparse
-     * (attn/layer.h) (model_acts_new); acts_release frees what it holds, not the struct. */
+     * (attn/layer.h) (model_acts_new); acts_release frees what it holds, not the struct. The
+     * struct begins with an attn_stack_f32 (attn/layer.h): its layers give every family's gates
+     * and load balance (model_router), its compute context the precision (model_shards). */
     size_t acts_size;
     int (*acts_init)(void *acts, const void *cfg, int Bmax, int T, bool sparse, moh_error *err);
     void (*acts_release)(void *acts);
-    /* Optional (NULL: the family computes in fp32 only): bf16 compute on acts with the bf16 copy
-     * w of the parameter buffer (the caller keeps it in sync with the weights), fp32 again with
-     * w == NULL. MOH_OK or MOH_E_NOMEM. */
-    int (*acts_set_bf16)(const void *cfg, void *acts, const bf16_mirror *w, moh_error *err);
     /* Forward of examples [first, first + count) of b: returns the training loss (ce + beta lb);
      * *ce, *lb get its parts. train = false: the plain loss of evaluation (no label smoothing). */
     double (*forward)(const void *cfg, const void *params, void *acts, const moh_batch *b, int first,
@@ -280,8 +279,6 @@ struct model_family {
     /* Backward after forward(train = true): ACCUMULATES into grads (a params_new struct). */
     void (*backward)(const void *cfg, const void *params, void *grads, void *acts, const moh_batch *b,
                      int first, int count);
-    /* Router activations of layer l after a forward (gates [tokens, h], mask, lb_loss). */
-    const attn_cache_f32 *(*router)(const void *acts, int l);
     /* Attention tokens per example of b (T for text, num_tokens for images). */
     int (*tokens_per_example)(const void *cfg, const moh_batch *b);
     /* Family defaults of the run's hyperparameters. */
@@ -373,6 +370,27 @@ typedef struct image_gen_request {
     void (*progress)(void *ctx, long done, long total); /* may be NULL */
     void *ctx;
 } image_gen_request;
+
+/* The members every family implements under the same static names in its <name>_family.c
+ * (describe, cfg_parse, cfg_json, num_layers, attn, tensors, params_init, params_release,
+ * init_random, acts_init, acts_release, forward, backward,
+ * tokens_per_example, train_defaults, open_data, eval_add, eval_finish, eval_json, eval_brief,
+ * eval_report): its table starts with MODEL_FAMILY_CORE(its params struct, its acts struct), then
+ * gives its names, values and optional members. */
+#define MODEL_FAMILY_CORE(params_t, acts_t)                                                                        \
+    .describe = describe, .config_parse = cfg_parse, .config_to_json = cfg_json, .num_layers = num_layers,         \
+    .attn = attn, .tensors = tensors, .params_size = sizeof(params_t), .params_init = params_init,                 \
+    .params_release = params_release, .init_random = init_random, .acts_size = sizeof(acts_t),                     \
+    .acts_init = acts_init, .acts_release = acts_release, .forward = forward, .backward = backward,                \
+    .tokens_per_example = tokens_per_example,                                                                      \
+    .train_defaults = train_defaults, .open_data = open_data, .eval_add = eval_add, .eval_finish = eval_finish,    \
+    .eval_json = eval_json, .eval_brief = eval_brief, .eval_report = eval_report
+
+/* Router activations (gates [tokens, h], mask, p, lb_loss) of layer l after a forward on acts (any
+ * family's: its attn_stack_f32), whichever attention path ran. */
+static inline const attn_cache_f32 *model_router(const void *acts, int l) {
+    return attn_stack_router_f32((const attn_stack_f32 *)acts, l);
+}
 
 /* The one adapter of every family's parameters and activations (params_size / params_init,
  * acts_size / acts_init above): a new struct *params with views over *data [*n] (zeroed), or *acts.
@@ -496,7 +514,8 @@ int model_shards_init(model_shards *w, const model *m, int batch, int T, int n, 
                       bool sparse, moh_error *err);
 void model_shards_free(model_shards *w, const model *m);
 /* Compute in precision p (default fp32). bf16 runs only when the CPU has AVX512-BF16 or AMX-BF16
- * and the family implements acts_set_bf16; otherwise fp32, and note[cap] says why (else "").
+ * (every family: its attn_stack takes the weights' bf16 copy); otherwise fp32, and note[cap] says
+ * why (else "").
  * w->precision gets what runs. MOH_OK or MOH_E_NOMEM. */
 int model_shards_set_precision(model_shards *w, const model *m, moh_precision p, char *note, size_t cap,
                                moh_error *err);

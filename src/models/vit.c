@@ -21,13 +21,6 @@
 #undef real
 #undef F
 
-const attn_cache_f32 *vit_router_cache_f32(const vit_acts_f32 *a, int l) { return attn_layer_router_f32(&a->attn[l]); }
-
-int vit_acts_set_bf16_f32(vit_acts_f32 *a, const moh_vit_config *cfg, const bf16_mirror *w, moh_error *err) {
-    int rc = be_ctx_set_weights(&a->cx, w, err);
-    for (int l = 0; !rc && l < a->n_attn; l++) rc = attn_layer_set_compute_f32(&a->attn[l], &cfg->attn, &a->cx, err);
-    return rc;
-}
 
 /* kind of initialisation of one tensor (vit_params_init_random) */
 enum { INIT_ZERO, INIT_ONE, INIT_TRUNC02, INIT_CLS, INIT_CONV };

@@ -86,14 +86,6 @@ char *moh_vit_config_to_json(const moh_vit_config *cfg);
 #undef real
 #undef F
 
-/* The router activations (gates [T, h], mask, lb_loss, ...) of layer l of the last forward,
- * from whichever attention path ran (reference or head-sparse). */
-const attn_cache_f32 *vit_router_cache_f32(const vit_acts_f32 *a, int l);
-/* bf16 compute on a (ops/bf16.h): with w (the bf16 copy of the parameter buffer, kept in sync by
- * the caller) patch embedding, MLP, head and the attention projections run bf16 GEMMs (fp32
- * accumulation), the head-sparse path also its bf16 tiles; LayerNorm, softmax, router and losses
- * stay fp32. w == NULL: fp32 again. MOH_OK or MOH_E_NOMEM. */
-int vit_acts_set_bf16_f32(vit_acts_f32 *a, const moh_vit_config *cfg, const bf16_mirror *w, moh_error *err);
 
 /* One named checkpoint tensor (timm state_dict name and shape): the model interface's type. */
 typedef model_tensor vit_tensor;

@@ -28,6 +28,8 @@ typedef struct F(vit_params) {
 
 /* Activations of one forward pass for up to Bmax images, kept for backward. */
 typedef struct F(vit_acts) {
+    F(attn_stack) attn;    /* first, for models/model.c: the attention layers (either path) and the
+                            * backend and precision of every op (attn/layer.h) */
     int B, Bmax;           /* images in the last forward; capacity */
     real *patches;         /* [B * Np, P] flattened patches (input of patch_embed) */
     real *resid;           /* [L + 1, BT, D]: input of each block, then the final residual */
@@ -41,12 +43,9 @@ typedef struct F(vit_acts) {
     real *fnorm, *fnorm_mean, *fnorm_rstd; /* [B, D], [B], [B]: norm / fc_norm of pooled */
     real *logits;          /* [B, K] */
     real *probs;           /* [B, K] softmax of logits (filled when labels are given) */
-    F(attn_layer) *attn;   /* [L] attention layers (either path; attn/layer.h), n_attn initialised */
-    int n_attn;
     real *dres, *dtmp;     /* [BT, D] each: backward scratch (dtmp also holds forward temps) */
     real *dff;             /* [2, BT, Hm] backward scratch: d act, d fc1 */
     real *dlogits, *dfnorm, *dpooled; /* [B, K], [B, D], [B, D] */
-    be_ctx cx;             /* the backend and precision the ops run on (backend.h; vit_acts_set_bf16_f32) */
     real ce_loss;          /* mean label-smoothed cross-entropy (nats) of the last forward */
     real lb_loss;          /* mean over routing layers of the load-balance loss (spec §2) */
     void *block;           /* the allocation behind the arrays above */

@@ -71,9 +71,6 @@ static int acts_init(void *a, const void *cfg, int Bmax, int T, bool sparse, moh
     return vit_acts_init_attn_f32(a, cfg, Bmax, sparse, err);
 }
 static void acts_release(void *a) { vit_acts_free_f32(a); }
-static int acts_set_bf16(const void *cfg, void *acts, const bf16_mirror *w, moh_error *err) {
-    return vit_acts_set_bf16_f32(acts, cfg, w, err);
-}
 
 static double forward(const void *cfg, const void *params, void *acts, const moh_batch *b, int first, int count,
                       bool train, double *ce, double *lb) {
@@ -96,7 +93,6 @@ static void backward(const void *cfg, const void *params, void *grads, void *act
                      int count) {
     vit_backward_f32(cfg, params, grads, acts, b->labels + first);
 }
-static const attn_cache_f32 *router(const void *acts, int l) { return vit_router_cache_f32(acts, l); }
 static int tokens_per_example(const void *cfg, const moh_batch *b) { return ((const moh_vit_config *)cfg)->num_tokens; }
 
 static void train_defaults(train_hparams *hp) {
@@ -311,39 +307,15 @@ static void image_norm(const void *cfg, int ch, double *mean, double *std) {
 }
 
 const model_family vit_family = {
+    MODEL_FAMILY_CORE(vit_params_f32, vit_acts_f32),
     .model_type = "vit",
     .task = "image-classification",
     .summary = "ViT image classifier (timm VisionTransformer layout)",
     .data_help = "a dir of MNIST-style IDX files: train-images-idx3-ubyte[.gz], train-labels-..., t10k-...",
     .config_size = sizeof(moh_vit_config),
-    .describe = describe,
-    .config_parse = cfg_parse,
-    .config_to_json = cfg_json,
-    .num_layers = num_layers,
-    .attn = attn,
-    .tensors = tensors,
-    .params_size = sizeof(vit_params_f32),
-    .params_init = params_init,
-    .params_release = params_release,
-    .init_random = init_random,
-    .acts_size = sizeof(vit_acts_f32),
-    .acts_init = acts_init,
-    .acts_release = acts_release,
-    .acts_set_bf16 = acts_set_bf16,
-    .forward = forward,
-    .backward = backward,
-    .router = router,
-    .tokens_per_example = tokens_per_example,
-    .train_defaults = train_defaults,
     .unused_keys = "seq_len val_fraction ema_decay",
-    .open_data = open_data,
-    .eval_add = eval_add,
-    .eval_finish = eval_finish,
-    .eval_json = eval_json,
-    .eval_brief = eval_brief,
     .metric_name = "test accuracy",
     .train_json = train_json,
-    .eval_report = eval_report,
     .dump_logits = dump_logits,
     .legacy_optimizer_format = "moh-vit-train-v1",
     .default_sparse = false,

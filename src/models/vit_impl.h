@@ -52,7 +52,6 @@ int F(vit_acts_init)(F(vit_acts) *a, const moh_vit_config *cfg, int Bmax, moh_er
 int F(vit_acts_init_attn)(F(vit_acts) *a, const moh_vit_config *cfg, int Bmax, bool sparse,
                           moh_error *err) {
     memset(a, 0, sizeof *a);
-    be_ctx_init(&a->cx, NULL);
     if (Bmax < 1) return moh_fail(err, MOH_E_ARG, "vit: batch size %d, expected >= 1", Bmax);
     const size_t L = (size_t)cfg->depth, B = (size_t)Bmax, BT = B * (size_t)cfg->num_tokens;
     const size_t D = (size_t)cfg->embed_dim, Hm = (size_t)cfg->mlp_hidden, K = (size_t)cfg->num_classes;
@@ -66,38 +65,25 @@ int F(vit_acts_init_attn)(F(vit_acts) *a, const moh_vit_config *cfg, int Bmax, b
                             L * BT, L * BT, L * BT * D, L * BT * D, L * BT, L * BT, L * BT * Hm,
                             L * BT * Hm, B * D, B * D, B, B, B * K, B * K, BT * D, BT * D,
                             2 * BT * Hm, B * K, B * D, B * D};
-    const size_t nf = sizeof sizes / sizeof sizes[0];
     size_t total = 0;
-    for (size_t i = 0; i < nf; i++) total += sizes[i];
-    a->block = malloc(total * sizeof(real));
-    a->attn = calloc(L, sizeof *a->attn);
-    if (!a->block || !a->attn) {
+    a->block = F(views_alloc)(fields, sizes, sizeof sizes / sizeof sizes[0], &total);
+    if (!a->block) {
         F(vit_acts_free)(a);
         return moh_fail(err, MOH_E_NOMEM, "vit: cannot allocate activations for batch %d (%zu MiB)",
                         Bmax, (total * sizeof(real)) >> 20);
     }
-    real *cur = a->block;
-    for (size_t i = 0; i < nf; i++) {
-        *fields[i] = cur;
-        cur += sizes[i];
-    }
-    for (size_t l = 0; l < L; l++) {
-        const int rc = F(attn_layer_init)(&a->attn[l], &cfg->attn, Bmax, cfg->num_tokens, sparse, err);
-        if (rc) {
-            F(vit_acts_free)(a);
-            return rc;
-        }
-        a->n_attn = (int)l + 1;
+    const int rc = F(attn_stack_init)(&a->attn, (int)L, &cfg->attn, false, Bmax, cfg->num_tokens, sparse, err);
+    if (rc) {
+        F(vit_acts_free)(a);
+        return rc;
     }
     a->Bmax = Bmax;
     return MOH_OK;
 }
 
 void F(vit_acts_free)(F(vit_acts) *a) {
-    for (int l = 0; l < a->n_attn; l++) F(attn_layer_free)(&a->attn[l]);
-    free(a->attn);
+    F(attn_stack_free)(&a->attn); /* the layers, then the compute context they borrow */
     free(a->block);
-    be_ctx_release(&a->cx); /* after the attention layers that borrow it */
     memset(a, 0, sizeof *a);
 }
 
@@ -135,7 +121,7 @@ real F(vit_forward)(const moh_vit_config *cfg, const F(vit_params) *p, F(vit_act
     a->B = B;
     /* patch embedding (into dtmp as [B Np, D]), class token, position embedding */
     F(vit_patchify)(cfg, a->patches, images, B);
-    F(be_linear_forward)(&a->cx, a->dtmp, a->patches, p->pe_w, p->pe_b, B * Np, cfg->patch_dim, D);
+    F(be_linear_forward)(&a->attn.cx, a->dtmp, a->patches, p->pe_w, p->pe_b, B * Np, cfg->patch_dim, D);
 #pragma omp parallel for if (nD >= 65536) schedule(static)
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < Ntok; t++) {
@@ -155,17 +141,17 @@ real F(vit_forward)(const moh_vit_config *cfg, const F(vit_params) *p, F(vit_act
         real *fc1 = a->fc1 + (size_t)l * nH, *act = a->act + (size_t)l * nH;
         F(layernorm_forward)(ln1, a->ln1_mean + (size_t)l * BT, a->ln1_rstd + (size_t)l * BT, x,
                              b->ln1_w, b->ln1_b, BT, D, eps);
-        F(attn_layer_forward)(&a->attn[l], &cfg->attn, &b->attn, ln1, B, Ntok, ao);
+        F(attn_layer_forward)(&a->attn.layer[l], &cfg->attn, &b->attn, ln1, B, Ntok, ao);
         if (attn_routed_heads(&cfg->attn) > 0 && cfg->attn.top_k > 0) {
-            lb += F(attn_layer_router)(&a->attn[l])->lb_loss;
+            lb += F(attn_layer_router)(&a->attn.layer[l])->lb_loss;
             routing++;
         }
         F(vit_add)(mid, x, ao, nD);
         F(layernorm_forward)(ln2, a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT, mid,
                              b->ln2_w, b->ln2_b, BT, D, eps);
-        F(be_linear_forward)(&a->cx, fc1, ln2, b->fc1_w, b->fc1_b, BT, D, Hm);
+        F(be_linear_forward)(&a->attn.cx, fc1, ln2, b->fc1_w, b->fc1_b, BT, D, Hm);
         F(gelu_erf_forward)(act, fc1, (long)nH);
-        F(be_linear_forward)(&a->cx, a->dtmp, act, b->fc2_w, b->fc2_b, BT, Hm, D); /* dtmp: MLP output */
+        F(be_linear_forward)(&a->attn.cx, a->dtmp, act, b->fc2_w, b->fc2_b, BT, Hm, D); /* dtmp: MLP output */
         F(vit_add)(xo, mid, a->dtmp, nD);
     }
     a->lb_loss = routing ? (real)(lb / routing) : 0;
@@ -186,7 +172,7 @@ real F(vit_forward)(const moh_vit_config *cfg, const F(vit_params) *p, F(vit_act
         for (int c = 0; c < D; c++) pb[c] /= (real)Np;
     }
     F(layernorm_forward)(a->fnorm, a->fnorm_mean, a->fnorm_rstd, a->pooled, p->norm_w, p->norm_b, B, D, eps);
-    F(be_linear_forward)(&a->cx, a->logits, a->fnorm, p->head_w, p->head_b, B, D, K);
+    F(be_linear_forward)(&a->attn.cx, a->logits, a->fnorm, p->head_w, p->head_b, B, D, K);
     if (!labels) {
         a->ce_loss = 0;
         return 0;
@@ -209,7 +195,7 @@ void F(vit_backward)(const moh_vit_config *cfg, const F(vit_params) *p, const F(
     memset(a->dlogits, 0, sizeof(real) * (size_t)B * K);
     F(cross_entropy_backward)(a->dlogits, a->probs, labels, B, K, (real)cfg->label_smoothing, 1);
     memset(a->dfnorm, 0, sizeof(real) * (size_t)B * D);
-    F(be_linear_backward)(&a->cx, a->dfnorm, 1, g->head_w, g->head_b, a->dlogits, a->fnorm, p->head_w, B, D, K);
+    F(be_linear_backward)(&a->attn.cx, a->dfnorm, 1, g->head_w, g->head_b, a->dlogits, a->fnorm, p->head_w, B, D, K);
     memset(a->dpooled, 0, sizeof(real) * (size_t)B * D);
     F(layernorm_backward)(a->dpooled, g->norm_w, g->norm_b, a->dfnorm, a->pooled, p->norm_w,
                           a->fnorm_mean, a->fnorm_rstd, B, D);
@@ -231,15 +217,15 @@ void F(vit_backward)(const moh_vit_config *cfg, const F(vit_params) *p, const F(
         /* MLP branch of x_{l+1} = mid + fc2(gelu(fc1(norm2(mid)))) */
         real *dact = dff, *dfc1 = dff + nH;
         memset(dff, 0, sizeof(real) * 2 * nH);
-        F(be_linear_backward)(&a->cx, dact, 1, gb->fc2_w, gb->fc2_b, dres, a->act + (size_t)l * nH, b->fc2_w, BT, Hm, D);
+        F(be_linear_backward)(&a->attn.cx, dact, 1, gb->fc2_w, gb->fc2_b, dres, a->act + (size_t)l * nH, b->fc2_w, BT, Hm, D);
         F(gelu_erf_backward)(dfc1, dact, a->fc1 + (size_t)l * nH, (long)nH);
         memset(dtmp, 0, sizeof(real) * nD);
-        F(be_linear_backward)(&a->cx, dtmp, 1, gb->fc1_w, gb->fc1_b, dfc1, a->ln2 + (size_t)l * nD, b->fc1_w, BT, D, Hm);
+        F(be_linear_backward)(&a->attn.cx, dtmp, 1, gb->fc1_w, gb->fc1_b, dfc1, a->ln2 + (size_t)l * nD, b->fc1_w, BT, D, Hm);
         F(layernorm_backward)(dres, gb->ln2_w, gb->ln2_b, dtmp, a->mid + (size_t)l * nD, b->ln2_w,
                               a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT, BT, D);
         /* attention branch of mid = x_l + attn(norm1(x_l)) */
         memset(dtmp, 0, sizeof(real) * nD);
-        F(attn_layer_backward)(&a->attn[l], &cfg->attn, &b->attn, &gb->attn, dres, lb_scale, dtmp);
+        F(attn_layer_backward)(&a->attn.layer[l], &cfg->attn, &b->attn, &gb->attn, dres, lb_scale, dtmp);
         F(layernorm_backward)(dres, gb->ln1_w, gb->ln1_b, dtmp, a->resid + (size_t)l * nD, b->ln1_w,
                               a->ln1_mean + (size_t)l * BT, a->ln1_rstd + (size_t)l * BT, BT, D);
     }
@@ -260,5 +246,5 @@ void F(vit_backward)(const moh_vit_config *cfg, const F(vit_params) *p, const F(
     }
     for (int bb = 0; bb < B; bb++) /* gather the patch rows: dtmp = d pe [B Np, D] */
         memcpy(dtmp + (size_t)bb * Np * D, dres + ((size_t)bb * Ntok + pre) * D, sizeof(real) * (size_t)Np * D);
-    F(be_linear_backward)(&a->cx, NULL, 1, g->pe_w, g->pe_b, dtmp, a->patches, p->pe_w, B * Np, cfg->patch_dim, D);
+    F(be_linear_backward)(&a->attn.cx, NULL, 1, g->pe_w, g->pe_b, dtmp, a->patches, p->pe_w, B * Np, cfg->patch_dim, D);
 }

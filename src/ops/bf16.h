@@ -103,7 +103,7 @@ void linear_forward_ctx_f64(bf16_ctx *c, double *out, const double *inp, const d
 void linear_backward_ctx_f64(bf16_ctx *c, double *dinp, double *dw, double *db, const double *dout,
                              const double *inp, const double *w, int M, int I, int O);
 /* Points *c at the weights w: w == NULL frees *c (fp32 again, *c = NULL); else *c is made (NULL
- * before) or re-pointed at w. For a model's acts_set_bf16. MOH_OK or MOH_E_NOMEM. */
+ * before) or re-pointed at w. For a backend compute context (backend/cpu.c). MOH_OK or MOH_E_NOMEM. */
 int bf16_ctx_use(bf16_ctx **c, const bf16_mirror *w, moh_error *err);
 /* The same with dinp = dout w + beta dinp (beta 0: written, no zeroing pass first). dout is
  * rounded to bf16 once for both products. */

@@ -4,6 +4,11 @@
  * Conventions: row-major; M = number of rows (tokens); backward functions ACCUMULATE (+=) into
  * every gradient they write (dinp, dweight, dbias); any gradient pointer may be NULL to skip it. */
 
+/* One allocation with views (llm.c's habit): a block of sum(sizes[0..n)) values (*total gets it),
+ * *fields[i] pointed at its i-th part in order. Returns the block (the caller frees it), or NULL
+ * when malloc fails (fields untouched). */
+real *F(views_alloc)(real **const *fields, const size_t *sizes, size_t n, size_t *total);
+
 /* out[M,O] = inp[M,I] @ w[O,I]^T + b[O] (b may be NULL). PyTorch nn.Linear. */
 void F(linear_forward)(real *out, const real *inp, const real *w, const real *b, int M, int I, int O);
 void F(linear_backward)(real *dinp, real *dw, real *db, const real *dout, const real *inp,

@@ -34,6 +34,17 @@ static inline real F(r_pow)(real x, real y) { return sizeof(real) == sizeof(floa
 
 /* ---------------------------------------------------------------------------------------------- */
 
+real *F(views_alloc)(real **const *fields, const size_t *sizes, size_t n, size_t *total) {
+    *total = 0;
+    for (size_t i = 0; i < n; i++) *total += sizes[i];
+    real *block = malloc((*total ? *total : 1) * sizeof(real)), *cur = block;
+    for (size_t i = 0; block && i < n; i++) {
+        *fields[i] = cur;
+        cur += sizes[i];
+    }
+    return block;
+}
+
 void F(linear_forward)(real *out, const real *inp, const real *w, const real *b, int M, int I, int O) {
     F(gemm)(false, true, M, O, I, (real)1, inp, I, w, I, (real)0, out, O);
     if (!b) return;
