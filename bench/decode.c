@@ -170,7 +170,7 @@ int bench_decode(int argc, char **argv) {
     if (a.threads > 0) omp_set_num_threads(a.threads);
     bool prec[2] = {strcmp(a.precision, "bf16") != 0, strcmp(a.precision, "fp32") != 0}; /* fp32, bf16 */
     char why[160];
-    if (prec[1] && lm_decode_precision(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16) {
+    if (prec[1] && attn_decode_precision(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16) {
         fprintf(stderr, "moh bench decode: --precision %s runs fp32 only: %s\n", a.precision, why);
         prec[0] = true;
         prec[1] = false;
@@ -265,7 +265,7 @@ int bench_decode(int argc, char **argv) {
                 if (prec[g / 3]) {
                     bd_run *r = &runs[g];
                     if (g % 3 == 0) status = lm_kv_calibrate(&r->kv, &r->cfg, &r->p, &err);
-                    else lm_kv_copy_split(&r->kv, &runs[g - g % 3].kv);
+                    else attn_decode_copy_split(&r->kv.dc, &runs[g - g % 3].kv.dc);
                 }
             for (int i = 0; i < nrun && !status; i++) status = bd_steps(&runs[order[i]], ctx, a.tokens < 4 ? a.tokens : 4, &err);
             for (int g = 0; g < 6; g++) {
@@ -317,7 +317,7 @@ int bench_decode(int argc, char **argv) {
                         printf(", \"phases_ms_per_token\": {");
                         for (int j = 0; j < LM_NPHASE; j++)
                             printf("%s\"%s\": %.5f", j ? ", " : "", lm_phase_name(j), r->kv.phase_s[j] * per_tok);
-                        printf("}, \"par_work\": %ld, \"team_start_us\": %.2f", r->kv.par_work, r->kv.team_s * 1e6);
+                        printf("}, \"par_work\": %ld, \"team_start_us\": %.2f", r->kv.dc.par_work, r->kv.dc.team_s * 1e6);
                     }
                     printf("}");
                     first = false;
@@ -332,7 +332,7 @@ int bench_decode(int argc, char **argv) {
                         printf("       phases ms/token (mean):");
                         for (int j = 0; j < LM_NPHASE; j++) printf(" %s %.3f", lm_phase_name(j), r->kv.phase_s[j] * per_tok);
                         char split[160];
-                        lm_kv_describe_split(&r->kv, split, sizeof split);
+                        attn_decode_describe_split(&r->kv.dc, split, sizeof split);
                         printf("\n       %s\n", split);
                     }
                 }

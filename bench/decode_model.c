@@ -166,11 +166,11 @@ static void bdm_phases(const bdm_run *r, int c, int repeats, int tokens, bool js
         printf("}, \"phases_decode_ms_per_token\": {");
         for (int i = 0; i < LM_NPHASE; i++)
             printf("%s\"%s\": %.5f", i ? ", " : "", lm_phase_name(i), r->phd[c][i] * 1e3 / repeats / tokens);
-        printf("}, \"par_work\": %ld, \"team_start_us\": %.2f", r->kv.par_work, r->kv.team_s * 1e6);
+        printf("}, \"par_work\": %ld, \"team_start_us\": %.2f", r->kv.dc.par_work, r->kv.dc.team_s * 1e6);
         return;
     }
     char split[160];
-    lm_kv_describe_split(&r->kv, split, sizeof split);
+    attn_decode_describe_split(&r->kv.dc, split, sizeof split);
     printf("  decode %s\n", split);
     printf("  %-10s %14s %7s %16s %7s\n", "phase", "prefill ms", "share", "decode ms/token", "share");
     for (int i = 0; i < LM_NPHASE; i++)
@@ -197,7 +197,7 @@ int bench_decode_models(const bdm_opts *o) {
     for (int i = 0; i < nr && !status; i++) { /* one team split per precision for models of the first's width */
         bdm_run *r = &runs[i], *first = &runs[i % npr];
         if (i < npr) status = lm_kv_calibrate(&r->kv, r->cfg, r->p, &err);
-        else if (r->cfg->hidden_size == first->cfg->hidden_size) lm_kv_copy_split(&r->kv, &first->kv);
+        else if (r->cfg->hidden_size == first->cfg->hidden_size) attn_decode_copy_split(&r->kv.dc, &first->kv.dc);
     }
     for (int i = 0; i < nr && !status; i++) { /* warm-up: kernels, page faults */
         double a, b;
@@ -240,7 +240,7 @@ int bench_decode_models(const bdm_opts *o) {
         }
         if (o->bf16) {
             char d[256];
-            lm_kv_describe(&runs[npr - 1].kv, d, sizeof d);
+            attn_decode_describe(&runs[npr - 1].kv.dc, d, sizeof d);
             printf("  bf16 rows: %s; prefill: oneDNN bf16 matmul and bf16 attention tiles\n", d);
         }
         printf("%-4s %-5s %6s %26s %26s %9s %7s", "", "prec", "prompt", "prefill tok/s med (min-max)",

@@ -61,7 +61,7 @@ int cli_device(const char *cmd, const char *value, const char *model_type, const
 moh_precision cli_precision_run(const char *cmd, const char *value);
 /* Whether KV-cache decoding (moh sample, moh chat) runs bf16 for --precision value: false for
  * fp32, and with one line on stderr ("moh CMD: --precision bf16: decoding runs fp32 (WHY)") on a
- * CPU that cannot (lm_decode_precision). */
+ * CPU that cannot (attn_decode_precision). */
 bool cli_decode_bf16(const char *cmd, const char *value);
 /* false, with "moh CMD: OPT OUT would overwrite ..., an input of this command: ..." on stderr, when
  * output path out (NULL: true) is one of inputs[n] or a file moh reads in an input folder

@@ -191,7 +191,7 @@ int cmd_chat(int argc, char **argv) {
     have_kv = true;
     if (bf16) {
         char d[160];
-        lm_kv_describe(&kv, d, sizeof d);
+        attn_decode_describe(&kv.dc, d, sizeof d);
         fprintf(stderr, "moh chat: %s\n", d);
     }
     const bool tty = isatty(0) && isatty(2), echo = !isatty(0) && isatty(1);

@@ -173,7 +173,7 @@ int cmd_sample(int argc, char **argv) {
     }
     if (bf16) {
         char d[160];
-        lm_kv_describe(&kv, d, sizeof d);
+        attn_decode_describe(&kv.dc, d, sizeof d);
         fprintf(stderr, "moh sample: %s\n", d);
     }
     fputs(prompt, stdout);

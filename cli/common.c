@@ -215,7 +215,7 @@ bool cli_precision_bf16(const char *value) { return value && !strcmp(value, "bf1
 bool cli_decode_bf16(const char *cmd, const char *value) {
     if (!cli_precision_bf16(value)) return false;
     char why[160];
-    if (lm_decode_precision(MOH_PRECISION_BF16, why, sizeof why) == MOH_PRECISION_BF16) return true;
+    if (attn_decode_precision(MOH_PRECISION_BF16, why, sizeof why) == MOH_PRECISION_BF16) return true;
     fprintf(stderr, "moh %s: --precision bf16: decoding runs fp32 (%s)\n", cmd, why);
     return false;
 }

@@ -137,12 +137,12 @@ static void model_check(test_ctx *ctx, const model_case *mc, sparse_bf16_isa isa
     CHECK(ctx, lm_kv_init_bf16(&k16, &c, &p, T, &err) == MOH_OK, "%s", err.msg);
     CHECK(ctx, lm_kv_init_bf16(&k16p, &c, &p, T, &err) == MOH_OK, "%s", err.msg);
     CHECK(ctx, lm_kv_init_bf16(&k16t, &c, &p, T, &err) == MOH_OK, "%s", err.msg);
-    k16.par_work = LONG_MAX; /* every product on this thread; k16t: every product on the team */
-    k16t.par_work = 1;
+    k16.dc.par_work = LONG_MAX; /* every product on this thread; k16t: every product on the team */
+    k16t.dc.par_work = 1;
     CHECK(ctx, lm_prefill_init(&ws, &c, n0, &err) == MOH_OK, "%s", err.msg);
     CHECK(ctx, lm_prefill_set_bf16(&ws, &c, &k16p, &err) == MOH_OK, "%s", err.msg);
-    CHECK(ctx, k16.bf16 && !k16.k && k16.kb && !k32.bf16, "%s: cache precision flags", mc->name);
-    k16.isa = k16p.isa = k16t.isa = isa;
+    CHECK(ctx, k16.dc.bf16 && !k16.dc.k && k16.dc.kb && !k32.dc.bf16, "%s: cache precision flags", mc->name);
+    k16.dc.isa = k16p.dc.isa = k16t.dc.isa = isa;
     int tok[37];
     test_rng rng = {1234};
     for (int t = 0; t < T; t++) tok[t] = (int)(test_rng_u64(&rng) % V);
@@ -169,10 +169,10 @@ static void model_check(test_ctx *ctx, const model_case *mc, sparse_bf16_isa isa
         compared++;
     }
     /* bf16 prefill of tok[0..n0) (into a used cache: prefill empties it), then decoding; the
-     * prefill's last-layer gates are in ws.sc.rc.gates [n0, h] */
+     * prefill's last-layer gates are attn_layer_router_f32(&ws.layer)->gates [n0, h] */
     CHECK(ctx, lm_decode_step(&c, &p, &k16p, tok[5], lp, &err) == MOH_OK, "%s", err.msg);
     CHECK(ctx, lm_prefill(&c, &p, &k16p, &ws, tok, n0, lp, &err) == MOH_OK, "%s", err.msg);
-    if (!routed || selected(ws.sc.rc.gates + (size_t)(n0 - 1) * mc->h, mc->h) == sel32[n0 - 1])
+    if (!routed || selected(attn_layer_router_f32(&ws.layer)->gates + (size_t)(n0 - 1) * mc->h, mc->h) == sel32[n0 - 1])
         wpre = test_rel_err_f32(lp, a.logits + (size_t)(n0 - 1) * V, V);
     for (int t = n0; t < T; t++) {
         CHECK(ctx, lm_decode_step(&c, &p, &k16p, tok[t], lp, &err) == MOH_OK, "%s", err.msg);

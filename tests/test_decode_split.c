@@ -1,4 +1,4 @@
-/* The decode team split (lm_kv_cache.par_work) never changes a bit: every product on the OpenMP team
+/* The decode team split (attn_decode.par_work) never changes a bit: every product on the OpenMP team
  * (par_work = 1), every product on the calling thread (LONG_MAX) and the calibrated split give the
  * same logits at every step, in fp32 and bf16 with each kernel set this CPU has, on shapes the other
  * decode tests do not reach: head_dim 6 .. 160 (runs of q/k/v rows shorter and longer than the
@@ -61,14 +61,14 @@ static void one(test_ctx *ctx, const split_case *s, int prec, int isa) {
         CHECK(ctx, lm_kv_init_bf16(&k1, &c, &p, T, &err) == MOH_OK, "%s", err.msg);
         CHECK(ctx, lm_kv_init_bf16(&kt, &c, &p, T, &err) == MOH_OK, "%s", err.msg);
         CHECK(ctx, lm_kv_init_bf16(&kc, &c, &p, T, &err) == MOH_OK, "%s", err.msg);
-        k1.isa = kt.isa = kc.isa = (sparse_bf16_isa)isa;
+        k1.dc.isa = kt.dc.isa = kc.dc.isa = (sparse_bf16_isa)isa;
     } else {
         CHECK(ctx, lm_kv_init(&k1, &c, T, &err) == MOH_OK, "%s", err.msg);
         CHECK(ctx, lm_kv_init(&kt, &c, T, &err) == MOH_OK, "%s", err.msg);
         CHECK(ctx, lm_kv_init(&kc, &c, T, &err) == MOH_OK, "%s", err.msg);
     }
-    k1.par_work = LONG_MAX;
-    kt.par_work = 1;
+    k1.dc.par_work = LONG_MAX;
+    kt.dc.par_work = 1;
     int tok[33];
     test_rng rng = {4321};
     for (int t = 0; t < T; t++) tok[t] = (int)(test_rng_u64(&rng) % 97);
@@ -91,7 +91,7 @@ static void one(test_ctx *ctx, const split_case *s, int prec, int isa) {
     if (!prec) CHECK(ctx, worst < 1e-4, "%s: fp32 decode vs the forward: rel err %.3g", s->name, worst);
     printf("  %-16s %s %-16s: %d of %d steps differ; vs forward %.2e; calibrated split from %ld\n", s->name,
            prec ? "bf16" : "fp32", prec ? sparse_bf16_isa_name((sparse_bf16_isa)isa) : "", differ, 2 * T, worst,
-           kc.par_work);
+           kc.dc.par_work);
     lm_kv_free(&k1);
     lm_kv_free(&kt);
     lm_kv_free(&kc);

@@ -48,8 +48,8 @@ static void run(test_ctx *ctx, const char *name, moh_router router, int hkv, boo
     /* every product on this thread here, every product on the OpenMP team in kv3: the same bits */
     lm_kv_cache kv3;
     CHECK(ctx, lm_kv_init(&kv3, &c, T, &err) == MOH_OK, "%s", err.msg);
-    kv.par_work = LONG_MAX;
-    kv3.par_work = 1;
+    kv.dc.par_work = LONG_MAX;
+    kv3.dc.par_work = 1;
     float *serial = malloc(sizeof(float) * (size_t)T * 256);
     CHECK(ctx, serial != NULL, "out of memory");
     for (int t = 0; t < T; t++) {
@@ -77,9 +77,9 @@ static void run(test_ctx *ctx, const char *name, moh_router router, int hkv, boo
     CHECK(ctx, lm_kv_init(&kv2, &c, T, &err) == MOH_OK, "%s", err.msg);
     CHECK(ctx, lm_prefill_init(&ws, &c, n0, &err) == MOH_OK, "%s", err.msg);
     CHECK(ctx, lm_decode_step(&c, &p, &kv2, tok[0], logits, &err) == MOH_OK, "%s", err.msg); /* emptied by prefill */
-    CHECK(ctx, kv2.par_work > 0 && kv2.team_s > 0 && kv2.mac_s > 0 && kv2.team_size >= 1,
+    CHECK(ctx, kv2.dc.par_work > 0 && kv2.dc.team_s > 0 && kv2.dc.mac_s > 0 && kv2.dc.team_size >= 1,
           "%s: the first step did not calibrate the team split (par_work %ld, team %.3g s, %.3g s/MAC, %d threads)", name,
-          kv2.par_work, kv2.team_s, kv2.mac_s, kv2.team_size);
+          kv2.dc.par_work, kv2.dc.team_s, kv2.dc.mac_s, kv2.dc.team_size);
     /* called where its regions get one thread (inside a parallel region, nesting off): no split,
      * whatever omp_get_max_threads() says */
     lm_kv_cache kv4;
@@ -93,9 +93,9 @@ static void run(test_ctx *ctx, const char *name, moh_router router, int hkv, boo
         rc4 = lm_kv_calibrate(&kv4, &c, &p, &err);
     }
     CHECK(ctx, rc4 == MOH_OK, "%s: calibrate: %s", name, err.msg);
-    CHECK(ctx, kv4.team_size == 1 && kv4.par_work >= (long)1e15,
+    CHECK(ctx, kv4.dc.team_size == 1 && kv4.dc.par_work >= (long)1e15,
           "%s: a team of %d thread(s) split from %ld multiply-adds (want never: one thread saves nothing)", name,
-          kv4.team_size, kv4.par_work);
+          kv4.dc.team_size, kv4.dc.par_work);
     lm_kv_free(&kv4);
     CHECK(ctx, lm_prefill(&c, &p, &kv2, &ws, tok, n0, logits, &err) == MOH_OK, "%s", err.msg);
     double pworst = test_rel_err_f32(logits, a.logits + (size_t)(n0 - 1) * 256, 256);
@@ -105,8 +105,8 @@ static void run(test_ctx *ctx, const char *name, moh_router router, int hkv, boo
     for (int l = 0; l < c.num_hidden_layers; l++)
         for (int g = 0; g < c.num_key_value_heads; g++) {
             const size_t off = ((size_t)l * T * kvd) + (size_t)g * T * c.head_dim, len = (size_t)n0 * c.head_dim;
-            const double ek = test_rel_err_f32(kv2.k + off, kv.k + off, (long)len);
-            const double ev = test_rel_err_f32(kv2.v + off, kv.v + off, (long)len);
+            const double ek = test_rel_err_f32(kv2.dc.k + off, kv.dc.k + off, (long)len);
+            const double ev = test_rel_err_f32(kv2.dc.v + off, kv.dc.v + off, (long)len);
             cworst = ek > cworst ? ek : cworst;
             cworst = ev > cworst ? ev : cworst;
         }

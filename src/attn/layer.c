@@ -67,6 +67,19 @@ void attn_layer_backward_f64(attn_layer_f64 *L, const moh_attn_config *cfg, cons
 const attn_cache_f32 *attn_layer_router_f32(const attn_layer_f32 *L) { return L->sp ? &L->sp->rc : &L->ref; }
 const attn_cache_f64 *attn_layer_router_f64(const attn_layer_f64 *L) { return &L->ref; }
 
+bool attn_layer_kv_f32(const attn_layer_f32 *L, const moh_attn_config *cfg, int g, int N, const float **k,
+                       const float **v) {
+    if (!L->sp) return false;
+    const size_t off = (size_t)g * N * cfg->head_dim;
+    *k = L->sp->kh + off;
+    *v = L->sp->vh + off;
+    return true;
+}
+
+long attn_layer_pairs_f32(const attn_layer_f32 *L, const moh_attn_config *cfg) {
+    return L->sp ? sparse_pairs(cfg, L->sp) : (long)L->ref.B * L->ref.N * cfg->n_heads;
+}
+
 int attn_layer_set_compute_f32(attn_layer_f32 *L, const moh_attn_config *cfg, const be_ctx *cx, moh_error *err) {
     bf16_ctx *ctx = be_cpu_bf16(cx);
     if (L->sp) return sparse_cache_set_bf16(L->sp, cfg, ctx, err);

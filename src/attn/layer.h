@@ -52,6 +52,15 @@ void attn_layer_backward_f64(attn_layer_f64 *L, const moh_attn_config *cfg, cons
 const attn_cache_f32 *attn_layer_router_f32(const attn_layer_f32 *L);
 const attn_cache_f64 *attn_layer_router_f64(const attn_layer_f64 *L);
 
+/* Keys (after RoPE) and values of KV head g from the last forward of one sequence (B = 1) of N
+ * tokens: [N, head_dim] rows each, valid until the next forward. Head-sparse path only (it keeps
+ * them head-major); false on the reference path. For prefilling a KV cache. */
+bool attn_layer_kv_f32(const attn_layer_f32 *L, const moh_attn_config *cfg, int g, int N, const float **k,
+                       const float **v);
+/* (token, head) pairs the last forward computed: the selected ones on the head-sparse path, every
+ * one (T h) on the reference path. */
+long attn_layer_pairs_f32(const attn_layer_f32 *L, const moh_attn_config *cfg);
+
 /* Compute as cx says (backend.h; borrowed until the next call or free): in bf16, the dense
  * projections as bf16 GEMMs on either path, and on the head-sparse path the attention tiles in
  * bf16 where the CPU has AVX512-BF16 or AMX-BF16 (sparse_cache_set_bf16); fp32 otherwise.

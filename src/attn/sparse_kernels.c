@@ -955,7 +955,7 @@ SP_AVX512BW static void decode_avx(const float *q, const float *K, const float *
 #if SP_X86
 /* ------------------------------------------------------------------------------------------------
  * Decode on AVX2 + FMA (CPUs without AVX-512: the portable loops' float sums are one serial chain
- * each, ~1 GMAC/s). fp32 only: without AVX-512 decoding runs fp32 (lm_decode_precision).
+ * each, ~1 GMAC/s). fp32 only: without AVX-512 decoding runs fp32 (attn_decode_precision).
  * ---------------------------------------------------------------------------------------------- */
 /* d <= 8 NV (NV = 4 or 8): scores 8 keys per reduction tree, exp2 over vectors, the weighted sum
  * of V rows into NA interleaved accumulator sets (keys j mod NA; NA = 2 for NV 4, 1 for NV 8),

@@ -1,21 +1,21 @@
 /* KV-cache decoding of the decoder LM, one token at a time (float32, or bf16 weights and cache).
  * Per token and layer, K and V are appended for every KV head; for the heads the token's router
  * does not select (gate == 0) there is no q (learned router), no attention and no W_O term: the
- * skipped heads cost nothing (spec §10: what may be skipped). Selected heads run as tasks
- * (sparse_decode_attend_f32 / _bf16); each product goes to the OpenMP team only when it is worth
- * waking it (lm_kv_calibrate). A prompt can instead be encoded in one batched pass
- * (lm_prefill, head-sparse attention) that leaves the same cache.
+ * skipped heads cost nothing (spec §10: what may be skipped). The per-token products, the KV
+ * store and the attention are the attention layer's decode side (attn/decode.h); each product goes
+ * to the OpenMP team only when it is worth waking it (lm_kv_calibrate). A prompt can instead be
+ * encoded in one batched pass (lm_prefill, the head-sparse attention layer) that leaves the same
+ * cache.
  *
  * bf16 (lm_kv_init_bf16): the cache owns a bf16 copy of the parameter buffer, made once at init,
  * and keeps K and V in bf16; every matrix-vector product (q/k/v, W_O, MLP, LM head) and the
- * attention read bf16 and accumulate in fp32 (sparse.h: vdpbf16ps, or widened to fp32 on an
- * AVX-512 CPU without AVX512-BF16); embedding, RMSNorm, router, RoPE, softmax, SwiGLU and the
- * residual stream stay fp32. Decode reads about half the bytes per token. */
+ * attention read bf16 and accumulate in fp32; embedding, RMSNorm, router, RoPE, softmax, SwiGLU
+ * and the residual stream stay fp32. Decode reads about half the bytes per token. */
 #ifndef MOH_LM_DECODE_H
 #define MOH_LM_DECODE_H
-#include "attn/sparse.h"
+#include "attn/decode.h"
+#include "attn/layer.h"
 #include "models/lm.h"
-#include "ops/bf16.h"
 
 /* Phases of decode steps and prefills, timed into lm_kv_cache.phase_s (wall seconds,
  * accumulated; zero them to restart). */
@@ -34,29 +34,13 @@ const char *lm_phase_name(int i);
 typedef struct lm_kv_cache {
     int max_T;             /* capacity in tokens */
     int pos;               /* tokens already in the cache = position of the next token */
-    float *k, *v;          /* fp32: [L, h_kv, max_T, d] (head-major), keys after RoPE; bf16: NULL */
-    /* bf16 (lm_kv_init_bf16; else false / NULL). Tp = max_T rounded up to even. */
-    bool bf16;
-    uint16_t *kb;          /* [L, h_kv, Tp, d] keys after RoPE, bf16 */
-    uint16_t *vb;          /* [L, h_kv, Tp / 2, d, 2] values, bf16, positions 2t and 2t + 1 interleaved */
-    bf16_mirror w16;       /* bf16 copy of the parameter buffer given at init (owned) */
-    uint16_t *xb;          /* [max(C, h d, I)] the input of the current product in bf16 (vdpbf16ps) */
-    sparse_bf16_isa isa;   /* kernels (sparse_bf16_isa_detect at init; tests may lower it) */
+    attn_decode dc;        /* K and V of the L h_kv heads (head l h_kv + g), the products, the team split */
     attn_cache_f32 router; /* router scratch for one token (B = N = 1) */
     bool have_router;
     float *x, *xn, *qkv, *og, *tmp, *gate, *up, *scores;
     int *task;             /* [h + 2 h_kv]: the selected heads of the current token, then q/k/v tasks */
-    int *ranges;           /* row ranges (r0, r1) of the q/k/v tasks (inside task's allocation) */
     long heads_run, heads_total; /* (token, layer, head) attention rows computed / possible */
     double phase_s[LM_NPHASE];   /* wall seconds per phase (LM_PH_*), accumulated */
-    /* Team split (lm_kv_calibrate; 0 until the first decode step): a product of at least par_work
-     * multiply-adds (attention: DECODE_ATTN_WORK = 4 per head, key and element) runs on the OpenMP
-     * team, a smaller one on the calling thread (never when the calibration's team was one thread).
-     * team_s: seconds to start and join the team (median of empty regions); mac_s: seconds per
-     * multiply-add of a matrix-vector product on one thread. */
-    long par_work;
-    double team_s, mac_s;
-    int team_size;               /* threads that ran the calibration's regions (the n of the split) */
     void *block;
 } lm_kv_cache;
 
@@ -64,7 +48,7 @@ typedef struct lm_kv_cache {
 int lm_kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, int max_T, moh_error *err);
 /* A bf16 cache for up to max_T tokens decoding the parameters p (their bf16 copy is made here,
  * once; p must stay unchanged and be the p given to every lm_decode_step / lm_prefill on this
- * cache). Works on any CPU (portable kernels without AVX-512; lm_decode_precision says whether it
+ * cache). Works on any CPU (portable kernels without AVX-512; attn_decode_precision says whether it
  * pays). MOH_OK, MOH_E_NOMEM. */
 int lm_kv_init_bf16(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, int max_T, moh_error *err);
 void lm_kv_free(lm_kv_cache *kv);
@@ -80,8 +64,8 @@ void lm_kv_write(lm_kv_cache *kv, const moh_lm_config *cfg, int l, int g, int po
 int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, int token,
                    float *logits, moh_error *err);
 
-/* Measures what waking the OpenMP team costs (kv->team_s) against one thread's matrix-vector
- * rate on layer 0's W_qkv (kv->mac_s), and sets kv->par_work, the work from which a decode product
+/* Measures what waking the OpenMP team costs (kv->dc.team_s) against one thread's matrix-vector
+ * rate on layer 0's W_qkv (kv->dc.mac_s), and sets kv->dc.par_work, the work from which a decode product
  * is split across the team: under passive waits on a virtual machine, waking a sleeping thread
  * costs tens of microseconds, more than a small model's whole product. The thread count is the team
  * its regions got (one inside another parallel region, or under OMP_THREAD_LIMIT=1: no split),
@@ -92,42 +76,32 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
  * head is computed by the same code either way. MOH_OK, or MOH_E_ARG (nothing measured) when a bf16
  * cache is given parameters other than those it was built for. */
 int lm_kv_calibrate(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, moh_error *err);
-/* dst decodes with src's team split (par_work, team_s, mac_s, team_size): benches comparing models
- * on one rule. */
-void lm_kv_copy_split(lm_kv_cache *dst, const lm_kv_cache *src);
-/* One line on kv's team split: "team of N: start-up X us, one thread Y GMAC/s: split from W
- * multiply-adds" (or "not calibrated yet"). */
-void lm_kv_describe_split(const lm_kv_cache *kv, char *out, size_t cap);
-
-/* The precision decoding runs when `asked` is asked for: bf16 on a CPU with AVX-512F/BW (with
- * AVX512-BF16: vdpbf16ps, else widened to fp32), else fp32 with why[cap] saying so ("" when
- * nothing was refused). */
-moh_precision lm_decode_precision(moh_precision asked, char *why, size_t cap);
-/* One line naming what kv decodes with: "fp32", or "bf16 weights and KV cache, <kernels>, fp32
- * accumulation". */
-void lm_kv_describe(const lm_kv_cache *kv, char *out, size_t cap);
+/* The team split, the precision and what a cache decodes with are the decode side's:
+ * attn_decode_copy_split(&dst->dc, &src->dc), attn_decode_describe_split, attn_decode_precision
+ * (bf16 where the CPU has AVX-512F/BW), attn_decode_describe. */
 
 /* Scratch of lm_prefill for prompts of up to max_n tokens: one layer's activations at a time
- * (x, xn, y [max_n, C]; gate, up [max_n, I]; rstd [max_n]) and one head-sparse attention cache (sparse.h,
- * per-thread scratch for omp_get_max_threads() threads at init). */
+ * (x, xn, y [max_n, C]; gate, up [max_n, I]; rstd [max_n]), one head-sparse attention layer
+ * (attn/layer.h, per-thread scratch for omp_get_max_threads() threads at init) and the compute
+ * context of the linear layers (CPU backend; bf16 after lm_prefill_set_bf16). */
 typedef struct lm_prefill_ws {
     int max_n;
     float *x, *xn, *y, *gate, *up, *rstd;
-    sparse_cache sc;
-    bf16_ctx *bf16;              /* lm_prefill_set_bf16: bf16 GEMMs over a cache's weights (owned) */
-    const lm_kv_cache *bf16_kv;  /* ... of this cache */
+    attn_layer_f32 layer;
+    be_ctx cx;
+    const lm_kv_cache *bf16_kv;  /* lm_prefill_set_bf16: computes in bf16 over this cache's weights */
     void *block;
 } lm_prefill_ws;
 /* MOH_OK, MOH_E_ARG (max_n < 1), MOH_E_NOMEM. */
 int lm_prefill_init(lm_prefill_ws *w, const moh_lm_config *cfg, int max_n, moh_error *err);
-/* bf16 prefill into the bf16 cache kv (which must stay at its address): the linear layers through
- * oneDNN's bf16 matmul on kv's bf16 weights and the head-sparse attention's bf16 tiles
- * (sparse_cache_set_bf16), fp32 accumulation. MOH_OK, MOH_E_ARG (kv is not bf16), MOH_E_NOMEM. */
+/* bf16 prefill into the bf16 cache kv (which must stay at its address): the linear layers and the
+ * head-sparse attention in bf16 on kv's bf16 weights (be_ctx_set_weights, attn_layer_set_compute),
+ * fp32 accumulation. MOH_OK, MOH_E_ARG (kv is not bf16), MOH_E_NOMEM. */
 int lm_prefill_set_bf16(lm_prefill_ws *w, const moh_lm_config *cfg, const lm_kv_cache *kv, moh_error *err);
 void lm_prefill_free(lm_prefill_ws *w);
 /* Batched prefill: empties the cache and encodes tok[0..n) (ids < V) from position 0 in one
  * forward pass over the n tokens, layer by layer: RMSNorm, head-sparse attention
- * (sparse_forward_f32: only the (token, head) pairs the router selects), SwiGLU MLP, residuals,
+ * (attn_layer_forward_f32: only the (token, head) pairs the router selects), SwiGLU MLP, residuals,
  * as lm_forward_f32 computes them. Each layer's K (after RoPE) and V go into the cache as n
  * lm_decode_step calls would put them; logits [V] are the next-token logits after tok[n-1]
  * (the LM head runs on that token only). Decoding goes on with lm_decode_step at position n.
