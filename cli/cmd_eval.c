@@ -112,7 +112,7 @@ int cmd_eval(int argc, char **argv) {
         precision_describe(w.precision, line, sizeof line);
         fprintf(stderr, "moh eval: compute %s\n", line);
     }
-    if (dump && m.fam->dump_logits && m.fam->dump_logits(&m, &src, dump, &err)) goto fail;
+    if (dump && model_dump_logits(&m, &src, dump, &err)) goto fail;
     eval_progress pg;
     eval_progress_start(&pg, src.eval_unit);
     const train_progress report = {eval_progress_report, &pg};

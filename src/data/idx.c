@@ -161,53 +161,50 @@ static int maybe_gunzip(const uint8_t *buf, size_t len, size_t max_bytes, const 
     return MOH_OK;
 }
 
-int idx_parse_images(idx_images *out, const uint8_t *buf, size_t len, size_t max_bytes,
-                     const char *label, moh_error *err) {
-    memset(out, 0, sizeof *out);
-    if (!label) label = "<memory>";
+/* The payload of an IDX file (inflated when gzip) with a valid header of ndim dimensions into d:
+ * a copy into *out (malloc'd, the product of d bytes). MOH_E_ARG, the header's errors, MOH_E_NOMEM. */
+static int read_idx(const uint8_t *buf, size_t len, size_t max_bytes, uint32_t magic, int ndim, int64_t *d,
+                    const char *what, const char *label, uint8_t **out, moh_error *err) {
+    *out = NULL;
     if (!buf && len) return moh_fail(err, MOH_E_ARG, "%s: NULL buffer", label);
-    const uint8_t *p;
+    const uint8_t *p = NULL;
+    uint8_t *owned = NULL;
     size_t n;
-    uint8_t *owned;
     int rc = maybe_gunzip(buf, len, max_bytes, &p, &n, &owned, label, err);
-    if (rc) return rc;
-    int64_t d[3];
-    if (!(rc = parse_header(p, n, IDX_MAGIC_IMAGES, 3, d, "images", label, err))) {
-        const size_t bytes = (size_t)(d[0] * d[1] * d[2]);
-        out->pixels = malloc(bytes);
-        if (!out->pixels) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory for %zu pixels", label, bytes);
-        else {
-            memcpy(out->pixels, p + 16, bytes);
-            out->n = (int)d[0];
-            out->rows = (int)d[1];
-            out->cols = (int)d[2];
-        }
+    if (!rc) rc = parse_header(p, n, magic, ndim, d, what, label, err);
+    if (!rc) {
+        size_t bytes = 1;
+        for (int i = 0; i < ndim; i++) bytes *= (size_t)d[i];
+        *out = malloc(bytes ? bytes : 1);
+        if (!*out) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory for %zu bytes of %s", label, bytes, what);
+        else memcpy(*out, p + 4 + 4 * (size_t)ndim, bytes);
     }
     free(owned);
     return rc;
 }
 
+int idx_parse_images(idx_images *out, const uint8_t *buf, size_t len, size_t max_bytes,
+                     const char *label, moh_error *err) {
+    memset(out, 0, sizeof *out);
+    int64_t d[3];
+    const int rc = read_idx(buf, len, max_bytes, IDX_MAGIC_IMAGES, 3, d, "images", label ? label : "<memory>",
+                            &out->pixels, err);
+    if (rc) return rc;
+    out->n = (int)d[0];
+    out->rows = (int)d[1];
+    out->cols = (int)d[2];
+    return MOH_OK;
+}
+
 int idx_parse_labels(idx_labels *out, const uint8_t *buf, size_t len, size_t max_bytes,
                      const char *label, moh_error *err) {
     memset(out, 0, sizeof *out);
-    if (!label) label = "<memory>";
-    if (!buf && len) return moh_fail(err, MOH_E_ARG, "%s: NULL buffer", label);
-    const uint8_t *p;
-    size_t n;
-    uint8_t *owned;
-    int rc = maybe_gunzip(buf, len, max_bytes, &p, &n, &owned, label, err);
-    if (rc) return rc;
     int64_t d[1];
-    if (!(rc = parse_header(p, n, IDX_MAGIC_LABELS, 1, d, "labels", label, err))) {
-        out->labels = malloc((size_t)d[0]);
-        if (!out->labels) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory for %lld labels", label, (long long)d[0]);
-        else {
-            memcpy(out->labels, p + 8, (size_t)d[0]);
-            out->n = (int)d[0];
-        }
-    }
-    free(owned);
-    return rc;
+    const int rc = read_idx(buf, len, max_bytes, IDX_MAGIC_LABELS, 1, d, "labels", label ? label : "<memory>",
+                            &out->labels, err);
+    if (rc) return rc;
+    out->n = (int)d[0];
+    return MOH_OK;
 }
 
 void idx_images_free(idx_images *im) {

@@ -37,20 +37,13 @@ static model_tensor *tensors(const void *cfg, model_naming scheme, int *n) {
     return scheme == MODEL_NAMES_CHECKPOINT ? dit_tensors(cfg, n) : NULL;
 }
 
-static int params_init(void *p, const void *cfg, float **data, size_t *n, moh_error *err) {
-    const int rc = dit_params_init_f32(p, cfg, err);
-    *data = ((const dit_params_f32 *)p)->data;
-    *n = ((const dit_params_f32 *)p)->n;
-    return rc;
-}
-static void params_release(void *p) { dit_params_free_f32(p); }
+MODEL_ADAPTER(dit)
 static void init_random(const void *cfg, void *p, uint64_t seed) { dit_params_init_random(cfg, p, seed); }
 
 static int acts_init(void *a, const void *cfg, int Bmax, int T, bool sparse, moh_error *err) {
     (void)T;
     return dit_acts_init_f32(a, cfg, Bmax, sparse, err);
 }
-static void acts_release(void *a) { dit_acts_free_f32(a); }
 
 static size_t chw_of(const moh_dit_config *c) { return (size_t)c->in_channels * c->input_size * c->input_size; }
 
@@ -210,13 +203,12 @@ static int generate(const model *m, const image_gen_request *req, float *out, mo
 }
 
 const model_family dit_family = {
-    MODEL_FAMILY_CORE(dit_params_f32, dit_acts_f32),
+    MODEL_FAMILY_CORE(moh_dit_config, dit_params_f32, dit_acts_f32),
     .model_type = "dit",
     .task = "image-generation",
     .summary = "class-conditional diffusion transformer (official DiT / MoH-DiT layout)",
     .data_help = "a dir of MNIST-style IDX files: train-images-idx3-ubyte[.gz], train-labels-..., t10k-...; "
                  "validation in training: the first 2000 t10k images (eval-limit of them each time, all at the end)",
-    .config_size = sizeof(moh_dit_config),
     .attn_layer = attn_layer,
     .unused_keys = "seq_len val_fraction",
     .metric_name = "val eps MSE",
@@ -224,7 +216,6 @@ const model_family dit_family = {
     .image_shape = image_shape,
     .image_norm = image_norm,
     .short_name = "DiT",
-    .synthetic_batch = synthetic_batch,
     .open_analysis = dit_open_analysis,
     .generate = generate,
 };

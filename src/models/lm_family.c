@@ -33,19 +33,12 @@ static const char *tied_tensor(const void *cfg, const char *name) {
                ? "model.embed_tokens.weight" : NULL;
 }
 
-static int params_init(void *p, const void *cfg, float **data, size_t *n, moh_error *err) {
-    const int rc = lm_params_init_f32(p, cfg, err);
-    *data = ((const lm_params_f32 *)p)->data;
-    *n = ((const lm_params_f32 *)p)->n;
-    return rc;
-}
-static void params_release(void *p) { lm_params_free_f32(p); }
+MODEL_ADAPTER(lm)
 static void init_random(const void *cfg, void *p, uint64_t seed) { lm_params_init_random(cfg, p, seed, 0.02); }
 
 static int acts_init(void *a, const void *cfg, int Bmax, int T, bool sparse, moh_error *err) {
     return sparse ? lm_acts_init_sparse_f32(a, cfg, Bmax, T, err) : lm_acts_init_f32(a, cfg, Bmax, T, err);
 }
-static void acts_release(void *a) { lm_acts_free_f32(a); }
 
 
 static double forward(const void *cfg, const void *params, void *acts, const moh_batch *b, int first, int count,
@@ -353,31 +346,22 @@ static void eval_report(const model *m, const model_eval *r, const eval_context 
 }
 
 /* tokens, targets, target_bytes [1, len] and logits [1, len, V] of the first evaluation chunk */
-static int dump_logits(const model *m, batch_source *src, const char *path, moh_error *err) {
+/* One sequence: tokens, logits, targets and target bytes (1 per token without byte counts). */
+static int dump_entries(const model *m, const moh_batch *b, void *acts, float *ft, moh_st_entry *e) {
     const moh_lm_config *cfg = m->cfg;
-    long cursor = 0;
-    moh_batch b;
-    if (src->eval_next(src->self, &cursor, 0, 1, &b) <= 0)
-        return moh_fail(err, MOH_E_FORMAT, "%s: too short for one prediction", path);
-    void *acts = NULL;
-    int rc = model_acts_new(&lm_family, cfg, 1, b.T, true, &acts, err);
-    float *ft = rc ? NULL : malloc(sizeof(float) * 3 * (size_t)b.T);
-    if (!rc && !ft) rc = moh_fail(err, MOH_E_NOMEM, "out of memory");
-    if (!rc) {
-        lm_acts_f32 *a = acts;
-        lm_forward_f32(cfg, m->params, a, b.tokens, NULL, 1, b.T);
-        for (int i = 0; i < b.T; i++) {
-            ft[i] = (float)b.tokens[i];
-            ft[b.T + i] = (float)b.targets[i];
-            ft[2 * b.T + i] = b.target_bytes ? (float)b.target_bytes[i] : 1.0f;
-        }
-        moh_st_entry e[4] = {{"tokens", 2, {1, b.T}, ft}, {"logits", 3, {1, b.T, cfg->vocab_size}, a->logits},
-                             {"targets", 2, {1, b.T}, ft + b.T}, {"target_bytes", 2, {1, b.T}, ft + 2 * b.T}};
-        rc = moh_st_write(path, e, 4, err);
+    lm_acts_f32 *a = acts;
+    const int T = b->T;
+    lm_forward_f32(cfg, m->params, a, b->tokens, NULL, 1, T);
+    for (int i = 0; i < T; i++) {
+        ft[i] = (float)b->tokens[i];
+        ft[T + i] = (float)b->targets[i];
+        ft[2 * T + i] = b->target_bytes ? (float)b->target_bytes[i] : 1.0f;
     }
-    free(ft);
-    model_acts_free(&lm_family, acts);
-    return rc;
+    e[0] = (moh_st_entry){"tokens", 2, {1, T}, ft};
+    e[1] = (moh_st_entry){"logits", 3, {1, T, cfg->vocab_size}, a->logits};
+    e[2] = (moh_st_entry){"targets", 2, {1, T}, ft + T};
+    e[3] = (moh_st_entry){"target_bytes", 2, {1, T}, ft + 2 * T};
+    return 4;
 }
 
 static void describe(const void *cfg, size_t n, char *buf, size_t cap) {
@@ -450,19 +434,19 @@ static int to_gguf(const model *m, const char *path, bool f16, const void *src, 
 }
 
 const model_family lm_family = {
-    MODEL_FAMILY_CORE(lm_params_f32, lm_acts_f32),
+    MODEL_FAMILY_CORE(moh_lm_config, lm_params_f32, lm_acts_f32),
     .model_type = "llama",
     .task = "text-generation",
     .summary = "decoder language model (HF LLaMA layout, byte or BPE tokens)",
     .data_help = "a UTF-8 text file (its last --val-fraction is validation) or a dir with train.txt + val.txt",
-    .config_size = sizeof(moh_lm_config),
     .tied_tensor = tied_tensor,
     .max_seq_len = max_seq_len,
     .num_outputs = num_outputs,
     .logits = logits,
     .unused_keys = "train_limit crop_pad hflip ema_decay",
     .metric_name = "val bits/byte",
-    .dump_logits = dump_logits,
+    .dump_entries = dump_entries,
+    .dump_examples = 1,
     .legacy_optimizer_format = "moh-lm-train-v1",
     .gguf_arch = "llama",
     .from_gguf = from_gguf,
@@ -470,6 +454,5 @@ const model_family lm_family = {
     .default_sparse = true,
     .short_name = "LM",
     .open_analysis = lm_open_analysis,
-    .synthetic_batch = synthetic_batch,
     .phase_times = phase_times,
 };

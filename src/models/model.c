@@ -3,6 +3,7 @@
 #include "models/model.h"
 
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -538,4 +539,28 @@ int model_evaluate_split(const model *m, model_shards *w, batch_source *src, lon
     r->lb_loss /= (double)r->batches;
     f->eval_finish(m->cfg, r);
     return MOH_OK;
+}
+
+int model_dump_logits(const model *m, batch_source *src, const char *path, moh_error *err) {
+    const model_family *f = m->fam;
+    if (!f->dump_entries)
+        return moh_fail(err, MOH_E_ARG, "--dump-logits %s: a %s has no logits to dump (expected model_type with "
+                        "logits: llama or vit)", path, f->short_name);
+    long cursor = 0;
+    moh_batch b;
+    const int want = f->dump_examples > 0 ? (int)f->dump_examples : INT_MAX; /* INT_MAX: one batch, its full size */
+    if (src->eval_next(src->self, &cursor, 0, want, &b) <= 0)
+        return moh_fail(err, MOH_E_FORMAT, "--dump-logits %s: the evaluation data holds no example", path);
+    void *acts = NULL;
+    int rc = model_acts_new(f, m->cfg, b.B, b.T, f->default_sparse, &acts, err);
+    float *scratch = rc ? NULL : malloc(sizeof(float) * 3 * ((size_t)b.B + (size_t)b.T));
+    if (!rc && !scratch) rc = moh_fail(err, MOH_E_NOMEM, "--dump-logits: out of memory");
+    if (!rc) {
+        moh_st_entry e[4];
+        const int n = f->dump_entries(m, &b, acts, scratch, e);
+        rc = moh_st_write(path, e, n, err);
+    }
+    free(scratch);
+    model_acts_free(f, acts);
+    return rc;
 }

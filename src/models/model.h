@@ -304,9 +304,12 @@ struct model_family {
                        const moh_batch *b, char *buf, size_t cap);
     /* The `moh eval` report (text or JSON) on stdout. */
     void (*eval_report)(const model *m, const model_eval *r, const eval_context *ctx);
-    /* Optional debug (`moh eval --dump-logits FILE`): inputs and logits of the first evaluation
-     * batch as safetensors. */
-    int (*dump_logits)(const model *m, batch_source *src, const char *path, moh_error *err);
+    /* Optional debug (`moh eval --dump-logits FILE`, model_dump_logits): runs the forward of batch b
+     * on acts (made for b on the family's default path) and fills e[0 .. n) (n returned, <= 4) with
+     * the inputs and logits, views of b, acts and scratch [3 (B + T)] floats. dump_examples: the
+     * examples of the first evaluation batch it dumps (0: the whole batch). */
+    int (*dump_entries)(const model *m, const moh_batch *b, void *acts, float *scratch, moh_st_entry *e);
+    long dump_examples;
     /* Longest sequence the config supports (text; NULL for images). */
     int (*max_seq_len)(const void *cfg);
     /* Image input shape (images; NULL for text) and the input normalisation of channel c (0 / 1
@@ -377,7 +380,8 @@ typedef struct image_gen_request {
  * tokens_per_example, train_defaults, open_data, eval_add, eval_finish, eval_json, eval_brief,
  * eval_report): its table starts with MODEL_FAMILY_CORE(its params struct, its acts struct), then
  * gives its names, values and optional members. */
-#define MODEL_FAMILY_CORE(params_t, acts_t)                                                                        \
+#define MODEL_FAMILY_CORE(config_t, params_t, acts_t)                                                              \
+    .config_size = sizeof(config_t), .synthetic_batch = synthetic_batch,                                           \
     .describe = describe, .config_parse = cfg_parse, .config_to_json = cfg_json, .num_layers = num_layers,         \
     .attn = attn, .tensors = tensors, .params_size = sizeof(params_t), .params_init = params_init,                 \
     .params_release = params_release, .init_random = init_random, .acts_size = sizeof(acts_t),                     \
@@ -385,6 +389,24 @@ typedef struct image_gen_request {
     .tokens_per_example = tokens_per_example,                                                                      \
     .train_defaults = train_defaults, .open_data = open_data, .eval_add = eval_add, .eval_finish = eval_finish,    \
     .eval_json = eval_json, .eval_brief = eval_brief, .eval_report = eval_report
+
+/* The params_init, params_release and acts_release a family's table names, over its
+ * pfx_params_init_f32 (views of one zeroed buffer), pfx_params_free_f32 and pfx_acts_free_f32, for a
+ * params struct pfx_params_f32 with data and n. */
+#define MODEL_ADAPTER(pfx)                                                                                          \
+    static int params_init(void *p, const void *cfg, float **data, size_t *n, moh_error *err) {                    \
+        const int rc = pfx##_params_init_f32(p, cfg, err);                                                          \
+        *data = ((const pfx##_params_f32 *)p)->data;                                                                \
+        *n = ((const pfx##_params_f32 *)p)->n;                                                                      \
+        return rc;                                                                                                  \
+    }                                                                                                               \
+    static void params_release(void *p) { pfx##_params_free_f32(p); }                                              \
+    static void acts_release(void *a) { pfx##_acts_free_f32(a); }
+
+/* `moh eval --dump-logits`: the family's dump_entries of the first evaluation batch of src
+ * written to path as safetensors (temp file and rename). MOH_E_FORMAT (no batch), MOH_E_NOMEM, MOH_E_IO;
+ * MOH_E_ARG when the family has no dump. */
+int model_dump_logits(const model *m, batch_source *src, const char *path, moh_error *err);
 
 /* Router activations (gates [tokens, h], mask, p, lb_loss) of layer l after a forward on acts (any
  * family's: its attn_stack_f32), whichever attention path ran. */

@@ -57,20 +57,13 @@ static model_tensor *tensors(const void *cfg, model_naming scheme, int *n) {
     return scheme == MODEL_NAMES_CHECKPOINT ? vit_tensors(cfg, n) : NULL;
 }
 
-static int params_init(void *p, const void *cfg, float **data, size_t *n, moh_error *err) {
-    const int rc = vit_params_init_f32(p, cfg, err);
-    *data = ((const vit_params_f32 *)p)->data;
-    *n = ((const vit_params_f32 *)p)->n;
-    return rc;
-}
-static void params_release(void *p) { vit_params_free_f32(p); }
+MODEL_ADAPTER(vit)
 static void init_random(const void *cfg, void *p, uint64_t seed) { vit_params_init_random(cfg, p, seed); }
 
 static int acts_init(void *a, const void *cfg, int Bmax, int T, bool sparse, moh_error *err) {
     (void)T;
     return vit_acts_init_attn_f32(a, cfg, Bmax, sparse, err);
 }
-static void acts_release(void *a) { vit_acts_free_f32(a); }
 
 static double forward(const void *cfg, const void *params, void *acts, const moh_batch *b, int first, int count,
                       bool train, double *ce, double *lb) {
@@ -243,28 +236,17 @@ static void eval_report(const model *m, const model_eval *r, const eval_context 
 
 /* images [n, 1, H, W] (normalised, the model input), labels [n] and logits [n, K] of the first
  * evaluation batch */
-static int dump_logits(const model *m, batch_source *src, const char *path, moh_error *err) {
+/* The batch's images, labels and logits. */
+static int dump_entries(const model *m, const moh_batch *b, void *acts, float *lab, moh_st_entry *e) {
     const moh_vit_config *cfg = m->cfg;
-    long cursor = 0;
-    moh_batch b;
-    const long n = src->eval_next(src->self, &cursor, 0, INT_MAX, &b); /* one evaluation batch, its full size */
-    if (n <= 0) return moh_fail(err, MOH_E_FORMAT, "%s: no images to dump", path);
-    void *acts = NULL;
-    int rc = model_acts_new(&vit_family, cfg, b.B, 0, false, &acts, err);
-    float *lab = rc ? NULL : malloc(sizeof(float) * (size_t)b.B);
-    if (!rc && !lab) rc = moh_fail(err, MOH_E_NOMEM, "dump-logits: out of memory");
-    if (!rc) {
-        const int H = cfg->img_size, K = cfg->num_classes;
-        vit_acts_f32 *a = acts;
-        vit_forward_f32(cfg, m->params, a, b.images, NULL, b.B);
-        for (int j = 0; j < b.B; j++) lab[j] = (float)b.labels[j];
-        moh_st_entry e[3] = {{"images", 4, {b.B, 1, H, H}, b.images}, {"labels", 1, {b.B}, lab},
-                             {"logits", 2, {b.B, K}, a->logits}};
-        rc = moh_st_write(path, e, 3, err);
-    }
-    free(lab);
-    model_acts_free(&vit_family, acts);
-    return rc;
+    vit_acts_f32 *a = acts;
+    const int H = cfg->img_size, B = b->B;
+    vit_forward_f32(cfg, m->params, a, b->images, NULL, B);
+    for (int j = 0; j < B; j++) lab[j] = (float)b->labels[j];
+    e[0] = (moh_st_entry){"images", 4, {B, 1, H, H}, b->images};
+    e[1] = (moh_st_entry){"labels", 1, {B}, lab};
+    e[2] = (moh_st_entry){"logits", 2, {B, cfg->num_classes}, a->logits};
+    return 3;
 }
 
 static void describe(const void *cfg, size_t n, char *buf, size_t cap) {
@@ -307,16 +289,15 @@ static void image_norm(const void *cfg, int ch, double *mean, double *std) {
 }
 
 const model_family vit_family = {
-    MODEL_FAMILY_CORE(vit_params_f32, vit_acts_f32),
+    MODEL_FAMILY_CORE(moh_vit_config, vit_params_f32, vit_acts_f32),
     .model_type = "vit",
     .task = "image-classification",
     .summary = "ViT image classifier (timm VisionTransformer layout)",
     .data_help = "a dir of MNIST-style IDX files: train-images-idx3-ubyte[.gz], train-labels-..., t10k-...",
-    .config_size = sizeof(moh_vit_config),
     .unused_keys = "seq_len val_fraction ema_decay",
     .metric_name = "test accuracy",
     .train_json = train_json,
-    .dump_logits = dump_logits,
+    .dump_entries = dump_entries,
     .legacy_optimizer_format = "moh-vit-train-v1",
     .default_sparse = false,
     .num_outputs = num_outputs,
@@ -326,5 +307,4 @@ const model_family vit_family = {
     .image_norm = image_norm,
     .short_name = "ViT",
     .open_analysis = vit_open_analysis,
-    .synthetic_batch = synthetic_batch,
 };
