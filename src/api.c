@@ -1,5 +1,5 @@
 /* The public model API of include/moh.h (moh_model_*): an opaque handle over the model interface
- * (models/model.h) with the checkpoint module (train/checkpoint.h) and AdamW (train/adamw.h).
+ * (models/model.h) with the checkpoint module (train/checkpoint.h) and AdamW (ops/adamw.h).
  * One data-parallel shard (results do not depend on the thread count; the ops inside use OpenMP),
  * the family's default attention path. Family-specific reads (logits, image shape) go through the
  * families' public headers. */
@@ -10,7 +10,7 @@
 
 #include "models/model.h"
 #include "moh.h"
-#include "train/adamw.h"
+#include "ops/adamw.h"
 #include "train/checkpoint.h"
 
 _Static_assert(MOH_MODEL_MAX_DIMS == MODEL_MAX_DIMS, "moh.h and model.h tensor ranks differ");

@@ -20,7 +20,7 @@
 #include "ops/bf16.h"
 #include "ops/gemm.h"
 #include "test_util.h"
-#include "train/adamw.h"
+#include "ops/adamw.h"
 
 static void fill(test_rng *r, float *x, size_t n, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = scale * (float)test_rng_uniform(r);

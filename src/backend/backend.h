@@ -10,6 +10,7 @@
 #include <stddef.h>
 
 #include "moh.h"
+#include "ops/adamw.h"
 #include "ops/bf16.h"
 #include "ops/ops.h"
 
@@ -18,6 +19,41 @@
 typedef enum moh_device { MOH_DEVICE_AUTO = 0, MOH_DEVICE_CPU = 1, MOH_DEVICE_CUDA = 2 } moh_device;
 
 struct moh_backend;
+
+/* The element-wise and row ops every backend runs, beside the linear layers: X(return type, name,
+ * parameters, arguments), shapes and semantics as the float32 op of the same name in ops/ops_decl.h
+ * (row-major, M rows of C; n elements). The table gets a member `name` taking the be_ctx first; the
+ * families call F(be_name)(cx, ...) (float64: the host op). */
+#define BE_OPS(X)                                                                                                   \
+    X(void, layernorm_forward, (BE_REAL *out, BE_REAL *mean, BE_REAL *rstd, const BE_REAL *inp, const BE_REAL *w, const BE_REAL *b,   \
+                                int M, int C, BE_REAL eps), (out, mean, rstd, inp, w, b, M, C, eps))                    \
+    X(void, layernorm_backward, (BE_REAL *dinp, BE_REAL *dw, BE_REAL *db, const BE_REAL *dout, const BE_REAL *inp, const BE_REAL *w,   \
+                                 const BE_REAL *mean, const BE_REAL *rstd, int M, int C),                                 \
+      (dinp, dw, db, dout, inp, w, mean, rstd, M, C))                                                               \
+    X(void, rmsnorm_forward, (BE_REAL *out, BE_REAL *rstd, const BE_REAL *inp, const BE_REAL *w, int M, int C, BE_REAL eps),      \
+      (out, rstd, inp, w, M, C, eps))                                                                               \
+    X(void, add_rmsnorm_forward, (BE_REAL *sum, BE_REAL *out, BE_REAL *rstd, const BE_REAL *a, const BE_REAL *b, const BE_REAL *w,    \
+                                  int M, int C, BE_REAL eps), (sum, out, rstd, a, b, w, M, C, eps))                     \
+    X(void, rmsnorm_backward, (BE_REAL *dinp, BE_REAL *dw, const BE_REAL *dout, const BE_REAL *inp, const BE_REAL *w,              \
+                               const BE_REAL *rstd, int M, int C), (dinp, dw, dout, inp, w, rstd, M, C))               \
+    X(void, gelu_erf_forward, (BE_REAL *out, const BE_REAL *inp, long n), (out, inp, n))                                  \
+    X(void, gelu_erf_backward, (BE_REAL *dinp, const BE_REAL *dout, const BE_REAL *inp, long n), (dinp, dout, inp, n))       \
+    X(void, gelu_tanh_forward, (BE_REAL *out, const BE_REAL *inp, long n), (out, inp, n))                                 \
+    X(void, gelu_tanh_backward, (BE_REAL *dinp, const BE_REAL *dout, const BE_REAL *inp, long n), (dinp, dout, inp, n))      \
+    X(void, silu_forward, (BE_REAL *out, const BE_REAL *inp, long n), (out, inp, n))                                      \
+    X(void, silu_backward, (BE_REAL *dinp, const BE_REAL *dout, const BE_REAL *inp, long n), (dinp, dout, inp, n))           \
+    X(void, swiglu_forward_sig, (BE_REAL *out, BE_REAL *sig, const BE_REAL *gate, const BE_REAL *up, long n),                  \
+      (out, sig, gate, up, n))                                                                                      \
+    X(void, swiglu_backward_set, (BE_REAL *dgate, BE_REAL *dup, const BE_REAL *dout, const BE_REAL *gate, const BE_REAL *sig,      \
+                                  const BE_REAL *up, long n), (dgate, dup, dout, gate, sig, up, n))                    \
+    X(BE_REAL, cross_entropy_forward, (BE_REAL *probs, const BE_REAL *logits, const int *targets, int M, int V,             \
+                                    BE_REAL label_smoothing), (probs, logits, targets, M, V, label_smoothing))         \
+    X(void, cross_entropy_backward, (BE_REAL *dlogits, const BE_REAL *probs, const int *targets, int M, int V,           \
+                                     BE_REAL label_smoothing, BE_REAL dloss),                                             \
+      (dlogits, probs, targets, M, V, label_smoothing, dloss))                                                      \
+    X(void, embedding_forward, (BE_REAL *out, const int *ids, const BE_REAL *table, int M, int C), (out, ids, table, M, C)) \
+    X(void, embedding_backward, (BE_REAL *dtable, const BE_REAL *dout, const int *ids, int M, int C),                    \
+      (dtable, dout, ids, M, C))
 
 /* The compute context of one set of activations (one shard): its backend and precision. The
  * backend owns state (CPU: the bf16 GEMM context under bf16, else NULL). Zeroed = unset; families
@@ -53,6 +89,19 @@ typedef struct moh_backend {
      * dw += dout^T inp, db += column sums of dout (either may be NULL). */
     void (*linear_backward)(const be_ctx *cx, float *dinp, float beta, float *dw, float *db, const float *dout,
                             const float *inp, const float *w, int M, int I, int O);
+#define BE_REAL float
+#define BE_MEMBER(ret, name, params, args) ret(*name) BE_WITH_CTX params;
+#define BE_WITH_CTX(...) (const be_ctx *cx, __VA_ARGS__)
+    BE_OPS(BE_MEMBER)
+#undef BE_MEMBER
+#undef BE_REAL
+    /* The update (train/trainer.c), on the whole parameter buffer [n] (float32, device memory):
+     * the global gradient norm, clipped to max_norm when max_norm > 0 (ops/adamw.h: fixed summation
+     * order); AdamW; the weights' EMA. */
+    double (*clip_grad_norm)(float *g, size_t n, double max_norm);
+    void (*adamw_update)(const adamw_config *c, float *w, const float *g, float *m, float *v, const bool *decay,
+                         size_t n, long t, double lr);
+    void (*ema_update)(float *ema, const float *w, size_t n, float decay);
 } moh_backend;
 
 /* The backend of device d (MOH_DEVICE_CPU or MOH_DEVICE_CUDA; NULL for auto). Every build has
@@ -95,6 +144,24 @@ static inline void be_linear_forward_f64(const be_ctx *cx, double *out, const do
 }
 void be_linear_backward_f64(const be_ctx *cx, double *dinp, double beta, double *dw, double *db,
                             const double *dout, const double *inp, const double *w, int M, int I, int O);
+
+/* F(be_name)(cx, ...) for every op of BE_OPS: float32 through cx's backend, float64 on the host. */
+#define BE_DISPATCH_F32(ret, name, params, args)                                                                    \
+    static inline ret be_##name##_f32 BE_WITH_CTX params { return cx->be->name BE_ARGS_CTX args; }
+#define BE_HOST_F64(ret, name, params, args)                                                                        \
+    static inline ret be_##name##_f64 BE_WITH_CTX params {                                                          \
+        (void)cx;                                                                                                   \
+        return name##_f64 args;                                                                                     \
+    }
+#define BE_ARGS_CTX(...) (cx, __VA_ARGS__)
+#define BE_REAL float
+BE_OPS(BE_DISPATCH_F32)
+#undef BE_REAL
+#define BE_REAL double
+BE_OPS(BE_HOST_F64)
+#undef BE_REAL
+#undef BE_DISPATCH_F32
+#undef BE_HOST_F64
 
 /* The CPU backend's bf16 GEMM context of cx (NULL: fp32, or another backend): for the CPU
  * attention paths (attn/layer.c), which run inside this backend. */

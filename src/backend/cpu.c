@@ -69,6 +69,17 @@ static void cpu_linear_backward(const be_ctx *cx, float *dinp, float beta, float
     }
 }
 
+/* Every op of BE_OPS: the float32 op of src/ops (the instruction set chosen inside it). */
+#define BE_REAL float
+#define CPU_OP(ret, name, params, args)                                                                             \
+    static ret cpu_##name BE_WITH_CTX params {                                                                      \
+        (void)cx;                                                                                                   \
+        return name##_f32 args;                                                                                     \
+    }
+BE_OPS(CPU_OP)
+#undef CPU_OP
+#undef BE_REAL
+
 const moh_backend backend_cpu = {
     .name = "cpu",
     .device = MOH_DEVICE_CPU,
@@ -83,6 +94,12 @@ const moh_backend backend_cpu = {
     .ctx_release = cpu_ctx_release,
     .linear_forward = cpu_linear_forward,
     .linear_backward = cpu_linear_backward,
+#define CPU_SET(ret, name, params, args) .name = cpu_##name,
+    BE_OPS(CPU_SET)
+#undef CPU_SET
+    .clip_grad_norm = clip_grad_norm,
+    .adamw_update = adamw_step,
+    .ema_update = ema_update,
 };
 
 struct bf16_ctx *be_cpu_bf16(const be_ctx *cx) { return cx->be == &backend_cpu ? cx->state : NULL; }

@@ -170,7 +170,7 @@ void F(dit_temb_forward)(const moh_dit_config *cfg, const F(dit_params) *p, cons
                          real *th, real *ts, const real *freq, int B) {
     const int D = cfg->hidden_size;
     F(be_linear_forward)(cx, th, freq, p->t0_w, p->t0_b, B, DIT_FREQ_DIM, D);
-    F(silu_forward)(ts, th, (long)B * D);
+    F(be_silu_forward)(cx, ts, th, (long)B * D);
     F(be_linear_forward)(cx, temb, ts, p->t2_w, p->t2_b, B, D, D);
 }
 
@@ -181,7 +181,7 @@ void F(dit_temb_backward)(const moh_dit_config *cfg, const F(dit_params) *p, con
     real *dts = dth + (size_t)B * D; /* second half of the scratch */
     memset(dth, 0, sizeof(real) * 2 * (size_t)B * D);
     F(be_linear_backward)(cx, dts, 1, g->t2_w, g->t2_b, dtemb, ts, p->t2_w, B, D, D);
-    F(silu_backward)(dth, dts, th, (long)B * D);
+    F(be_silu_backward)(cx, dth, dts, th, (long)B * D);
     F(be_linear_backward)(cx, NULL, 1, g->t0_w, g->t0_b, dth, freq, p->t0_w, B, DIT_FREQ_DIM, D);
 }
 
@@ -269,7 +269,7 @@ real F(dit_forward)(const moh_dit_config *cfg, const F(dit_params) *p, F(dit_act
         const real *e = p->y_table + (size_t)y[b] * D;
         for (int c = 0; c < D; c++) a->cond[(size_t)b * D + c] += e[c];
     }
-    F(silu_forward)(a->csilu, a->cond, (long)B * D);
+    F(be_silu_forward)(&a->attn.cx, a->csilu, a->cond, (long)B * D);
     double lb = 0.0;
     for (int l = 0; l < L; l++) {
         const F(dit_block) *bk = &p->blocks[l];
@@ -290,7 +290,7 @@ real F(dit_forward)(const moh_dit_config *cfg, const F(dit_params) *p, F(dit_act
         F(dit_ln_forward)(n2, a->rstd2 + (size_t)l * BN, mid, BN, D);
         F(dit_modulate_forward)(h2, n2, mod + 3 * D, mod + 4 * D, D6, B, N, D);
         F(be_linear_forward)(&a->attn.cx, fc1, h2, bk->fc1_w, bk->fc1_b, BN, D, Hm);
-        F(gelu_tanh_forward)(act, fc1, (long)nH);
+        F(be_gelu_tanh_forward)(&a->attn.cx, act, fc1, (long)nH);
         F(be_linear_forward)(&a->attn.cx, f2, act, bk->fc2_w, bk->fc2_b, BN, Hm, D);
         memcpy(xo, mid, sizeof(real) * nD);
         F(dit_gated_add)(xo, mod + 5 * D, f2, D6, B, N, D);
@@ -348,7 +348,7 @@ void F(dit_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(
         F(dit_gated_add_backward)(dtmp, dmod + 5 * D, dres, mod + 5 * D, a->f2 + (size_t)l * nD, D6, B, N, D);
         memset(a->dff, 0, sizeof(real) * 2 * nH);
         F(be_linear_backward)(&a->attn.cx, dact, 1, gb->fc2_w, gb->fc2_b, dtmp, a->act + (size_t)l * nH, bk->fc2_w, BN, Hm, D);
-        F(gelu_tanh_backward)(dfc1, dact, a->fc1 + (size_t)l * nH, (long)nH);
+        F(be_gelu_tanh_backward)(&a->attn.cx, dfc1, dact, a->fc1 + (size_t)l * nH, (long)nH);
         memset(dh, 0, sizeof(real) * nD);
         F(be_linear_backward)(&a->attn.cx, dh, 1, gb->fc1_w, gb->fc1_b, dfc1, a->h2 + (size_t)l * nD, bk->fc1_w, BN, D, Hm);
         memset(dtmp, 0, sizeof(real) * nD);
@@ -365,7 +365,7 @@ void F(dit_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(
     }
     /* conditioning: c = t_emb + y_emb, SiLU(c) */
     memset(a->dcond, 0, sizeof(real) * (size_t)B * D);
-    F(silu_backward)(a->dcond, dsc, a->cond, (long)B * D);
+    F(be_silu_backward)(&a->attn.cx, a->dcond, dsc, a->cond, (long)B * D);
     for (int b = 0; b < B; b++) {
         real *row = g->y_table + (size_t)y[b] * D;
         for (int c = 0; c < D; c++) row[c] += a->dcond[(size_t)b * D + c];

@@ -84,7 +84,7 @@ real F(lm_forward)(const moh_lm_config *cfg, const F(lm_params) *p, F(lm_acts) *
     double *ph = a->phase_s, t = omp_get_wtime();
     a->B = B;
     a->T = T;
-    F(embedding_forward)(a->resid, tokens, p->embed, BT, C);
+    F(be_embedding_forward)(&a->attn.cx, a->resid, tokens, p->embed, BT, C);
     t = lm_lap(ph, LMT_PH_EMBED, t);
     int routing = 0;
     double lb = 0.0;
@@ -96,7 +96,7 @@ real F(lm_forward)(const moh_lm_config *cfg, const F(lm_params) *p, F(lm_acts) *
         real *gate = a->gate + (size_t)l * BT * I, *up = a->up + (size_t)l * BT * I;
         real *act = a->act + (size_t)l * BT * I;
         if (l == 0) { /* later layers: fused into the previous layer's last residual add */
-            F(rmsnorm_forward)(ln1, a->ln1_rstd, x, b->ln1, BT, C, eps);
+            F(be_rmsnorm_forward)(&a->attn.cx, ln1, a->ln1_rstd, x, b->ln1, BT, C, eps);
             t = lm_lap(ph, LMT_PH_NORM, t);
         }
         F(attn_layer_forward)(&a->attn.layer[l], &cfg->attn, &b->attn, ln1, B, T, ao);
@@ -106,32 +106,32 @@ real F(lm_forward)(const moh_lm_config *cfg, const F(lm_params) *p, F(lm_acts) *
         }
         t = lm_lap(ph, LMT_PH_ATTN, t);
         real *mid = a->mid + (size_t)l * BT * C;
-        F(add_rmsnorm_forward)(mid, ln2, a->ln2_rstd + (size_t)l * BT, x, ao, b->ln2, BT, C, eps);
+        F(be_add_rmsnorm_forward)(&a->attn.cx, mid, ln2, a->ln2_rstd + (size_t)l * BT, x, ao, b->ln2, BT, C, eps);
         t = lm_lap(ph, LMT_PH_NORM, t);
         F(be_linear_forward)(&a->attn.cx, gate, ln2, b->w_gate, NULL, BT, C, I);
         F(be_linear_forward)(&a->attn.cx, up, ln2, b->w_up, NULL, BT, C, I);
         t = lm_lap(ph, LMT_PH_MLP_IN, t);
-        F(swiglu_forward_sig)(act, a->sig + (size_t)l * BT * I, gate, up, (long)BT * I);
+        F(be_swiglu_forward_sig)(&a->attn.cx, act, a->sig + (size_t)l * BT * I, gate, up, (long)BT * I);
         t = lm_lap(ph, LMT_PH_SWIGLU, t);
         F(be_linear_forward)(&a->attn.cx, a->dtmp, act, b->w_down, NULL, BT, I, C); /* dtmp: MLP output */
         t = lm_lap(ph, LMT_PH_MLP_DOWN, t);
         /* x_{l+1} = mid + MLP output, and the norm that reads it: next ln1, or the final norm */
         if (l + 1 < L)
-            F(add_rmsnorm_forward)(xo, a->ln1 + (size_t)(l + 1) * BT * C, a->ln1_rstd + (size_t)(l + 1) * BT, mid,
+            F(be_add_rmsnorm_forward)(&a->attn.cx, xo, a->ln1 + (size_t)(l + 1) * BT * C, a->ln1_rstd + (size_t)(l + 1) * BT, mid,
                                    a->dtmp, p->blocks[l + 1].ln1, BT, C, eps);
         else
-            F(add_rmsnorm_forward)(xo, a->lnf, a->lnf_rstd, mid, a->dtmp, p->norm, BT, C, eps);
+            F(be_add_rmsnorm_forward)(&a->attn.cx, xo, a->lnf, a->lnf_rstd, mid, a->dtmp, p->norm, BT, C, eps);
         t = lm_lap(ph, LMT_PH_NORM, t);
     }
     a->lb_loss = routing ? (real)(lb / routing) : 0;
-    if (L == 0) F(rmsnorm_forward)(a->lnf, a->lnf_rstd, a->resid, p->norm, BT, C, eps);
+    if (L == 0) F(be_rmsnorm_forward)(&a->attn.cx, a->lnf, a->lnf_rstd, a->resid, p->norm, BT, C, eps);
     F(be_linear_forward)(&a->attn.cx, a->logits, a->lnf, p->lm_head, NULL, BT, C, V);
     t = lm_lap(ph, LMT_PH_HEAD, t);
     if (!targets) {
         a->ce_loss = 0;
         return 0;
     }
-    a->ce_loss = F(cross_entropy_forward)(a->probs, a->logits, targets, BT, V, 0);
+    a->ce_loss = F(be_cross_entropy_forward)(&a->attn.cx, a->probs, a->logits, targets, BT, V, 0);
     lm_lap(ph, LMT_PH_LOSS, t);
     return a->ce_loss + (real)cfg->load_balance_coef * a->lb_loss;
 }
@@ -147,12 +147,12 @@ void F(lm_backward)(const moh_lm_config *cfg, const F(lm_params) *p, const F(lm_
     real *dact = a->dff, *dgate = a->dff + nI, *dup = a->dff + 2 * nI;
     double *ph = a->phase_s, t = omp_get_wtime();
     memset(a->dlogits, 0, sizeof(real) * (size_t)BT * V);
-    F(cross_entropy_backward)(a->dlogits, a->probs, targets, BT, V, 0, 1);
+    F(be_cross_entropy_backward)(&a->attn.cx, a->dlogits, a->probs, targets, BT, V, 0, 1);
     t = lm_lap(ph, LMT_PH_B_LOSS, t);
     F(be_linear_backward)(&a->attn.cx, dtmp, 0, g->lm_head, NULL, a->dlogits, a->lnf, p->lm_head, BT, C, V);
     t = lm_lap(ph, LMT_PH_B_HEAD, t);
     memset(dres, 0, sizeof(real) * nC);
-    F(rmsnorm_backward)(dres, g->norm, dtmp, a->resid + (size_t)L * nC, p->norm, a->lnf_rstd, BT, C);
+    F(be_rmsnorm_backward)(&a->attn.cx, dres, g->norm, dtmp, a->resid + (size_t)L * nC, p->norm, a->lnf_rstd, BT, C);
     t = lm_lap(ph, LMT_PH_B_NORM, t);
     for (int l = L - 1; l >= 0; l--) {
         const F(lm_block) *b = &p->blocks[l];
@@ -160,24 +160,24 @@ void F(lm_backward)(const moh_lm_config *cfg, const F(lm_params) *p, const F(lm_
         /* MLP branch of x_{l+1} = x1 + down(swiglu(gate(ln2(x1)), up(ln2(x1)))) */
         F(be_linear_backward)(&a->attn.cx, dact, 0, gb->w_down, NULL, dres, a->act + (size_t)l * nI, b->w_down, BT, I, C);
         t = lm_lap(ph, LMT_PH_B_MLP_DOWN, t);
-        F(swiglu_backward_set)(dgate, dup, dact, a->gate + (size_t)l * nI, a->sig + (size_t)l * nI,
+        F(be_swiglu_backward_set)(&a->attn.cx, dgate, dup, dact, a->gate + (size_t)l * nI, a->sig + (size_t)l * nI,
                                a->up + (size_t)l * nI, (long)nI);
         t = lm_lap(ph, LMT_PH_B_SWIGLU, t);
         F(be_linear_backward)(&a->attn.cx, dtmp, 0, gb->w_gate, NULL, dgate, a->ln2 + (size_t)l * nC, b->w_gate, BT, C, I);
         F(be_linear_backward)(&a->attn.cx, dtmp, 1, gb->w_up, NULL, dup, a->ln2 + (size_t)l * nC, b->w_up, BT, C, I);
         t = lm_lap(ph, LMT_PH_B_MLP_IN, t);
-        F(rmsnorm_backward)(dres, gb->ln2, dtmp, a->mid + (size_t)l * nC, b->ln2,
+        F(be_rmsnorm_backward)(&a->attn.cx, dres, gb->ln2, dtmp, a->mid + (size_t)l * nC, b->ln2,
                             a->ln2_rstd + (size_t)l * BT, BT, C);
         t = lm_lap(ph, LMT_PH_B_NORM, t);
         /* attention branch of x1 = x_l + attn(ln1(x_l)) */
         memset(dtmp, 0, sizeof(real) * nC);
         F(attn_layer_backward)(&a->attn.layer[l], &cfg->attn, &b->attn, &gb->attn, dres, lb_scale, dtmp);
         t = lm_lap(ph, LMT_PH_B_ATTN, t);
-        F(rmsnorm_backward)(dres, gb->ln1, dtmp, a->resid + (size_t)l * nC, b->ln1,
+        F(be_rmsnorm_backward)(&a->attn.cx, dres, gb->ln1, dtmp, a->resid + (size_t)l * nC, b->ln1,
                             a->ln1_rstd + (size_t)l * BT, BT, C);
         t = lm_lap(ph, LMT_PH_B_NORM, t);
     }
-    F(embedding_backward)(g->embed, dres, tokens, BT, C);
+    F(be_embedding_backward)(&a->attn.cx, g->embed, dres, tokens, BT, C);
     lm_lap(ph, LMT_PH_B_EMBED, t);
 }
 

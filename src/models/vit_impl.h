@@ -139,7 +139,7 @@ real F(vit_forward)(const moh_vit_config *cfg, const F(vit_params) *p, F(vit_act
         real *ln1 = a->ln1 + (size_t)l * nD, *ao = a->attn_out + (size_t)l * nD;
         real *mid = a->mid + (size_t)l * nD, *ln2 = a->ln2 + (size_t)l * nD;
         real *fc1 = a->fc1 + (size_t)l * nH, *act = a->act + (size_t)l * nH;
-        F(layernorm_forward)(ln1, a->ln1_mean + (size_t)l * BT, a->ln1_rstd + (size_t)l * BT, x,
+        F(be_layernorm_forward)(&a->attn.cx, ln1, a->ln1_mean + (size_t)l * BT, a->ln1_rstd + (size_t)l * BT, x,
                              b->ln1_w, b->ln1_b, BT, D, eps);
         F(attn_layer_forward)(&a->attn.layer[l], &cfg->attn, &b->attn, ln1, B, Ntok, ao);
         if (attn_routed_heads(&cfg->attn) > 0 && cfg->attn.top_k > 0) {
@@ -147,10 +147,10 @@ real F(vit_forward)(const moh_vit_config *cfg, const F(vit_params) *p, F(vit_act
             routing++;
         }
         F(vit_add)(mid, x, ao, nD);
-        F(layernorm_forward)(ln2, a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT, mid,
+        F(be_layernorm_forward)(&a->attn.cx, ln2, a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT, mid,
                              b->ln2_w, b->ln2_b, BT, D, eps);
         F(be_linear_forward)(&a->attn.cx, fc1, ln2, b->fc1_w, b->fc1_b, BT, D, Hm);
-        F(gelu_erf_forward)(act, fc1, (long)nH);
+        F(be_gelu_erf_forward)(&a->attn.cx, act, fc1, (long)nH);
         F(be_linear_forward)(&a->attn.cx, a->dtmp, act, b->fc2_w, b->fc2_b, BT, Hm, D); /* dtmp: MLP output */
         F(vit_add)(xo, mid, a->dtmp, nD);
     }
@@ -171,13 +171,13 @@ real F(vit_forward)(const moh_vit_config *cfg, const F(vit_params) *p, F(vit_act
         }
         for (int c = 0; c < D; c++) pb[c] /= (real)Np;
     }
-    F(layernorm_forward)(a->fnorm, a->fnorm_mean, a->fnorm_rstd, a->pooled, p->norm_w, p->norm_b, B, D, eps);
+    F(be_layernorm_forward)(&a->attn.cx, a->fnorm, a->fnorm_mean, a->fnorm_rstd, a->pooled, p->norm_w, p->norm_b, B, D, eps);
     F(be_linear_forward)(&a->attn.cx, a->logits, a->fnorm, p->head_w, p->head_b, B, D, K);
     if (!labels) {
         a->ce_loss = 0;
         return 0;
     }
-    a->ce_loss = F(cross_entropy_forward)(a->probs, a->logits, labels, B, K, (real)cfg->label_smoothing);
+    a->ce_loss = F(be_cross_entropy_forward)(&a->attn.cx, a->probs, a->logits, labels, B, K, (real)cfg->label_smoothing);
     return a->ce_loss + (real)cfg->load_balance_coef * a->lb_loss;
 }
 
@@ -193,11 +193,11 @@ void F(vit_backward)(const moh_vit_config *cfg, const F(vit_params) *p, const F(
     real *dres = a->dres, *dtmp = a->dtmp, *dff = a->dff;
     /* head, final norm, pooling */
     memset(a->dlogits, 0, sizeof(real) * (size_t)B * K);
-    F(cross_entropy_backward)(a->dlogits, a->probs, labels, B, K, (real)cfg->label_smoothing, 1);
+    F(be_cross_entropy_backward)(&a->attn.cx, a->dlogits, a->probs, labels, B, K, (real)cfg->label_smoothing, 1);
     memset(a->dfnorm, 0, sizeof(real) * (size_t)B * D);
     F(be_linear_backward)(&a->attn.cx, a->dfnorm, 1, g->head_w, g->head_b, a->dlogits, a->fnorm, p->head_w, B, D, K);
     memset(a->dpooled, 0, sizeof(real) * (size_t)B * D);
-    F(layernorm_backward)(a->dpooled, g->norm_w, g->norm_b, a->dfnorm, a->pooled, p->norm_w,
+    F(be_layernorm_backward)(&a->attn.cx, a->dpooled, g->norm_w, g->norm_b, a->dfnorm, a->pooled, p->norm_w,
                           a->fnorm_mean, a->fnorm_rstd, B, D);
     memset(dres, 0, sizeof(real) * nD);
     for (int b = 0; b < B; b++) {
@@ -218,15 +218,15 @@ void F(vit_backward)(const moh_vit_config *cfg, const F(vit_params) *p, const F(
         real *dact = dff, *dfc1 = dff + nH;
         memset(dff, 0, sizeof(real) * 2 * nH);
         F(be_linear_backward)(&a->attn.cx, dact, 1, gb->fc2_w, gb->fc2_b, dres, a->act + (size_t)l * nH, b->fc2_w, BT, Hm, D);
-        F(gelu_erf_backward)(dfc1, dact, a->fc1 + (size_t)l * nH, (long)nH);
+        F(be_gelu_erf_backward)(&a->attn.cx, dfc1, dact, a->fc1 + (size_t)l * nH, (long)nH);
         memset(dtmp, 0, sizeof(real) * nD);
         F(be_linear_backward)(&a->attn.cx, dtmp, 1, gb->fc1_w, gb->fc1_b, dfc1, a->ln2 + (size_t)l * nD, b->fc1_w, BT, D, Hm);
-        F(layernorm_backward)(dres, gb->ln2_w, gb->ln2_b, dtmp, a->mid + (size_t)l * nD, b->ln2_w,
+        F(be_layernorm_backward)(&a->attn.cx, dres, gb->ln2_w, gb->ln2_b, dtmp, a->mid + (size_t)l * nD, b->ln2_w,
                               a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT, BT, D);
         /* attention branch of mid = x_l + attn(norm1(x_l)) */
         memset(dtmp, 0, sizeof(real) * nD);
         F(attn_layer_backward)(&a->attn.layer[l], &cfg->attn, &b->attn, &gb->attn, dres, lb_scale, dtmp);
-        F(layernorm_backward)(dres, gb->ln1_w, gb->ln1_b, dtmp, a->resid + (size_t)l * nD, b->ln1_w,
+        F(be_layernorm_backward)(&a->attn.cx, dres, gb->ln1_w, gb->ln1_b, dtmp, a->resid + (size_t)l * nD, b->ln1_w,
                               a->ln1_mean + (size_t)l * BT, a->ln1_rstd + (size_t)l * BT, BT, D);
     }
     /* embeddings: x0[b, t] = (t < pre ? cls : pe[b, t - pre]) + pos[t] */

@@ -3,8 +3,10 @@
 #include <omp.h>
 #include <stdlib.h>
 
+#include "backend/backend.h"
+
 int optim_init(optim *o, const model *m, int kind, bool bf16, moh_error *err) {
-    *o = (optim){.kind = kind, .n = m->n};
+    *o = (optim){.kind = kind, .n = m->n, .be = backend_get(MOH_DEVICE_CPU)};
     o->ts = model_tensors(m, &o->nt);
     o->decay = calloc(m->n, sizeof(bool));
     if (!o->ts || !o->decay) return moh_fail(err, MOH_E_NOMEM, "optimizer: out of memory");
@@ -48,13 +50,14 @@ void optim_free(optim *o) {
 void optim_step(const optim *o, const adamw_config *ac, const muon_config *mc, float *w, const float *g,
                 float *m1, float *m2, long t, double lr, double muon_lr) {
     if (o->kind != OPTIM_MUON) {
-        adamw_step(ac, w, g, m1, m2, o->decay, o->n, t, lr);
+        o->be->adamw_update(ac, w, g, m1, m2, o->decay, o->n, t, lr);
         return;
     }
     for (int i = 0; i < o->nt; i++) {
         const model_tensor *e = &o->ts[i];
         const size_t k = e->offset;
-        if (!(e->hidden && e->ndim == 2)) adamw_step(ac, w + k, g + k, m1 + k, m2 + k, o->decay + k, e->numel, t, lr);
+        if (!(e->hidden && e->ndim == 2))
+            o->be->adamw_update(ac, w + k, g + k, m1 + k, m2 + k, o->decay + k, e->numel, t, lr);
     }
     /* whole matrices per thread, each with its own scratch and bf16 context (single-threaded GEMMs:
      * these matrices are too small for a GEMM to scale over threads); a matrix's result does not

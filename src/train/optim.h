@@ -1,10 +1,10 @@
 /* The optimizer over a model's parameter buffer, shared by the trainer and `moh bench train`:
- * AdamW on every tensor (train/adamw.h), or Muon (train/muon.h) on the tensors the family's
+ * AdamW on every tensor (ops/adamw.h), or Muon (train/muon.h) on the tensors the family's
  * registry marks hidden (attention and MLP matrices) and AdamW on the rest. */
 #ifndef MOH_OPTIM_H
 #define MOH_OPTIM_H
 #include "models/model.h"
-#include "train/adamw.h"
+#include "ops/adamw.h"
 #include "train/muon.h"
 
 enum { OPTIM_ADAMW = 0, OPTIM_MUON = 1 }; /* train_hparams.optimizer */
@@ -19,6 +19,7 @@ typedef struct optim {
     size_t work_floats;/* Muon scratch per thread (the largest hidden matrix's) */
     float *work;       /* [nctx * work_floats] */
     bf16_ctx **bc;     /* [nctx]: Newton-Schulz products in bf16, or NULLs (fp32) */
+    const struct moh_backend *be; /* runs the AdamW updates (backend.h; the CPU unless set after init) */
 } optim;
 
 /* For model m: kind, and bf16 (Newton-Schulz in bf16; the caller has resolved that the CPU has

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 
 #include "core/fsutil.h"
-#include "train/adamw.h"
+#include "ops/adamw.h"
 #include "train/optim.h"
 #include "train/dist.h"
 #include "io/manifest.h"
@@ -327,6 +327,7 @@ static int setup_run(trainer *tr, train_keys_present present, bool ema_found, co
     /* Muon's Newton-Schulz products in bf16 where the step runs bf16 */
     const bool bf16 = hp->precision == MOH_PRECISION_BF16 && !*why;
     if ((rc = optim_init(&tr->opt, m, hp->optimizer, bf16, err))) return rc;
+    tr->opt.be = tr->be;
     if ((rc = model_params_new(fam, m->cfg, &tr->g, &tr->gdata, &tr->gn, err))) return rc;
     if (!o->resume) {
         if (!o->init_path) fam->init_random(m->cfg, m->params, hp->seed); /* else the pretrained weights */
@@ -771,7 +772,7 @@ static int run_update(trainer *tr, run_loop *L, step_out *S, moh_error *err) {
     const train_hparams *hp = &st->hp;
     model *m = &tr->m;
     const long step = S->step;
-    S->gnorm = clip_grad_norm(tr->gdata, tr->gn, hp->grad_clip);
+    S->gnorm = tr->be->clip_grad_norm(tr->gdata, tr->gn, hp->grad_clip);
     S->bad = !isfinite(S->loss) || !isfinite(S->gnorm);
     if (S->bad) {
         L->bad_run++;
@@ -797,11 +798,7 @@ static int run_update(trainer *tr, run_loop *L, step_out *S, moh_error *err) {
     optim_step(&tr->opt, &ac, &mc, m->data, tr->gdata, tr->m1, tr->m2, step + 1, S->lr, S->lr_muon);
     if (tr->ema) { /* decay warmed up over the first updates: min(d, (1 + n) / (10 + n)) */
         const double n = (double)(step + 1), dn = (1.0 + n) / (10.0 + n);
-        const float dd = (float)(hp->ema_decay < dn ? hp->ema_decay : dn), one = 1.0f - dd;
-        float *e = tr->ema;
-        const float *w = m->data;
-#pragma omp parallel for schedule(static) if (m->n >= 65536)
-        for (size_t i = 0; i < m->n; i++) e[i] = dd * e[i] + one * w[i];
+        tr->be->ema_update(tr->ema, m->data, m->n, (float)(hp->ema_decay < dn ? hp->ema_decay : dn));
     }
     return MOH_OK;
 }

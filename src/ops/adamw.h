@@ -23,4 +23,7 @@ double lr_schedule(long step, long warmup, long total, double max_lr, double min
 /* Global L2 norm of grads[n]; when max_norm > 0 and the norm exceeds it, scales grads in place
  * to max_norm. Returns the norm before clipping. Fixed summation order (deterministic). */
 double clip_grad_norm(float *grads, size_t n, double max_norm);
+
+/* Exponential moving average of the weights: ema[i] = decay ema[i] + (1 - decay) w[i], i < n. */
+void ema_update(float *ema, const float *w, size_t n, float decay);
 #endif

@@ -1,4 +1,4 @@
-#include "train/adamw.h"
+#include "ops/adamw.h"
 
 #include <math.h>
 
@@ -47,4 +47,10 @@ double clip_grad_norm(float *grads, size_t n, double max_norm) {
         for (size_t i = 0; i < n; i++) grads[i] *= scale;
     }
     return norm;
+}
+
+void ema_update(float *ema, const float *w, size_t n, float decay) {
+    const float one = 1.0f - decay;
+#pragma omp parallel for schedule(static) if (n >= 65536)
+    for (size_t i = 0; i < n; i++) ema[i] = decay * ema[i] + one * w[i];
 }
