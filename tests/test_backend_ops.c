@@ -115,6 +115,14 @@ static void cpu_ops_case(test_ctx *ctx, const be_ctx *cx, int M, int C) {
     cmp(ctx, &b, 6, b.n, "layernorm_backward dinp", M, C, &worst);
     cmp(ctx, &b, 7, (size_t)C, "layernorm_backward dw", M, C, &worst);
     cmp(ctx, &b, 8, (size_t)C, "layernorm_backward db", M, C, &worst);
+    bufs_fill(&b, &r); /* without affine (w = b = NULL: the DiT's) */
+    be_layernorm_forward_f32(cx, f[0], f[1], f[2], f[3], NULL, NULL, M, C, 1e-6f);
+    layernorm_forward_f64(d[0], d[1], d[2], d[3], NULL, NULL, M, C, 1e-6);
+    cmp(ctx, &b, 0, b.n, "layernorm_forward (no affine)", M, C, &worst);
+    for (int i = 0; i < M; i++) d[1][i] = f[1][i], d[2][i] = f[2][i];
+    be_layernorm_backward_f32(cx, f[6], NULL, NULL, f[9], f[3], NULL, f[1], f[2], M, C);
+    layernorm_backward_f64(d[6], NULL, NULL, d[9], d[3], NULL, d[1], d[2], M, C);
+    cmp(ctx, &b, 6, b.n, "layernorm_backward (no affine) dinp", M, C, &worst);
     bufs_fill(&b, &r);
     be_rmsnorm_forward_f32(cx, f[0], f[1], f[2], f[3], M, C, 1e-6f);
     rmsnorm_forward_f64(d[0], d[1], d[2], d[3], M, C, 1e-6);

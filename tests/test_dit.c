@@ -38,22 +38,22 @@ static void fill(double *x, size_t n, test_rng *r, double s) {
     for (size_t i = 0; i < n; i++) x[i] = test_rng_uniform(r) * s;
 }
 
-/* modulate and LN without affine: loss = sum(w * LN-modulate(x)) against finite differences in
+/* modulate and LN without affine (the ops' LayerNorm with w = b = NULL): loss = sum(w * LN-modulate(x)) against finite differences in
  * x, shift, scale */
 static void op_tests(test_ctx *ctx) {
     enum { B = 2, N = 3, D = 5, M = B * N };
     test_rng r = {0xD17ULL};
-    double x[M * D], mod[B * 2 * D], w[M * D], n[M * D], h[M * D], rstd[M];
+    double x[M * D], mod[B * 2 * D], w[M * D], n[M * D], h[M * D], mean[M], rstd[M];
     fill(x, M * D, &r, 1.5);
     fill(mod, B * 2 * D, &r, 0.7);
     fill(w, M * D, &r, 1.0);
     double *vars[2] = {x, mod};
     const int sizes[2] = {M * D, B * 2 * D};
     double dx[M * D] = {0}, dmod[B * 2 * D] = {0}, dn[M * D] = {0};
-    dit_ln_forward_f64(n, rstd, x, M, D);
+    layernorm_forward_f64(n, mean, rstd, x, NULL, NULL, M, D, DIT_LN_EPS);
     dit_modulate_forward_f64(h, n, mod, mod + D, 2 * D, B, N, D);
     dit_modulate_backward_f64(dn, dmod, dmod + D, w, n, mod + D, 2 * D, B, N, D);
-    dit_ln_backward_f64(dx, dn, n, rstd, M, D);
+    layernorm_backward_f64(dx, NULL, NULL, dn, x, NULL, mean, rstd, M, D);
     double *grads[2] = {dx, dmod};
     double worst = 0.0;
     for (int v = 0; v < 2; v++)
@@ -62,7 +62,7 @@ static void op_tests(test_ctx *ctx) {
             const double keep = vars[v][i];
             for (int s = 0; s < 2; s++) {
                 vars[v][i] = keep + (s ? -1e-6 : 1e-6);
-                dit_ln_forward_f64(n, rstd, x, M, D);
+                layernorm_forward_f64(n, mean, rstd, x, NULL, NULL, M, D, DIT_LN_EPS);
                 dit_modulate_forward_f64(h, n, mod, mod + D, 2 * D, B, N, D);
                 loss[s] = 0;
                 for (int j = 0; j < M * D; j++) loss[s] += w[j] * h[j];

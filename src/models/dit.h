@@ -37,6 +37,7 @@
 #define DIT_MAX_DEPTH 64
 #define DIT_MAX_CHANS 16
 #define DIT_FREQ_DIM 256 /* TimestepEmbedder.frequency_embedding_size */
+#define DIT_LN_EPS 1e-6   /* the blocks' and the final layer's nn.LayerNorm(elementwise_affine=False, eps=1e-6) */
 
 /* config.json of a DiT (the official DiT constructor's argument names plus the MoH and diffusion
  * fields). */

@@ -37,12 +37,12 @@ typedef struct F(dit_acts) {
     real *fmod;            /* [B, 2D] final adaLN: shift, scale */
     real *resid;           /* [L + 1, BN, D] input of each block, then the final residual */
     real *mid;             /* [L, BN, D] residual after the attention branch */
-    real *n1, *rstd1;      /* [L, BN, D], [L, BN]: LN(x) and its 1/std */
+    real *n1, *mean1, *rstd1; /* [L, BN, D], [L, BN], [L, BN]: LN(x), its mean and 1/std */
     real *h1;              /* [L, BN, D] modulated attention input (the attention caches borrow it) */
     real *ao;              /* [L, BN, D] attention output */
-    real *n2, *rstd2, *h2; /* [L, BN, D], [L, BN], [L, BN, D] */
+    real *n2, *mean2, *rstd2, *h2; /* [L, BN, D], [L, BN], [L, BN], [L, BN, D] */
     real *fc1, *act, *f2;  /* [L, BN, Hm], [L, BN, Hm], [L, BN, D]: fc1, GELU(tanh), fc2 outputs */
-    real *nf, *rstdf, *hf; /* [BN, D], [BN], [BN, D] final LN, 1/std, modulated */
+    real *nf, *meanf, *rstdf, *hf; /* [BN, D], [BN], [BN], [BN, D] final LN, mean, 1/std, modulated */
     real *out_tok;         /* [BN, P] final linear output */
     real *out;             /* [B, C, H, W] eps prediction (unpatchified) */
     real *dres, *dtmp, *dh;/* [BN, D] each: backward scratch */
@@ -82,10 +82,6 @@ void F(dit_modulate_forward)(real *out, const real *x, const real *shift, const 
 /* Its backward: ACCUMULATES dx (may be NULL) and dshift, dscale (rows of stride ld). */
 void F(dit_modulate_backward)(real *dx, real *dshift, real *dscale, const real *dout, const real *x,
                               const real *scale, int ld, int B, int N, int D);
-/* LayerNorm without affine (eps 1e-6): out [M, D] = (x - mean) rstd, rstd [M] saved. */
-void F(dit_ln_forward)(real *out, real *rstd, const real *x, int M, int D);
-/* Its backward from the saved output: ACCUMULATES dx [M, D]. */
-void F(dit_ln_backward)(real *dx, const real *dout, const real *out, const real *rstd, int M, int D);
 /* TimestepEmbedder.timestep_embedding(t, 256): out [B, 256] = [cos(t w), sin(t w)], w_i =
  * exp(-ln(10000) i / 128) computed in float32 as PyTorch does. */
 void F(dit_timestep_freq)(real *out, const int *t, int B);

@@ -56,13 +56,13 @@ int F(dit_acts_init)(F(dit_acts) *a, const moh_dit_config *cfg, int Bmax, bool s
     const size_t L = (size_t)cfg->depth, B = (size_t)Bmax, BN = B * (size_t)cfg->num_patches;
     const size_t D = (size_t)cfg->hidden_size, Hm = (size_t)cfg->mlp_hidden, P = (size_t)cfg->patch_dim;
     real **fields[] = {&a->patches, &a->tfreq, &a->th, &a->ts, &a->cond, &a->csilu, &a->mod, &a->fmod,
-                       &a->resid, &a->mid, &a->n1, &a->rstd1, &a->h1, &a->ao, &a->n2, &a->rstd2, &a->h2,
-                       &a->fc1, &a->act, &a->f2, &a->nf, &a->rstdf, &a->hf, &a->out_tok, &a->out,
+                       &a->resid, &a->mid, &a->n1, &a->mean1, &a->rstd1, &a->h1, &a->ao, &a->n2, &a->mean2,
+                       &a->rstd2, &a->h2, &a->fc1, &a->act, &a->f2, &a->nf, &a->meanf, &a->rstdf, &a->hf, &a->out_tok, &a->out,
                        &a->dres, &a->dtmp, &a->dh, &a->dff, &a->dtok, &a->dmod, &a->dsc, &a->dcond, &a->dth};
     const size_t sizes[] = {BN * P, B * DIT_FREQ_DIM, B * D, B * D, B * D, B * D, L * B * 6 * D, B * 2 * D,
-                            (L + 1) * BN * D, L * BN * D, L * BN * D, L * BN, L * BN * D, L * BN * D,
-                            L * BN * D, L * BN, L * BN * D, L * BN * Hm, L * BN * Hm, L * BN * D, BN * D, BN,
-                            BN * D, BN * P, BN * P, BN * D, BN * D, BN * D, 2 * BN * Hm, BN * P, B * 6 * D,
+                            (L + 1) * BN * D, L * BN * D, L * BN * D, L * BN, L * BN, L * BN * D, L * BN * D,
+                            L * BN * D, L * BN, L * BN, L * BN * D, L * BN * Hm, L * BN * Hm, L * BN * D, BN * D,
+                            BN, BN, BN * D, BN * P, BN * P, BN * D, BN * D, BN * D, 2 * BN * Hm, BN * P, B * 6 * D,
                             B * D, B * D, 2 * B * D};
     size_t total = 0;
     a->block = F(views_alloc)(fields, sizes, sizeof sizes / sizeof sizes[0], &total);
@@ -118,38 +118,6 @@ void F(dit_modulate_backward)(real *dx, real *dshift, real *dscale, const real *
                 for (int c = 0; c < D; c++) d[c] += g[c] * (1 + sc[c]);
             }
         }
-    }
-}
-
-void F(dit_ln_forward)(real *out, real *rstd, const real *x, int M, int D) {
-#pragma omp parallel for if ((long)M * D >= 32768) schedule(static)
-    for (int m = 0; m < M; m++) {
-        const real *xr = x + (size_t)m * D;
-        real *o = out + (size_t)m * D;
-        real s = 0;
-        for (int c = 0; c < D; c++) s += xr[c];
-        const real mu = s / (real)D;
-        real v = 0;
-        for (int c = 0; c < D; c++) v += (xr[c] - mu) * (xr[c] - mu);
-        const real r = (real)(1.0 / sqrt((double)(v / (real)D) + 1e-6)); /* biased variance, as PyTorch */
-        for (int c = 0; c < D; c++) o[c] = (xr[c] - mu) * r;
-        rstd[m] = r;
-    }
-}
-
-void F(dit_ln_backward)(real *dx, const real *dout, const real *out, const real *rstd, int M, int D) {
-#pragma omp parallel for if ((long)M * D >= 32768) schedule(static)
-    for (int m = 0; m < M; m++) {
-        const real *g = dout + (size_t)m * D, *n = out + (size_t)m * D;
-        real sg = 0, sgn = 0;
-        for (int c = 0; c < D; c++) {
-            sg += g[c];
-            sgn += g[c] * n[c];
-        }
-        sg /= (real)D;
-        sgn /= (real)D;
-        real *d = dx + (size_t)m * D;
-        for (int c = 0; c < D; c++) d[c] += (g[c] - sg - n[c] * sgn) * rstd[m];
     }
 }
 
@@ -280,14 +248,16 @@ real F(dit_forward)(const moh_dit_config *cfg, const F(dit_params) *p, F(dit_act
         real *fc1 = a->fc1 + (size_t)l * nH, *act = a->act + (size_t)l * nH;
         F(be_linear_forward)(&a->attn.cx, mod, a->csilu, bk->ada_w, bk->ada_b, B, D, D6);
         /* attention branch: x + gate1 * attn(modulate(LN(x), shift1, scale1)) */
-        F(dit_ln_forward)(n1, a->rstd1 + (size_t)l * BN, xi, BN, D);
+        F(be_layernorm_forward)(&a->attn.cx, n1, a->mean1 + (size_t)l * BN, a->rstd1 + (size_t)l * BN, xi, NULL, NULL, BN,
+                                D, (real)DIT_LN_EPS);
         F(dit_modulate_forward)(h1, n1, mod, mod + D, D6, B, N, D);
         F(attn_layer_forward)(&a->attn.layer[l], &cfg->attn[l], &bk->attn, h1, B, N, ao);
         if (F(dit_layer_routes)(cfg, l)) lb += F(attn_layer_router)(&a->attn.layer[l])->lb_loss;
         memcpy(mid, xi, sizeof(real) * nD);
         F(dit_gated_add)(mid, mod + 2 * D, ao, D6, B, N, D);
         /* MLP branch: mid + gate2 * fc2(gelu_tanh(fc1(modulate(LN(mid), shift2, scale2)))) */
-        F(dit_ln_forward)(n2, a->rstd2 + (size_t)l * BN, mid, BN, D);
+        F(be_layernorm_forward)(&a->attn.cx, n2, a->mean2 + (size_t)l * BN, a->rstd2 + (size_t)l * BN, mid, NULL, NULL, BN,
+                                D, (real)DIT_LN_EPS);
         F(dit_modulate_forward)(h2, n2, mod + 3 * D, mod + 4 * D, D6, B, N, D);
         F(be_linear_forward)(&a->attn.cx, fc1, h2, bk->fc1_w, bk->fc1_b, BN, D, Hm);
         F(be_gelu_tanh_forward)(&a->attn.cx, act, fc1, (long)nH);
@@ -298,7 +268,8 @@ real F(dit_forward)(const moh_dit_config *cfg, const F(dit_params) *p, F(dit_act
     a->lb_loss = cfg->routing_layers ? (real)(lb / cfg->routing_layers) : 0;
     /* final layer, unpatchify */
     F(be_linear_forward)(&a->attn.cx, a->fmod, a->csilu, p->fa_w, p->fa_b, B, D, 2 * D);
-    F(dit_ln_forward)(a->nf, a->rstdf, a->resid + (size_t)L * nD, BN, D);
+    F(be_layernorm_forward)(&a->attn.cx, a->nf, a->meanf, a->rstdf, a->resid + (size_t)L * nD, NULL, NULL, BN, D,
+                            (real)DIT_LN_EPS);
     F(dit_modulate_forward)(a->hf, a->nf, a->fmod, a->fmod + D, 2 * D, B, N, D);
     F(be_linear_forward)(&a->attn.cx, a->out_tok, a->hf, p->fl_w, p->fl_b, BN, D, P);
     F(dit_unpatchify)(cfg, a->out, a->out_tok, B, 0);
@@ -334,7 +305,8 @@ void F(dit_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(
     memset(dtmp, 0, sizeof(real) * nD);
     F(dit_modulate_backward)(dtmp, a->dmod, a->dmod + D, dh, a->nf, a->fmod + D, 2 * D, B, N, D);
     memset(dres, 0, sizeof(real) * nD);
-    F(dit_ln_backward)(dres, dtmp, a->nf, a->rstdf, BN, D);
+    F(be_layernorm_backward)(&a->attn.cx, dres, NULL, NULL, dtmp, a->resid + (size_t)L * nD, NULL, a->meanf, a->rstdf,
+                             BN, D);
     memset(dsc, 0, sizeof(real) * (size_t)B * D);
     F(be_linear_backward)(&a->attn.cx, dsc, 1, g->fa_w, g->fa_b, a->dmod, a->csilu, p->fa_w, B, D, 2 * D);
     for (int l = L - 1; l >= 0; l--) {
@@ -353,14 +325,16 @@ void F(dit_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(
         F(be_linear_backward)(&a->attn.cx, dh, 1, gb->fc1_w, gb->fc1_b, dfc1, a->h2 + (size_t)l * nD, bk->fc1_w, BN, D, Hm);
         memset(dtmp, 0, sizeof(real) * nD);
         F(dit_modulate_backward)(dtmp, dmod + 3 * D, dmod + 4 * D, dh, a->n2 + (size_t)l * nD, mod + 4 * D, D6, B, N, D);
-        F(dit_ln_backward)(dres, dtmp, a->n2 + (size_t)l * nD, a->rstd2 + (size_t)l * BN, BN, D);
+        F(be_layernorm_backward)(&a->attn.cx, dres, NULL, NULL, dtmp, a->mid + (size_t)l * nD, NULL,
+                                 a->mean2 + (size_t)l * BN, a->rstd2 + (size_t)l * BN, BN, D);
         /* attention branch: mid = x + gate1 * ao; dres holds d mid and becomes d x */
         F(dit_gated_add_backward)(dtmp, dmod + 2 * D, dres, mod + 2 * D, a->ao + (size_t)l * nD, D6, B, N, D);
         memset(dh, 0, sizeof(real) * nD);
         F(attn_layer_backward)(&a->attn.layer[l], &cfg->attn[l], &bk->attn, &gb->attn, dtmp, lb_scale, dh);
         memset(dtmp, 0, sizeof(real) * nD);
         F(dit_modulate_backward)(dtmp, dmod, dmod + D, dh, a->n1 + (size_t)l * nD, mod + D, D6, B, N, D);
-        F(dit_ln_backward)(dres, dtmp, a->n1 + (size_t)l * nD, a->rstd1 + (size_t)l * BN, BN, D);
+        F(be_layernorm_backward)(&a->attn.cx, dres, NULL, NULL, dtmp, a->resid + (size_t)l * nD, NULL,
+                                 a->mean1 + (size_t)l * BN, a->rstd1 + (size_t)l * BN, BN, D);
         F(be_linear_backward)(&a->attn.cx, dsc, 1, gb->ada_w, gb->ada_b, dmod, a->csilu, bk->ada_w, B, D, D6);
     }
     /* conditioning: c = t_emb + y_emb, SiLU(c) */

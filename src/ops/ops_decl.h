@@ -14,7 +14,9 @@ void F(linear_forward)(real *out, const real *inp, const real *w, const real *b,
 void F(linear_backward)(real *dinp, real *dw, real *db, const real *dout, const real *inp,
                         const real *w, int M, int I, int O);
 
-/* LayerNorm over the last dim C: out = (x - mean) * rstd * w + b; mean[M], rstd[M] saved. */
+/* LayerNorm over the last dim C: out = (x - mean) * rstd * w + b; mean[M], rstd[M] saved. w and b
+ * both NULL: no affine (nn.LayerNorm(elementwise_affine=False), the DiT's); backward then takes
+ * dw = db = NULL. */
 void F(layernorm_forward)(real *out, real *mean, real *rstd, const real *inp, const real *w,
                           const real *b, int M, int C, real eps);
 void F(layernorm_backward)(real *dinp, real *dw, real *db, const real *dout, const real *inp,

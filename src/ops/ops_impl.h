@@ -87,7 +87,10 @@ void F(layernorm_forward)(real *out, real *mean, real *rstd, const real *inp, co
         for (int c = 0; c < C; c++) v += (x[c] - mu) * (x[c] - mu);
         v /= (real)C; /* biased variance, as PyTorch */
         real r = (real)1 / F(r_sqrt)(v + eps);
-        for (int c = 0; c < C; c++) o[c] = (x[c] - mu) * r * w[c] + b[c];
+        if (w)
+            for (int c = 0; c < C; c++) o[c] = (x[c] - mu) * r * w[c] + b[c];
+        else
+            for (int c = 0; c < C; c++) o[c] = (x[c] - mu) * r;
         mean[m] = mu;
         rstd[m] = r;
     }
@@ -102,7 +105,7 @@ void F(layernorm_backward)(real *dinp, real *dw, real *db, const real *dout, con
             real mu = mean[m], r = rstd[m];
             real sg = 0, sgn = 0; /* sums of dnorm and dnorm * norm */
             for (int c = 0; c < C; c++) {
-                real dn = g[c] * w[c];
+                real dn = w ? g[c] * w[c] : g[c];
                 sg += dn;
                 sgn += dn * (x[c] - mu) * r;
             }
@@ -111,7 +114,7 @@ void F(layernorm_backward)(real *dinp, real *dw, real *db, const real *dout, con
             real *d = dinp + (long)m * C;
             for (int c = 0; c < C; c++) {
                 real n = (x[c] - mu) * r;
-                d[c] += (g[c] * w[c] - sg - n * sgn) * r;
+                d[c] += ((w ? g[c] * w[c] : g[c]) - sg - n * sgn) * r;
             }
         }
     }
