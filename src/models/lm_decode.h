@@ -48,8 +48,7 @@ typedef struct lm_kv_cache {
 int lm_kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, int max_T, moh_error *err);
 /* A bf16 cache for up to max_T tokens decoding the parameters p (their bf16 copy is made here,
  * once; p must stay unchanged and be the p given to every lm_decode_step / lm_prefill on this
- * cache). Works on any CPU (portable kernels without AVX-512; attn_decode_precision says whether it
- * pays). MOH_OK, MOH_E_NOMEM. */
+ * cache). Works on any CPU (attn_decode_precision says whether it pays). MOH_OK, MOH_E_NOMEM. */
 int lm_kv_init_bf16(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, int max_T, moh_error *err);
 void lm_kv_free(lm_kv_cache *kv);
 /* Empties the cache (pos = 0) without freeing it. */
@@ -77,8 +76,8 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
  * cache is given parameters other than those it was built for. */
 int lm_kv_calibrate(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, moh_error *err);
 /* The team split, the precision and what a cache decodes with are the decode side's:
- * attn_decode_copy_split(&dst->dc, &src->dc), attn_decode_describe_split, attn_decode_precision
- * (bf16 where the CPU has AVX-512F/BW), attn_decode_describe. */
+ * attn_decode_copy_split(&dst->dc, &src->dc), attn_decode_describe_split, attn_decode_precision,
+ * attn_decode_describe. */
 
 /* Scratch of lm_prefill for prompts of up to max_n tokens: one layer's activations at a time
  * (x, xn, y [max_n, C]; gate, up [max_n, I]; rstd [max_n]), one head-sparse attention layer

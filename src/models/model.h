@@ -535,9 +535,9 @@ typedef struct model_shards {
 int model_shards_init(model_shards *w, const model *m, int batch, int T, int n, bool with_grads,
                       bool sparse, moh_error *err);
 void model_shards_free(model_shards *w, const model *m);
-/* Compute in precision p (default fp32). bf16 runs only when the CPU has AVX512-BF16 or AMX-BF16
- * (every family: its attn_stack takes the weights' bf16 copy); otherwise fp32, and note[cap] says
- * why (else "").
+/* Compute in precision p (default fp32). bf16 runs only where the backend has a bf16 path
+ * (precision_resolve; every family: its attn_stack takes the weights' bf16 copy); otherwise fp32,
+ * and note[cap] says why (else "").
  * w->precision gets what runs. MOH_OK or MOH_E_NOMEM. */
 int model_shards_set_precision(model_shards *w, const model *m, moh_precision p, char *note, size_t cap,
                                moh_error *err);
