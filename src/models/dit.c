@@ -95,27 +95,14 @@ static model_tensor *build(const moh_dit_config *cfg, int *n, unsigned char **in
 model_tensor *dit_tensors(const moh_dit_config *cfg, int *n) { return build(cfg, n, NULL); }
 
 void dit_params_init_random(const moh_dit_config *cfg, dit_params_f32 *p, uint64_t seed) {
+    static const model_init laws[] = {[INIT_ZERO] = {MODEL_INIT_ZERO, 0}, [INIT_XAVIER] = {MODEL_INIT_XAVIER, 0},
+                                      [INIT_N002] = {MODEL_INIT_NORMAL, 0.02}, [INIT_POS] = {MODEL_INIT_FAMILY, 0}};
     int nt = 0;
     unsigned char *kind = NULL;
     model_tensor *ts = build(cfg, &nt, &kind);
-    uint64_t s = seed ^ 0x646974ULL; /* "dit" */
-    for (int i = 0; ts && i < nt; i++) {
-        float *x = p->data + ts[i].offset;
-        const model_tensor *t = &ts[i];
-        /* xavier_uniform_: fan_out = dim 0, fan_in = the rest (a conv weight viewed as [D, C p p]) */
-        const double fan_out = (double)t->shape[0], fan_in = (double)t->numel / fan_out;
-        const double bound = sqrt(6.0 / (fan_in + fan_out));
-        if (kind[i] == INIT_POS) {
-            dit_pos_embed(cfg, x);
-            continue;
-        }
-        for (size_t j = 0; j < t->numel; j++) {
-            double v = 0.0;
-            if (kind[i] == INIT_XAVIER) v = bound * (2.0 * moh_rng_uniform01(&s) - 1.0);
-            else if (kind[i] == INIT_N002) v = 0.02 * moh_rng_normal(&s);
-            x[j] = (float)v;
-        }
-    }
+    model_init_random(ts, kind, nt, laws, p->data, seed ^ 0x646974ULL /* "dit" */);
+    for (int i = 0; ts && i < nt; i++)
+        if (kind[i] == INIT_POS) dit_pos_embed(cfg, p->data + ts[i].offset);
     free(ts);
     free(kind);
 }

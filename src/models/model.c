@@ -4,6 +4,7 @@
 
 #include <cjson/cJSON.h>
 #include <limits.h>
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,43 +279,37 @@ model_tensor *model_tensor_list_done(model_tensor_list *L, int *n, unsigned char
     return L->t;
 }
 
+/* *out = obj when rc is MOH_OK, else obj freed; returns rc. */
+static int hand_over(void *obj, int rc, void **out) {
+    if (rc) free(obj);
+    else *out = obj;
+    return rc;
+}
+
+/* release(obj), then obj's memory (NULL: nothing). */
+static void release_free(void (*release)(void *), void *obj) {
+    if (!obj) return;
+    release(obj);
+    free(obj);
+}
+
 int model_params_new(const model_family *f, const void *cfg, void **params, float **data, size_t *n,
                      moh_error *err) {
     void *p = calloc(1, f->params_size);
     if (!p) return moh_fail(err, MOH_E_NOMEM, "model: out of memory");
-    const int rc = f->params_init(p, cfg, data, n, err);
-    if (rc) {
-        free(p);
-        return rc;
-    }
-    *params = p;
-    return MOH_OK;
+    return hand_over(p, f->params_init(p, cfg, data, n, err), params);
 }
 
-void model_params_free(const model_family *f, void *params) {
-    if (!params) return;
-    f->params_release(params);
-    free(params);
-}
+void model_params_free(const model_family *f, void *params) { release_free(f->params_release, params); }
 
 int model_acts_new(const model_family *f, const void *cfg, int Bmax, int T, bool sparse, void **acts,
                    moh_error *err) {
     void *a = calloc(1, f->acts_size);
     if (!a) return moh_fail(err, MOH_E_NOMEM, "model: out of memory");
-    const int rc = f->acts_init(a, cfg, Bmax, T, sparse, err);
-    if (rc) {
-        free(a);
-        return rc;
-    }
-    *acts = a;
-    return MOH_OK;
+    return hand_over(a, f->acts_init(a, cfg, Bmax, T, sparse, err), acts);
 }
 
-void model_acts_free(const model_family *f, void *acts) {
-    if (!acts) return;
-    f->acts_release(acts);
-    free(acts);
-}
+void model_acts_free(const model_family *f, void *acts) { release_free(f->acts_release, acts); }
 
 void batch_source_free(batch_source *s) {
     if (s->free && s->self) s->free(s->self);
@@ -563,4 +558,35 @@ int model_dump_logits(const model *m, batch_source *src, const char *path, moh_e
     free(scratch);
     model_acts_free(f, acts);
     return rc;
+}
+
+void model_init_random(const model_tensor *ts, const unsigned char *kind, int nt, const model_init *laws,
+                       float *data, uint64_t seed) {
+    uint64_t s = seed;
+    for (int i = 0; ts && i < nt; i++) {
+        const model_tensor *t = &ts[i];
+        const model_init *law = &laws[kind[i]];
+        float *x = data + t->offset;
+        double bound = law->scale;
+        if (law->law == MODEL_INIT_FAMILY) continue;
+        if (law->law == MODEL_INIT_XAVIER) {
+            const double fan_out = (double)t->shape[0], fan_in = (double)t->numel / fan_out;
+            bound = sqrt(6.0 / (fan_in + fan_out));
+        }
+        for (size_t j = 0; j < t->numel; j++) {
+            double v = 0.0;
+            switch (law->law) {
+            case MODEL_INIT_ONE: v = 1.0; break;
+            case MODEL_INIT_UNIFORM:
+            case MODEL_INIT_XAVIER: v = bound * (2.0 * moh_rng_uniform01(&s) - 1.0); break;
+            case MODEL_INIT_NORMAL: v = law->scale * moh_rng_normal(&s); break;
+            case MODEL_INIT_TRUNC_NORMAL:
+                do v = law->scale * moh_rng_normal(&s);
+                while (v < -2.0 || v > 2.0);
+                break;
+            default: break;
+            }
+            x[j] = (float)v;
+        }
+    }
 }

@@ -55,6 +55,23 @@ void model_tensor_push(model_tensor_list *L, int decay, int init, int ndim, cons
 /* Hands over the table (*n its count) and, when init_out is not NULL, the kinds; frees the rest. */
 model_tensor *model_tensor_list_done(model_tensor_list *L, int *n, unsigned char **init_out);
 
+/* How a kind of tensor is initialised (model_init_random): zero, one, uniform in [-scale, scale),
+ * xavier_uniform_ (bound sqrt(6 / (fan_in + fan_out)), fan_out = dim 0, fan_in the rest), normal with
+ * std scale, normal with std scale redrawn outside [-2, 2] (timm's trunc_normal_), or filled by the
+ * family (skipped). */
+typedef enum model_init_law {
+    MODEL_INIT_ZERO, MODEL_INIT_ONE, MODEL_INIT_UNIFORM, MODEL_INIT_XAVIER, MODEL_INIT_NORMAL,
+    MODEL_INIT_TRUNC_NORMAL, MODEL_INIT_FAMILY
+} model_init_law;
+typedef struct model_init {
+    model_init_law law;
+    double scale;
+} model_init;
+/* Initialises data by the registry ts [nt] and kinds (model_tensor_list_done): tensor i by
+ * laws[kind[i]], element by element in order, from one splitmix64 stream seeded with seed. */
+void model_init_random(const model_tensor *ts, const unsigned char *kind, int nt, const model_init *laws,
+                       float *data, uint64_t seed);
+
 /* Naming schemes of the tensor registry. */
 typedef enum model_naming {
     MODEL_NAMES_CHECKPOINT = 0, /* the family's PyTorch state_dict names (model.safetensors) */

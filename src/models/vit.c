@@ -70,28 +70,13 @@ static vit_tensor *build(const moh_vit_config *cfg, int *n, unsigned char **init
 vit_tensor *vit_tensors(const moh_vit_config *cfg, int *n) { return build(cfg, n, NULL); }
 
 void vit_params_init_random(const moh_vit_config *cfg, vit_params_f32 *p, uint64_t seed) {
+    const model_init laws[] = {[INIT_ZERO] = {MODEL_INIT_ZERO, 0}, [INIT_ONE] = {MODEL_INIT_ONE, 0},
+                               [INIT_TRUNC02] = {MODEL_INIT_TRUNC_NORMAL, 0.02}, [INIT_CLS] = {MODEL_INIT_NORMAL, 1e-6},
+                               [INIT_CONV] = {MODEL_INIT_UNIFORM, 1.0 / sqrt((double)cfg->patch_dim)}};
     int nt = 0;
     unsigned char *kind = NULL;
     vit_tensor *ts = build(cfg, &nt, &kind);
-    uint64_t s = seed ^ 0x766974ULL; /* "vit" */
-    const double bound = 1.0 / sqrt((double)cfg->patch_dim);
-    for (int i = 0; ts && i < nt; i++) {
-        float *x = p->data + ts[i].offset;
-        for (size_t j = 0; j < ts[i].numel; j++) {
-            double v = 0.0;
-            switch (kind[i]) {
-            case INIT_ZERO: v = 0.0; break;
-            case INIT_ONE: v = 1.0; break;
-            case INIT_CLS: v = 1e-6 * moh_rng_normal(&s); break;
-            case INIT_CONV: v = bound * (2.0 * moh_rng_uniform01(&s) - 1.0); break;
-            case INIT_TRUNC02:
-                do v = 0.02 * moh_rng_normal(&s);
-                while (v < -2.0 || v > 2.0);
-                break;
-            }
-            x[j] = (float)v;
-        }
-    }
+    model_init_random(ts, kind, nt, laws, p->data, seed ^ 0x766974ULL /* "vit" */);
     free(ts);
     free(kind);
 }
