@@ -170,6 +170,22 @@ static void cpu_ops_case(test_ctx *ctx, const be_ctx *cx, int M, int C) {
         cross_entropy_backward_f64(d[2], d[0], ids, M, C, ls ? 0.1 : 0.0, 0.5);
         cmp(ctx, &b, 2, b.n, "cross_entropy_backward", M, C, &worst);
     }
+    bufs_fill(&b, &r); /* adaLN: B = M rows of N = 1 token, shift and scale rows of stride C */
+    be_modulate_forward_f32(cx, f[0], f[1], f[2], f[3], C, M, 1, C);
+    modulate_forward_f64(d[0], d[1], d[2], d[3], C, M, 1, C);
+    cmp(ctx, &b, 0, b.n, "modulate_forward", M, C, &worst);
+    be_modulate_backward_f32(cx, f[4], f[5], f[6], f[7], f[1], f[3], C, M, 1, C);
+    modulate_backward_f64(d[4], d[5], d[6], d[7], d[1], d[3], C, M, 1, C);
+    cmp(ctx, &b, 4, b.n, "modulate_backward dx", M, C, &worst);
+    cmp(ctx, &b, 5, b.n, "modulate_backward dshift", M, C, &worst);
+    cmp(ctx, &b, 6, b.n, "modulate_backward dscale", M, C, &worst);
+    be_gated_add_forward_f32(cx, f[8], f[2], f[1], C, M, 1, C);
+    gated_add_forward_f64(d[8], d[2], d[1], C, M, 1, C);
+    cmp(ctx, &b, 8, b.n, "gated_add_forward", M, C, &worst);
+    be_gated_add_backward_f32(cx, f[9], f[3], f[7], f[2], f[1], C, M, 1, C);
+    gated_add_backward_f64(d[9], d[3], d[7], d[2], d[1], C, M, 1, C);
+    cmp(ctx, &b, 9, b.n, "gated_add_backward dy", M, C, &worst);
+    cmp(ctx, &b, 3, b.n, "gated_add_backward dgate", M, C, &worst);
     bufs_fill(&b, &r); /* table: the first min(M, C) rows of buffer 1 */
     be_embedding_forward_f32(cx, f[0], ids, f[1], M, C);
     embedding_forward_f64(d[0], ids, d[1], M, C);
@@ -177,7 +193,7 @@ static void cpu_ops_case(test_ctx *ctx, const be_ctx *cx, int M, int C) {
     be_embedding_backward_f32(cx, f[2], f[3], ids, M, C);
     embedding_backward_f64(d[2], d[3], ids, M, C);
     cmp(ctx, &b, 2, b.n, "embedding_backward", M, C, &worst);
-    printf("  cpu ops M=%4d C=%4d: %d ops against float64, worst error %.2e\n", M, C, 17, worst);
+    printf("  cpu ops M=%4d C=%4d: %d ops against float64, worst error %.2e\n", M, C, 21, worst);
     for (int k = 0; k < NB; k++) {
         free(b.f[k]);
         free(b.d[k]);

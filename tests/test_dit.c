@@ -51,8 +51,8 @@ static void op_tests(test_ctx *ctx) {
     const int sizes[2] = {M * D, B * 2 * D};
     double dx[M * D] = {0}, dmod[B * 2 * D] = {0}, dn[M * D] = {0};
     layernorm_forward_f64(n, mean, rstd, x, NULL, NULL, M, D, DIT_LN_EPS);
-    dit_modulate_forward_f64(h, n, mod, mod + D, 2 * D, B, N, D);
-    dit_modulate_backward_f64(dn, dmod, dmod + D, w, n, mod + D, 2 * D, B, N, D);
+    modulate_forward_f64(h, n, mod, mod + D, 2 * D, B, N, D);
+    modulate_backward_f64(dn, dmod, dmod + D, w, n, mod + D, 2 * D, B, N, D);
     layernorm_backward_f64(dx, NULL, NULL, dn, x, NULL, mean, rstd, M, D);
     double *grads[2] = {dx, dmod};
     double worst = 0.0;
@@ -63,7 +63,7 @@ static void op_tests(test_ctx *ctx) {
             for (int s = 0; s < 2; s++) {
                 vars[v][i] = keep + (s ? -1e-6 : 1e-6);
                 layernorm_forward_f64(n, mean, rstd, x, NULL, NULL, M, D, DIT_LN_EPS);
-                dit_modulate_forward_f64(h, n, mod, mod + D, 2 * D, B, N, D);
+                modulate_forward_f64(h, n, mod, mod + D, 2 * D, B, N, D);
                 loss[s] = 0;
                 for (int j = 0; j < M * D; j++) loss[s] += w[j] * h[j];
             }

@@ -51,6 +51,15 @@ struct moh_backend;
     X(void, cross_entropy_backward, (BE_REAL *dlogits, const BE_REAL *probs, const int *targets, int M, int V,           \
                                      BE_REAL label_smoothing, BE_REAL dloss),                                             \
       (dlogits, probs, targets, M, V, label_smoothing, dloss))                                                      \
+    X(void, modulate_forward, (BE_REAL *out, const BE_REAL *x, const BE_REAL *shift, const BE_REAL *scale, int ld,  \
+                               int B, int N, int D), (out, x, shift, scale, ld, B, N, D))                           \
+    X(void, modulate_backward, (BE_REAL *dx, BE_REAL *dshift, BE_REAL *dscale, const BE_REAL *dout,                 \
+                                const BE_REAL *x, const BE_REAL *scale, int ld, int B, int N, int D),               \
+      (dx, dshift, dscale, dout, x, scale, ld, B, N, D))                                                            \
+    X(void, gated_add_forward, (BE_REAL *x, const BE_REAL *gate, const BE_REAL *y, int ld, int B, int N, int D),    \
+      (x, gate, y, ld, B, N, D))                                                                                    \
+    X(void, gated_add_backward, (BE_REAL *dy, BE_REAL *dgate, const BE_REAL *g, const BE_REAL *gate,                \
+                                 const BE_REAL *y, int ld, int B, int N, int D), (dy, dgate, g, gate, y, ld, B, N, D)) \
     X(void, embedding_forward, (BE_REAL *out, const int *ids, const BE_REAL *table, int M, int C), (out, ids, table, M, C)) \
     X(void, embedding_backward, (BE_REAL *dtable, const BE_REAL *dout, const int *ids, int M, int C),                    \
       (dtable, dout, ids, M, C))

@@ -75,13 +75,6 @@ void F(dit_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(
                      F(dit_acts) *a, const int *y, const real *noise);
 
 /* ---- the DiT ops (exported for the finite-difference tests) ---------------------------------- */
-/* adaLN modulate (models.py modulate): out[b, n, :] = x[b, n, :] (1 + scale[b, :]) + shift[b, :];
- * x, out [B, N, D]; shift and scale rows of stride ld (chunks of the adaLN output [B, k D]). */
-void F(dit_modulate_forward)(real *out, const real *x, const real *shift, const real *scale, int ld, int B,
-                             int N, int D);
-/* Its backward: ACCUMULATES dx (may be NULL) and dshift, dscale (rows of stride ld). */
-void F(dit_modulate_backward)(real *dx, real *dshift, real *dscale, const real *dout, const real *x,
-                              const real *scale, int ld, int B, int N, int D);
 /* TimestepEmbedder.timestep_embedding(t, 256): out [B, 256] = [cos(t w), sin(t w)], w_i =
  * exp(-ln(10000) i / 128) computed in float32 as PyTorch does. */
 void F(dit_timestep_freq)(real *out, const int *t, int B);

@@ -88,39 +88,6 @@ void F(dit_acts_free)(F(dit_acts) *a) {
 
 /* ---- ops ------------------------------------------------------------------------------------ */
 
-void F(dit_modulate_forward)(real *out, const real *x, const real *shift, const real *scale, int ld, int B,
-                             int N, int D) {
-#pragma omp parallel for if ((long)B * N * D >= 65536) schedule(static)
-    for (int b = 0; b < B; b++) {
-        const real *sh = shift + (size_t)b * ld, *sc = scale + (size_t)b * ld;
-        for (int n = 0; n < N; n++) {
-            const real *xr = x + ((size_t)b * N + n) * D;
-            real *o = out + ((size_t)b * N + n) * D;
-            for (int c = 0; c < D; c++) o[c] = xr[c] * (1 + sc[c]) + sh[c];
-        }
-    }
-}
-
-void F(dit_modulate_backward)(real *dx, real *dshift, real *dscale, const real *dout, const real *x,
-                              const real *scale, int ld, int B, int N, int D) {
-#pragma omp parallel for if ((long)B * N * D >= 65536) schedule(static)
-    for (int b = 0; b < B; b++) {
-        const real *sc = scale + (size_t)b * ld;
-        real *dsh = dshift + (size_t)b * ld, *dsc = dscale + (size_t)b * ld;
-        for (int n = 0; n < N; n++) { /* rows summed in order: deterministic */
-            const real *g = dout + ((size_t)b * N + n) * D, *xr = x + ((size_t)b * N + n) * D;
-            for (int c = 0; c < D; c++) {
-                dsh[c] += g[c];
-                dsc[c] += g[c] * xr[c];
-            }
-            if (dx) {
-                real *d = dx + ((size_t)b * N + n) * D;
-                for (int c = 0; c < D; c++) d[c] += g[c] * (1 + sc[c]);
-            }
-        }
-    }
-}
-
 void F(dit_timestep_freq)(real *out, const int *t, int B) {
     const int half = DIT_FREQ_DIM / 2;
     const float lmax = (float)-log(10000.0);
@@ -186,31 +153,6 @@ void F(dit_unpatchify)(const moh_dit_config *cfg, real *img, real *tok, int B, i
             }
 }
 
-/* x[b, n, :] += gate[b, :] * y[b, n, :] (gate rows of stride ld) */
-static void F(dit_gated_add)(real *x, const real *gate, const real *y, int ld, int B, int N, int D) {
-    for (int b = 0; b < B; b++)
-        for (int n = 0; n < N; n++) {
-            real *xr = x + ((size_t)b * N + n) * D;
-            const real *yr = y + ((size_t)b * N + n) * D, *gr = gate + (size_t)b * ld;
-            for (int c = 0; c < D; c++) xr[c] += gr[c] * yr[c];
-        }
-}
-
-/* backward of x += gate * y for dx = g: dgate[b] += sum_n g y; dy = g gate (overwritten) */
-static void F(dit_gated_add_backward)(real *dy, real *dgate, const real *g, const real *gate, const real *y, int ld,
-                                      int B, int N, int D) {
-    for (int b = 0; b < B; b++)
-        for (int n = 0; n < N; n++) {
-            const real *gr = g + ((size_t)b * N + n) * D, *yr = y + ((size_t)b * N + n) * D;
-            const real *gt = gate + (size_t)b * ld;
-            real *dg = dgate + (size_t)b * ld, *d = dy + ((size_t)b * N + n) * D;
-            for (int c = 0; c < D; c++) {
-                dg[c] += gr[c] * yr[c];
-                d[c] = gr[c] * gt[c];
-            }
-        }
-}
-
 static bool F(dit_layer_routes)(const moh_dit_config *cfg, int l) {
     return attn_routed_heads(&cfg->attn[l]) > 0 && cfg->attn[l].top_k > 0;
 }
@@ -250,27 +192,27 @@ real F(dit_forward)(const moh_dit_config *cfg, const F(dit_params) *p, F(dit_act
         /* attention branch: x + gate1 * attn(modulate(LN(x), shift1, scale1)) */
         F(be_layernorm_forward)(&a->attn.cx, n1, a->mean1 + (size_t)l * BN, a->rstd1 + (size_t)l * BN, xi, NULL, NULL, BN,
                                 D, (real)DIT_LN_EPS);
-        F(dit_modulate_forward)(h1, n1, mod, mod + D, D6, B, N, D);
+        F(be_modulate_forward)(&a->attn.cx, h1, n1, mod, mod + D, D6, B, N, D);
         F(attn_layer_forward)(&a->attn.layer[l], &cfg->attn[l], &bk->attn, h1, B, N, ao);
         if (F(dit_layer_routes)(cfg, l)) lb += F(attn_layer_router)(&a->attn.layer[l])->lb_loss;
         memcpy(mid, xi, sizeof(real) * nD);
-        F(dit_gated_add)(mid, mod + 2 * D, ao, D6, B, N, D);
+        F(be_gated_add_forward)(&a->attn.cx, mid, mod + 2 * D, ao, D6, B, N, D);
         /* MLP branch: mid + gate2 * fc2(gelu_tanh(fc1(modulate(LN(mid), shift2, scale2)))) */
         F(be_layernorm_forward)(&a->attn.cx, n2, a->mean2 + (size_t)l * BN, a->rstd2 + (size_t)l * BN, mid, NULL, NULL, BN,
                                 D, (real)DIT_LN_EPS);
-        F(dit_modulate_forward)(h2, n2, mod + 3 * D, mod + 4 * D, D6, B, N, D);
+        F(be_modulate_forward)(&a->attn.cx, h2, n2, mod + 3 * D, mod + 4 * D, D6, B, N, D);
         F(be_linear_forward)(&a->attn.cx, fc1, h2, bk->fc1_w, bk->fc1_b, BN, D, Hm);
         F(be_gelu_tanh_forward)(&a->attn.cx, act, fc1, (long)nH);
         F(be_linear_forward)(&a->attn.cx, f2, act, bk->fc2_w, bk->fc2_b, BN, Hm, D);
         memcpy(xo, mid, sizeof(real) * nD);
-        F(dit_gated_add)(xo, mod + 5 * D, f2, D6, B, N, D);
+        F(be_gated_add_forward)(&a->attn.cx, xo, mod + 5 * D, f2, D6, B, N, D);
     }
     a->lb_loss = cfg->routing_layers ? (real)(lb / cfg->routing_layers) : 0;
     /* final layer, unpatchify */
     F(be_linear_forward)(&a->attn.cx, a->fmod, a->csilu, p->fa_w, p->fa_b, B, D, 2 * D);
     F(be_layernorm_forward)(&a->attn.cx, a->nf, a->meanf, a->rstdf, a->resid + (size_t)L * nD, NULL, NULL, BN, D,
                             (real)DIT_LN_EPS);
-    F(dit_modulate_forward)(a->hf, a->nf, a->fmod, a->fmod + D, 2 * D, B, N, D);
+    F(be_modulate_forward)(&a->attn.cx, a->hf, a->nf, a->fmod, a->fmod + D, 2 * D, B, N, D);
     F(be_linear_forward)(&a->attn.cx, a->out_tok, a->hf, p->fl_w, p->fl_b, BN, D, P);
     F(dit_unpatchify)(cfg, a->out, a->out_tok, B, 0);
     if (!noise) {
@@ -303,7 +245,7 @@ void F(dit_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(
     F(be_linear_backward)(&a->attn.cx, dh, 1, g->fl_w, g->fl_b, a->dtok, a->hf, p->fl_w, BN, D, P);
     memset(a->dmod, 0, sizeof(real) * (size_t)B * 2 * D);
     memset(dtmp, 0, sizeof(real) * nD);
-    F(dit_modulate_backward)(dtmp, a->dmod, a->dmod + D, dh, a->nf, a->fmod + D, 2 * D, B, N, D);
+    F(be_modulate_backward)(&a->attn.cx, dtmp, a->dmod, a->dmod + D, dh, a->nf, a->fmod + D, 2 * D, B, N, D);
     memset(dres, 0, sizeof(real) * nD);
     F(be_layernorm_backward)(&a->attn.cx, dres, NULL, NULL, dtmp, a->resid + (size_t)L * nD, NULL, a->meanf, a->rstdf,
                              BN, D);
@@ -317,22 +259,22 @@ void F(dit_backward)(const moh_dit_config *cfg, const F(dit_params) *p, const F(
         memset(dmod, 0, sizeof(real) * (size_t)B * D6);
         /* MLP branch: xo = mid + gate2 * f2; dres holds d xo and becomes d mid */
         real *dact = a->dff, *dfc1 = a->dff + nH;
-        F(dit_gated_add_backward)(dtmp, dmod + 5 * D, dres, mod + 5 * D, a->f2 + (size_t)l * nD, D6, B, N, D);
+        F(be_gated_add_backward)(&a->attn.cx, dtmp, dmod + 5 * D, dres, mod + 5 * D, a->f2 + (size_t)l * nD, D6, B, N, D);
         memset(a->dff, 0, sizeof(real) * 2 * nH);
         F(be_linear_backward)(&a->attn.cx, dact, 1, gb->fc2_w, gb->fc2_b, dtmp, a->act + (size_t)l * nH, bk->fc2_w, BN, Hm, D);
         F(be_gelu_tanh_backward)(&a->attn.cx, dfc1, dact, a->fc1 + (size_t)l * nH, (long)nH);
         memset(dh, 0, sizeof(real) * nD);
         F(be_linear_backward)(&a->attn.cx, dh, 1, gb->fc1_w, gb->fc1_b, dfc1, a->h2 + (size_t)l * nD, bk->fc1_w, BN, D, Hm);
         memset(dtmp, 0, sizeof(real) * nD);
-        F(dit_modulate_backward)(dtmp, dmod + 3 * D, dmod + 4 * D, dh, a->n2 + (size_t)l * nD, mod + 4 * D, D6, B, N, D);
+        F(be_modulate_backward)(&a->attn.cx, dtmp, dmod + 3 * D, dmod + 4 * D, dh, a->n2 + (size_t)l * nD, mod + 4 * D, D6, B, N, D);
         F(be_layernorm_backward)(&a->attn.cx, dres, NULL, NULL, dtmp, a->mid + (size_t)l * nD, NULL,
                                  a->mean2 + (size_t)l * BN, a->rstd2 + (size_t)l * BN, BN, D);
         /* attention branch: mid = x + gate1 * ao; dres holds d mid and becomes d x */
-        F(dit_gated_add_backward)(dtmp, dmod + 2 * D, dres, mod + 2 * D, a->ao + (size_t)l * nD, D6, B, N, D);
+        F(be_gated_add_backward)(&a->attn.cx, dtmp, dmod + 2 * D, dres, mod + 2 * D, a->ao + (size_t)l * nD, D6, B, N, D);
         memset(dh, 0, sizeof(real) * nD);
         F(attn_layer_backward)(&a->attn.layer[l], &cfg->attn[l], &bk->attn, &gb->attn, dtmp, lb_scale, dh);
         memset(dtmp, 0, sizeof(real) * nD);
-        F(dit_modulate_backward)(dtmp, dmod, dmod + D, dh, a->n1 + (size_t)l * nD, mod + D, D6, B, N, D);
+        F(be_modulate_backward)(&a->attn.cx, dtmp, dmod, dmod + D, dh, a->n1 + (size_t)l * nD, mod + D, D6, B, N, D);
         F(be_layernorm_backward)(&a->attn.cx, dres, NULL, NULL, dtmp, a->resid + (size_t)l * nD, NULL,
                                  a->mean1 + (size_t)l * BN, a->rstd1 + (size_t)l * BN, BN, D);
         F(be_linear_backward)(&a->attn.cx, dsc, 1, gb->ada_w, gb->ada_b, dmod, a->csilu, bk->ada_w, B, D, D6);

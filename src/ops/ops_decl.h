@@ -22,6 +22,19 @@ void F(layernorm_forward)(real *out, real *mean, real *rstd, const real *inp, co
 void F(layernorm_backward)(real *dinp, real *dw, real *db, const real *dout, const real *inp,
                            const real *w, const real *mean, const real *rstd, int M, int C);
 
+/* adaLN modulate (DiT models.py modulate): out[b, n, :] = x[b, n, :] (1 + scale[b, :]) + shift[b, :];
+ * x, out [B, N, D]; shift and scale rows of stride ld (chunks of the adaLN output [B, k D]). */
+void F(modulate_forward)(real *out, const real *x, const real *shift, const real *scale, int ld, int B, int N,
+                         int D);
+/* Its backward: ACCUMULATES dx (may be NULL) and dshift, dscale (rows of stride ld). */
+void F(modulate_backward)(real *dx, real *dshift, real *dscale, const real *dout, const real *x, const real *scale,
+                          int ld, int B, int N, int D);
+/* The adaLN gated residual: x[b, n, :] += gate[b, :] * y[b, n, :] (gate rows of stride ld). */
+void F(gated_add_forward)(real *x, const real *gate, const real *y, int ld, int B, int N, int D);
+/* Its backward for d x = g: dgate[b, :] += sum_n g y (ACCUMULATES); dy = g gate (written). */
+void F(gated_add_backward)(real *dy, real *dgate, const real *g, const real *gate, const real *y, int ld, int B,
+                           int N, int D);
+
 /* RMSNorm (HF LlamaRMSNorm): out = x * rsqrt(mean(x^2) + eps) * w; rstd[M] saved. */
 void F(rmsnorm_forward)(real *out, real *rstd, const real *inp, const real *w, int M, int C, real eps);
 /* Residual add fused with the RMSNorm that follows it: sum = a + b, then out = rmsnorm(sum) as

@@ -135,6 +135,64 @@ void F(layernorm_backward)(real *dinp, real *dw, real *db, const real *dout, con
     }
 }
 
+/* ---- adaLN (DiT) ------------------------------------------------------------------------------ */
+
+void F(modulate_forward)(real *out, const real *x, const real *shift, const real *scale, int ld, int B,
+                             int N, int D) {
+#pragma omp parallel for if ((long)B * N * D >= 65536) schedule(static)
+    for (int b = 0; b < B; b++) {
+        const real *sh = shift + (size_t)b * ld, *sc = scale + (size_t)b * ld;
+        for (int n = 0; n < N; n++) {
+            const real *xr = x + ((size_t)b * N + n) * D;
+            real *o = out + ((size_t)b * N + n) * D;
+            for (int c = 0; c < D; c++) o[c] = xr[c] * (1 + sc[c]) + sh[c];
+        }
+    }
+}
+
+void F(modulate_backward)(real *dx, real *dshift, real *dscale, const real *dout, const real *x,
+                              const real *scale, int ld, int B, int N, int D) {
+#pragma omp parallel for if ((long)B * N * D >= 65536) schedule(static)
+    for (int b = 0; b < B; b++) {
+        const real *sc = scale + (size_t)b * ld;
+        real *dsh = dshift + (size_t)b * ld, *dsc = dscale + (size_t)b * ld;
+        for (int n = 0; n < N; n++) { /* rows summed in order: deterministic */
+            const real *g = dout + ((size_t)b * N + n) * D, *xr = x + ((size_t)b * N + n) * D;
+            for (int c = 0; c < D; c++) {
+                dsh[c] += g[c];
+                dsc[c] += g[c] * xr[c];
+            }
+            if (dx) {
+                real *d = dx + ((size_t)b * N + n) * D;
+                for (int c = 0; c < D; c++) d[c] += g[c] * (1 + sc[c]);
+            }
+        }
+    }
+}
+
+void F(gated_add_forward)(real *x, const real *gate, const real *y, int ld, int B, int N, int D) {
+    for (int b = 0; b < B; b++)
+        for (int n = 0; n < N; n++) {
+            real *xr = x + ((size_t)b * N + n) * D;
+            const real *yr = y + ((size_t)b * N + n) * D, *gr = gate + (size_t)b * ld;
+            for (int c = 0; c < D; c++) xr[c] += gr[c] * yr[c];
+        }
+}
+
+void F(gated_add_backward)(real *dy, real *dgate, const real *g, const real *gate, const real *y, int ld, int B,
+                           int N, int D) {
+    for (int b = 0; b < B; b++)
+        for (int n = 0; n < N; n++) {
+            const real *gr = g + ((size_t)b * N + n) * D, *yr = y + ((size_t)b * N + n) * D;
+            const real *gt = gate + (size_t)b * ld;
+            real *dg = dgate + (size_t)b * ld, *d = dy + ((size_t)b * N + n) * D;
+            for (int c = 0; c < D; c++) {
+                dg[c] += gr[c] * yr[c];
+                d[c] = gr[c] * gt[c];
+            }
+        }
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 
 /* One RMSNorm row: o[C] = w * (x * r), r = 1 / sqrt(mean(x^2) + eps); returns r. */
