@@ -96,8 +96,8 @@ static int bt_init(bt_run *r, const char *name, int B, int *T, const bt_run *fir
     r->mom = calloc(r->m.n, sizeof(float));
     r->vel = calloc(r->m.n, sizeof(float));
     if (!r->mom || !r->vel) return moh_fail(err, MOH_E_NOMEM, "bench train: out of memory");
-    if ((rc = optim_init(&r->opt[0], &r->m, optimizer, false, err))) return rc;
-    return optim_init(&r->opt[1], &r->m, optimizer, r->mw.data != NULL, err);
+    if ((rc = optim_init(&r->opt[0], &r->m, optimizer, false, NULL, err))) return rc;
+    return optim_init(&r->opt[1], &r->m, optimizer, r->mw.data != NULL, NULL, err);
 }
 
 /* Forward + backward of the batch through path 0 (reference) or 1 (sparse), + 2 in bf16, into

@@ -1,11 +1,11 @@
-/* Muon (src/train/muon.c) against PyTorch float32 results in tests/fixtures/muon.safetensors
+/* Muon (src/ops/muon.c) against PyTorch float32 results in tests/fixtures/muon.safetensors
  * (tools/ref/gen_muon_fixture.py: K. Jordan's zeropower_via_newtonschulz5 and Liu et al. 2025's
  * update; the constants below must match that script), the bf16 Newton-Schulz products against
  * fp32, and what the iteration is for: singular values pulled into about [0.7, 1.2]. */
 #include "moh.h"
 #include "ops/bf16.h"
 #include "test_util.h"
-#include "train/muon.h"
+#include "ops/muon.h"
 
 #include <string.h>
 

@@ -12,6 +12,7 @@
 #include "moh.h"
 #include "ops/adamw.h"
 #include "ops/bf16.h"
+#include "ops/muon.h"
 #include "ops/ops.h"
 
 /* What --device asks for: auto (CUDA when this build has it, a GPU is present and the backend runs
@@ -111,6 +112,10 @@ typedef struct moh_backend {
     void (*adamw_update)(const adamw_config *c, float *w, const float *g, float *m, float *v, const bool *decay,
                          size_t n, long t, double lr);
     void (*ema_update)(float *ema, const float *w, size_t n, float decay);
+    /* Muon on one hidden matrix w [rows, cols] (ops/muon.h muon_step), its Newton-Schulz products in
+     * cx's precision (bf16: a context set to bf16 with no weights). work: muon_work_floats floats. */
+    void (*muon_update)(const be_ctx *cx, const muon_config *c, float *w, const float *g, float *buf, int rows,
+                        int cols, double lr, float *work);
 } moh_backend;
 
 /* The backend of device d (MOH_DEVICE_CPU or MOH_DEVICE_CUDA; NULL for auto). Every build has

@@ -80,6 +80,11 @@ BE_OPS(CPU_OP)
 #undef CPU_OP
 #undef BE_REAL
 
+static void cpu_muon_update(const be_ctx *cx, const muon_config *c, float *w, const float *g, float *buf, int rows,
+                            int cols, double lr, float *work) {
+    muon_step(c, cx->state, w, g, buf, rows, cols, lr, work);
+}
+
 const moh_backend backend_cpu = {
     .name = "cpu",
     .device = MOH_DEVICE_CPU,
@@ -100,6 +105,7 @@ const moh_backend backend_cpu = {
     .clip_grad_norm = clip_grad_norm,
     .adamw_update = adamw_step,
     .ema_update = ema_update,
+    .muon_update = cpu_muon_update,
 };
 
 struct bf16_ctx *be_cpu_bf16(const be_ctx *cx) { return cx->be == &backend_cpu ? cx->state : NULL; }

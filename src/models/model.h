@@ -132,7 +132,7 @@ typedef struct train_hparams {
     long eval_limit;    /* items per periodic validation (0 = the whole split) */
     long log_every;
     int attention;      /* attention path: 1 head-sparse, 2 reference (0 = the family's default) */
-    int optimizer;      /* 0 AdamW everywhere; 1 Muon on the hidden matrices (train/muon.h), AdamW
+    int optimizer;      /* 0 AdamW everywhere; 1 Muon on the hidden matrices (ops/muon.h), AdamW
                          * on the rest */
     double muon_lr;     /* Muon's peak lr (the schedule of lr scaled by muon_lr / lr); 0 = lr */
     double ema_decay;   /* EMA of the weights (0 = none): after every applied step

@@ -3,10 +3,9 @@
 #include <omp.h>
 #include <stdlib.h>
 
-#include "backend/backend.h"
 
-int optim_init(optim *o, const model *m, int kind, bool bf16, moh_error *err) {
-    *o = (optim){.kind = kind, .n = m->n, .be = backend_get(MOH_DEVICE_CPU)};
+int optim_init(optim *o, const model *m, int kind, bool bf16, const moh_backend *be, moh_error *err) {
+    *o = (optim){.kind = kind, .n = m->n, .be = be ? be : backend_get(MOH_DEVICE_CPU)};
     o->ts = model_tensors(m, &o->nt);
     o->decay = calloc(m->n, sizeof(bool));
     if (!o->ts || !o->decay) return moh_fail(err, MOH_E_NOMEM, "optimizer: out of memory");
@@ -29,10 +28,12 @@ int optim_init(optim *o, const model *m, int kind, bool bf16, moh_error *err) {
     o->nctx = nth < nh ? nth : nh;
     o->work_floats = work;
     o->work = malloc(sizeof(float) * work * (size_t)o->nctx);
-    o->bc = calloc((size_t)o->nctx, sizeof *o->bc);
-    if (!o->work || !o->bc) return moh_fail(err, MOH_E_NOMEM, "Muon: out of memory");
-    for (int t = 0; bf16 && t < o->nctx; t++) {
-        const int rc = bf16_ctx_new(&o->bc[t], NULL, err);
+    o->cx = calloc((size_t)o->nctx, sizeof *o->cx);
+    if (!o->work || !o->cx) return moh_fail(err, MOH_E_NOMEM, "Muon: out of memory");
+    static const bf16_mirror no_weights = {0}; /* bf16 products, every operand rounded on the fly */
+    for (int t = 0; t < o->nctx; t++) {
+        be_ctx_init(&o->cx[t], o->be);
+        const int rc = bf16 ? be_ctx_set_weights(&o->cx[t], &no_weights, err) : MOH_OK;
         if (rc) return rc;
     }
     return MOH_OK;
@@ -42,8 +43,8 @@ void optim_free(optim *o) {
     free(o->ts);
     free(o->decay);
     free(o->work);
-    for (int t = 0; o->bc && t < o->nctx; t++) bf16_ctx_free(o->bc[t]);
-    free(o->bc);
+    for (int t = 0; o->cx && t < o->nctx; t++) be_ctx_release(&o->cx[t]);
+    free(o->cx);
     *o = (optim){0};
 }
 
@@ -68,7 +69,7 @@ void optim_step(const optim *o, const adamw_config *ac, const muon_config *mc, f
         const size_t k = e->offset;
         const int th = omp_get_thread_num();
         if (e->hidden && e->ndim == 2)
-            muon_step(mc, o->bc[th], w + k, g + k, m1 + k, (int)e->shape[0], (int)e->shape[1], muon_lr,
-                      o->work + (size_t)th * o->work_floats);
+            o->be->muon_update(&o->cx[th], mc, w + k, g + k, m1 + k, (int)e->shape[0], (int)e->shape[1], muon_lr,
+                               o->work + (size_t)th * o->work_floats);
     }
 }

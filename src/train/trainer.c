@@ -326,8 +326,7 @@ static int setup_run(trainer *tr, train_keys_present present, bool ema_found, co
     if (*why) tr->st.hp.precision = MOH_PRECISION_FP32; /* saved as it runs */
     /* Muon's Newton-Schulz products in bf16 where the step runs bf16 */
     const bool bf16 = hp->precision == MOH_PRECISION_BF16 && !*why;
-    if ((rc = optim_init(&tr->opt, m, hp->optimizer, bf16, err))) return rc;
-    tr->opt.be = tr->be;
+    if ((rc = optim_init(&tr->opt, m, hp->optimizer, bf16, tr->be, err))) return rc;
     if ((rc = model_params_new(fam, m->cfg, &tr->g, &tr->gdata, &tr->gn, err))) return rc;
     if (!o->resume) {
         if (!o->init_path) fam->init_random(m->cfg, m->params, hp->seed); /* else the pretrained weights */

@@ -1,4 +1,4 @@
-#include "train/muon.h"
+#include "ops/muon.h"
 
 #include <math.h>
 #include <string.h>
