@@ -43,7 +43,7 @@ int cmd_eval(int argc, char **argv) {
         CLI_PRECISION_SPEC(&precision),
         CLI_DEVICE_SPEC(&device),
         {"--json", ARG_FLAG, &json, NULL, "print one JSON object (llama: val_loss, bits_per_byte, tokens, bytes, vocab, split, head_share, layer_head_share; vit: accuracy, per_class, confusion, ce_loss, head_share, layer_head_share)", false, ARG_ANY},
-        {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write the inputs and logits of the first evaluation batch (safetensors)", false, ARG_ANY},
+        {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write the inputs and logits (fp32) of the first evaluation batch, one sequence for an LM (safetensors; not a DiT)", false, ARG_ANY},
     };
     int rc = args_parse("eval", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint PATH --data PATH [options] [--json]",
@@ -77,6 +77,12 @@ int cmd_eval(int argc, char **argv) {
     int status = 1;
     char label[PATH_MAX + 32];
     if (model_open(&m, ckpt, &err)) goto fail;
+    if (dump && !m.fam->dump_entries) { /* before any work, as the other argument errors */
+        fprintf(stderr, "moh eval: --dump-logits: a %s has no logits to dump (expected a checkpoint with logits: "
+                "llama or vit)\n", m.fam->short_name);
+        status = 2;
+        goto done;
+    }
     const struct moh_backend *be = NULL;
     if (cli_device("eval", device, m.fam->model_type, &be)) goto done;
     train_hparams hp;

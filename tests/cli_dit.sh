@@ -60,6 +60,9 @@ assert r["n"] == 64 and 0 < r["val_mse"] < 2, r
 assert len(r["head_share"]) == 2 and abs(sum(r["head_share"][0]) - 3.0) < 1e-6  # 2 shared + top-1
 assert r["head_share"][1] == [1.0] * 4  # all heads shared (soft reweighting)
 EOF
+rc=0; "$MOH" eval --checkpoint "$T/a" --data "$T/data" --dump-logits "$T/d.st" >/dev/null 2>"$T/d.err" || rc=$?
+[ "$rc" -eq 2 ] && [ "$(wc -l < "$T/d.err")" -eq 1 ] && grep -q 'a DiT has no logits to dump' "$T/d.err" && [ ! -e "$T/d.st" ] ||
+  fail "eval --dump-logits on a DiT: rc $rc, $(cat "$T/d.err")"
 
 # sampling: PNG grid (4 rows of 3, each image x4 with 8-pixel gaps, labelled rows) and IDX (+ labels),
 # seeded and batch-independent

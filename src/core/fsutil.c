@@ -179,7 +179,12 @@ static bool folder_input_name(const char *name, bool existing) {
 
 int fs_check_output(const char *opt, const char *out, const char *const *inputs, int n, moh_error *err) {
     struct stat so, sp, si;
+    if (!out[0]) return moh_fail(err, MOH_E_ARG, "%s: an empty path (expected a file or folder path)", opt);
     const bool exists = stat(out, &so) == 0;
+    /* outputs are written beside and renamed into place: a device or FIFO would be replaced, not written */
+    if (exists && !S_ISREG(so.st_mode) && !S_ISDIR(so.st_mode))
+        return moh_fail(err, MOH_E_ARG, "%s %s is a device, FIFO or socket (expected a regular file or folder path)",
+                        opt, out);
     char parent[4096];
     snprintf(parent, sizeof parent, "%s", out);
     char *slash = strrchr(parent, '/');

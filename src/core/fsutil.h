@@ -29,8 +29,10 @@ bool fs_absolute(const char *path, char *out, size_t cap);
  * any link), or inside an input folder a file that moh reads there (config.json, model.safetensors,
  * optimizer.safetensors, checkpoint.json, tokenizer.json, tokenizer_config.json, metrics.jsonl,
  * model.safetensors.index.json, whether it exists yet or not; another existing *.safetensors). opt names the
- * option in the message; inputs[n] (NULL entries skipped). MOH_OK, or MOH_E_ARG: "OPT OUT would
- * overwrite INPUT, an input of this command: choose another path". */
+ * option in the message; inputs[n] (NULL entries skipped). Also refuses an empty path, and an
+ * existing device, FIFO or socket (every output is written beside and renamed into place, which
+ * would replace it). MOH_OK, or MOH_E_ARG: "OPT OUT would overwrite INPUT, an input of this command:
+ * choose another path". */
 int fs_check_output(const char *opt, const char *out, const char *const *inputs, int n, moh_error *err);
 /* Reads a whole file (<= max_bytes) into a NUL-terminated malloc'd buffer. MOH_E_IO on error. */
 char *fs_read_file(const char *path, size_t max_bytes, size_t *len, moh_error *err);
