@@ -64,8 +64,8 @@ moh_precision cli_precision_run(const char *cmd, const char *value);
  * CPU that cannot (attn_decode_precision). */
 bool cli_decode_bf16(const char *cmd, const char *value);
 /* false, with "moh CMD: OPT OUT would overwrite ..., an input of this command: ..." on stderr, when
- * output path out (NULL: true) is one of inputs[n] or a file moh reads in an input folder
- * (fs_check_output). */
+ * the output file path out (NULL: true) is one of inputs[n] or a file moh reads in an input folder
+ * (fs_check_output), empty, a device or FIFO, or a folder (or ends in '/'). */
 bool cli_output_ok(const char *cmd, const char *opt, const char *out, const char *const *inputs, int n);
 
 /* `moh eval` / `moh analyze` progress on stderr: on a terminal a line updated in place and erased

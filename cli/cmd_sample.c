@@ -176,7 +176,6 @@ int cmd_sample(int argc, char **argv) {
         attn_decode_describe(&kv.dc, d, sizeof d);
         fprintf(stderr, "moh sample: %s\n", d);
     }
-    fputs(prompt, stdout);
     /* the prompt's tokens: bytes, or the model's BPE ids with its post-processor's (a bos id where
      * the tokenizer adds one, as llama.cpp and HF do); an empty prompt starts from a newline, the
      * corpus' natural separator */
@@ -194,6 +193,7 @@ int cmd_sample(int argc, char **argv) {
         free(ids);
         goto fail;
     }
+    fputs(prompt, stdout); /* once it is accepted: a refusal prints nothing on stdout */
     const int from = np > N ? np - N : 0;
     if (from) {
         fflush(stdout);

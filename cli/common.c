@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "args.h"
@@ -247,7 +248,13 @@ moh_precision cli_precision_run(const char *cmd, const char *value) {
 
 bool cli_output_ok(const char *cmd, const char *opt, const char *out, const char *const *inputs, int n) {
     moh_error err = {0};
-    if (!out || fs_check_output(opt, out, inputs, n, &err) == MOH_OK) return true;
+    if (!out) return true;
+    struct stat st;
+    const size_t len = strlen(out);
+    if ((len && out[len - 1] == '/') || (stat(out, &st) == 0 && S_ISDIR(st.st_mode)))
+        moh_fail(&err, MOH_E_ARG, "%s %s names a folder (expected a file path)", opt, out);
+    else if (fs_check_output(opt, out, inputs, n, &err) == MOH_OK)
+        return true;
     fprintf(stderr, "moh %s: %s\n", cmd, err.msg);
     return false;
 }

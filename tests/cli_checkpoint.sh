@@ -70,6 +70,10 @@ expect "eval --dump-logits empty" 2 '^moh eval: --dump-logits: an empty path' "$
 mkfifo "$T/fifo"
 expect "eval --dump-logits onto a FIFO" 2 'is a device, FIFO or socket' "$MOH" eval --checkpoint "$T/a" --data "$T/corpus.txt" --dump-logits "$T/fifo"
 check 'test -p "$T/fifo"' "the FIFO was replaced"
+expect "eval --dump-logits onto a folder" 2 'names a folder' "$MOH" eval --checkpoint "$T/a" --data "$T/corpus.txt" --dump-logits "$T"
+long=$(head -c 5000 /dev/zero | tr '\0' x)
+sout=$("$MOH" sample --checkpoint "$T/a" --prompt "$long" --max-tokens 1 --context-full stop 2>/dev/null || true)
+check '[ -z "$sout" ]' "sample printed the prompt before refusing it (--context-full stop): ${#sout} bytes on stdout"
 expect "eval --dump-logits onto the model" 2 'would overwrite .*model.safetensors' "$MOH" eval --checkpoint "$T/a" --data "$T/corpus.txt" --dump-logits "$T/a/model.safetensors"
 expect "train --dump-grads onto the optimizer" 2 'would overwrite .*optimizer.safetensors' "$MOH" train --resume --out "$T/a" --steps 17 --dump-grads "$T/a/optimizer.safetensors"
 expect "tokenize --save-tokenizer into a checkpoint" any 'holds a model' "$MOH" tokenize --model "$(dirname "$0")/fixtures/gguf_llama/tiny-chat.gguf" --text hi --save-tokenizer "$T/a"
