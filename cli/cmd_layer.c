@@ -193,7 +193,7 @@ int cmd_layer(int argc, char **argv) {
         status = 0;
         goto done;
     }
-    if (attn_layer_init_f32(&layer, &cfg, B, N, sparse, &err)) goto fail;
+    if (attn_layer_init_f32(&layer, NULL, &cfg, B, N, sparse, &err)) goto fail;
     have_layer = true;
     y = malloc(sizeof(float) * T * C);
     if (!y) goto oom;

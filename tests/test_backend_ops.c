@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn/layer.h"
 #include "backend/backend.h"
 #include "test_util.h"
 
@@ -245,6 +246,70 @@ static void cpu_update_case(test_ctx *ctx, const moh_backend *be, size_t n) {
     free(decay);
 }
 
+/* The attention layer through backend be (both paths) against the float64 layer (reference path) on
+ * the same random weights and input: y, and the gradients of x and every parameter for a random dy. */
+static void attn_layer_case(test_ctx *ctx, const moh_backend *be, bool sparse, bool causal, double tol) {
+    moh_attn_config c;
+    moh_attn_config_default(&c);
+    c.hidden_size = 48;
+    c.n_heads = 6;
+    c.n_kv_heads = 3;
+    c.head_dim = 8;
+    c.router = MOH_ROUTER_LEARNED;
+    c.shared_heads = 2;
+    c.top_k = 2;
+    c.causal = causal;
+    c.rope_theta = causal ? 10000.0 : 0.0;
+    c.qkv_bias = true;
+    c.proj_bias = true;
+    const int B = 2, N = 9, C = c.hidden_size;
+    const size_t T = (size_t)B * N, np = attn_params_bind_f32(&(attn_params_f32){0}, NULL, &c);
+    float *pf = malloc(sizeof(float) * np * 2), *x = malloc(sizeof(float) * T * C * 4);
+    double *pd = malloc(sizeof(double) * np * 2), *xd = malloc(sizeof(double) * T * C * 4);
+    attn_params_f32 p, g;
+    attn_params_f64 q, h;
+    attn_params_bind_f32(&p, pf, &c);
+    attn_params_bind_f32(&g, pf + np, &c);
+    attn_params_bind_f64(&q, pd, &c);
+    attn_params_bind_f64(&h, pd + np, &c);
+    test_rng r = {0xA77E17ULL + (uint64_t)sparse * 2 + causal};
+    fill(&r, pf, pd, np);
+    for (size_t i = 0; i < np; i++) pf[i] *= 0.3f, pd[i] = pf[i];
+    memset(pf + np, 0, sizeof(float) * np);
+    memset(pd + np, 0, sizeof(double) * np);
+    float *y = x + T * C, *dy = y + T * C, *dx = dy + T * C;
+    double *yd = xd + T * C, *dyd = yd + T * C, *dxd = dyd + T * C;
+    fill(&r, x, xd, T * C);
+    fill(&r, dy, dyd, T * C);
+    memset(dx, 0, sizeof(float) * T * C);
+    memset(dxd, 0, sizeof(double) * T * C);
+    attn_layer_f32 L;
+    attn_layer_f64 Ld;
+    moh_error err = {0};
+    const bool ok = attn_layer_init_f32(&L, be, &c, B, N, sparse, &err) == MOH_OK;
+    CHECK(ctx, ok, "%s attention layer init: %s", be->name, err.msg);
+    CHECK(ctx, attn_layer_init_f64(&Ld, NULL, &c, B, N, false, &err) == MOH_OK, "float64 layer: %s", err.msg);
+    if (ok) {
+        attn_layer_forward_f32(&L, &c, &p, x, B, N, y);
+        attn_layer_forward_f64(&Ld, &c, &q, xd, B, N, yd);
+        attn_layer_backward_f32(&L, &c, &p, &g, dy, 0.5f, dx);
+        attn_layer_backward_f64(&Ld, &c, &q, &h, dyd, 0.5, dxd);
+        const double ey = rel_f32_f64(y, yd, T * C), ex = rel_f32_f64(dx, dxd, T * C), eg = rel_f32_f64(pf + np, pd + np, np);
+        const double elb = fabs(attn_layer_router_f32(&L)->lb_loss - attn_layer_router_f64(&Ld)->lb_loss);
+        CHECK(ctx, ey < tol && ex < tol && eg < tol && elb < tol,
+              "%s attention layer (%s, %s): y %.3g, dx %.3g, dparams %.3g, lb %.3g >= %.3g", be->name,
+              sparse ? "head-sparse" : "reference", causal ? "causal RoPE GQA" : "bidirectional GQA", ey, ex, eg, elb, tol);
+        printf("  %s attention layer %-11s %-17s: y %.2e, dx %.2e, dparams %.2e\n", be->name,
+               sparse ? "head-sparse" : "reference", causal ? "causal RoPE GQA" : "bidirectional GQA", ey, ex, eg);
+        attn_layer_free_f32(&L);
+    }
+    attn_layer_free_f64(&Ld);
+    free(pf);
+    free(pd);
+    free(x);
+    free(xd);
+}
+
 static void test_registry(test_ctx *ctx) {
     int n = 0;
     const moh_backend *const *all = backend_list(&n);
@@ -350,6 +415,7 @@ int main(void) {
     for (int k = 0; k < nc; k++) cpu_linear_case(&ctx, &cx, &cases[k], 1e-5, "fp32");
     const int shapes[][2] = {{1, 1}, {3, 7}, {17, 64}, {64, 257}, {130, 96}};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) cpu_ops_case(&ctx, &cx, shapes[k][0], shapes[k][1]);
+    for (int k = 0; k < 4; k++) attn_layer_case(&ctx, backend_get(MOH_DEVICE_CPU), k & 1, k >> 1, 1e-5);
     cpu_update_case(&ctx, backend_get(MOH_DEVICE_CPU), 5);
     cpu_update_case(&ctx, backend_get(MOH_DEVICE_CPU), 200003);
     char why[160];

@@ -16,8 +16,11 @@ struct sparse_cache;
 
 /* The compute state of one float32 layer for batches of up to maxB x maxN tokens. */
 typedef struct attn_layer_f32 {
+    const moh_backend *be;    /* the device the layer runs on (its table's attn_* members) */
+    /* the CPU backend's state (attn_cpu_*): */
     attn_cache_f32 ref;       /* reference path: activations kept for backward (zero when sparse) */
     struct sparse_cache *sp;  /* head-sparse path (owned), or NULL: the reference path */
+    void *dev;                /* another backend's state */
 } attn_layer_f32;
 
 /* The float64 twin (reference path only). */
@@ -25,11 +28,14 @@ typedef struct attn_layer_f64 {
     attn_cache_f64 ref;
 } attn_layer_f64;
 
-/* Allocates the layer's state for batches of up to B x N tokens on the head-sparse path (sparse)
- * or the reference one. MOH_OK; MOH_E_ARG (B or N < 1; sparse in float64), MOH_E_CONFIG (odd
- * head_dim with RoPE, sparse) or MOH_E_NOMEM, with nothing allocated. cfg must be valid. */
-int attn_layer_init_f32(attn_layer_f32 *L, const moh_attn_config *cfg, int B, int N, bool sparse, moh_error *err);
-int attn_layer_init_f64(attn_layer_f64 *L, const moh_attn_config *cfg, int B, int N, bool sparse, moh_error *err);
+/* Allocates the layer's state on backend be (NULL: the CPU; float64: the host, be ignored) for
+ * batches of up to B x N tokens on the head-sparse path (sparse) or the reference one. MOH_OK;
+ * MOH_E_ARG (B or N < 1; sparse in float64), MOH_E_CONFIG (odd head_dim with RoPE, sparse),
+ * MOH_E_NOMEM, or MOH_E_DEVICE (a backend without the layer), with nothing allocated. */
+int attn_layer_init_f32(attn_layer_f32 *L, const moh_backend *be, const moh_attn_config *cfg, int B, int N,
+                        bool sparse, moh_error *err);
+int attn_layer_init_f64(attn_layer_f64 *L, const moh_backend *be, const moh_attn_config *cfg, int B, int N,
+                        bool sparse, moh_error *err);
 void attn_layer_free_f32(attn_layer_f32 *L);
 void attn_layer_free_f64(attn_layer_f64 *L);
 
@@ -66,6 +72,19 @@ long attn_layer_pairs_f32(const attn_layer_f32 *L, const moh_attn_config *cfg);
  * bf16 where the CPU has AVX512-BF16 or AMX-BF16 (sparse_cache_set_bf16); fp32 otherwise.
  * MOH_OK or MOH_E_NOMEM. */
 int attn_layer_set_compute_f32(attn_layer_f32 *L, const moh_attn_config *cfg, const be_ctx *cx, moh_error *err);
+
+/* The CPU backend's attention layer (its table's attn_* members; layer.c). */
+int attn_cpu_init(attn_layer_f32 *L, const moh_attn_config *cfg, int B, int N, bool sparse, moh_error *err);
+void attn_cpu_free(attn_layer_f32 *L);
+void attn_cpu_forward(attn_layer_f32 *L, const moh_attn_config *cfg, const attn_params_f32 *p, const float *x, int B,
+                      int N, float *y);
+void attn_cpu_backward(attn_layer_f32 *L, const moh_attn_config *cfg, const attn_params_f32 *p,
+                       const attn_params_f32 *g, const float *dy, float lb_scale, float *dx);
+const attn_cache_f32 *attn_cpu_router(const attn_layer_f32 *L);
+bool attn_cpu_kv(const attn_layer_f32 *L, const moh_attn_config *cfg, int g, int N, const float **k, const float **v);
+long attn_cpu_pairs(const attn_layer_f32 *L, const moh_attn_config *cfg);
+int attn_cpu_set_compute(attn_layer_f32 *L, const moh_attn_config *cfg, const be_ctx *cx, moh_error *err);
+int attn_cpu_phases(attn_layer_f32 *L, const char **names, double *seconds, int cap, bool reset);
 
 /* A model's attention layers and the compute context its ops share. Every family's activations
  * begin with one (the f32 twin in the float32 instantiation), so generic code (models/model.c)

@@ -10,7 +10,7 @@ int F(attn_stack_init)(F(attn_stack) *s, int L, const moh_attn_config *cfg, bool
     if (!(s->layer = calloc((size_t)(L > 0 ? L : 1), sizeof *s->layer)))
         return moh_fail(err, MOH_E_NOMEM, "attention: cannot allocate %d layers", L);
     for (int l = 0; l < L; l++) {
-        const int rc = F(attn_layer_init)(&s->layer[l], &cfg[per_layer ? l : 0], B, N, sparse, err);
+        const int rc = F(attn_layer_init)(&s->layer[l], s->cx.be, &cfg[per_layer ? l : 0], B, N, sparse, err);
         if (rc) return rc;
         s->n = l + 1;
     }

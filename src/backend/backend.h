@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "attn/attn.h"
 #include "moh.h"
 #include "ops/adamw.h"
 #include "ops/bf16.h"
@@ -20,6 +21,7 @@
 typedef enum moh_device { MOH_DEVICE_AUTO = 0, MOH_DEVICE_CPU = 1, MOH_DEVICE_CUDA = 2 } moh_device;
 
 struct moh_backend;
+struct attn_layer_f32;
 
 /* The element-wise and row ops every backend runs, beside the linear layers: X(return type, name,
  * parameters, arguments), shapes and semantics as the float32 op of the same name in ops/ops_decl.h
@@ -116,6 +118,22 @@ typedef struct moh_backend {
      * cx's precision (bf16: a context set to bf16 with no weights). work: muon_work_floats floats. */
     void (*muon_update)(const be_ctx *cx, const muon_config *c, float *w, const float *g, float *buf, int rows,
                         int cols, double lr, float *work);
+    /* The MoH attention layer (attn/layer.h, spec §1, §10) on this device, its state in the
+     * attn_layer_f32; members as attn_layer_*_f32 (init after the caller zeroed L and set L->be;
+     * the router's activations in host memory). NULL attn_init: no attention layer here yet. */
+    int (*attn_init)(struct attn_layer_f32 *L, const moh_attn_config *cfg, int B, int N, bool sparse,
+                     moh_error *err);
+    void (*attn_free)(struct attn_layer_f32 *L);
+    void (*attn_forward)(struct attn_layer_f32 *L, const moh_attn_config *cfg, const attn_params_f32 *p,
+                         const float *x, int B, int N, float *y);
+    void (*attn_backward)(struct attn_layer_f32 *L, const moh_attn_config *cfg, const attn_params_f32 *p,
+                          const attn_params_f32 *g, const float *dy, float lb_scale, float *dx);
+    const attn_cache_f32 *(*attn_router)(const struct attn_layer_f32 *L);
+    int (*attn_set_compute)(struct attn_layer_f32 *L, const moh_attn_config *cfg, const be_ctx *cx, moh_error *err);
+    int (*attn_phases)(struct attn_layer_f32 *L, const char **names, double *seconds, int cap, bool reset);
+    bool (*attn_kv)(const struct attn_layer_f32 *L, const moh_attn_config *cfg, int g, int N, const float **k,
+                    const float **v);
+    long (*attn_pairs)(const struct attn_layer_f32 *L, const moh_attn_config *cfg);
 } moh_backend;
 
 /* The backend of device d (MOH_DEVICE_CPU or MOH_DEVICE_CUDA; NULL for auto). Every build has

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn/layer.h"
 #include "backend/backend.h"
 #include "backend/backends.h"
 #include "ops/gemm.h"
@@ -106,6 +107,15 @@ const moh_backend backend_cpu = {
     .adamw_update = adamw_step,
     .ema_update = ema_update,
     .muon_update = cpu_muon_update,
+    .attn_init = attn_cpu_init,
+    .attn_free = attn_cpu_free,
+    .attn_forward = attn_cpu_forward,
+    .attn_backward = attn_cpu_backward,
+    .attn_router = attn_cpu_router,
+    .attn_set_compute = attn_cpu_set_compute,
+    .attn_phases = attn_cpu_phases,
+    .attn_kv = attn_cpu_kv,
+    .attn_pairs = attn_cpu_pairs,
 };
 
 struct bf16_ctx *be_cpu_bf16(const be_ctx *cx) { return cx->be == &backend_cpu ? cx->state : NULL; }

@@ -178,12 +178,12 @@ int lm_prefill_init(lm_prefill_ws *w, const moh_lm_config *cfg, int max_n, moh_e
     w->gate = w->y + n * C;
     w->up = w->gate + n * I;
     w->rstd = w->up + n * I;
-    if (attn_layer_init_f32(&w->layer, &cfg->attn, 1, max_n, true, err)) {
+    be_ctx_init(&w->cx, NULL);
+    if (attn_layer_init_f32(&w->layer, w->cx.be, &cfg->attn, 1, max_n, true, err)) {
         free(w->block);
         w->block = NULL;
         return err->code;
     }
-    be_ctx_init(&w->cx, NULL);
     w->max_n = max_n;
     return MOH_OK;
 }
