@@ -80,7 +80,7 @@ typedef struct eval_progress {
 } eval_progress;
 void eval_progress_start(eval_progress *pg, const char *unit);
 void eval_progress_update(eval_progress *pg, long done, long total);
-/* eval_progress_update as a train_progress callback (pg: an eval_progress). */
+/* eval_progress_update as a moh_progress callback (pg: an eval_progress). */
 void eval_progress_report(void *pg, long done, long total);
 void eval_progress_end(eval_progress *pg, long total); /* total < 0: the run failed, no last line */
 /* The detail of a DiT sampling count (steps of every batch): "S sampler steps x N batches of up to

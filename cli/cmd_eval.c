@@ -121,7 +121,7 @@ int cmd_eval(int argc, char **argv) {
     if (dump && model_dump_logits(&m, &src, dump, &err)) goto fail;
     eval_progress pg;
     eval_progress_start(&pg, src.eval_unit);
-    const train_progress report = {eval_progress_report, &pg};
+    const moh_progress report = {eval_progress_report, &pg};
     rc = model_evaluate(&m, &w, &src, limit, &report, &r, &err);
     eval_progress_end(&pg, rc ? -1 : r.n);
     if (rc) goto fail;

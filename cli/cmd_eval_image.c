@@ -35,7 +35,7 @@ static int feature_stats(const model *clf, const uint8_t *px, long n, int batch,
     eval_progress pg;
     eval_progress_start(&pg, "images");
     pg.cmd = what;
-    const train_progress report = {eval_progress_report, &pg};
+    const moh_progress report = {eval_progress_report, &pg};
     float *feat = NULL;
     int rc = iq_classify(clf, px, n, batch, &feat, dim, pred, &report, err);
     eval_progress_end(&pg, rc ? -1 : n);

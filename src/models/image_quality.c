@@ -23,7 +23,7 @@ int iq_check_classifier(const model *clf, int C, int H, int W, int K, const char
 }
 
 int iq_classify(const model *clf, const uint8_t *px, long n, int batch, float **feat, int *dim, int *pred,
-                const train_progress *progress, moh_error *err) {
+                const moh_progress *progress, moh_error *err) {
     *feat = NULL;
     if (n < 1 || batch < 1)
         return moh_fail(err, MOH_E_ARG, "classifier pass: %ld images in batches of %d, expected >= 1 of each", n, batch);

@@ -22,5 +22,5 @@ int iq_check_classifier(const model *clf, int C, int H, int W, int K, const char
  * size) and pred [n] the top-1 class. progress (may be NULL) gets images done / n. MOH_E_ARG
  * (n < 1, batch < 1), MOH_E_NOMEM; on error *feat is NULL. */
 int iq_classify(const model *clf, const uint8_t *px, long n, int batch, float **feat, int *dim, int *pred,
-                const train_progress *progress, moh_error *err);
+                const moh_progress *progress, moh_error *err);
 #endif

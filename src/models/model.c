@@ -457,7 +457,7 @@ void model_shards_routed_share(const model *m, const model_shards *w, const moh_
 /* ---- evaluation -------------------------------------------------------------------------- */
 
 int model_evaluate(const model *m, model_shards *w, batch_source *src, long limit,
-                   const train_progress *progress, model_eval *r, moh_error *err) {
+                   const moh_progress *progress, model_eval *r, moh_error *err) {
     return model_evaluate_split(m, w, src, limit, progress, NULL, r, err);
 }
 
@@ -486,7 +486,7 @@ static int eval_reduce(const model *m, const eval_split *split, model_eval *r, m
 }
 
 int model_evaluate_split(const model *m, model_shards *w, batch_source *src, long limit,
-                         const train_progress *progress, const eval_split *split, model_eval *r, moh_error *err) {
+                         const moh_progress *progress, const eval_split *split, model_eval *r, moh_error *err) {
     const model_family *f = m->fam;
     const int L = model_num_layers(m), h = model_attn(m)->n_heads;
     const int rank = split ? split->rank : 0, nranks = split ? split->nranks : 1;

@@ -18,9 +18,9 @@
 
 #include "attn/attn.h"
 #include "attn/layer.h"
+#include "core/progress.h"
 #include "moh.h"
 #include "ops/bf16.h"
-#include "train/train_util.h"
 
 #define MODEL_MAX_DIMS 4
 #define MODEL_MAX_SHARDS 256
@@ -420,6 +420,10 @@ typedef struct image_gen_request {
     static void params_release(void *p) { pfx##_params_free_f32(p); }                                              \
     static void acts_release(void *a) { pfx##_acts_free_f32(a); }
 
+/* Checkpoint tensors must hold finite values: MOH_E_FORMAT naming the file, the tensor and the
+ * first non-finite value's index when x[0..n) has a NaN or infinity (a diverged or damaged
+ * checkpoint, refused before it can print nan or sample garbage). */
+int model_check_finite(const char *path, const char *name, const float *x, size_t n, moh_error *err);
 /* `moh eval --dump-logits`: the family's dump_entries of the first evaluation batch of src
  * written to path as safetensors (temp file and rename). MOH_E_FORMAT (no batch), MOH_E_NOMEM, MOH_E_IO;
  * MOH_E_ARG when the family has no dump. */
@@ -573,7 +577,7 @@ int model_default_shards(int batch);
 /* Evaluates the first `limit` items (0 = all) of src's evaluation split with w (forward only, plain
  * loss): the family's metric, head shares, load-balance loss. progress may be NULL. */
 int model_evaluate(const model *m, model_shards *w, batch_source *src, long limit,
-                   const train_progress *progress, model_eval *r, moh_error *err);
+                   const moh_progress *progress, model_eval *r, moh_error *err);
 /* Evaluation split across processes: rank `rank` of `nranks` runs batches k with k % nranks ==
  * rank, and sum(ctx, x, n) adds x [n] over the ranks in place (an all-reduce). */
 typedef struct eval_split {
@@ -584,5 +588,5 @@ typedef struct eval_split {
 /* model_evaluate over this rank's batches, its counts summed over the ranks (split may be NULL:
  * one process); every rank gets the whole result. */
 int model_evaluate_split(const model *m, model_shards *w, batch_source *src, long limit,
-                         const train_progress *progress, const eval_split *split, model_eval *r, moh_error *err);
+                         const moh_progress *progress, const eval_split *split, model_eval *r, moh_error *err);
 #endif

@@ -2,6 +2,7 @@
  * model.safetensors or Hugging Face shards, tokenizer files; checked against checkpoint.json), a
  * model.safetensors file, or a GGUF file. The training state (optimizer.safetensors) is
  * train/checkpoint.c's. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +56,7 @@ int model_read_tensors(const moh_safetensors *st, const model_tensor *ts, int nt
     for (int i = 0; i < nt; i++) {
         snprintf(name, sizeof name, "%s%s", prefix, ts[i].name);
         int rc = moh_st_read_f32(st, name, ts[i].ndim, ts[i].shape, buf + ts[i].offset, err);
-        if (!rc) rc = train_check_finite(st->path, name, buf + ts[i].offset, ts[i].numel, err);
+        if (!rc) rc = model_check_finite(st->path, name, buf + ts[i].offset, ts[i].numel, err);
         if (rc) return rc;
     }
     return MOH_OK;
@@ -166,7 +167,7 @@ static int load_sharded(model *m, const char *dir, const char *index, moh_error 
             nshards++;
         }
         rc = moh_st_read_f32(&shards[k], ts[i].name, ts[i].ndim, ts[i].shape, m->data + ts[i].offset, err);
-        if (!rc) rc = train_check_finite(shards[k].path, ts[i].name, m->data + ts[i].offset, ts[i].numel, err);
+        if (!rc) rc = model_check_finite(shards[k].path, ts[i].name, m->data + ts[i].offset, ts[i].numel, err);
     }
     for (const cJSON *e = map->child; !rc && e; e = e->next) { /* tied duplicates hold their twin's values */
         bool reg = false;
@@ -275,3 +276,11 @@ int model_open(model *m, const char *path, moh_error *err) {
     return rc;
 }
 
+
+int model_check_finite(const char *path, const char *name, const float *x, size_t n, moh_error *err) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s' holds %g at index %zu, expected finite values "
+                            "(a diverged or damaged checkpoint)", path, name, (double)x[i], i);
+    return MOH_OK;
+}

@@ -171,10 +171,3 @@ long train_fit_steps(const train_cost_model *m, long step, double left_s) {
     return lo;
 }
 
-int train_check_finite(const char *path, const char *name, const float *x, size_t n, moh_error *err) {
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(x[i]))
-            return moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s' holds %g at index %zu, expected finite values "
-                            "(a diverged or damaged checkpoint)", path, name, (double)x[i], i);
-    return MOH_OK;
-}

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "core/progress.h"
 #include "moh.h"
 
 /* Ctrl-C (SIGINT) and SIGUSR1 during training, taken by a thread of their own: both signals are
@@ -37,21 +38,11 @@ void train_fmt_time(char *buf, size_t cap, double seconds);
 /* A fresh (not --resume) run must not write over a checkpoint: MOH_E_ARG naming out_dir when it
  * holds model.safetensors or optimizer.safetensors. */
 int train_check_fresh_out(const char *out_dir, moh_error *err);
-/* Checkpoint tensors must hold finite values: MOH_E_FORMAT naming the file, the tensor and the
- * first non-finite value's index when x[0..n) has a NaN or infinity (a diverged or damaged
- * checkpoint, refused before it can print nan or sample garbage). */
-int train_check_finite(const char *path, const char *name, const float *x, size_t n, moh_error *err);
 /* Opens OUT/metrics.jsonl for the run's progress lines: truncated for a fresh run; for a resume,
  * first rewritten (atomically) without the lines of steps after `step`, the checkpoint's step, which
  * a kill or failed save can leave behind, then opened for appending. MOH_E_IO naming the file. */
 int train_metrics_open(const char *out_dir, bool resume, long step, FILE **out, moh_error *err);
 
-/* Progress of a long loop (an evaluation): fn(ctx, done, total) after each batch, in the loop's
- * units (predictions, images). A NULL train_progress or fn reports nothing. */
-typedef struct train_progress {
-    void (*fn)(void *ctx, long done, long total);
-    void *ctx;
-} train_progress;
 
 /* What the rest of a run costs, in wall seconds, as measured (or estimated) so far. */
 typedef struct train_cost_model {

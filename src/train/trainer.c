@@ -535,7 +535,7 @@ typedef struct run_loop {
     int bad_run;            /* non-finite steps in a row */
     float *init;            /* --dump-grads: the initial weights, until the first step */
     eval_split split;       /* validation split across the ranks */
-    train_progress watch;
+    moh_progress watch;
 } run_loop;
 
 /* One step: what it measured and what follows it. */
@@ -929,7 +929,7 @@ static int run_save(trainer *tr, run_loop *L, const step_out *S, moh_error *err)
     const double ts = train_now_s();
     moh_error why = {0};
     int rc = MOH_OK;
-    if (train_check_finite("weights", "parameters", tr->m.data, tr->m.n, &why))
+    if (model_check_finite("weights", "parameters", tr->m.data, tr->m.n, &why))
         rc = moh_fail(err, MOH_E_ARG, "step %ld: a weight is not finite (%s); nothing saved, the last checkpoint in %s "
                       "is intact", st->step, why.msg, tr->o->out_dir);
     if (!rc && tr->d->rank == 0) rc = checkpoint_save_ema(tr->o->out_dir, &tr->m, tr->m1, tr->m2, tr->ema, st, err);
@@ -1049,7 +1049,7 @@ static int run(const train_options *o, dist_ctx *d, train_signals *sigs, moh_err
     if ((rc = run_length(&tr, &L, &nothing, err)) || nothing) goto out;
     if ((rc = run_open(&tr, &L, err))) goto out;
     L.split = (eval_split){d->rank, R, eval_sum, d};
-    L.watch = (train_progress){pet, d};
+    L.watch = (moh_progress){pet, d};
     if (!o->quiet) run_print_start(&tr, &L);
     moh_batch b = {0};
     int status = 0;
