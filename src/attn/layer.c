@@ -89,10 +89,14 @@ int attn_cpu_set_compute(attn_layer_f32 *L, const moh_attn_config *cfg, const be
 }
 
 #define F(x) x##_f32
+#define real float
 #include "attn/layer_stack_impl.h"
+#undef real
 #undef F
 #define F(x) x##_f64
+#define real double
 #include "attn/layer_stack_impl.h"
+#undef real
 #undef F
 
 int attn_stack_set_weights_f32(attn_stack_f32 *s, const bf16_mirror *w, moh_error *err) {

@@ -95,6 +95,7 @@ typedef struct attn_stack_f32 {
     int n;                      /* layers made (all of them after a successful init) */
     const moh_attn_config *cfg; /* layer l's config: cfg[per_layer ? l : 0] (borrowed from the model) */
     bool per_layer;
+    float *acts;                /* the family's activation block, its views set by attn_stack_init_acts */
 } attn_stack_f32;
 typedef struct attn_stack_f64 {
     be_ctx cx;                  /* (float64 runs the host ops; kept for the templates' calls) */
@@ -102,6 +103,7 @@ typedef struct attn_stack_f64 {
     int n;
     const moh_attn_config *cfg;
     bool per_layer;
+    double *acts;
 } attn_stack_f64;
 
 /* L layers for batches of up to B x N tokens on the CPU backend in fp32, layer l configured by
@@ -111,7 +113,18 @@ int attn_stack_init_f32(attn_stack_f32 *s, int L, const moh_attn_config *cfg, bo
                         bool sparse, moh_error *err);
 int attn_stack_init_f64(attn_stack_f64 *s, int L, const moh_attn_config *cfg, bool per_layer, int B, int N,
                         bool sparse, moh_error *err);
-/* Frees the layers, then the compute context they borrow (a zeroed s is fine). */
+/* A family's activations: one block of sizes[i] values per view *fields[i] (i < n, row-major as
+ * the family lays them out), owned by s, then attn_stack_init's L layers for B x N tokens. what
+ * names the family in the error. MOH_OK, MOH_E_NOMEM ("<what>: cannot allocate activations ...")
+ * or attn_layer_init's errors; on error everything is freed again (attn_stack_free). */
+int attn_stack_init_acts_f32(attn_stack_f32 *s, float **const *fields, const size_t *sizes, size_t n, int L,
+                             const moh_attn_config *cfg, bool per_layer, int B, int N, bool sparse,
+                             const char *what, moh_error *err);
+int attn_stack_init_acts_f64(attn_stack_f64 *s, double **const *fields, const size_t *sizes, size_t n, int L,
+                             const moh_attn_config *cfg, bool per_layer, int B, int N, bool sparse,
+                             const char *what, moh_error *err);
+/* Frees the layers, then the compute context they borrow, then the activation block (a zeroed s
+ * is fine). */
 void attn_stack_free_f32(attn_stack_f32 *s);
 void attn_stack_free_f64(attn_stack_f64 *s);
 /* Precision of the stack's ops and layers: bf16 with w (the bf16 copy of the parameter buffer,

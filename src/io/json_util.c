@@ -172,15 +172,44 @@ int json_object_fields(const json_reader *rd, const cJSON *root, const char *con
         int id = -1;
         for (int i = 0; i < n && id < 0; i++)
             if (strcmp(key, keys[i]) == 0) id = i;
-        if (id < 0)
+        if (id < 0 && expected)
             return moh_fail(rd->err, MOH_E_CONFIG, "%s: unknown field '%s' (%s)", rd->label,
                             json_safe_key(rd, k, key), expected);
+        if (id < 0) {
+            char list[1024];
+            size_t at = 0;
+            for (int i = 0; i < n && at < sizeof list; i++)
+                at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", i ? ", " : "", keys[i]);
+            return moh_fail(rd->err, MOH_E_CONFIG,
+                            "%s: unknown field '%s' (expected one of %s; prefix annotations with '_')", rd->label,
+                            json_safe_key(rd, k, key), list);
+        }
         if (fields[id])
             return moh_fail(rd->err, MOH_E_CONFIG, "%s: field '%s' appears twice", rd->label,
                             keys[id]);
         fields[id] = e;
     }
     return MOH_OK;
+}
+
+int json_get_ints(const json_reader *rd, const cJSON *const *fields, const char *const *keys,
+                  const json_int_field *ints, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const json_int_field *x = &ints[i];
+        if (!fields[x->id] && x->required)
+            return moh_fail(rd->err, MOH_E_CONFIG, "%s: missing field '%s' (an integer in %d..%d)", rd->label,
+                            keys[x->id], x->lo, x->hi);
+        const int rc = fields[x->id] ? json_get_int(rd, fields[x->id], keys[x->id], x->lo, x->hi, x->dst) : MOH_OK;
+        if (rc) return rc;
+    }
+    return MOH_OK;
+}
+
+int json_check_model_type(const json_reader *rd, const cJSON *j, const char *want) {
+    char v[JSON_SHOW_BUF];
+    if (j && cJSON_IsString(j) && !strcmp(j->valuestring, want)) return MOH_OK;
+    return moh_fail(rd->err, MOH_E_CONFIG, "%s: field 'model_type' is %s, expected \"%s\"", rd->label,
+                    j ? json_show_value(rd, v, j) : "missing", want);
 }
 
 int json_get_int(const json_reader *rd, const cJSON *j, const char *key, int lo, int hi, int *out) {

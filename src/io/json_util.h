@@ -65,10 +65,26 @@ int json_parse_with(const json_reader *rd, const char *text, size_t len, json_fr
 /* Checks that root is an object whose keys are all in keys[0..n) (each at most once) and sets
  * fields[i] to the item of keys[i] or NULL. Keys starting with "_" or "comment" are annotations
  * and skipped. example (e.g. {"hidden_size": ...}) is shown when root is not an object, expected
- * (e.g. "expected one of a, b; prefix annotations with '_'") in parentheses after an unknown key.
- * Errors: MOH_E_CONFIG. */
+ * (e.g. "expected one of a, b; prefix annotations with '_'") in parentheses after an unknown key;
+ * NULL: that sentence over keys. Errors: MOH_E_CONFIG. */
 int json_object_fields(const json_reader *rd, const cJSON *root, const char *const *keys, int n,
                        const cJSON **fields, const char *example, const char *expected);
+
+/* An integer field of a config: fields[id] (keys[id]) into *dst, in lo..hi, refused when missing
+ * and required. */
+typedef struct json_int_field {
+    int id;
+    int *dst;
+    int lo, hi;
+    bool required;
+} json_int_field;
+/* Reads ints[0..n) from fields (json_object_fields) with json_get_int; a missing required one is
+ * "<label>: missing field '<key>' (an integer in lo..hi)". MOH_OK or MOH_E_CONFIG. */
+int json_get_ints(const json_reader *rd, const cJSON *const *fields, const char *const *keys,
+                  const json_int_field *ints, size_t n);
+/* The model_type field j is the string want: else "<label>: field 'model_type' is <j or missing>,
+ * expected \"want\"". MOH_OK or MOH_E_CONFIG. */
+int json_check_model_type(const json_reader *rd, const cJSON *j, const char *want);
 
 /* Field key (item j) as an integer in lo..hi (messages per rd->style) into *out. MOH_E_CONFIG. */
 int json_get_int(const json_reader *rd, const cJSON *j, const char *key, int lo, int hi, int *out);

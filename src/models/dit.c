@@ -67,21 +67,8 @@ static model_tensor *build(const moh_dit_config *cfg, int *n, unsigned char **in
     model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "t_embedder.mlp.2.bias", 0);
     model_tensor_push(&L, true, INIT_N002, 2, SHAPE(cfg->num_classes + 1, D), "y_embedder.embedding_table.weight", 0);
     for (int l = 0; l < Ln; l++) {
-        const moh_attn_config *a = &cfg->attn[l];
-        /* the attention tensors in attn_params_bind order */
-        model_tensor_push(&L, 2, INIT_XAVIER, 2, SHAPE(3 * D, D), "blocks.%d.attn.qkv.weight", l);
-        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(3 * D), "blocks.%d.attn.qkv.bias", l);
-        model_tensor_push(&L, 2, INIT_XAVIER, 2, SHAPE(D, D), "blocks.%d.attn.proj.weight", l);
-        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.attn.proj.bias", l);
-        if (attn_has_wg(a))
-            model_tensor_push(&L, true, INIT_XAVIER, 2, SHAPE(attn_routed_heads(a), D), "blocks.%d.attn.wg.weight", l);
-        if (attn_has_wg0(a)) model_tensor_push(&L, true, INIT_XAVIER, 2, SHAPE(2, D), "blocks.%d.attn.wg_0.weight", l);
-        if (attn_has_wg1(a))
-            model_tensor_push(&L, true, INIT_XAVIER, 2, SHAPE(a->shared_heads, D), "blocks.%d.attn.wg_1.weight", l);
-        model_tensor_push(&L, 2, INIT_XAVIER, 2, SHAPE(Hm, D), "blocks.%d.mlp.fc1.weight", l);
-        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(Hm), "blocks.%d.mlp.fc1.bias", l);
-        model_tensor_push(&L, 2, INIT_XAVIER, 2, SHAPE(D, Hm), "blocks.%d.mlp.fc2.weight", l);
-        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.mlp.fc2.bias", l);
+        model_tensor_push_timm_attn(&L, &cfg->attn[l], D, INIT_XAVIER, INIT_ZERO, l);
+        model_tensor_push_timm_mlp(&L, D, Hm, INIT_XAVIER, INIT_ZERO, l);
         model_tensor_push(&L, true, INIT_ZERO, 2, SHAPE(6 * D, D), "blocks.%d.adaLN_modulation.1.weight", l);
         model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(6 * D), "blocks.%d.adaLN_modulation.1.bias", l);
     }

@@ -136,30 +136,17 @@ static int from_json(void *out, const cJSON *root, const json_reader *rd) {
     moh_dit_config *c = out;
     const char *label = rd->label;
     moh_error *err = rd->err;
-    char v[JSON_SHOW_BUF];
     const cJSON *f[K_COUNT];
-    int rc = json_object_fields(rd, root, KEYS, K_COUNT, f, "{\"model_type\": \"dit\", ...}",
-                                "expected one of model_type, input_size, patch_size, in_channels, num_classes, "
-                                "hidden_size, depth, num_heads, mlp_ratio, class_dropout_prob, learn_sigma, router, "
-                                "shared_heads, top_k, load_balance_coef, diffusion_steps, noise_schedule, beta_start, "
-                                "beta_end; prefix annotations with '_'");
+    int rc = json_object_fields(rd, root, KEYS, K_COUNT, f, "{\"model_type\": \"dit\", ...}", NULL);
     if (rc != MOH_OK) return rc;
     set_defaults(c);
-    if (!f[K_MODEL_TYPE] || !cJSON_IsString(f[K_MODEL_TYPE]) || strcmp(f[K_MODEL_TYPE]->valuestring, "dit"))
-        return moh_fail(err, MOH_E_CONFIG, "%s: field 'model_type' is %s, expected \"dit\"", label,
-                        f[K_MODEL_TYPE] ? json_show_value(rd, v, f[K_MODEL_TYPE]) : "missing");
-    const struct { int id; int *dst; int lo, hi; bool required; } ints[] = {
+    if ((rc = json_check_model_type(rd, f[K_MODEL_TYPE], "dit"))) return rc;
+    const json_int_field ints[] = {
         {K_INPUT, &c->input_size, 1, 4096, false},     {K_PATCH, &c->patch_size, 1, 4096, false},
         {K_CHANS, &c->in_channels, 1, DIT_MAX_CHANS, false}, {K_CLASSES, &c->num_classes, 1, 1 << 20, false},
         {K_HIDDEN, &c->hidden_size, 4, 65536, true},   {K_DEPTH, &c->depth, 1, DIT_MAX_DEPTH, true},
         {K_HEADS, &c->num_heads, 1, 4096, true},       {K_STEPS, &c->diffusion_steps, 2, 100000, false}};
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-        const cJSON *j = f[ints[i].id];
-        if (!j && ints[i].required)
-            return moh_fail(err, MOH_E_CONFIG, "%s: missing field '%s' (an integer in %d..%d)", label, KEYS[ints[i].id],
-                            ints[i].lo, ints[i].hi);
-        if (j && (rc = json_get_int(rd, j, KEYS[ints[i].id], ints[i].lo, ints[i].hi, ints[i].dst))) return rc;
-    }
+    if ((rc = json_get_ints(rd, f, KEYS, ints, sizeof ints / sizeof ints[0]))) return rc;
     const struct { int id; double *dst; } nums[] = {{K_MLP, &c->mlp_ratio}, {K_DROP, &c->class_dropout_prob},
                                                      {K_BETA, &c->load_balance_coef}, {K_BSTART, &c->beta_start},
                                                      {K_BEND, &c->beta_end}};

@@ -27,7 +27,8 @@ typedef struct F(dit_params) {
 /* Activations of one forward pass for up to Bmax images, kept for backward. */
 typedef struct F(dit_acts) {
     F(attn_stack) attn;    /* first, for models/model.c: the attention layers (either path) and the
-                            * backend and precision of every op (attn/layer.h) */
+                            * backend and precision of every op, and the block behind the arrays
+                            * below (attn/layer.h) */
     int B, Bmax;
     real *patches;         /* [BN, P] flattened input patches */
     real *tfreq;           /* [B, 256] timestep frequency embedding */
@@ -52,7 +53,6 @@ typedef struct F(dit_acts) {
     real *dsc, *dcond, *dth; /* [B, D], [B, D], [2, B, D]: backward scratch */
     real mse;              /* mean squared error of the last forward with targets */
     real lb_loss;          /* mean over routing layers of the load-balance loss (spec §2) */
-    void *block;
 } F(dit_acts);
 
 /* Allocates zeroed params for cfg (finalized) and binds the views. MOH_OK or MOH_E_NOMEM. */

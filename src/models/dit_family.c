@@ -37,13 +37,8 @@ static model_tensor *tensors(const void *cfg, model_naming scheme, int *n) {
     return scheme == MODEL_NAMES_CHECKPOINT ? dit_tensors(cfg, n) : NULL;
 }
 
-MODEL_ADAPTER(dit)
-static void init_random(const void *cfg, void *p, uint64_t seed) { dit_params_init_random(cfg, p, seed); }
-
-static int acts_init(void *a, const void *cfg, int Bmax, int T, bool sparse, moh_error *err) {
-    (void)T;
-    return dit_acts_init_f32(a, cfg, Bmax, sparse, err);
-}
+MODEL_ADAPTER(dit, dit_acts_init_f32(a, cfg, Bmax, sparse, err),
+              dit_params_init_random(cfg, p, seed))
 
 static size_t chw_of(const moh_dit_config *c) { return (size_t)c->in_channels * c->input_size * c->input_size; }
 
@@ -168,24 +163,9 @@ static void describe(const void *cfg, size_t n, char *buf, size_t cap) {
 /* Random x_t [B, C, H, W] in [-2, 2), labels in 0..num_classes (null included), timesteps, noise. */
 static int synthetic_batch(const void *cfg, int B, int T, uint64_t seed, moh_batch *out, void **buf, moh_error *err) {
     const moh_dit_config *c = cfg;
-    const size_t n = (size_t)B * chw_of(c);
-    float *img = malloc(sizeof(float) * 2 * n + sizeof(int) * 2 * (size_t)B);
-    if (!img) return moh_fail(err, MOH_E_NOMEM, "synthetic batch: out of memory");
-    float *eps = img + n;
-    int *lab = (int *)(eps + n), *t = lab + B;
-    uint64_t s = seed;
-    for (size_t i = 0; i < n; i++) {
-        img[i] = (float)(4.0 * moh_rng_uniform01(&s) - 2.0);
-        eps[i] = (float)moh_rng_normal(&s);
-    }
-    for (int j = 0; j < B; j++) {
-        lab[j] = (int)(moh_rng_next(&s) % (uint64_t)(c->num_classes + 1));
-        t[j] = (int)(moh_rng_next(&s) % (uint64_t)c->diffusion_steps);
-    }
-    *buf = img;
-    *out = (moh_batch){.B = B, .images = img, .C = c->in_channels, .H = c->input_size, .W = c->input_size,
-                       .labels = lab, .timesteps = t, .noise = eps};
-    return MOH_OK;
+    (void)T;
+    return model_synthetic_images(B, c->in_channels, c->input_size, c->input_size, c->num_classes + 1,
+                                  c->diffusion_steps, seed, out, buf, err);
 }
 
 static void image_shape(const void *cfg, int *C, int *H, int *W) {

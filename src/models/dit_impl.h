@@ -64,25 +64,13 @@ int F(dit_acts_init)(F(dit_acts) *a, const moh_dit_config *cfg, int Bmax, bool s
                             L * BN * D, L * BN, L * BN, L * BN * D, L * BN * Hm, L * BN * Hm, L * BN * D, BN * D,
                             BN, BN, BN * D, BN * P, BN * P, BN * D, BN * D, BN * D, 2 * BN * Hm, BN * P, B * 6 * D,
                             B * D, B * D, 2 * B * D};
-    size_t total = 0;
-    a->block = F(views_alloc)(fields, sizes, sizeof sizes / sizeof sizes[0], &total);
-    if (!a->block) {
-        F(dit_acts_free)(a);
-        return moh_fail(err, MOH_E_NOMEM, "dit: cannot allocate activations for batch %d (%zu MiB)", Bmax,
-                        (total * sizeof(real)) >> 20);
-    }
-    const int rc = F(attn_stack_init)(&a->attn, (int)L, cfg->attn, true, Bmax, cfg->num_patches, sparse, err);
-    if (rc) {
-        F(dit_acts_free)(a);
-        return rc;
-    }
     a->Bmax = Bmax;
-    return MOH_OK;
+    return F(attn_stack_init_acts)(&a->attn, fields, sizes, sizeof sizes / sizeof sizes[0], (int)L, cfg->attn,
+                                   true, Bmax, cfg->num_patches, sparse, "dit", err);
 }
 
 void F(dit_acts_free)(F(dit_acts) *a) {
-    F(attn_stack_free)(&a->attn); /* the layers, then the compute context they borrow */
-    free(a->block);
+    F(attn_stack_free)(&a->attn); /* the layers, their compute context, the activation block */
     memset(a, 0, sizeof *a);
 }
 

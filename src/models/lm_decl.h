@@ -24,7 +24,8 @@ typedef struct F(lm_params) {
 /* Activations of one forward pass for a [B, T] batch, kept for backward. */
 typedef struct F(lm_acts) {
     F(attn_stack) attn;    /* first, for models/model.c: the attention layers (either path) and the
-                            * backend and precision of every op (attn/layer.h) */
+                            * backend and precision of every op, and the block behind the arrays
+                            * below (attn/layer.h) */
     int B, T;
     real *resid;      /* [L + 1, BT, C]: input of each block, then the final residual */
     real *mid;        /* [L, BT, C]: residual after the attention branch (input of ln2) */
@@ -41,7 +42,6 @@ typedef struct F(lm_acts) {
     real ce_loss;     /* mean cross-entropy (nats) of the last forward with targets */
     real lb_loss;     /* mean over routing layers of the load-balance loss (spec §2) */
     double phase_s[LMT_NPHASE]; /* wall seconds per phase (lm_train_phase_name), accumulated */
-    void *block;
 } F(lm_acts);
 
 /* Allocates params (zeroed) for cfg and binds the views. MOH_OK or MOH_E_NOMEM. */

@@ -33,13 +33,8 @@ static const char *tied_tensor(const void *cfg, const char *name) {
                ? "model.embed_tokens.weight" : NULL;
 }
 
-MODEL_ADAPTER(lm)
-static void init_random(const void *cfg, void *p, uint64_t seed) { lm_params_init_random(cfg, p, seed, 0.02); }
-
-static int acts_init(void *a, const void *cfg, int Bmax, int T, bool sparse, moh_error *err) {
-    return sparse ? lm_acts_init_sparse_f32(a, cfg, Bmax, T, err) : lm_acts_init_f32(a, cfg, Bmax, T, err);
-}
-
+MODEL_ADAPTER(lm, sparse ? lm_acts_init_sparse_f32(a, cfg, Bmax, T, err) : lm_acts_init_f32(a, cfg, Bmax, T, err),
+              lm_params_init_random(cfg, p, seed, 0.02))
 
 static double forward(const void *cfg, const void *params, void *acts, const moh_batch *b, int first, int count,
                       bool train, double *ce, double *lb) {

@@ -48,22 +48,10 @@ static int F(lm_acts_alloc)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int 
     const size_t sizes[] = {(L + 1) * BT * C, L * BT * C, L * BT * C, L * BT, L * BT * C, L * BT * C, L * BT,
                             L * BT * I, L * BT * I, L * BT * I, L * BT * I, BT * C, BT, BT * V, BT * V,
                             BT * C, BT * C, 3 * BT * I, BT * V};
-    size_t total = 0;
-    a->block = F(views_alloc)(fields, sizes, sizeof sizes / sizeof sizes[0], &total);
-    if (!a->block) {
-        F(lm_acts_free)(a);
-        return moh_fail(err, MOH_E_NOMEM, "model: cannot allocate activations for B=%d T=%d (%zu MiB): lower "
-                        "--batch-size or --seq-len",
-                        B, T, (total * sizeof(real)) >> 20);
-    }
-    const int rc = F(attn_stack_init)(&a->attn, (int)L, &cfg->attn, false, B, T, sparse, err);
-    if (rc) {
-        F(lm_acts_free)(a);
-        return rc;
-    }
     a->B = B;
     a->T = T;
-    return MOH_OK;
+    return F(attn_stack_init_acts)(&a->attn, fields, sizes, sizeof sizes / sizeof sizes[0], (int)L, &cfg->attn,
+                                   false, B, T, sparse, "lm", err);
 }
 
 int F(lm_acts_init)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, moh_error *err) {
@@ -71,8 +59,7 @@ int F(lm_acts_init)(F(lm_acts) *a, const moh_lm_config *cfg, int B, int T, moh_e
 }
 
 void F(lm_acts_free)(F(lm_acts) *a) {
-    F(attn_stack_free)(&a->attn); /* the layers, then the compute context they borrow */
-    free(a->block);
+    F(attn_stack_free)(&a->attn); /* the layers, their compute context, the activation block */
     memset(a, 0, sizeof *a);
 }
 

@@ -272,11 +272,54 @@ void model_tensor_push(model_tensor_list *L, int decay, int init, int ndim, cons
     L->off += e->numel;
 }
 
+void model_tensor_push_timm_attn(model_tensor_list *L, const moh_attn_config *a, int64_t D, int init, int zero,
+                                  int layer) {
+    model_tensor_push(L, 2, init, 2, (const int64_t[]){3 * D, D}, "blocks.%d.attn.qkv.weight", layer);
+    model_tensor_push(L, false, zero, 1, (const int64_t[]){3 * D}, "blocks.%d.attn.qkv.bias", layer);
+    model_tensor_push(L, 2, init, 2, (const int64_t[]){D, D}, "blocks.%d.attn.proj.weight", layer);
+    model_tensor_push(L, false, zero, 1, (const int64_t[]){D}, "blocks.%d.attn.proj.bias", layer);
+    if (attn_has_wg(a))
+        model_tensor_push(L, true, init, 2, (const int64_t[]){attn_routed_heads(a), D}, "blocks.%d.attn.wg.weight",
+                          layer);
+    if (attn_has_wg0(a)) model_tensor_push(L, true, init, 2, (const int64_t[]){2, D}, "blocks.%d.attn.wg_0.weight", layer);
+    if (attn_has_wg1(a))
+        model_tensor_push(L, true, init, 2, (const int64_t[]){a->shared_heads, D}, "blocks.%d.attn.wg_1.weight",
+                          layer);
+}
+
+void model_tensor_push_timm_mlp(model_tensor_list *L, int64_t D, int64_t Hm, int init, int zero, int layer) {
+    model_tensor_push(L, 2, init, 2, (const int64_t[]){Hm, D}, "blocks.%d.mlp.fc1.weight", layer);
+    model_tensor_push(L, false, zero, 1, (const int64_t[]){Hm}, "blocks.%d.mlp.fc1.bias", layer);
+    model_tensor_push(L, 2, init, 2, (const int64_t[]){D, Hm}, "blocks.%d.mlp.fc2.weight", layer);
+    model_tensor_push(L, false, zero, 1, (const int64_t[]){D}, "blocks.%d.mlp.fc2.bias", layer);
+}
+
 model_tensor *model_tensor_list_done(model_tensor_list *L, int *n, unsigned char **init_out) {
     *n = L->n;
     if (init_out) *init_out = L->init;
     else free(L->init);
     return L->t;
+}
+
+int model_synthetic_images(int B, int C, int H, int W, int n_labels, int steps, uint64_t seed, moh_batch *out,
+                           void **buf, moh_error *err) {
+    const size_t n = (size_t)B * C * H * W, nf = steps > 0 ? 2 * n : n, ni = steps > 0 ? 2 * (size_t)B : (size_t)B;
+    float *img = malloc(sizeof(float) * nf + sizeof(int) * ni);
+    if (!img) return moh_fail(err, MOH_E_NOMEM, "synthetic batch: out of memory");
+    float *eps = steps > 0 ? img + n : NULL;
+    int *lab = (int *)(img + nf), *t = steps > 0 ? lab + B : NULL;
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) {
+        img[i] = (float)(4.0 * moh_rng_uniform01(&s) - 2.0);
+        if (eps) eps[i] = (float)moh_rng_normal(&s);
+    }
+    for (int j = 0; j < B; j++) {
+        lab[j] = (int)(moh_rng_next(&s) % (uint64_t)n_labels);
+        if (t) t[j] = (int)(moh_rng_next(&s) % (uint64_t)steps);
+    }
+    *buf = img;
+    *out = (moh_batch){.B = B, .images = img, .C = C, .H = H, .W = W, .labels = lab, .timesteps = t, .noise = eps};
+    return MOH_OK;
 }
 
 /* *out = obj when rc is MOH_OK, else obj freed; returns rc. */

@@ -52,6 +52,14 @@ int model_tensor_list_init(model_tensor_list *L, int cap);
  * (the families size cap to their configs). */
 void model_tensor_push(model_tensor_list *L, int decay, int init, int ndim, const int64_t *shape, const char *fmt,
                        int layer);
+/* Appends layer's attention tensors in attn_params_bind order under timm's Attention names plus
+ * MoH's router (blocks.<layer>.attn.{qkv,proj}.{weight,bias}, .wg, .wg_0, .wg_1 as a has them;
+ * d_model D): the weights of kind init, the biases of kind zero. The ViT and DiT layout. */
+void model_tensor_push_timm_attn(model_tensor_list *L, const moh_attn_config *a, int64_t D, int init, int zero,
+                                  int layer);
+/* Appends layer's timm Mlp (blocks.<layer>.mlp.fc1 [Hm, D], fc2 [D, Hm], weights of kind init, biases
+ * of kind zero). */
+void model_tensor_push_timm_mlp(model_tensor_list *L, int64_t D, int64_t Hm, int init, int zero, int layer);
 /* Hands over the table (*n its count) and, when init_out is not NULL, the kinds; frees the rest. */
 model_tensor *model_tensor_list_done(model_tensor_list *L, int *n, unsigned char **init_out);
 
@@ -407,10 +415,12 @@ typedef struct image_gen_request {
     .train_defaults = train_defaults, .open_data = open_data, .eval_add = eval_add, .eval_finish = eval_finish,    \
     .eval_json = eval_json, .eval_brief = eval_brief, .eval_report = eval_report
 
-/* The params_init, params_release and acts_release a family's table names, over its
- * pfx_params_init_f32 (views of one zeroed buffer), pfx_params_free_f32 and pfx_acts_free_f32, for a
- * params struct pfx_params_f32 with data and n. */
-#define MODEL_ADAPTER(pfx)                                                                                          \
+/* The params_init, params_release, init_random, acts_init and acts_release a family's table names,
+ * over its pfx_params_init_f32 (views of one zeroed buffer), pfx_params_free_f32 and
+ * pfx_acts_free_f32, for a params struct pfx_params_f32 with data and n. ACTS is the family's call
+ * that makes activations, an expression in (a, cfg, Bmax, T, sparse, err); INIT fills the
+ * parameters, an expression in (cfg, p, seed). */
+#define MODEL_ADAPTER(pfx, ACTS, INIT)                                                                              \
     static int params_init(void *p, const void *cfg, float **data, size_t *n, moh_error *err) {                    \
         const int rc = pfx##_params_init_f32(p, cfg, err);                                                          \
         *data = ((const pfx##_params_f32 *)p)->data;                                                                \
@@ -418,12 +428,24 @@ typedef struct image_gen_request {
         return rc;                                                                                                  \
     }                                                                                                               \
     static void params_release(void *p) { pfx##_params_free_f32(p); }                                              \
+    static void init_random(const void *cfg, void *p, uint64_t seed) { INIT; }                                      \
+    static int acts_init(void *a, const void *cfg, int Bmax, int T, bool sparse, moh_error *err) {                  \
+        (void)T;                                                                                                    \
+        (void)sparse;                                                                                               \
+        return ACTS;                                                                                                \
+    }                                                                                                               \
     static void acts_release(void *a) { pfx##_acts_free_f32(a); }
 
 /* Checkpoint tensors must hold finite values: MOH_E_FORMAT naming the file, the tensor and the
  * first non-finite value's index when x[0..n) has a NaN or infinity (a diverged or damaged
  * checkpoint, refused before it can print nan or sample garbage). */
 int model_check_finite(const char *path, const char *name, const float *x, size_t n, moh_error *err);
+/* A family's synthetic_batch of images: B random images [B, C, H, W] uniform in [-2, 2) (about the
+ * range of normalised pixels) and labels [B] in 0..n_labels-1; with steps > 0 also timesteps [B]
+ * in 0..steps-1 and noise [B, C, H, W] ~ N(0, 1) (diffusion). splitmix64 at seed; *buf owns it all.
+ * MOH_OK or MOH_E_NOMEM. */
+int model_synthetic_images(int B, int C, int H, int W, int n_labels, int steps, uint64_t seed, moh_batch *out,
+                           void **buf, moh_error *err);
 /* `moh eval --dump-logits`: the family's dump_entries of the first evaluation batch of src
  * written to path as safetensors (temp file and rename). MOH_E_FORMAT (no batch), MOH_E_NOMEM, MOH_E_IO;
  * MOH_E_ARG when the family has no dump. */

@@ -42,22 +42,10 @@ static vit_tensor *build(const moh_vit_config *cfg, int *n, unsigned char **init
     for (int l = 0; l < Ln; l++) {
         model_tensor_push(&L, false, INIT_ONE, 1, SHAPE(D), "blocks.%d.norm1.weight", l);
         model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.norm1.bias", l);
-        /* the attention tensors in attn_params_bind order (attn_tensors_f32 names) */
-        model_tensor_push(&L, 2, INIT_TRUNC02, 2, SHAPE(3 * D, D), "blocks.%d.attn.qkv.weight", l);
-        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(3 * D), "blocks.%d.attn.qkv.bias", l);
-        model_tensor_push(&L, 2, INIT_TRUNC02, 2, SHAPE(D, D), "blocks.%d.attn.proj.weight", l);
-        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.attn.proj.bias", l);
-        if (attn_has_wg(a))
-            model_tensor_push(&L, true, INIT_TRUNC02, 2, SHAPE(attn_routed_heads(a), D), "blocks.%d.attn.wg.weight", l);
-        if (attn_has_wg0(a)) model_tensor_push(&L, true, INIT_TRUNC02, 2, SHAPE(2, D), "blocks.%d.attn.wg_0.weight", l);
-        if (attn_has_wg1(a))
-            model_tensor_push(&L, true, INIT_TRUNC02, 2, SHAPE(a->shared_heads, D), "blocks.%d.attn.wg_1.weight", l);
+        model_tensor_push_timm_attn(&L, a, D, INIT_TRUNC02, INIT_ZERO, l);
         model_tensor_push(&L, false, INIT_ONE, 1, SHAPE(D), "blocks.%d.norm2.weight", l);
         model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.norm2.bias", l);
-        model_tensor_push(&L, 2, INIT_TRUNC02, 2, SHAPE(Hm, D), "blocks.%d.mlp.fc1.weight", l);
-        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(Hm), "blocks.%d.mlp.fc1.bias", l);
-        model_tensor_push(&L, 2, INIT_TRUNC02, 2, SHAPE(D, Hm), "blocks.%d.mlp.fc2.weight", l);
-        model_tensor_push(&L, false, INIT_ZERO, 1, SHAPE(D), "blocks.%d.mlp.fc2.bias", l);
+        model_tensor_push_timm_mlp(&L, D, Hm, INIT_TRUNC02, INIT_ZERO, l);
     }
     const bool tok = cfg->global_pool == VIT_POOL_TOKEN;
     model_tensor_push(&L, false, INIT_ONE, 1, SHAPE(D), tok ? "norm.weight" : "fc_norm.weight", 0);

@@ -144,32 +144,18 @@ static int from_json(void *out, const cJSON *root, const json_reader *rd) {
     moh_vit_config *c = out;
     const char *label = rd->label;
     moh_error *err = rd->err;
-    char v[JSON_SHOW_BUF];
     const cJSON *f[K_COUNT];
-    int rc = json_object_fields(rd, root, KEYS, K_COUNT, f, "{\"model_type\": \"vit\", ...}",
-                                "expected one of model_type, img_size, patch_size, in_chans, "
-                                "num_classes, embed_dim, depth, num_heads, mlp_ratio, class_token, "
-                                "global_pool, router, shared_heads, top_k, load_balance_coef, "
-                                "label_smoothing, mean, std; prefix annotations with '_'");
+    int rc = json_object_fields(rd, root, KEYS, K_COUNT, f, "{\"model_type\": \"vit\", ...}", NULL);
     if (rc != MOH_OK) return rc;
     set_defaults(c);
-    if (!f[K_MODEL_TYPE] || !cJSON_IsString(f[K_MODEL_TYPE]) || strcmp(f[K_MODEL_TYPE]->valuestring, "vit"))
-        return moh_fail(err, MOH_E_CONFIG, "%s: field 'model_type' is %s, expected \"vit\"", label,
-                        f[K_MODEL_TYPE] ? json_show_value(rd, v, f[K_MODEL_TYPE]) : "missing");
-    const struct { int id; int *dst; int lo, hi; bool required; } ints[] = {
+    if ((rc = json_check_model_type(rd, f[K_MODEL_TYPE], "vit"))) return rc;
+    const json_int_field ints[] = {
         {K_IMG, &c->img_size, 1, 4096, false},        {K_PATCH, &c->patch_size, 1, 4096, false},
         {K_CHANS, &c->in_chans, 1, VIT_MAX_CHANS, false}, {K_CLASSES, &c->num_classes, 2, 1 << 20, false},
         {K_DIM, &c->embed_dim, 1, 65536, true},       {K_DEPTH, &c->depth, 1, 1024, true},
         {K_HEADS, &c->num_heads, 1, 4096, true},      {K_SHARED, &c->shared_heads, 0, 4096, false},
         {K_TOPK, &c->top_k, 0, 4096, false}};
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-        const cJSON *j = f[ints[i].id];
-        if (!j && ints[i].required)
-            return moh_fail(err, MOH_E_CONFIG, "%s: missing field '%s' (an integer in %d..%d)", label,
-                            KEYS[ints[i].id], ints[i].lo, ints[i].hi);
-        if (j && (rc = json_get_int(rd, j, KEYS[ints[i].id], ints[i].lo, ints[i].hi, ints[i].dst)))
-            return rc;
-    }
+    if ((rc = json_get_ints(rd, f, KEYS, ints, sizeof ints / sizeof ints[0]))) return rc;
     if (f[K_MLP] && (rc = json_get_number(rd, f[K_MLP], "mlp_ratio", &c->mlp_ratio))) return rc;
     if (f[K_BETA] && (rc = json_get_number(rd, f[K_BETA], "load_balance_coef", &c->load_balance_coef))) return rc;
     if (f[K_SMOOTH] && (rc = json_get_number(rd, f[K_SMOOTH], "label_smoothing", &c->label_smoothing))) return rc;

@@ -29,7 +29,8 @@ typedef struct F(vit_params) {
 /* Activations of one forward pass for up to Bmax images, kept for backward. */
 typedef struct F(vit_acts) {
     F(attn_stack) attn;    /* first, for models/model.c: the attention layers (either path) and the
-                            * backend and precision of every op (attn/layer.h) */
+                            * backend and precision of every op, and the block behind the arrays
+                            * below (attn/layer.h) */
     int B, Bmax;           /* images in the last forward; capacity */
     real *patches;         /* [B * Np, P] flattened patches (input of patch_embed) */
     real *resid;           /* [L + 1, BT, D]: input of each block, then the final residual */
@@ -48,7 +49,6 @@ typedef struct F(vit_acts) {
     real *dlogits, *dfnorm, *dpooled; /* [B, K], [B, D], [B, D] */
     real ce_loss;          /* mean label-smoothed cross-entropy (nats) of the last forward */
     real lb_loss;          /* mean over routing layers of the load-balance loss (spec §2) */
-    void *block;           /* the allocation behind the arrays above */
 } F(vit_acts);
 
 /* Allocates zeroed params for cfg (a finalized config) and binds the views.

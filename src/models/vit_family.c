@@ -57,13 +57,8 @@ static model_tensor *tensors(const void *cfg, model_naming scheme, int *n) {
     return scheme == MODEL_NAMES_CHECKPOINT ? vit_tensors(cfg, n) : NULL;
 }
 
-MODEL_ADAPTER(vit)
-static void init_random(const void *cfg, void *p, uint64_t seed) { vit_params_init_random(cfg, p, seed); }
-
-static int acts_init(void *a, const void *cfg, int Bmax, int T, bool sparse, moh_error *err) {
-    (void)T;
-    return vit_acts_init_attn_f32(a, cfg, Bmax, sparse, err);
-}
+MODEL_ADAPTER(vit, vit_acts_init_attn_f32(a, cfg, Bmax, sparse, err),
+              vit_params_init_random(cfg, p, seed))
 
 static double forward(const void *cfg, const void *params, void *acts, const moh_batch *b, int first, int count,
                       bool train, double *ce, double *lb) {
@@ -255,20 +250,11 @@ static void describe(const void *cfg, size_t n, char *buf, size_t cap) {
              c->patch_size, c->embed_dim, c->depth);
 }
 
-/* Random images [B, C, H, W] uniform in [-2, 2) (about the range of normalised pixels) and labels
- * [B] in 0..num_classes-1, from splitmix64 at seed; T is ignored. */
+/* Random images and labels (model_synthetic_images); T is ignored. */
 static int synthetic_batch(const void *cfg, int B, int T, uint64_t seed, moh_batch *out, void **buf, moh_error *err) {
     const moh_vit_config *c = cfg;
-    const size_t n = (size_t)B * c->in_chans * c->img_size * c->img_size;
-    float *img = malloc(sizeof(float) * n + sizeof(int) * (size_t)B);
-    if (!img) return moh_fail(err, MOH_E_NOMEM, "synthetic batch: out of memory");
-    int *lab = (int *)(img + n);
-    uint64_t s = seed;
-    for (size_t i = 0; i < n; i++) img[i] = (float)(4.0 * moh_rng_uniform01(&s) - 2.0);
-    for (int j = 0; j < B; j++) lab[j] = (int)(moh_rng_next(&s) % (uint64_t)c->num_classes);
-    *buf = img;
-    *out = (moh_batch){.B = B, .images = img, .C = c->in_chans, .H = c->img_size, .W = c->img_size, .labels = lab};
-    return MOH_OK;
+    (void)T;
+    return model_synthetic_images(B, c->in_chans, c->img_size, c->img_size, c->num_classes, 0, seed, out, buf, err);
 }
 
 static int num_outputs(const void *cfg) { return ((const moh_vit_config *)cfg)->num_classes; }

@@ -65,25 +65,13 @@ int F(vit_acts_init_attn)(F(vit_acts) *a, const moh_vit_config *cfg, int Bmax, b
                             L * BT, L * BT, L * BT * D, L * BT * D, L * BT, L * BT, L * BT * Hm,
                             L * BT * Hm, B * D, B * D, B, B, B * K, B * K, BT * D, BT * D,
                             2 * BT * Hm, B * K, B * D, B * D};
-    size_t total = 0;
-    a->block = F(views_alloc)(fields, sizes, sizeof sizes / sizeof sizes[0], &total);
-    if (!a->block) {
-        F(vit_acts_free)(a);
-        return moh_fail(err, MOH_E_NOMEM, "vit: cannot allocate activations for batch %d (%zu MiB)",
-                        Bmax, (total * sizeof(real)) >> 20);
-    }
-    const int rc = F(attn_stack_init)(&a->attn, (int)L, &cfg->attn, false, Bmax, cfg->num_tokens, sparse, err);
-    if (rc) {
-        F(vit_acts_free)(a);
-        return rc;
-    }
     a->Bmax = Bmax;
-    return MOH_OK;
+    return F(attn_stack_init_acts)(&a->attn, fields, sizes, sizeof sizes / sizeof sizes[0], (int)L, &cfg->attn,
+                                   false, Bmax, cfg->num_tokens, sparse, "vit", err);
 }
 
 void F(vit_acts_free)(F(vit_acts) *a) {
-    F(attn_stack_free)(&a->attn); /* the layers, then the compute context they borrow */
-    free(a->block);
+    F(attn_stack_free)(&a->attn); /* the layers, their compute context, the activation block */
     memset(a, 0, sizeof *a);
 }
 
