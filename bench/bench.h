@@ -57,11 +57,11 @@ double bench_sgemm_gflops(int M, int N, int K, int reps);
  * gets precision_describe's text for bf16 (else ""). */
 void bench_precisions(const char *cmd, const char *value, bool *fp32, bool *bf16, char *line, size_t cap);
 
-/* CPU seconds used by the whole process so far (all threads). With OMP_WAIT_POLICY=passive, idle
- * threads sleep instead of spinning, so a run's CPU time is its work, whatever else the machine
- * runs: a contention-robust companion of the wall time. */
+/* CPU seconds used by the whole process so far (all threads). With passive waits idle threads
+ * sleep at once, with moh's default GOMP_SPINCOUNT after ~0.1 ms, so a run's CPU time is about its
+ * work, whatever else the machine runs: a contention-robust companion of the wall time. */
 double bench_cpu_seconds(void);
-/* One line describing the conditions: load average (1 min), OMP_WAIT_POLICY, threads. */
+/* One line describing the conditions: threads, load average (1 min), OMP_WAIT_POLICY, GOMP_SPINCOUNT. */
 void bench_conditions(char *out, size_t cap);
 
 /* Parses a comma-separated list of positive integers / numbers into out[max]; returns the count,

@@ -99,9 +99,9 @@ void bench_conditions(char *out, size_t cap) {
         if (fscanf(f, "%lf", &load) != 1) load = -1.0;
         fclose(f);
     }
-    const char *wp = getenv("OMP_WAIT_POLICY");
-    snprintf(out, cap, "%d threads, load average %.2f, OMP_WAIT_POLICY=%s", omp_get_max_threads(), load,
-             wp ? wp : "(unset)");
+    const char *wp = getenv("OMP_WAIT_POLICY"), *sc = getenv("GOMP_SPINCOUNT");
+    snprintf(out, cap, "%d threads, load average %.2f, OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s", omp_get_max_threads(),
+             load, wp ? wp : "(unset)", sc ? sc : "(unset)");
 }
 
 int bench_parse_ints(const char *s, int *out, int max) {

@@ -44,6 +44,10 @@ void cli_config_not_found(const char *cmd, const char *config);
 
 /* --precision fp32|bf16 (an ARG_CHOICE spec whose dst is a const char *): the help line, and the
  * value (NULL or "fp32": fp32). */
+/* GOMP_SPINCOUNT moh runs with when the user sets neither it nor OMP_WAIT_POLICY (cli/moh.c):
+ * OpenMP threads spin this many rounds (about 0.1 ms) at a barrier, then sleep. */
+#define MOH_SPINCOUNT "10000"
+
 #define CLI_PRECISION_HELP "compute precision: fp32, or bf16 (GEMMs and attention tiles in bf16 with fp32 accumulation and fp32 master weights; softmax, norms, router and losses fp32); a CPU without AVX512-BF16/AMX-BF16 runs fp32 and says so"
 #define CLI_PRECISION_SPEC(dst) {"--precision", ARG_CHOICE, (dst), "fp32|bf16", CLI_PRECISION_HELP, false, ARG_ANY}
 bool cli_precision_bf16(const char *value);

@@ -36,13 +36,16 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-    /* OpenMP threads that spin at barriers collapse throughput on a shared machine (decoding:
-     * 4.6 vs 1041 tokens/s measured with the machine's other core busy), so moh sleeps instead
-     * unless the user chose a policy. libgomp reads the variable when it loads: re-exec once. */
-    if (!getenv("OMP_WAIT_POLICY") && argc > 0) {
-        setenv("OMP_WAIT_POLICY", "passive", 1);
+    /* How OpenMP threads wait between parallel regions, unless the user chose (OMP_WAIT_POLICY or
+     * GOMP_SPINCOUNT): a short spin, then sleep. Measured on a 2-core Xeon (docs/benchmarks.md,
+     * Wait policy): against passive it decodes 1.7x faster on a quiet machine and 1.1-1.6x with
+     * the other core busy, trains within 5%; spinning without bound (active, or libgomp's default
+     * 300000) lost up to 21% and, once, decoded at 4.6 tokens/s on a busy machine. libgomp reads
+     * the variable when it loads: re-exec once. */
+    if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT") && argc > 0) {
+        setenv("GOMP_SPINCOUNT", MOH_SPINCOUNT, 1);
         execv("/proc/self/exe", argv);
-        /* exec failed (no /proc): carry on with the default policy */
+        /* exec failed (no /proc): carry on with libgomp's default */
     }
     if (argc == 3 && !strcmp(argv[1], "help")) /* moh help CMD = moh CMD --help */
         for (size_t i = 0; i < sizeof SUBCOMMANDS / sizeof SUBCOMMANDS[0]; i++)

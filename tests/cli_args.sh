@@ -107,4 +107,13 @@ done
 "$MOH" sample --help >"$T/help" 2>&1; grep -qF -- "[0 < P <= 1]" "$T/help" && ok || bad "sample --help lacks the --top-p range"
 "$MOH" train --help >"$T/help" 2>&1; grep -qF -- "[0 < LR <= 1000]" "$T/help" && ok || bad "train --help lacks the --lr range"
 
+# 6. OpenMP waits: moh's short spin unless the user chose a policy or a spin count (kept as given)
+wait_line() { env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT "$@" "$MOH" bench decode --model small --context 8 --tokens 1 \
+  --repeats 1 2>/dev/null | grep -o 'OMP_WAIT_POLICY=[^;]*'; }
+[ "$(wait_line)" = "OMP_WAIT_POLICY=(unset) GOMP_SPINCOUNT=10000" ] && ok || bad "default waits: '$(wait_line)'"
+[ "$(wait_line OMP_WAIT_POLICY=passive)" = "OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=(unset)" ] && ok \
+  || bad "OMP_WAIT_POLICY=passive not kept: '$(wait_line OMP_WAIT_POLICY=passive)'"
+[ "$(wait_line GOMP_SPINCOUNT=5)" = "OMP_WAIT_POLICY=(unset) GOMP_SPINCOUNT=5" ] && ok \
+  || bad "GOMP_SPINCOUNT=5 not kept: '$(wait_line GOMP_SPINCOUNT=5)'"
+
 finish

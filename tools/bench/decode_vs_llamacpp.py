@@ -2,26 +2,27 @@
 """moh vs llama.cpp on the same GGUF file, in the same run: prefill and decode tokens/s.
 
 Rounds alternate the two engines (moh, llama.cpp, then llama.cpp, moh, ...), so a slow period of a
-shared machine hits both alike. Per round and prompt length:
+shared machine hits both alike; each engine runs in a process of its own. Per round, wait policy
+and prompt length:
   moh:       `moh bench decode --model M --context C --tokens N --repeats 1 --threads T --seed S --json`
              (prefill: the prompt in one batched forward on the head-sparse path, filling the KV
              cache; decode: N greedy KV-cache steps; float32 weights dequantised from the file);
-  llama.cpp: llama-cpp-python on the same file (its own quantised kernels), n_threads and
+  llama.cpp: this script's --worker: llama-cpp-python on the same file (its own quantised kernels), n_threads and
              n_threads_batch T, n_batch >= the longest prompt, flash attention on, the same prompt
              ids (splitmix64(S) % vocab, checked against moh's prompt hash), eval(prompt) timed,
-             then N greedy steps (argmax of the last logits, eval([token])) timed.
-Both run with the same OMP_WAIT_POLICY (default passive, what moh picks; llama.cpp's CPU backend
-here is built on libgomp too). Prints medians over rounds and the ratios moh / llama.cpp.
+             then N greedy steps (argmax of the last logits, eval([token])) timed, after a warm-up.
+--wait-policy: own (each engine's default: OMP_WAIT_POLICY and GOMP_SPINCOUNT unset), passive,
+active (llama.cpp's CPU backend here is built on libgomp too); the headline takes each engine's
+best. Prints medians over rounds per policy and the ratios moh / llama.cpp.
 Needs numpy and llama-cpp-python.
 """
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 
+import bench_common as bc
 from bench_common import cpu_model
 
 M64 = (1 << 64) - 1
@@ -47,6 +48,34 @@ def fnv1a(ids):
     return f"{h:016x}"
 
 
+def worker(a, ctxs):
+    """llama.cpp's side of one round: prefill and decode tokens/s per prompt length; prints JSON."""
+    import numpy as np
+    import llama_cpp
+    from llama_cpp import Llama
+    nmax = max(ctxs)
+    llm = Llama(model_path=a.model, n_ctx=nmax + a.tokens + 16, n_batch=nmax, n_ubatch=min(a.ubatch, nmax),
+                n_threads=a.threads, n_threads_batch=a.threads, flash_attn=a.flash_attn, verbose=False)
+    V = llm.n_vocab()
+    prompt = splitmix_ids(a.seed, nmax, V)
+
+    def run(n):
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(prompt[:n])
+        t1 = time.perf_counter()
+        for _ in range(a.tokens):
+            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(V,))
+            llm.eval([int(logits.argmax())])
+        t2 = time.perf_counter()
+        return n / (t1 - t0), a.tokens / (t2 - t1)
+
+    run(min(64, nmax))  # warm-up (moh warms up inside its run)
+    json.dump({"vocab": V, "n_ctx": llm.n_ctx(), "version": llama_cpp.__version__,
+               "rates": {str(c): run(c) for c in ctxs}}, sys.stdout)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--moh", default="build/moh")
@@ -59,93 +88,73 @@ def main():
     ap.add_argument("--ubatch", type=int, default=512, help="llama.cpp n_ubatch (default 512, llama.cpp's)")
     ap.add_argument("--no-flash-attn", dest="flash_attn", action="store_false",
                     help="llama.cpp without flash attention (default on: faster here, and llama.cpp's own default)")
-    ap.add_argument("--wait-policy", choices=["passive", "active"], default="passive",
-                    help="OMP_WAIT_POLICY for both engines (default passive)")
+    ap.add_argument("--wait-policy", default="own,passive",
+                    help="OpenMP wait policies, each engine in its own processes: own (its default), passive, "
+                         "active (default own,passive; the headline takes each engine's best)")
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    os.environ["OMP_WAIT_POLICY"] = a.wait_policy  # before libgomp loads with llama_cpp
-    import numpy as np
-    import llama_cpp
-    from llama_cpp import Llama
-
     ctxs = [int(c) for c in a.context.split(",")]
-    nmax = max(ctxs)
-    llm = Llama(model_path=a.model, n_ctx=nmax + a.tokens + 16, n_batch=nmax, n_ubatch=min(a.ubatch, nmax),
-                n_threads=a.threads, n_threads_batch=a.threads, flash_attn=a.flash_attn, verbose=False)
-    V = llm.n_vocab()
-    n_ctx = llm.n_ctx()
-    prompt = splitmix_ids(a.seed, nmax, V)
-
-    def run_llama(n):
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(prompt[:n])
-        t1 = time.perf_counter()
-        for _ in range(a.tokens):
-            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(V,))
-            llm.eval([int(logits.argmax())])
-        t2 = time.perf_counter()
-        return n / (t1 - t0), a.tokens / (t2 - t1)
-
-    def run_moh():
-        out = subprocess.run([a.moh, "bench", "decode", "--model", a.model, "--context", a.context, "--tokens",
-                              str(a.tokens), "--repeats", "1", "--threads", str(a.threads), "--seed", str(a.seed),
-                              "--json"], capture_output=True, text=True, env=os.environ)
-        if out.returncode:
-            sys.exit(f"moh bench decode failed:\n{out.stderr}")
-        rows = json.loads(out.stdout)
-        res = {}
-        for r in rows:
-            n = r["prompt"]
-            if r["prompt_hash"] != fnv1a(prompt[:n]):
-                sys.exit(f"prompt ids differ between moh and this script at context {r['context']}")
-            res[r["context"]] = (n, r["prefill_tokens_per_s"], r["decode_tokens_per_s"])
-        return res
-
-    run_llama(min(64, nmax))  # warm-up (moh warms up inside its run)
-    res = {c: {"moh_p": [], "moh_d": [], "ll_p": [], "ll_d": [], "n": c} for c in ctxs}
+    if a.worker:
+        return worker(a, ctxs)
+    pols = bc.policies(a)
+    moh_cmd = [a.moh, "bench", "decode", "--model", a.model, "--context", a.context, "--tokens", str(a.tokens),
+               "--repeats", "1", "--threads", str(a.threads), "--seed", str(a.seed), "--json"]
+    res = {c: {k: {p: [] for p in pols} for k in ("moh_p", "moh_d", "ll_p", "ll_d")} for c in ctxs}
+    hashes, info, nprompt = {}, {}, {c: c for c in ctxs}
     for rnd in range(a.repeats):
-        for engine in (("moh", "llama") if rnd % 2 == 0 else ("llama", "moh")):
-            print(f"[round {rnd + 1}/{a.repeats}] {engine}", file=sys.stderr, flush=True)
-            if engine == "moh":
-                for c, (n, p, d) in run_moh().items():
-                    res[c]["n"] = n
-                    res[c]["moh_p"].append(p)
-                    res[c]["moh_d"].append(d)
-            else:
-                for c in ctxs:
-                    p, d = run_llama(res[c]["n"])
-                    res[c]["ll_p"].append(p)
-                    res[c]["ll_d"].append(d)
+        for pol in pols:
+            for engine in (("moh", "llama") if rnd % 2 == 0 else ("llama", "moh")):
+                print(f"[round {rnd + 1}/{a.repeats}, {pol}] {engine}", file=sys.stderr, flush=True)
+                if engine == "moh":
+                    for r in bc.run_moh(moh_cmd, a.threads, pol):
+                        c = r["context"]
+                        nprompt[c] = r["prompt"]
+                        hashes[r["prompt"]] = r["prompt_hash"]
+                        res[c]["moh_p"][pol].append(r["prefill_tokens_per_s"])
+                        res[c]["moh_d"][pol].append(r["decode_tokens_per_s"])
+                else:
+                    info = bc.run_worker(a, pol)  # llama.cpp, in this script's --worker
+                    for c in ctxs:
+                        p, d = info["rates"][str(c)]
+                        res[c]["ll_p"][pol].append(p)
+                        res[c]["ll_d"][pol].append(d)
+    V = info["vocab"]
+    for n, h in hashes.items():
+        if h != fnv1a(splitmix_ids(a.seed, n, V)):
+            sys.exit(f"prompt ids differ between moh and llama.cpp at prompt {n}")
     med = statistics.median
-    load = open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else "?"
-    print(f"{cpu_model()}; {a.threads} threads; OMP_WAIT_POLICY={a.wait_policy}; load average {load}; "
-          f"{a.repeats} rounds (median), engines alternated")
+    print(f"{cpu_model()}; {a.threads} threads; wait policies {a.wait_policy} (each engine in its own process; own = "
+          f"its default); load average {bc.load_average()}; {a.repeats} rounds (median), engines alternated")
     print(f"model {a.model}: vocab {V}; prompt ids splitmix64 seed {a.seed}; {a.tokens} new tokens (greedy)")
-    print(f"llama.cpp: llama-cpp-python {llama_cpp.__version__}, n_batch {nmax}, n_ubatch {min(a.ubatch, nmax)}, "
-          f"flash_attn {'on' if a.flash_attn else 'off'}, KV cache F16, n_ctx {n_ctx}")
-    print(f"moh: {a.moh} bench decode (float32 weights, head-sparse prefill, KV-cache decode)")
-    def cell(xs, prec):  # median (min-max)
-        return f"{med(xs):.{prec}f} ({min(xs):.{prec}f}-{max(xs):.{prec}f})"
-
-    print(f"{'prompt':>6} {'moh prefill':>20} {'llama.cpp':>20} {'ratio':>6} {'moh decode':>18} {'llama.cpp':>18} {'ratio':>6}")
+    print(f"llama.cpp: llama-cpp-python {info['version']}, n_batch {max(ctxs)}, n_ubatch {min(a.ubatch, max(ctxs))}, "
+          f"flash_attn {'on' if a.flash_attn else 'off'}, KV cache F16, n_ctx {info['n_ctx']}")
+    print(f"moh: {' '.join(moh_cmd)}")
+    print("tokens/s, median (min-max) over the rounds, per policy")
+    for c in ctxs:
+        for k, name in (("moh_p", "moh prefill"), ("ll_p", "llama.cpp prefill"), ("moh_d", "moh decode"),
+                        ("ll_d", "llama.cpp decode")):
+            print(f"{nprompt[c]:>6} {name:<18} " + " ".join(f"{p} {bc.cell(res[c][k][p], 1):>22}" for p in pols))
+    print("headline, each engine at its best policy (ratio = moh / llama.cpp of the medians)")
     rows = []
     for c in ctxs:
         r = res[c]
-        mp, lp, md, ld = med(r["moh_p"]), med(r["ll_p"]), med(r["moh_d"]), med(r["ll_d"])
-        print(f"{r['n']:>6} {cell(r['moh_p'], 0):>20} {cell(r['ll_p'], 0):>20} {mp / lp:>6.3f} "
-              f"{cell(r['moh_d'], 1):>18} {cell(r['ll_d'], 1):>18} {md / ld:>6.3f}")
-        rows.append({"context": c, "prompt": r["n"], "moh_prefill_tokens_per_s": mp, "llamacpp_prefill_tokens_per_s": lp,
-                     "prefill_ratio": mp / lp, "moh_decode_tokens_per_s": md, "llamacpp_decode_tokens_per_s": ld,
-                     "decode_ratio": md / ld, "all": r})
-    print("(tokens/s, median (min-max) over the rounds; ratio = moh / llama.cpp of the medians)")
+        (mpp, mp), (lpp, lp) = bc.best_policy(r["moh_p"]), bc.best_policy(r["ll_p"])
+        (mdp, md), (ldp, ld) = bc.best_policy(r["moh_d"]), bc.best_policy(r["ll_d"])
+        print(f"{nprompt[c]:>6} prefill moh {med(mp):.0f} ({mpp}) / llama.cpp {med(lp):.0f} ({lpp}) = "
+              f"{med(mp) / med(lp):.3f}; decode moh {med(md):.1f} ({mdp}) / llama.cpp {med(ld):.1f} ({ldp}) = "
+              f"{med(md) / med(ld):.3f}")
+        rows.append({"context": c, "prompt": nprompt[c], "moh_prefill_tokens_per_s": med(mp), "moh_prefill_policy": mpp,
+                     "llamacpp_prefill_tokens_per_s": med(lp), "llamacpp_prefill_policy": lpp,
+                     "prefill_ratio": med(mp) / med(lp), "moh_decode_tokens_per_s": med(md), "moh_decode_policy": mdp,
+                     "llamacpp_decode_tokens_per_s": med(ld), "llamacpp_decode_policy": ldp,
+                     "decode_ratio": med(md) / med(ld), "all": r})
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"cpu": cpu_model(), "threads": a.threads, "wait_policy": a.wait_policy, "load": load,
-                       "rounds": a.repeats, "tokens": a.tokens, "llama_cpp_python": llama_cpp.__version__,
-                       "ubatch": min(a.ubatch, nmax), "flash_attn": a.flash_attn, "rows": rows}, f, indent=1)
+            json.dump({"cpu": cpu_model(), "threads": a.threads, "policies": pols, "load": bc.load_average(),
+                       "rounds": a.repeats, "tokens": a.tokens, "llama_cpp_python": info["version"],
+                       "ubatch": min(a.ubatch, max(ctxs)), "flash_attn": a.flash_attn, "rows": rows}, f, indent=1)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

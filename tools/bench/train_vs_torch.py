@@ -13,14 +13,16 @@ each in fp32 and under torch.autocast("cpu", torch.bfloat16) (fp32 master weight
 One training step, the same in both engines: forward + backward on a random batch of B x T
 tokens (moh: random bytes; torch: random ids < vocab), gradient clipping to norm 1, AdamW
 (betas 0.9/0.95, eps 1e-8, weight decay 0.1, lr 1e-4).
-Per round (rounds alternate which engine goes first):
+Per round and wait policy (rounds alternate which engine goes first; each engine in its own process):
   moh:   `moh bench train --configs C1,C2 --path sparse --batch B --seq T --steps S --repeats 1 --json`
          (OMP_NUM_THREADS = --threads; head-sparse attention, moh train's default path; it checks
          the step against its reference path and warms up before timing);
-  torch: torch.set_num_threads(--threads), eager, S steps per model and precision, timed as one.
-Both run with the same OMP_WAIT_POLICY (default passive, what moh picks). --moh-precision bf16 or
+  torch: this script's --worker: torch.set_num_threads(--threads), eager, one warm-up step, then S
+         steps per model and precision, timed as one.
+--wait-policy (bench_common): own (each engine's default), passive, active. --moh-precision bf16 or
 both: moh also (or only) with its bf16 compute (fp32 master weights), one row per precision.
-Prints tokens/s medians over rounds and ratio = moh tokens/s / torch tokens/s (> 1: moh faster).
+Prints tokens/s medians over rounds per policy, then the headline: ratio = moh tokens/s / torch
+tokens/s (> 1: moh faster), each engine at its best policy.
 """
 import argparse
 import json
@@ -30,7 +32,7 @@ import time
 
 import bench_common as bc
 
-torch = tp = None  # imported in main (bench_common.start_torch), after OMP_WAIT_POLICY is set
+torch = tp = None  # imported in the worker only (bench_common.start_torch)
 
 
 def load_config(name):
@@ -76,6 +78,32 @@ class TorchRun:
         return (time.perf_counter() - t0) / n
 
 
+def worker(a, names, cfgs, B, T, V, precs):
+    """The torch side of one round: builds, warms up and times every torch model; prints JSON."""
+    global torch, tp
+    torch, tp = bc.start_torch(a)
+    from transformers import LlamaForCausalLM
+    import transformers
+    runs = []
+    for p in precs:
+        torch.manual_seed(7)
+        runs.append(TorchRun(f"llama {p}", LlamaForCausalLM(llama_config(cfgs[names[0]])), None, p == "bf16", B, T, V))
+    for n in names:
+        c = cfgs[n]
+        if c.get("router", "none") != "learned" or not c.get("top_k"):
+            continue
+        for p in precs:
+            torch.manual_seed(7)
+            m, lf = tp.moh_llama(llama_config(c), c["shared_heads"], c["top_k"], c.get("load_balance_coef", 0.0))
+            runs.append(TorchRun(f"llama-moh {n} {p}", m, lf, p == "bf16", B, T, V))
+    for r in runs:  # warm-up
+        r.steps(1)
+    tps = {r.name: B * T / r.steps(a.steps) for r in runs}
+    json.dump({"tokens_per_s": tps, "torch": torch.__version__, "transformers": transformers.__version__,
+               "params": sum(x.numel() for x in runs[0].model.parameters())}, sys.stdout)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default="mha,moh-75", help="moh LM configs (default mha,moh-75)")
@@ -86,80 +114,65 @@ def main():
                     help="moh bench train --precision (bf16: moh's bf16 compute, fp32 master weights)")
     bc.add_torch_peer_args(ap, "train")
     a = ap.parse_args()
-    global torch, tp
-    torch, tp = bc.start_torch(a)
     names = [n for n in a.configs.split(",") if n]
     cfgs = {n: load_config(n) for n in names}
     c0 = cfgs[names[0]]
     T = a.seq or c0["max_position_embeddings"]
     B, V = a.batch, c0["vocab_size"]
     precs = [p for p in a.precisions.split(",") if p]
-    from transformers import LlamaForCausalLM
-    lc = llama_config(c0)
-    runs = []
-    for p in precs:
-        torch.manual_seed(7)
-        runs.append(TorchRun(f"llama {p}", LlamaForCausalLM(lc), None, p == "bf16", B, T, V))
-    moh_peer = {}
-    for n in names:
-        c = cfgs[n]
-        if c.get("router", "none") != "learned" or not c.get("top_k"):
-            continue
-        for p in precs:
-            torch.manual_seed(7)
-            m, lf = tp.moh_llama(llama_config(c), c["shared_heads"], c["top_k"], c.get("load_balance_coef", 0.0))
-            r = TorchRun(f"llama-moh {c['shared_heads']}+{c['top_k']} {p}", m, lf, p == "bf16", B, T, V)
-            runs.append(r)
-            moh_peer[(n, p)] = r
-    nparams = sum(x.numel() for x in runs[0].model.parameters())
-    for r in runs:  # warm-up
-        r.steps(1)
+    if a.worker:
+        return worker(a, names, cfgs, B, T, V, precs)
+    pols = bc.policies(a)
     cmd = [a.moh, "bench", "train", "--configs", ",".join(names), "--path", "sparse", "--batch", str(B), "--seq",
            str(T), "--steps", str(a.steps), "--repeats", "1", "--precision", a.moh_precision, "--json"] + a.moh_args.split()
     mprecs = ["fp32", "bf16"] if a.moh_precision == "both" else [a.moh_precision]
-    moh = {(n, mp): [] for n in names for mp in mprecs}
+    moh = {(n, mp): {p: [] for p in pols} for n in names for mp in mprecs}
+    tor, info = {}, {}
     for rnd in range(a.rounds):
-        for engine in (("moh", "torch") if rnd % 2 == 0 else ("torch", "moh")):
-            print(f"[round {rnd + 1}/{a.rounds}] {engine}", file=sys.stderr, flush=True)
-            if engine == "moh":
-                for row in bc.run_moh(cmd, a.threads):
-                    if "config" in row:
-                        moh[(row["config"], row.get("precision", "fp32"))].append(row["tokens_per_s"])
-            else:
-                for r in runs:
-                    r.t.append(B * T / r.steps(a.steps))
-    dense = {p: runs[i] for i, p in enumerate(precs)}
-    print(f"{bc.cpu_model()}; {a.threads} threads (moh OMP_NUM_THREADS, torch.set_num_threads); "
-          f"OMP_WAIT_POLICY={a.wait_policy}; load average {bc.load_average()}; {a.rounds} rounds x {a.steps} steps, "
-          "engines alternated")
-    import transformers
-    print(f"torch {torch.__version__}, transformers {transformers.__version__} (eager, SDPA attention); "
-          f"LlamaForCausalLM {nparams / 1e6:.2f}M parameters; B={B} T={T} ({B * T} tokens/step); AdamW + clip 1.0")
+        for pol in pols:
+            for engine in (("moh", "torch") if rnd % 2 == 0 else ("torch", "moh")):
+                print(f"[round {rnd + 1}/{a.rounds}, {pol}] {engine}", file=sys.stderr, flush=True)
+                if engine == "moh":
+                    for row in bc.run_moh(cmd, a.threads, pol):
+                        if "config" in row:
+                            moh[(row["config"], row.get("precision", "fp32"))][pol].append(row["tokens_per_s"])
+                else:
+                    info = bc.run_worker(a, pol)
+                    for name, v in info["tokens_per_s"].items():
+                        tor.setdefault(name, {p: [] for p in pols})[pol].append(v)
+    print(bc.conditions(a) + f" x {a.steps} steps")
+    print(f"torch {info['torch']}, transformers {info['transformers']} (eager, SDPA attention); "
+          f"LlamaForCausalLM {info['params'] / 1e6:.2f}M parameters; B={B} T={T} ({B * T} tokens/step); AdamW + clip 1.0")
     print(f"moh: {' '.join(cmd)}")
-    print("tokens/s: median over rounds (min-max)")
-    for r in runs:
-        print(f"  torch {r.name:<22} {bc.cell(r.t, 0):>24}")
-    for n, mp in moh:
-        print(f"  moh   {n + ' ' + mp:<22} {bc.cell(moh[(n, mp)], 0):>24}")
-    print(f"{'moh config':<17} " + " ".join(f"{'x llama ' + p:>14}" for p in precs) + " "
-          + " ".join(f"{'x llama-moh ' + p:>16}" for p in precs))
+    print("tokens/s: median over rounds (min-max), per wait policy")
+    print(f"  {'engine run':<30} " + " ".join(f"{p:>24}" for p in pols))
+    for name, per in tor.items():
+        print(f"  torch {name:<24} " + " ".join(f"{bc.cell(per[p], 0):>24}" for p in pols))
+    for (n, mp), per in moh.items():
+        print(f"  moh   {n + ' ' + mp:<24} " + " ".join(f"{bc.cell(per[p], 0):>24}" for p in pols))
+    print("headline: each engine at its best policy (ratio = moh tokens/s / torch tokens/s of the medians)")
     rows = []
-    for n, mp in moh:
-        mm = bc.med(moh[(n, mp)])
-        vs_dense = [mm / bc.med(dense[p].t) for p in precs]
-        vs_moh = [mm / bc.med(moh_peer[(n, p)].t) if (n, p) in moh_peer else None for p in precs]
-        print(f"{n + ' ' + mp:<17} " + " ".join(f"{v:>14.3f}" for v in vs_dense) + " "
-              + " ".join(f"{v:>16.3f}" if v else f"{'-':>16}" for v in vs_moh))
-        rows.append({"config": n, "moh_precision": mp, "moh_tokens_per_s": moh[(n, mp)], "ratio_vs_llama": dict(zip(precs, vs_dense)),
-                     "ratio_vs_llama_moh": dict(zip(precs, vs_moh))})
-    print("(ratio = moh tokens/s / torch tokens/s of the medians)")
+    for (n, mp), per in moh.items():
+        mpol, mv = bc.best_policy(per)
+        row = {"config": n, "moh_precision": mp, "moh_policy": mpol, "moh_tokens_per_s": per}
+        parts = []
+        for p in precs:
+            for peer in (f"llama {p}", f"llama-moh {n} {p}"):
+                if peer not in tor:
+                    continue
+                tpol, tv = bc.best_policy(tor[peer])
+                ratio = bc.med(mv) / bc.med(tv)
+                row[f"ratio_vs_{peer.split()[0]}_{p}"] = ratio
+                row[f"torch_policy_{peer.split()[0]}_{p}"] = tpol
+                parts.append(f"x {peer.split()[0]} {p} ({tpol}) {ratio:.3f}")
+        print(f"  moh {n} {mp} ({mpol}): " + "; ".join(parts))
+        rows.append(row)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cpu": bc.cpu_model(), "threads": a.threads, "load": bc.load_average(), "batch": B, "seq": T,
-                       "steps": a.steps, "rounds": a.rounds, "torch": torch.__version__, "moh_cmd": cmd,
-                       "torch_tokens_per_s": {r.name: r.t for r in runs}, "rows": rows}, f, indent=1)
+                       "steps": a.steps, "rounds": a.rounds, "policies": pols, "torch": info.get("torch"),
+                       "moh_cmd": cmd, "torch_tokens_per_s": tor, "rows": rows}, f, indent=1)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
