@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/calib_cache.h"
 #include "core/rng.h"
 #include "ops/bf16.h"
 #include "ops/gemm.h"
@@ -22,23 +23,7 @@ bench_stats bench_summarise(double *t, int n) {
     return s;
 }
 
-void bench_cpu_model(char *out, size_t cap) {
-    snprintf(out, cap, "unknown");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "model name", 10)) continue;
-        const char *v = strchr(line, ':');
-        if (!v) break;
-        v++;
-        while (*v == ' ' || *v == '\t') v++;
-        snprintf(out, cap, "%s", v);
-        out[strcspn(out, "\n")] = 0;
-        break;
-    }
-    fclose(f);
-}
+void bench_cpu_model(char *out, size_t cap) { calib_cpu_model(out, cap); }
 
 static const char *isa_name(dnnl_cpu_isa_t isa) {
     switch (isa) {

@@ -51,6 +51,11 @@ void cli_config_not_found(const char *cmd, const char *config);
 #define CLI_PRECISION_HELP "compute precision: fp32, or bf16 (GEMMs and attention tiles in bf16 with fp32 accumulation and fp32 master weights; softmax, norms, router and losses fp32); a CPU without AVX512-BF16/AMX-BF16 runs fp32 and says so"
 #define CLI_PRECISION_SPEC(dst) {"--precision", ARG_CHOICE, (dst), "fp32|bf16", CLI_PRECISION_HELP, false, ARG_ANY}
 bool cli_precision_bf16(const char *value);
+/* --precision auto|fp32|bf16 of the commands that choose by measurement (train, eval): the help
+ * line, the spec (dst: const char *, NULL = auto) and the value. */
+#define CLI_PRECISION_AUTO_HELP "compute precision: auto (default: the faster of fp32 and bf16 on this CPU for this model and batch shape, measured on a synthetic batch at the start and cached per CPU in ~/.cache/moh/precision.tsv; named with both times on the start line), fp32, or bf16 (GEMMs and attention tiles in bf16 with fp32 accumulation and fp32 master weights; softmax, norms, router and losses fp32; a CPU without AVX512-BF16/AMX-BF16 runs fp32 and says so)"
+#define CLI_PRECISION_AUTO_SPEC(dst) {"--precision", ARG_CHOICE, (dst), "auto|fp32|bf16", CLI_PRECISION_AUTO_HELP, false, ARG_ANY}
+moh_precision cli_precision_parse(const char *value);
 /* --device auto|cpu|cuda (an ARG_CHOICE spec whose dst is a const char *; NULL: auto). */
 #define CLI_DEVICE_HELP "compute device: auto (default: CUDA where moh was built with it, a GPU is present and the CUDA backend runs this model, else the CPU, train says why), cpu, or cuda (an error where it cannot run)"
 #define CLI_DEVICE_SPEC(dst) {"--device", ARG_CHOICE, (dst), "auto|cpu|cuda", CLI_DEVICE_HELP, false, ARG_ANY}

@@ -40,7 +40,7 @@ int cmd_eval(int argc, char **argv) {
         {"--batch-size", ARG_INT, &B, "B", "examples per forward pass (default: llama 8 or fewer, at most 2048 tokens, vit 256; does not change the result, only memory)", false, ARG_IN(1, 65536)},
         {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (the default for llama; same results to ~1e-5)", false, ARG_ANY},
         {"--reference-attention", ARG_FLAG, &reference, NULL, "every head computed then gated (the default for vit)", false, ARG_ANY},
-        CLI_PRECISION_SPEC(&precision),
+        CLI_PRECISION_AUTO_SPEC(&precision),
         CLI_DEVICE_SPEC(&device),
         {"--json", ARG_FLAG, &json, NULL, "print one JSON object (llama: val_loss, bits_per_byte, tokens, bytes, vocab, split, head_share, layer_head_share; vit: accuracy, per_class, confusion, ce_loss, head_share, layer_head_share)", false, ARG_ANY},
         {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write the inputs and logits (fp32) of the first evaluation batch, one sequence for an LM (safetensors; not a DiT)", false, ARG_ANY},
@@ -109,15 +109,21 @@ int cmd_eval(int argc, char **argv) {
     if (B > items && items > 0) B = (int)items; /* no larger than the data: the result does not change */
     const bool sp = sparse || (!reference && m.fam->default_sparse);
     if (model_shards_init(&w, &m, B, src.seq_len, model_default_shards(B), false, sp, &err)) goto fail;
-    char why[192];
-    const moh_precision prec = cli_precision_bf16(precision) ? MOH_PRECISION_BF16 : MOH_PRECISION_FP32;
-    if (model_shards_set_precision(&w, &m, prec, why, sizeof why, &err)) goto fail;
+    char why[192] = "", line[256], chose[240] = "";
+    const moh_precision prec = cli_precision_parse(precision);
+    if (prec == MOH_PRECISION_AUTO) { /* measured on a synthetic batch of the evaluation's shape */
+        moh_batch sb;
+        void *sbuf = NULL;
+        precision_choice pc;
+        int prc = m.fam->synthetic_batch(m.cfg, B, src.seq_len, 1, &sb, &sbuf, &err);
+        if (!prc) prc = model_shards_auto_precision(&w, &m, &sb, false, NULL, NULL, NULL, NULL, &pc, &err);
+        free(sbuf);
+        if (prc) goto fail;
+        snprintf(chose, sizeof chose, "; --precision auto chose %s", pc.note);
+    } else if (model_shards_set_precision(&w, &m, prec, why, sizeof why, &err)) goto fail;
+    precision_describe(w.precision, line, sizeof line);
     if (*why) fprintf(stderr, "moh eval: --precision bf16 runs fp32: %s\n", why);
-    else if (w.precision == MOH_PRECISION_BF16) {
-        char line[256];
-        precision_describe(w.precision, line, sizeof line);
-        fprintf(stderr, "moh eval: compute %s\n", line);
-    }
+    else if (w.precision == MOH_PRECISION_BF16 || *chose) fprintf(stderr, "moh eval: compute %s%s\n", line, chose);
     if (dump && model_dump_logits(&m, &src, dump, &err)) goto fail;
     eval_progress pg;
     eval_progress_start(&pg, src.eval_unit);

@@ -79,7 +79,7 @@ int cmd_train(int argc, char **argv) {
         {"--resume", ARG_FLAG, &o.resume, NULL, "continue the run in --out with its saved hyperparameters, schedule, data position and seed (same batches and losses as an uninterrupted run)", false, ARG_ANY},
         {"--sparse-attn", ARG_FLAG, &sparse, NULL, "attention on the head-sparse path (only the selected heads; the default for llama)", false, ARG_ANY},
         {"--reference-attention", ARG_FLAG, &reference, NULL, "every head computed then gated (the definition; the default for vit); same results, slower", false, ARG_ANY},
-        CLI_PRECISION_SPEC(&precision),
+        CLI_PRECISION_AUTO_SPEC(&precision),
         CLI_DEVICE_SPEC(&device),
         {"--quiet", ARG_FLAG, &o.quiet, NULL, "no progress output", false, ARG_ANY},
         {"--dump-grads", ARG_STR, &o.dump_grads, "FILE", "debug: write the first step's batch, initial weights (init.*) and gradient (grad.*)", false, ARG_ANY},
@@ -143,7 +143,7 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "moh train: %s\n", derr.msg);
         return 2;
     }
-    if (precision) f->precision = cli_precision_bf16(precision) ? MOH_PRECISION_BF16 : MOH_PRECISION_FP32;
+    if (precision) f->precision = (int)cli_precision_parse(precision);
     if (no_flip || no_augment) f->hflip = 0;
     if (no_augment) f->crop_pad = 0;
     o.no_augment = no_augment;

@@ -213,6 +213,12 @@ const char *cli_sampling_detail(char *buf, size_t size, int steps, long images, 
 
 bool cli_precision_bf16(const char *value) { return value && !strcmp(value, "bf16"); }
 
+moh_precision cli_precision_parse(const char *value) {
+    return !value || !strcmp(value, "auto") ? MOH_PRECISION_AUTO
+           : !strcmp(value, "bf16")         ? MOH_PRECISION_BF16
+                                            : MOH_PRECISION_FP32;
+}
+
 bool cli_decode_bf16(const char *cmd, const char *value) {
     if (!cli_precision_bf16(value)) return false;
     char why[160];

@@ -20,9 +20,16 @@ J
 common=(--config "$T/tiny.json" --data "$T/corpus.txt" --batch-size 4 --seq-len 32 --steps 12 --eval-tokens 1000 --seed 3)
 losses() { grep -o '"loss": [0-9.]*' "$1/metrics.jsonl" | tr '\n' ' '; }
 
-"$MOH" train "${common[@]}" --out "$T/none" --quiet || bad "train (no flag) exited $?"
+# no flag: --precision auto, which names its choice and both times on the compute line, and runs
+# exactly what it chose (compared below with the explicit runs)
+"$MOH" train "${common[@]}" --out "$T/none" > "$T/none.txt" 2>&1 || bad "train (no flag) exited $?"
+auto=$(grep -o -- '--precision auto chose [a-z0-9]* ([a-z]*: fp32 [0-9]* ms, bf16 [0-9]* ms' "$T/none.txt" | awk '{print $4}')
+MOH_NO_BF16=1 "$MOH" train "${common[@]}" --out "$T/none_off" > "$T/none_off.txt" 2>&1 || bad "auto without bf16 exited $?"
+check "grep -q -- '--precision auto chose fp32 (MOH_NO_BF16 is set' '$T/none_off.txt'" "auto without bf16: $(grep compute "$T/none_off.txt")"
+check "[ -n '$auto' ]" "auto named no choice: $(grep compute "$T/none.txt")"
 "$MOH" train "${common[@]}" --out "$T/fp32" --precision fp32 --quiet || bad "train --precision fp32 exited $?"
-check "cmp -s '$T/none/model.safetensors' '$T/fp32/model.safetensors'" "--precision fp32 differs from no flag"
+check "cmp -s '$T/none_off/model.safetensors' '$T/fp32/model.safetensors'" "auto without bf16 differs from --precision fp32"
+[ "$auto" = fp32 ] && { check "cmp -s '$T/none/model.safetensors' '$T/fp32/model.safetensors'" "auto chose fp32 but differs from it"; }
 
 # no bf16 hardware: fp32, one line saying so, the fp32 losses exactly
 MOH_NO_BF16=1 "$MOH" train "${common[@]}" --out "$T/off" --precision bf16 > "$T/off.txt" 2>&1 || bad "train without bf16 exited $?"
@@ -31,13 +38,14 @@ check "[ \"\$(losses '$T/off')\" = \"\$(losses '$T/fp32')\" ]" "fallback losses 
 MOH_NO_BF16=1 "$MOH" eval --checkpoint "$T/fp32" --data "$T/corpus.txt" --precision bf16 > /dev/null 2> "$T/offe.txt" || bad "eval without bf16 exited $?"
 check "grep -q 'runs fp32' '$T/offe.txt'" "eval: no fallback line"
 "$MOH" train --precision fp16 "${common[@]}" --out "$T/x" > /dev/null 2> "$T/bad.txt"
-check "[ \$? -eq 2 ] && grep -q 'fp32|bf16' '$T/bad.txt'" "--precision fp16 not refused with the choices"
+check "[ \$? -eq 2 ] && grep -q 'auto|fp32|bf16' '$T/bad.txt'" "--precision fp16 not refused with the choices"
 
 bf16hw=0 # the CPU has bf16 hardware, and MOH_NO_BF16 does not hide it
 if { grep -qw avx512_bf16 /proc/cpuinfo || grep -qw amx_bf16 /proc/cpuinfo; } && [ "${MOH_NO_BF16:-0}" = 0 ]; then bf16hw=1; fi
 if [ "$bf16hw" = 1 ]; then
   "$MOH" train "${common[@]}" --out "$T/bf16" --precision bf16 > "$T/bf.txt" 2>&1 || bad "train --precision bf16 exited $?"
   check "grep -q '^compute: bf16 .*oneDNN matmul' '$T/bf.txt'" "no compute line: $(head -3 "$T/bf.txt")"
+  [ "$auto" = bf16 ] && { check "cmp -s '$T/none/model.safetensors' '$T/bf16/model.safetensors'" "auto chose bf16 but differs from it"; }
   check "[ \"\$(losses '$T/bf16')\" != \"\$(losses '$T/fp32')\" ]" "bf16 losses equal fp32 bitwise (bf16 not used?)"
   # every step's loss within 2 % of fp32
   paste <(losses "$T/fp32" | tr ' ' '\n' | grep .) <(losses "$T/bf16" | tr ' ' '\n' | grep .) > "$T/pairs.txt"
@@ -45,7 +53,7 @@ if [ "$bf16hw" = 1 ]; then
         "bf16 losses stray from fp32: $(tr '\n' ' ' < "$T/pairs.txt")"
   check "python3 -c 'import json,struct,sys; f=open(sys.argv[1],\"rb\"); n=struct.unpack(\"<Q\",f.read(8))[0]; h=json.loads(f.read(n)); sys.exit(any(v[\"dtype\"]!=\"F32\" for k,v in h.items() if k!=\"__metadata__\"))' '$T/bf16/model.safetensors'" \
         "bf16 checkpoint is not all F32"
-  a=$("$MOH" eval --checkpoint "$T/fp32" --data "$T/corpus.txt" --json 2>/dev/null | grep -o '"bits_per_byte": [0-9.]*' | grep -o '[0-9.]*$')
+  a=$("$MOH" eval --checkpoint "$T/fp32" --data "$T/corpus.txt" --json --precision fp32 2>/dev/null | grep -o '"bits_per_byte": [0-9.]*' | grep -o '[0-9.]*$')
   b=$("$MOH" eval --checkpoint "$T/fp32" --data "$T/corpus.txt" --json --precision bf16 2>/dev/null | grep -o '"bits_per_byte": [0-9.]*' | grep -o '[0-9.]*$')
   check "awk -v a='$a' -v b='$b' 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 0.01 * a && a != b) }'" \
         "eval bf16 bits/byte $b vs fp32 $a"
@@ -61,7 +69,7 @@ field() { "$MOH" eval --checkpoint "$1" --data "$T/img" --json "${@:3}" 2>/dev/n
 for run in "vit-moh-75:" "vit-moh-75:--sparse-attn" "dit-moh-75:"; do
   c=${run%%:*} extra=${run#*:} tag=${run//[:-]/_}
   img=(--config "$c" --data "$T/img" --batch-size 8 --shards 2 --steps 3 --train-limit 48 --eval-limit 16 --seed 5 $extra)
-  "$MOH" train "${img[@]}" --out "$T/${tag}f" --quiet || bad "$c $extra: train fp32 exited $?"
+  "$MOH" train "${img[@]}" --out "$T/${tag}f" --precision fp32 --quiet || bad "$c $extra: train fp32 exited $?"
   MOH_NO_BF16=1 "$MOH" train "${img[@]}" --out "$T/${tag}o" --precision bf16 > "$T/${tag}o.txt" 2>&1 || bad "$c $extra: train without bf16 exited $?"
   check "grep -q -- '--precision bf16 runs fp32: MOH_NO_BF16 is set' '$T/${tag}o.txt'" "$c $extra: no fallback line"
   check "cmp -s '$T/${tag}f/model.safetensors' '$T/${tag}o/model.safetensors'" "$c $extra: fallback weights differ from fp32"
@@ -76,7 +84,7 @@ for run in "vit-moh-75:" "vit-moh-75:--sparse-attn" "dit-moh-75:"; do
         "$c $extra: bf16 losses stray from fp32: $(tr '\n' ' ' < "$T/${tag}p.txt")"
   # eval in bf16 of the fp32 checkpoint: the plain loss within 2 %
   key=ce_loss; [ "$c" = dit-moh-75 ] && key=val_mse
-  a=$(field "$T/${tag}f" $key $extra) b=$(field "$T/${tag}f" $key $extra --precision bf16)
+  a=$(field "$T/${tag}f" $key $extra --precision fp32) b=$(field "$T/${tag}f" $key $extra --precision bf16)
   check "awk -v a='$a' -v b='$b' 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 0.02 * a && a != b) }'" \
         "$c $extra: eval bf16 $key $b vs fp32 $a"
 done

@@ -11,7 +11,8 @@ FIX=$(cd "$(dirname "$0")" && pwd)/fixtures/gguf_llama/tiny-chat.gguf
 # expect_fail CODE PATTERN cmd...: exit status CODE and one stderr line matching PATTERN
 expect_fail() { if one_line_error "$@"; then ok; else bad "$why"; fi; }
 field() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
-bpb() { "$MOH" eval --checkpoint "$1" --data "$T/text.txt" --split all --seq-len 32 --json 2>/dev/null |
+# (--precision fp32: the models are compared to 1e-5, each eval in the same precision)
+bpb() { "$MOH" eval --checkpoint "$1" --data "$T/text.txt" --split all --seq-len 32 --json --precision fp32 2>/dev/null |
         python3 -c 'import json, sys; print("%.9f" % json.load(sys.stdin)["bits_per_byte"])'; }
 
 for i in $(seq 1 60); do echo "In the beginning $i was the Word, and the Word was with God."; done > "$T/text.txt"

@@ -37,7 +37,7 @@ expect_fail 2 "auto|cpu|cuda" "$MOH" "${tr[@]}" --out "$T/x" --device gpu
 expect_fail 1 "^moh train: --device cuda: " "$MOH" "${tr[@]}" --out "$T/c" --device cuda
 check '[ ! -e "$T/c" ]' "train --device cuda failed but made its --out"
 "$MOH" "${tr[@]}" --out "$T/a" > "$T/auto.txt" 2>&1 || bad "train --device auto: $(tail -2 "$T/auto.txt")"
-check "grep -q '^compute: fp32; device cpu' '$T/auto.txt'" "train's start line names no device: $(grep compute "$T/auto.txt")"
+check "grep -q '^compute: .*; device cpu' '$T/auto.txt'" "train's start line names no device: $(grep compute "$T/auto.txt")"
 if ! grep -q "^compute: .*device cpu (auto: " "$T/auto.txt"; then
   echo "note: --device auto gave no fallback reason (a GPU build on a GPU?): $(grep compute "$T/auto.txt")"
 fi

@@ -290,7 +290,7 @@ expect_err sample-inf-weight "tensor 'model.norm.weight' holds inf" "$MOH" sampl
 setw "$T/a" "$T/mnan" optimizer.safetensors m.model.norm.weight nan
 expect_err resume-nan-moment "optimizer.safetensors: tensor 'm.model.norm.weight' holds nan" "$MOH" train --resume --data "$T/corpus.txt" --out "$T/mnan" --steps 30 --quiet
 setw "$T/a" "$T/wbig" model.safetensors lm_head.weight '*3e38'
-expect_err eval-overflow "val_loss is .* the model's outputs overflow" "$MOH" eval --checkpoint "$T/wbig" --data "$T/short.txt" --json
+expect_err eval-overflow "val_loss is .* the model's outputs overflow" "$MOH" eval --checkpoint "$T/wbig" --data "$T/short.txt" --json --precision fp32
 expect_err sample-overflow "the model's outputs overflow" "$MOH" sample --checkpoint "$T/wbig" --max-tokens 4
 
 # 10. the trained context (max_position_embeddings 8 here) is never exceeded
@@ -338,8 +338,9 @@ printf 'x' | gzip > "$T/renamed.txt"
 expect_err eval-gzip-text "holds IDX or gzip data" "$MOH" eval --checkpoint "$T/c8" --data "$T/renamed.txt"
 expect_err eval-lm-on-idx-file "language model" "$MOH" eval --checkpoint "$T/c8" --data "$T/idx/t10k-images-idx3-ubyte"
 # eval progress: none for a short run with stderr not a terminal; rate and ETA on a terminal
+# (--precision fp32: auto names its choice on stderr)
 head -c 2000 "$T/corpus.txt" > "$T/c2k.txt"
-"$MOH" eval --checkpoint "$T/c8" --data "$T/c2k.txt" --json >/dev/null 2>"$T/e.err"
+"$MOH" eval --checkpoint "$T/c8" --data "$T/c2k.txt" --json --precision fp32 >/dev/null 2>"$T/e.err"
 check "[ ! -s '$T/e.err' ]" "short eval wrote to stderr: $(cat "$T/e.err")"
 if command -v script >/dev/null; then
   cat "$T/corpus.txt" "$T/corpus.txt" "$T/corpus.txt" > "$T/big.txt"

@@ -23,6 +23,9 @@ MOH=${1:-build/moh}
 [ -x "$MOH" ] || { echo "FAIL: no moh binary at $MOH (give its path as the first argument)"; exit 1; }
 MOH=$(readlink -f -- "$MOH")
 T=$(mktemp -d "${TMPDIR:-/tmp}/moh_$(basename "$0" .sh).XXXXXX")
+# --precision auto's measurements: per test script, so no run of the user's cache decides a test's
+# precision and the runs of one script choose alike
+export MOH_CACHE_DIR="$T/cache"
 moh_test_exit() {
   if declare -F cleanup >/dev/null; then cleanup; fi
   rm -rf "$T"

@@ -2,7 +2,8 @@
 # Prints one SHA-256 per fixed-seed training run (model.safetensors after a few steps) for the
 # families and their compute paths: LM (head-sparse and reference attention, router none, bf16),
 # ViT (reference, head-sparse, bf16) and DiT (reference, head-sparse, bf16). A refactor that must
-# not change results compares this output before and after (diff of the two listings).
+# not change results compares this output before and after (diff of the two listings). The fp32
+# runs name --precision fp32 (the default, auto, chooses by measured speed).
 #   tools/identical.sh path/to/moh > hashes.txt
 set -euo pipefail
 . "$(dirname "$0")/../tests/lib.sh"
@@ -29,16 +30,16 @@ run() { # name, moh train arguments...
   echo "$name $(sha256sum < "$T/$name/model.safetensors" | cut -c1-16)"
 }
 lm=(--data "$T/text.txt" --steps 4 --batch-size 4 --seq-len 32 --eval-limit 64)
-run lm_sparse --config "$T/lm.json" "${lm[@]}" --sparse-attn
-run lm_reference --config "$T/lm.json" "${lm[@]}" --reference-attention
-run lm_mha --config "$T/lm_mha.json" "${lm[@]}"
+run lm_sparse --config "$T/lm.json" "${lm[@]}" --sparse-attn --precision fp32
+run lm_reference --config "$T/lm.json" "${lm[@]}" --reference-attention --precision fp32
+run lm_mha --config "$T/lm_mha.json" "${lm[@]}" --precision fp32
 run lm_bf16 --config "$T/lm.json" "${lm[@]}" --sparse-attn --precision bf16
-run lm_muon --config "$T/lm.json" "${lm[@]}" --optimizer muon
+run lm_muon --config "$T/lm.json" "${lm[@]}" --optimizer muon --precision fp32
 vit=(--config "$T/vit.json" --data "$T/vit_data" --steps 3 --batch-size 16 --shards 2 --eval-limit 32)
-run vit_reference "${vit[@]}" --reference-attention
-run vit_sparse "${vit[@]}" --sparse-attn
+run vit_reference "${vit[@]}" --reference-attention --precision fp32
+run vit_sparse "${vit[@]}" --sparse-attn --precision fp32
 run vit_bf16 "${vit[@]}" --sparse-attn --precision bf16
 dit=(--config "$T/dit.json" --data "$T/dit_data" --steps 3 --batch-size 8 --shards 2 --ema-decay 0.9 --eval-limit 16)
-run dit_reference "${dit[@]}" --reference-attention
-run dit_sparse "${dit[@]}" --sparse-attn
+run dit_reference "${dit[@]}" --reference-attention --precision fp32
+run dit_sparse "${dit[@]}" --sparse-attn --precision fp32
 run dit_bf16 "${dit[@]}" --sparse-attn --precision bf16

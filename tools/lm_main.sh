@@ -29,12 +29,13 @@ if [ -e "$out/model.safetensors" ] || [ -e "$out/optimizer.safetensors" ]; then
   echo "== $out holds an earlier run: moving it to $out.prev"
   rm -rf "$out.prev" && mv "$out" "$out.prev"
 fi
-# The recipe for a 10-minute budget (docs/results-lm.md, "The main job"): bf16; Muon on the
+# The recipe for a 10-minute budget (docs/results-lm.md, "The main job"): the faster of fp32 and
+# bf16 on this CPU (--precision auto, moh train's default: bf16 where AMX makes it win); Muon on the
 # attention and MLP matrices (AdamW 0.9/0.95 on the rest); the trainer's LM defaults (batch
 # 16 x 256, lr 2e-3 for both, warmup min(100, steps / 10)) but for weight decay 0.5 and the cosine decaying to 0;
 # validation every 200 steps on 32768 predictions (the last: the whole split)
 echo "== training $config on data/kjv for ${minutes} minutes (output: $out)"
-./build/moh train --config "$config" --data data/kjv --out "$out" --max-minutes "$minutes" --precision bf16 \
+./build/moh train --config "$config" --data data/kjv --out "$out" --max-minutes "$minutes" \
   --optimizer muon --weight-decay 0.5 --min-lr-ratio 0 --eval-every 200 --eval-limit 32768
 # the training run's final validation is the whole split with the `moh eval` metric: read it
 # back from metrics.jsonl rather than evaluating again

@@ -15,7 +15,8 @@
 
 /* What a command computes in: fp32 everywhere, or the big GEMMs and attention tiles in bf16 with
  * fp32 accumulation (softmax, norms, router, losses and the optimizer stay fp32). */
-typedef enum moh_precision { MOH_PRECISION_FP32 = 0, MOH_PRECISION_BF16 = 1 } moh_precision;
+/* AUTO: chosen by measurement (model_shards_auto_precision); never what runs. */
+typedef enum moh_precision { MOH_PRECISION_FP32 = 0, MOH_PRECISION_BF16 = 1, MOH_PRECISION_AUTO = 2 } moh_precision;
 
 /* "fp32" / "bf16". */
 const char *precision_name(moh_precision p);

@@ -60,7 +60,8 @@ static void fmt_value(const train_key *k, const char *p, char *out, size_t cap) 
         return;
     }
     if (!strcmp(k->key, "precision")) {
-        snprintf(out, cap, "%s", *(const int *)p == 1 ? "bf16" : "fp32");
+        const int v = *(const int *)p;
+        snprintf(out, cap, "%s", v == MOH_PRECISION_AUTO ? "auto" : v == MOH_PRECISION_BF16 ? "bf16" : "fp32");
         return;
     }
     if (!strcmp(k->key, "optimizer")) {
@@ -186,6 +187,7 @@ static int merge_hparams(const train_options *o, const model_family *fam, int ma
                         "example)", hp.shards, hp.batch_size);
     if (hp.shards <= 0) hp.shards = model_default_shards(hp.batch_size);
     if (hp.attention != 1 && hp.attention != 2) hp.attention = fam->default_sparse ? 1 : 2;
+    if (!o->resume && o->flags.precision == INT_MIN) hp.precision = MOH_PRECISION_AUTO; /* a resume: the checkpoint's */
     st->hp = hp;
     return MOH_OK;
 }
@@ -209,6 +211,7 @@ typedef struct trainer {
     FILE *metrics;
     const moh_backend *be;   /* the device the run computes on (--device) */
     char device_note[224];   /* why --device auto fell back to the CPU ("" when nothing fell back) */
+    char precision_note[192]; /* --precision auto: what it chose and the two times ("" otherwise) */
 } trainer;
 
 static int dump_grads(trainer *tr, const moh_batch *b, const float *init, moh_error *err) {
@@ -251,6 +254,37 @@ static int dump_grads(trainer *tr, const moh_batch *b, const float *init, moh_er
     free(e);
     free(names);
     return rc;
+}
+
+static void eval_sum(void *ctx, double *x, size_t n) { dist_sum_f64(ctx, x, n); }
+
+/* The run's compute precision: fp32, bf16 (fp32 where the CPU has no bf16 path, said and saved so),
+ * or auto (the faster on a synthetic batch of the run's shape: model_shards_auto_precision, the
+ * ranks agreeing). hp->precision becomes what runs. */
+static int setup_precision(trainer *tr, int Blocal, moh_error *err) {
+    const train_options *o = tr->o;
+    train_hparams *hp = &tr->st.hp;
+    const model *m = &tr->m;
+    if (hp->precision != MOH_PRECISION_AUTO) {
+        char why[192];
+        const int rc = model_shards_set_precision(&tr->w, m, (moh_precision)hp->precision, why, sizeof why, err);
+        if (rc) return rc;
+        if (*why && !o->quiet) printf("moh train: --precision bf16 runs fp32: %s\n", why);
+        hp->precision = tr->w.precision; /* saved as it runs */
+        return MOH_OK;
+    }
+    moh_batch b;
+    void *buf = NULL;
+    int rc = m->fam->synthetic_batch(m->cfg, Blocal, tr->train.seq_len, hp->seed, &b, &buf, err);
+    precision_choice pc;
+    if (!rc)
+        rc = model_shards_auto_precision(&tr->w, m, &b, true, tr->g, tr->gdata, tr->d->size > 1 ? eval_sum : NULL,
+                                         tr->d, &pc, err);
+    free(buf);
+    if (rc) return rc;
+    hp->precision = pc.run;
+    snprintf(tr->precision_note, sizeof tr->precision_note, "%s", pc.note);
+    return MOH_OK;
 }
 
 /* The device, the run's hyperparameters (flags over the checkpoint's over the family's), the EMA,
@@ -320,13 +354,6 @@ static int setup_run(trainer *tr, train_keys_present present, bool ema_found, co
                         tr->st.steps_per_epoch, tr->train.steps_per_epoch);
     const bool sparse = hp->attention == 1;
     if ((rc = model_shards_init(&tr->w, m, Blocal, tr->train.seq_len, n, true, sparse, err))) return rc;
-    char why[192];
-    if ((rc = model_shards_set_precision(&tr->w, m, (moh_precision)hp->precision, why, sizeof why, err))) return rc;
-    if (*why && !o->quiet) printf("moh train: --precision bf16 runs fp32: %s\n", why);
-    if (*why) tr->st.hp.precision = MOH_PRECISION_FP32; /* saved as it runs */
-    /* Muon's Newton-Schulz products in bf16 where the step runs bf16 */
-    const bool bf16 = hp->precision == MOH_PRECISION_BF16 && !*why;
-    if ((rc = optim_init(&tr->opt, m, hp->optimizer, bf16, tr->be, err))) return rc;
     if ((rc = model_params_new(fam, m->cfg, &tr->g, &tr->gdata, &tr->gn, err))) return rc;
     if (!o->resume) {
         if (!o->init_path) fam->init_random(m->cfg, m->params, hp->seed); /* else the pretrained weights */
@@ -334,7 +361,9 @@ static int setup_run(trainer *tr, train_keys_present present, bool ema_found, co
         tr->st.data_rng = tr->train.rng_start;
         tr->st.steps_per_epoch = tr->train.steps_per_epoch;
     }
-    return MOH_OK;
+    if ((rc = setup_precision(tr, Blocal, err))) return rc;
+    /* Muon's Newton-Schulz products in bf16 where the step runs bf16 */
+    return optim_init(&tr->opt, m, hp->optimizer, hp->precision == MOH_PRECISION_BF16, tr->be, err);
 }
 
 /* The model (a config, pretrained weights or the checkpoint), the optimizer state and (resume) every
@@ -519,7 +548,6 @@ static uint64_t run_hash(const trainer *tr) {
 }
 
 /* dist_sum_f64 as an eval_split sum */
-static void eval_sum(void *ctx, double *x, size_t n) { dist_sum_f64(ctx, x, n); }
 static void pet(void *ctx, long done, long total) { dist_watchdog_pet(ctx); }
 
 /* The state of one session's step loop (run and its phases). */
@@ -654,7 +682,8 @@ static void run_print_start(const trainer *tr, const run_loop *L) {
            hp->attention == 1 ? "head-sparse" : "reference");
     char prec[256];
     precision_describe(tr->w.precision, prec, sizeof prec);
-    printf("compute: %s%s; device %s%s%s%s\n", prec,
+    printf("compute: %s%s%s%s; device %s%s%s%s\n", prec, tr->precision_note[0] ? "; --precision auto chose " : "",
+           tr->precision_note,
            tr->w.precision != MOH_PRECISION_BF16 || hp->attention == 1
                ? "" : "; reference attention: qkv and W_O in bf16, per-head scores and P V fp32",
            tr->be->name, tr->device_note[0] ? " (" : "", tr->device_note, tr->device_note[0] ? ")" : "");
