@@ -109,16 +109,11 @@ int cmd_eval(int argc, char **argv) {
     if (B > items && items > 0) B = (int)items; /* no larger than the data: the result does not change */
     const bool sp = sparse || (!reference && m.fam->default_sparse);
     if (model_shards_init(&w, &m, B, src.seq_len, model_default_shards(B), false, sp, &err)) goto fail;
-    char why[192] = "", line[256], chose[240] = "";
+    char why[192] = "", line[256], chose[256] = "";
     const moh_precision prec = cli_precision_parse(precision);
     if (prec == MOH_PRECISION_AUTO) { /* measured on a synthetic batch of the evaluation's shape */
-        moh_batch sb;
-        void *sbuf = NULL;
         precision_choice pc;
-        int prc = m.fam->synthetic_batch(m.cfg, B, src.seq_len, 1, &sb, &sbuf, &err);
-        if (!prc) prc = model_shards_auto_precision(&w, &m, &sb, false, NULL, NULL, NULL, NULL, &pc, &err);
-        free(sbuf);
-        if (prc) goto fail;
+        if (model_shards_auto_precision(&w, &m, B, src.seq_len, false, NULL, NULL, NULL, NULL, &pc, &err)) goto fail;
         snprintf(chose, sizeof chose, "; --precision auto chose %s", pc.note);
     } else if (model_shards_set_precision(&w, &m, prec, why, sizeof why, &err)) goto fail;
     precision_describe(w.precision, line, sizeof line);

@@ -415,37 +415,44 @@ static void precision_key(const model *m, char *key, size_t cap) {
     key[strcspn(key, "\t\n")] = 0;
 }
 
-int model_shards_auto_precision(model_shards *w, const model *m, const moh_batch *b, bool train, void *g,
-                                float *gdata, model_sum_fn sum, void *sum_ctx, precision_choice *out, moh_error *err) {
+int model_shards_auto_precision(model_shards *w, const model *m, int B, int T, bool train, void *g, float *gdata,
+                                model_sum_fn sum, void *sum_ctx, precision_choice *out, moh_error *err) {
     memset(out, 0, sizeof *out);
     char why[160], key[CALIB_MAX_KEY];
-    double ms[2] = {0.0, 0.0};
-    bool cached = false;
+    double ms[3] = {0.0, 0.0, 1.0}; /* fp32, bf16, processes (summed) */
     const bool has_bf16 = precision_resolve(MOH_PRECISION_BF16, why, sizeof why) == MOH_PRECISION_BF16;
     if (has_bf16) {
         precision_key(m, key, sizeof key);
-        cached = calib_cache_get("precision", key, ms, 2) && ms[0] > 0 && ms[1] > 0;
-        for (int r = 0; !cached && r < 3; r++) /* round 0 warms both up */
-            for (int p = 0; p < 2; p++) {
-                const int rc = model_shards_set_precision(w, m, (moh_precision)p, NULL, 0, err);
-                if (rc) return rc;
+        out->cached = calib_cache_get("precision", key, ms, 2) && ms[0] > 0 && ms[1] > 0;
+    }
+    if (has_bf16 && !out->cached) {
+        moh_batch b;
+        void *buf = NULL;
+        int rc = m->fam->synthetic_batch(m->cfg, B, T, 1, &b, &buf, err);
+        for (int r = 0; !rc && r < 3; r++) /* round 0 warms both up */
+            for (int p = 0; !rc && p < 2; p++) {
+                rc = model_shards_set_precision(w, m, (moh_precision)p, NULL, 0, err);
                 const double t0 = omp_get_wtime();
-                model_shards_step(m, w, b, train, train ? g : NULL, gdata, NULL, NULL);
+                if (!rc) model_shards_step(m, w, &b, train, train ? g : NULL, gdata, NULL, NULL);
                 const double dt = (omp_get_wtime() - t0) * 1e3;
                 if (r > 0) ms[p] = r == 1 || dt < ms[p] ? dt : ms[p];
             }
-        if (!cached) calib_cache_put("precision", key, ms, 2);
+        free(buf);
+        if (rc) return rc;
+        calib_cache_put("precision", key, ms, 2);
     }
-    if (sum) sum(sum_ctx, ms, 2); /* every rank, cached or not: a collective */
-    out->ms[0] = ms[0];
-    out->ms[1] = ms[1];
-    out->cached = cached;
+    if (sum) sum(sum_ctx, ms, 3); /* every rank, cached or not: a collective */
+    out->ms[0] = ms[0] / ms[2];
+    out->ms[1] = ms[1] / ms[2];
     out->run = has_bf16 && ms[1] < ms[0] ? MOH_PRECISION_BF16 : MOH_PRECISION_FP32;
     if (!has_bf16) snprintf(out->note, sizeof out->note, "fp32 (%s)", why);
+    else if (out->cached)
+        snprintf(out->note, sizeof out->note, "%s (cached for this CPU and model: fp32 %.0f ms, bf16 %.0f ms per step "
+                 "when first measured)", out->run == MOH_PRECISION_BF16 ? "bf16" : "fp32", out->ms[0], out->ms[1]);
     else
-        snprintf(out->note, sizeof out->note, "%s (%s: fp32 %.0f ms, bf16 %.0f ms per %s of this batch shape)",
-                 out->run == MOH_PRECISION_BF16 ? "bf16" : "fp32", cached ? "cached" : "measured", ms[0], ms[1],
-                 train ? "training step" : "forward");
+        snprintf(out->note, sizeof out->note, "%s (measured: fp32 %.0f ms, bf16 %.0f ms per %s of %d x %d)",
+                 out->run == MOH_PRECISION_BF16 ? "bf16" : "fp32", out->ms[0], out->ms[1],
+                 train ? "training step" : "forward", B, T);
     return model_shards_set_precision(w, m, out->run, NULL, 0, err);
 }
 
@@ -456,7 +463,6 @@ int model_shards_init(model_shards *w, const model *m, int batch, int T, int n, 
         return moh_fail(err, MOH_E_ARG, "shards %d for batch %d, expected 1..min(256, batch)", n, batch);
     w->Bmax = (batch + n - 1) / n;
     w->n = n;
-    w->sparse = sparse;
     w->acts = calloc((size_t)n, sizeof *w->acts);
     const bool g = with_grads && n > 1; /* one shard backpropagates into the caller's gradient */
     w->grads = g ? calloc((size_t)n, sizeof *w->grads) : NULL;

@@ -569,7 +569,6 @@ typedef struct model_shards {
     float **gdata;          /* [n] their buffers */
     int first[MODEL_MAX_SHARDS + 1], count[MODEL_MAX_SHARDS]; /* split of the last batch */
     moh_precision precision; /* what the shards compute in (model_shards_set_precision) */
-    bool sparse;             /* attention on the head-sparse path */
     bf16_mirror wbf16;       /* bf16: the weights' bf16 copy, shared by the shards, converted at
                               * the start of every model_shards_step */
 } model_shards;
@@ -577,9 +576,9 @@ typedef struct model_shards {
 /* `--precision auto`: what a run computes in, chosen by measurement (README, Precision). */
 typedef struct precision_choice {
     moh_precision run; /* fp32 or bf16 */
-    double ms[2];      /* [fp32, bf16] milliseconds per step of the batch (0, 0: not measured) */
+    double ms[2];      /* [fp32, bf16] milliseconds per step, the mean over processes (0, 0: not measured) */
     bool cached;       /* ms came from the cache (calib_cache "precision") */
-    char note[192];    /* the start line's words: "bf16 (measured: fp32 512 ms, bf16 390 ms per step ...)" */
+    char note[224];    /* the start line's words: "bf16 (measured: fp32 512 ms, bf16 390 ms per ...)" */
 } precision_choice;
 /* Sums x[0..n) over the processes of a run (MPI ranks; NULL: one process). */
 typedef void (*model_sum_fn)(void *ctx, double *x, size_t n);
@@ -595,14 +594,16 @@ void model_shards_free(model_shards *w, const model *m);
 int model_shards_set_precision(model_shards *w, const model *m, moh_precision p, char *note, size_t cap,
                                moh_error *err);
 /* --precision auto on the run's shards: fp32 where the CPU has no bf16 path (precision_resolve);
- * else the faster of fp32 and bf16 on b, a batch of the run's shape (a family's synthetic_batch):
- * model_shards_step (with train: forward and backward into g/gdata, which the caller's step clears
- * anyway) timed twice in each after a warm-up, alternated, the minimum of each; or the times
- * cached for this CPU and model (its first measurement decides for its later runs). sum (NULL: none) adds the processes'
- * times so that every rank chooses alike. Leaves w in the chosen precision. MOH_OK or
- * model_shards_set_precision's errors. */
-int model_shards_auto_precision(model_shards *w, const model *m, const moh_batch *b, bool train, void *g,
-                                float *gdata, model_sum_fn sum, void *sum_ctx, precision_choice *out, moh_error *err);
+ * else the faster of fp32 and bf16 on the family's synthetic_batch of B examples of T tokens (T
+ * ignored by image families): model_shards_step (with train: forward and backward into g/gdata,
+ * which the caller's step clears anyway) timed twice in each after a warm-up, alternated, the
+ * minimum of each, in milliseconds; or the times cached for this CPU, bf16 kernels and model config
+ * (calib_cache "precision": a model's first measurement decides for its later runs). sum (NULL:
+ * one process) adds the processes' times so that every rank chooses alike. Leaves w in the chosen
+ * precision; out->note is the start line's words. MOH_OK, or synthetic_batch's and
+ * model_shards_set_precision's errors (MOH_E_NOMEM). README, "--precision auto". */
+int model_shards_auto_precision(model_shards *w, const model *m, int B, int T, bool train, void *g, float *gdata,
+                                model_sum_fn sum, void *sum_ctx, precision_choice *out, moh_error *err);
 /* Forward of b (b->B <= n Bmax); with g (a params_new struct of m, data gdata), also backward:
  * ACCUMULATES sum_s (B_s / B) grad_s into g (n == 1: the backward accumulates into g directly).
  * Returns the weighted training loss; *ce, *lb its parts. */

@@ -211,7 +211,7 @@ typedef struct trainer {
     FILE *metrics;
     const moh_backend *be;   /* the device the run computes on (--device) */
     char device_note[224];   /* why --device auto fell back to the CPU ("" when nothing fell back) */
-    char precision_note[192]; /* --precision auto: what it chose and the two times ("" otherwise) */
+    char precision_note[224]; /* --precision auto: what it chose and the two times ("" otherwise) */
 } trainer;
 
 static int dump_grads(trainer *tr, const moh_batch *b, const float *init, moh_error *err) {
@@ -273,14 +273,9 @@ static int setup_precision(trainer *tr, int Blocal, moh_error *err) {
         hp->precision = tr->w.precision; /* saved as it runs */
         return MOH_OK;
     }
-    moh_batch b;
-    void *buf = NULL;
-    int rc = m->fam->synthetic_batch(m->cfg, Blocal, tr->train.seq_len, hp->seed, &b, &buf, err);
     precision_choice pc;
-    if (!rc)
-        rc = model_shards_auto_precision(&tr->w, m, &b, true, tr->g, tr->gdata, tr->d->size > 1 ? eval_sum : NULL,
-                                         tr->d, &pc, err);
-    free(buf);
+    const int rc = model_shards_auto_precision(&tr->w, m, Blocal, tr->train.seq_len, true, tr->g, tr->gdata,
+                                               tr->d->size > 1 ? eval_sum : NULL, tr->d, &pc, err);
     if (rc) return rc;
     hp->precision = pc.run;
     snprintf(tr->precision_note, sizeof tr->precision_note, "%s", pc.note);
