@@ -1,0 +1,101 @@
+/* Block-quantised weights on the decode path (issue 29): ggml's Q8_0, Q4_0 and Q4_1 matrices kept
+ * in their blocks (a GGUF file's own bytes, or quantised here from float32), multiplied with an
+ * activation quantised per 32 values as ggml's Q8_0 / Q8_1 on the CPU's integer units:
+ * AVX512-VNNI or AVX-VNNI (vpdpbusd), AVX2 (vpmaddubsw), or portable loops, picked at run time.
+ *
+ * Layouts (ggml-common.h; one block = 32 weights of one row, rows are whole blocks):
+ *   Q8_0  f16 d | i8 qs[32]             w = d q                 34 bytes
+ *   Q4_0  f16 d | u8 qs[16]             w = d (q - 8)           18 bytes
+ *   Q4_1  f16 d | f16 m | u8 qs[16]     w = d q + m             20 bytes
+ * (4-bit: the low nibble of qs[j] is weight j, the high nibble weight j + 16.)
+ * The products follow ggml-cpu's vec_dot_q8_0_q8_0 / q4_0_q8_0 / q4_1_q8_1: integer sums per block,
+ * scaled by the two f16 scales in fp32 (the activation's d and s rounded to f16 as ggml stores
+ * them); only the fp32 summation order differs from ggml's. */
+#ifndef MOH_OPS_QUANT_H
+#define MOH_OPS_QUANT_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moh.h"
+
+#define QUANT_BLOCK 32 /* weights per block of every type here */
+
+typedef enum quant_isa { QUANT_ISA_SCALAR, QUANT_ISA_AVX2, QUANT_ISA_AVXVNNI, QUANT_ISA_AVX512VNNI } quant_isa;
+/* The best kernels this CPU runs (cpuid at run time; MOH_NO_VNNI=1 stops at AVX2, for comparisons). */
+quant_isa quant_isa_detect(void);
+const char *quant_isa_name(quant_isa isa);
+
+/* 1 for the ggml type codes handled here (MOH_GGML_Q8_0, _Q4_0, _Q4_1; io/gguf.h), else 0. */
+int quant_supported(int type);
+/* Bytes of one block of `type` (0 if unsupported); "q8_0", "q4_0", "q4_1" (or "?"). */
+size_t quant_block_bytes(int type);
+const char *quant_type_name(int type);
+/* Parses "q8_0", "q4_0", "q4_1" into a ggml type code: MOH_OK, or MOH_E_ARG naming the value. */
+int quant_type_parse(const char *s, int *type, moh_error *err);
+
+/* Quantises x [K] (K a multiple of 32) into K / 32 blocks of `type` at out, as ggml-quants.c's
+ * quantize_row_q8_0_ref / q4_0_ref / q4_1_ref do. */
+void quant_row(int type, const float *x, int64_t K, uint8_t *out);
+/* IEEE half <-> float (round to nearest even), as ggml's GGML_FP16_TO_FP32 / FP32_TO_FP16. */
+float quant_h2f(uint16_t h);
+uint16_t quant_f2h(float f);
+
+/* An activation vector quantised per block of 32 as ggml's Q8_1: q [cap] int8, d [cap / 32] the
+ * scale, s [cap / 32] = d sum(q) (both rounded to f16), sum [cap / 32] = sum(q). One allocation. */
+typedef struct quant_act {
+    int8_t *q;
+    float *d, *s;
+    int32_t *sum;
+    size_t cap;
+    void *block;
+} quant_act;
+/* Room for cap values (rounded up to 32). MOH_OK, MOH_E_NOMEM. */
+int quant_act_init(quant_act *a, size_t cap, moh_error *err);
+void quant_act_free(quant_act *a);
+/* Quantises x[off .. off + n) into a (off and n multiples of 32, off + n <= cap). */
+void quant_act_set(quant_act *a, const float *x, size_t off, size_t n);
+
+/* out[r] = (b ? b[r] : 0) + sum over the nblk column blocks blk[k] of
+ * W[r, blk[k] bw .. blk[k] bw + bw) . x[blk[k] bw ..] for r in 0 .. n: W rows of `type`, row r at
+ * w + r row_bytes; bw a multiple of 32; x quantised over those columns (quant_act_set). */
+void quant_gemv(int type, const uint8_t *w, size_t row_bytes, const float *b, const quant_act *x, const int *blk,
+                int nblk, int bw, int n, float *out, quant_isa isa);
+
+/* A model's quantised matrices, each by its place in the model's float32 parameter buffer (base,
+ * nbase values): the float rows [off, off + rows cols) are also held as `rows` quantised rows of
+ * row_bytes at data (a GGUF mapping, or `owned`). Entries sorted by off, disjoint. */
+typedef struct quant_mat {
+    size_t off;
+    int64_t rows, cols;
+    int type;
+    const uint8_t *data;
+    size_t row_bytes;
+} quant_mat;
+typedef struct quant_table {
+    const float *base;
+    size_t nbase;
+    quant_mat *m;
+    int n, cap;
+    uint8_t *owned;       /* blocks this table made or copied (reordered GGUF rows); one allocation */
+    size_t owned_bytes, owned_used;
+    size_t bytes;         /* quantised bytes over all entries */
+} quant_table;
+/* An empty table over base [nbase] with room for `entries` entries and owned_bytes bytes of blocks.
+ * MOH_OK, MOH_E_NOMEM. */
+int quant_table_init(quant_table *t, const float *base, size_t nbase, int entries, size_t owned_bytes,
+                     moh_error *err);
+void quant_table_free(quant_table *t);
+/* Adds the matrix at float offset off [rows, cols] (cols a multiple of 32) of `type`, its blocks at
+ * data; data NULL: room from `owned` (returned through *room, to fill). MOH_OK, or MOH_E_ARG (an
+ * unsupported type, cols not a multiple of 32, outside base, overlapping or out of order, no room). */
+int quant_table_add(quant_table *t, size_t off, int64_t rows, int64_t cols, int type, const uint8_t *data,
+                    uint8_t **room, moh_error *err);
+/* Quantises the float matrix at offset off [rows, cols] of base into owned blocks of `type`.
+ * Errors as quant_table_add. */
+int quant_table_quantize(quant_table *t, size_t off, int64_t rows, int64_t cols, int type, moh_error *err);
+/* The entry holding float element w of base, or NULL. */
+const quant_mat *quant_table_find(const quant_table *t, const float *w);
+/* "q4_1 (210 matrices, 93.9 MB)"-style summary of the types held into out[cap]. */
+void quant_table_describe(const quant_table *t, char *out, size_t cap);
+#endif
