@@ -3,6 +3,8 @@
  * gguf-py's gguf/quants.py, in float32, no fused multiply-add, so results are bit-exact). */
 #include "io/gguf.h"
 
+#include "ops/quant.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -634,24 +636,8 @@ const moh_gguf_tensor *moh_gguf_find_tensor(const moh_gguf *g, const char *name)
 
 /* ---- dequantisation ----------------------------------------------------------------------- */
 
-/* IEEE half to float, exact (NaN payloads kept, as numpy's conversion does). */
-static float h2f(uint16_t h) {
-    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, f;
-    if (e == 0) {
-        if (m == 0) {
-            f = s;
-        } else {
-            e = 113;
-            while (!(m & 0x400)) { m <<= 1; e--; }
-            f = s | (e << 23) | ((m & 0x3ff) << 13);
-        }
-    } else if (e == 31) {
-        f = s | 0x7f800000u | (m << 13);
-    } else {
-        f = s | ((e + 112) << 23) | (m << 13);
-    }
-    return bits_f32(f);
-}
+/* IEEE half to float, exact (NaN payloads kept, as numpy's conversion does): ops/quant.h. */
+static float h2f(uint16_t h) { return quant_h2f(h); }
 
 int moh_gguf_can_dequantize(int type) {
     switch (type) {
