@@ -19,6 +19,7 @@ int bench_train(int argc, char **argv);
 /* `moh bench decode --model PATH ...` (bench/decode_model.c; bench_decode parses the options). */
 #define BDM_MAX_CTX 8
 #define BDM_MAX_MODELS 4
+#define BDM_MAX_PREC 6
 typedef struct bdm_opts {
     const char *models[BDM_MAX_MODELS]; /* .gguf files, Hugging Face folders or moh checkpoints */
     int nmodels;
@@ -29,7 +30,9 @@ typedef struct bdm_opts {
     uint64_t seed;                      /* prompt ids: splitmix64(seed) % vocab */
     const char *text;                   /* or the tokens of this file, repeated (NULL: random) */
     bool json, profile;                 /* JSON rows; per-phase times (text: a table per row) */
-    bool fp32, bf16;                    /* precisions to run (at least one): both interleaved */
+    const char *prec[BDM_MAX_PREC];     /* precisions to run, interleaved (at least one): "fp32", "bf16",
+                                         * "gguf" (the file's own quantised blocks), "q8_0", "q4_0", "q4_1" */
+    int nprec;
 } bdm_opts;
 /* Prefill and decode tokens/s of each model (prints the table); 0 ok, 1 runtime error. */
 int bench_decode_models(const bdm_opts *o);

@@ -130,6 +130,41 @@ static int bd_steps(bd_run *r, int ctx, int tokens, moh_error *err) {
     return MOH_OK;
 }
 
+/* --precision's comma list into o->prec (both = fp32,bf16; each once); *quant when a quantised one
+ * is asked. bf16 on a CPU that cannot: dropped with a note (fp32 in its place if nothing is left).
+ * 0, or 2 after a one-line error. */
+static int bd_precisions(const char *value, bdm_opts *o, bool *quant) {
+    static const char *const names[] = {"fp32", "bf16", "gguf", "q8_0", "q4_0", "q4_1"};
+    char why[160];
+    const bool no16 = attn_decode_precision(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16;
+    for (const char *p = value; *p;) {
+        const size_t len = strcspn(p, ",");
+        const bool both = len == 4 && !strncmp(p, "both", 4);
+        bool known = both;
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+            const bool hit = both ? i < 2 : strlen(names[i]) == len && !strncmp(p, names[i], len);
+            known = known || hit;
+            bool dup = false;
+            for (int j = 0; j < o->nprec; j++) dup = dup || o->prec[j] == names[i];
+            if (!hit || dup) continue;
+            if (i == 1 && no16) {
+                fprintf(stderr, "moh bench decode: --precision bf16 dropped: %s\n", why);
+                continue;
+            }
+            *quant = *quant || i >= 2;
+            o->prec[o->nprec++] = names[i];
+        }
+        if (!known || !len) {
+            fprintf(stderr, "moh bench decode: --precision '%.*s', expected a comma list of fp32, bf16, both, gguf, q8_0, "
+                            "q4_0, q4_1\n", (int)len, p);
+            return 2;
+        }
+        p += len + (p[len] == ',');
+    }
+    if (!o->nprec) o->prec[o->nprec++] = names[0];
+    return 0;
+}
+
 static bool bd_synthetic_name(const char *s) { return !strcmp(s, "small") || !strcmp(s, "llm") || !strcmp(s, "all"); }
 
 int bench_decode(int argc, char **argv) {
@@ -149,14 +184,15 @@ int bench_decode(int argc, char **argv) {
         {"--threads", ARG_INT, &a.threads, "N", "OpenMP threads (default: OMP_NUM_THREADS, else every core)", false, ARG_IN(1, 1024)},
         {"--seed", ARG_U64, &a.seed, "S", "--model PATH: prompt ids uniform over the vocabulary from splitmix64(S) (default 1)", false, ARG_ANY},
         {"--text", ARG_STR, &a.text, "FILE", "--model PATH: the prompt is FILE's tokens (the model's tokenizer, or bytes), repeated", false, ARG_ANY},
-        {"--precision", ARG_CHOICE, &a.precision, "fp32|bf16|both", "decode (and prefill) in fp32, in bf16 (bf16 weights and KV cache, fp32 accumulation: vdpbf16ps, or widened to fp32 without AVX512-BF16; a CPU without AVX-512 runs fp32 and says so), or both, interleaved, with the bf16/fp32 ratio (default fp32)", false, ARG_ANY},
+        {"--precision", ARG_STR, &a.precision, "P[,P...]", "decode (and prefill) in fp32, in bf16 (bf16 weights and KV cache, fp32 accumulation: vdpbf16ps, or widened to fp32 without AVX512-BF16; a CPU without AVX-512 runs fp32 and says so), both (fp32,bf16); with --model PATH also gguf (the file's own Q8_0 / Q4_0 / Q4_1 blocks, as moh sample and chat decode a quantised .gguf) and q8_0, q4_0, q4_1 (quantised here from the float weights); a list runs interleaved, each later precision with its ratio to the first (default fp32)", false, ARG_ANY},
         {"--profile", ARG_FLAG, &a.profile, NULL, "time per phase (qkv, attention, wo, mlp, lm_head, other) of decode (--model PATH: and prefill), and the team split: 'team of N: start-up X us, one thread Y GMAC/s: split from W multiply-adds' means a decode product of W or more multiply-adds runs on the N threads, a smaller one on one thread (measured on the first token: the smallest product whose time saved on N threads exceeds the start-up)", false, ARG_ANY},
     };
     int prc = args_parse("bench decode", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                          "[--json] [--model small|llm|all | --config NAME] [--context 512,2048,8192] [--tokens T] [--repeats R]\n"
                          "                        [--threads N] [--precision fp32|bf16|both] [--profile]\n"
                          "       moh bench decode --model PATH [--model PATH2 ...] [--context 512,2048] [--tokens 128] [--repeats R]\n"
-                         "                        [--threads N] [--precision fp32|bf16|both] [--seed S | --text FILE] [--profile] [--json]",
+                         "                        [--threads N] [--precision fp32,bf16,gguf,q8_0,q4_0,q4_1] [--seed S | --text FILE]\n"
+                         "                        [--profile] [--json]",
                          "Synthetic models: KV-cache decoding tokens/s, dense MHA (router none) vs MoH with 75% and\n"
                          "50% of the heads active (learned router; skipped heads run no attention and no W_O term).\n"
                          "--model PATH: a loaded model (weights dequantised to float32 once). Per prompt length:\n"
@@ -165,18 +201,16 @@ int bench_decode(int argc, char **argv) {
                          "several --model, the runs are interleaved and each is also given as a ratio to the first.\n"
                          "--precision bf16: the weights (a copy made once per model) and the KV cache in bf16, every\n"
                          "product accumulating in fp32; both: fp32 and bf16 runs interleaved, each bf16 row with its\n"
-                         "bf16/fp32 tokens/s ratio.\n");
+                         "bf16/fp32 tokens/s ratio. gguf / q8_0 / q4_0 / q4_1 (--model PATH): decoding from ggml blocks\n"
+                         "on the integer units (bf16 KV cache; the prefill computes fp32 on the float weights).\n");
     if (prc) return prc == 1 ? 0 : prc;
     if (a.threads > 0) omp_set_num_threads(a.threads);
-    bool prec[2] = {strcmp(a.precision, "bf16") != 0, strcmp(a.precision, "fp32") != 0}; /* fp32, bf16 */
-    char why[160];
-    if (prec[1] && attn_decode_precision(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16) {
-        fprintf(stderr, "moh bench decode: --precision %s runs fp32 only: %s\n", a.precision, why);
-        prec[0] = true;
-        prec[1] = false;
-    }
     bdm_opts mo = {.tokens = a.tokens > 0 ? a.tokens : 128, .repeats = a.repeats, .seed = a.seed, .text = a.text,
-                   .json = a.json, .profile = a.profile, .fp32 = prec[0], .bf16 = prec[1]};
+                   .json = a.json, .profile = a.profile};
+    bool quant = false;
+    if (bd_precisions(a.precision, &mo, &quant)) return 2;
+    bool prec[2] = {false, false}; /* the synthetic models' fp32, bf16 */
+    for (int i = 0; i < mo.nprec; i++) prec[!strcmp(mo.prec[i], "bf16")] = true;
     for (int i = 1; i + 1 < argc; i++) { /* every --model value (args_parse keeps the last) */
         if (strcmp(argv[i], "--model")) continue;
         if (mo.nmodels == BDM_MAX_MODELS) {
@@ -201,6 +235,11 @@ int bench_decode(int argc, char **argv) {
     if (loaded && a.config) {
         fprintf(stderr, "moh bench decode: --config and --model %s: give one (a config's geometry, or a model to load)\n",
                 mo.models[0]);
+        return 2;
+    }
+    if (!loaded && quant) {
+        fprintf(stderr, "moh bench decode: --precision %s: quantised decoding needs --model PATH (a loaded model)\n",
+                a.precision);
         return 2;
     }
     if (!loaded && (a.text || args_value(argc, argv, "--seed"))) {

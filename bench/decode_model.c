@@ -29,8 +29,10 @@
 
 typedef struct bdm_run {
     const char *path;
-    model m;                             /* the fp32 run's (or only run's); a bf16 twin borrows it */
-    bool have_m, have_kv, have_ws, bf16;
+    model m;                             /* the model's first run's; its other precisions borrow it */
+    bool have_m, have_kv, have_ws;
+    const char *prec;                    /* bdm_opts.prec's */
+    quant_table qt;                      /* "q8_0" / "q4_0" / "q4_1": the blocks made here */
     const moh_lm_config *cfg;
     const lm_params_f32 *p;
     lm_kv_cache kv;
@@ -48,6 +50,7 @@ typedef struct bdm_run {
 static void bdm_free(bdm_run *r) {
     if (r->have_ws) lm_prefill_free(&r->ws);
     if (r->have_kv) lm_kv_free(&r->kv);
+    quant_table_free(&r->qt);
     if (r->have_m) model_free(&r->m);
     free(r->logits);
     free(r->prompt);
@@ -85,12 +88,15 @@ static int bdm_prompt(bdm_run *r, const bdm_opts *o, int n, moh_error *err) {
     return MOH_OK;
 }
 
-/* Opens path (or borrows the model of twin, the same path's fp32 run) and makes the cache and
- * prefill workspace, bf16 ones when bf16. */
-static int bdm_init(bdm_run *r, const char *path, const bdm_run *twin, bool bf16, const bdm_opts *o, moh_error *err) {
+/* Opens path (or borrows the model of twin, the same path's first run) and makes the cache and
+ * prefill workspace of precision prec (bf16: both bf16; quantised: the blocks, a bf16 cache, an
+ * fp32 prefill). */
+static int bdm_init(bdm_run *r, const char *path, const bdm_run *twin, const char *prec, const bdm_opts *o,
+                    moh_error *err) {
     memset(r, 0, sizeof *r);
     r->path = path;
-    r->bf16 = bf16;
+    r->prec = prec;
+    const bool bf16 = !strcmp(prec, "bf16"), gguf = !strcmp(prec, "gguf");
     if (twin) r->m = twin->m;
     else if (model_open(&r->m, path, err)) return err->code;
     r->have_m = !twin;
@@ -111,7 +117,16 @@ static int bdm_init(bdm_run *r, const char *path, const bdm_run *twin, bool bf16
                             "prompt of %d tokens\n", path, o->ctxs[c], o->tokens, N, r->plen[c]);
         if (r->plen[c] > maxp) maxp = r->plen[c];
     }
-    if (bf16 ? lm_kv_init_bf16(&r->kv, r->cfg, r->p, maxp + o->tokens, err) : lm_kv_init(&r->kv, r->cfg, maxp + o->tokens, err))
+    const int T = maxp + o->tokens;
+    int type = 0;
+    if (gguf && !r->m.quant)
+        return moh_fail(err, MOH_E_ARG, "%s: --precision gguf: the file holds no Q8_0, Q4_0 or Q4_1 matrices", path);
+    if (!bf16 && !gguf && strcmp(prec, "fp32") &&
+        (quant_type_parse(prec, &type, err) || lm_quant_table(r->cfg, r->p, type, &r->qt, err)))
+        return err->code;
+    const quant_table *qt = gguf ? r->m.quant : type ? &r->qt : NULL;
+    if (qt ? lm_kv_init_quant(&r->kv, r->cfg, r->p, qt, T, err)
+           : bf16 ? lm_kv_init_bf16(&r->kv, r->cfg, r->p, T, err) : lm_kv_init(&r->kv, r->cfg, T, err))
         return err->code;
     r->have_kv = true;
     if (lm_prefill_init(&r->ws, r->cfg, maxp, err)) return err->code;
@@ -181,8 +196,8 @@ static void bdm_phases(const bdm_run *r, int c, int repeats, int tokens, bool js
 
 int bench_decode_models(const bdm_opts *o) {
     moh_error err = {0};
-    /* run k * npr + i: model k in precision i (fp32 first when both); a bf16 twin borrows the model */
-    const int npr = (o->fp32 ? 1 : 0) + (o->bf16 ? 1 : 0), nr = o->nmodels * npr;
+    /* run k * npr + i: model k in precision i; the other precisions borrow the first's model */
+    const int npr = o->nprec, nr = o->nmodels * npr;
     bdm_run *runs = calloc((size_t)nr, sizeof *runs);
     if (!runs) {
         fprintf(stderr, "moh bench decode: out of memory\n");
@@ -192,7 +207,7 @@ int bench_decode_models(const bdm_opts *o) {
     for (int i = 0; i < nr && !status; i++) {
         const int k = i / npr, pi = i % npr;
         if (!pi) fprintf(stderr, "[loading %s]\n", o->models[k]);
-        status = bdm_init(&runs[i], o->models[k], pi ? &runs[i - pi] : NULL, o->bf16 && pi == npr - 1, o, &err);
+        status = bdm_init(&runs[i], o->models[k], pi ? &runs[i - pi] : NULL, o->prec[pi], o, &err);
     }
     for (int i = 0; i < nr && !status; i++) { /* one team split per precision for models of the first's width */
         bdm_run *r = &runs[i], *first = &runs[i % npr];
@@ -227,7 +242,7 @@ int bench_decode_models(const bdm_opts *o) {
     char cpu[256], cond[256];
     bench_cpu_model(cpu, sizeof cpu);
     bench_conditions(cond, sizeof cond);
-    const bool both = o->fp32 && o->bf16;
+    const bool both = npr > 1;
     if (!o->json) {
         printf("moh bench decode: %s; %s; prompt then %d new tokens (greedy), %d repeats (median); prompt ids: ", cpu,
                cond, o->tokens, o->repeats);
@@ -238,15 +253,17 @@ int bench_decode_models(const bdm_opts *o) {
             runs[k * npr].m.fam->describe(runs[k * npr].cfg, runs[k * npr].m.n, d, sizeof d);
             printf("  [%d] %s: %s\n", k + 1, o->models[k], d);
         }
-        if (o->bf16) {
-            char d[256];
-            attn_decode_describe(&runs[npr - 1].kv.dc, d, sizeof d);
-            printf("  bf16 rows: %s; prefill: oneDNN bf16 matmul and bf16 attention tiles\n", d);
+        for (int i = 0; i < npr; i++) {
+            char d[400];
+            attn_decode_describe(&runs[i].kv.dc, d, sizeof d);
+            printf("  %s rows: %s%s\n", o->prec[i], d,
+                   !strcmp(o->prec[i], "bf16") ? "; prefill: oneDNN bf16 matmul and bf16 attention tiles"
+                   : strcmp(o->prec[i], "fp32") ? "; prefill fp32" : "");
         }
         printf("%-4s %-5s %6s %26s %26s %9s %7s", "", "prec", "prompt", "prefill tok/s med (min-max)",
                "decode tok/s med (min-max)", "ms/token", "heads");
         if (o->nmodels > 1) printf(" %9s %9s", "prefill/1", "decode/1");
-        if (both) printf(" %9s %9s", "pf bf/fp", "dec bf/fp");
+        if (both) printf(" %9s %9s", "pf/prec1", "dec/prec1");
         printf("\n");
     } else printf("[\n");
     bool first = true;
@@ -260,8 +277,8 @@ int bench_decode_models(const bdm_opts *o) {
             /* ratio of tokens/s: the first model's (same precision) time over this one's (same
              * context; prompts may differ) */
             const double rp = (r->plen[c] / sp.median) / (r0->plen[c] / sp0.median), rd = sd0.median / sd.median;
-            /* bf16 rows: over the same model's fp32 run */
-            const bool pair = both && r->bf16;
+            /* the second and later precisions: over the same model's first precision */
+            const bool pair = both && r != tw;
             const double bp = pair ? bench_summarise(tw->tp[c], o->repeats).median / sp.median : 1.0;
             const double bd = pair ? bench_summarise(tw->td[c], o->repeats).median / sd.median : 1.0;
             const double share = r->htot[c] ? (double)r->hrun[c] / r->htot[c] : 1.0;
@@ -273,11 +290,12 @@ int bench_decode_models(const bdm_opts *o) {
                        "\"decode_tokens_per_s\": %.3f, \"decode_tokens_per_s_min\": %.3f, \"decode_tokens_per_s_max\": "
                        "%.3f, \"prefill_ratio\": %.4f, \"decode_ratio\": %.4f, \"heads_active\": %.4f, \"threads\": %d, "
                        "\"repeats\": %d, \"prompt_ids\": \"%s\", \"seed\": %llu, \"prompt_hash\": \"%016llx\", "
-                       "\"peak_rss_mb\": %.1f, \"precision\": \"%s\", \"prefill_vs_fp32\": %.4f, \"decode_vs_fp32\": %.4f",
+                       "\"peak_rss_mb\": %.1f, \"precision\": \"%s\", \"prefill_vs_first_precision\": %.4f, "
+                       "\"decode_vs_first_precision\": %.4f",
                        o->ctxs[c], r->plen[c], o->tokens, ptps, r->plen[c] / sp.max, r->plen[c] / sp.min, dtps,
                        o->tokens / sd.max, o->tokens / sd.min, rp, rd, share, omp_get_max_threads(), o->repeats,
                        o->text ? "text" : "random", (unsigned long long)o->seed, (unsigned long long)r->hash[c], rss_mb,
-                       r->bf16 ? "bf16" : "fp32", bp, bd);
+                       r->prec, bp, bd);
                 bdm_phases(r, c, o->repeats, o->tokens, true);
                 printf("}");
                 first = false;
@@ -286,7 +304,7 @@ int bench_decode_models(const bdm_opts *o) {
             char a[64], b[64];
             snprintf(a, sizeof a, "%.1f (%.1f-%.1f)", ptps, r->plen[c] / sp.max, r->plen[c] / sp.min);
             snprintf(b, sizeof b, "%.2f (%.2f-%.2f)", dtps, o->tokens / sd.max, o->tokens / sd.min);
-            printf("[%d]  %-5s %6d %26s %26s %9.2f %7.3f", k + 1, r->bf16 ? "bf16" : "fp32", r->plen[c], a, b,
+            printf("[%d]  %-5s %6d %26s %26s %9.2f %7.3f", k + 1, r->prec, r->plen[c], a, b,
                    sd.median * 1e3 / o->tokens, share);
             if (o->nmodels > 1) printf(" %9.3f %9.3f", rp, rd);
             if (pair) printf(" %9.3f %9.3f", bp, bd);
@@ -294,9 +312,9 @@ int bench_decode_models(const bdm_opts *o) {
             if (o->profile) bdm_phases(r, c, o->repeats, o->tokens, false);
         }
     if (o->json) printf("\n]\n");
-    else printf("peak RSS %.0f MB (weights float32 once per model%s; KV caches for %d + %d tokens)\n", rss_mb,
-                o->bf16 ? ", plus a bf16 copy for the bf16 runs" : "", runs[0].kv.max_T - o->tokens, o->tokens);
-    for (int i = nr - 1; i >= 0; i--) bdm_free(&runs[i]); /* bf16 twins before the model they borrow */
+    else printf("peak RSS %.0f MB (weights float32 once per model, plus a bf16 copy or quantised blocks per such "
+                "precision; KV caches for %d + %d tokens)\n", rss_mb, runs[0].kv.max_T - o->tokens, o->tokens);
+    for (int i = nr - 1; i >= 0; i--) bdm_free(&runs[i]); /* twins before the model they borrow */
     free(runs);
     return 0;
 }

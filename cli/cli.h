@@ -72,6 +72,17 @@ moh_precision cli_precision_run(const char *cmd, const char *value);
  * fp32, and with one line on stderr ("moh CMD: --precision bf16: decoding runs fp32 (WHY)") on a
  * CPU that cannot (attn_decode_precision). */
 bool cli_decode_bf16(const char *cmd, const char *value);
+/* --precision of KV-cache decoding (moh sample, moh chat): the spec, its help, and the cache. */
+#define CLI_DECODE_PRECISION_HELP "decode with: fp32; bf16 (a bf16 copy of the weights and a bf16 KV cache, fp32 accumulation; fp32 on a CPU without AVX-512, said); q8_0, q4_0 or q4_1 (the matrix-vector weights quantised into ggml's blocks, multiplied on the CPU's integer units as llama.cpp does, bf16 KV cache). Default: a quantised .gguf decodes from its own blocks (its Q8_0 / Q4_0 / Q4_1 matrices; others fp32), anything else fp32"
+#define CLI_DECODE_PRECISION_SPEC(dst) {"--precision", ARG_CHOICE, (dst), "fp32|bf16|q8_0|q4_0|q4_1", CLI_DECODE_PRECISION_HELP, false, ARG_ANY}
+/* The KV cache of max_T tokens decoding model m (a text model) as --precision value asks
+ * (CLI_DECODE_PRECISION_HELP): lm_kv_init, _bf16 or _quant; a table quantised here is held in
+ * *own (quant_table_free it after lm_kv_free; zeroed otherwise). Says on stderr what decodes how
+ * unless it is plain fp32. MOH_OK or the error in err (nothing to free). */
+struct lm_kv_cache;
+struct quant_table;
+int cli_decode_kv(const char *cmd, const char *value, const struct model *m, struct lm_kv_cache *kv, int max_T,
+                  struct quant_table *own, moh_error *err);
 /* false, with "moh CMD: OPT OUT would overwrite ..., an input of this command: ..." on stderr, when
  * the output file path out (NULL: true) is one of inputs[n] or a file moh reads in an input folder
  * (fs_check_output), empty, a device or FIFO, or a folder (or ends in '/'). */

@@ -126,7 +126,7 @@ int cmd_chat(int argc, char **argv) {
         {"--top-k", ARG_INT, &top_k, "K", "keep the K most likely tokens (default 0 = all)", false, ARG_GE(0)},
         {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: the smallest set of probability >= P (default 1)", false, ARG_IN_OC(0, 1)},
         {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false, ARG_ANY},
-        {"--precision", ARG_CHOICE, &precision, "fp32|bf16", "decode in fp32 (default) or from bf16 weights and a bf16 KV cache with fp32 accumulation, as moh sample; a CPU without AVX-512 decodes in fp32 and says so", false, ARG_ANY},
+        CLI_DECODE_PRECISION_SPEC(&precision),
         CLI_DEVICE_SPEC(&device),
     };
     int rc = args_parse("chat", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]), "--model FILE.gguf|DIR [options]",
@@ -137,7 +137,6 @@ int cmd_chat(int argc, char **argv) {
                         "Scripted (stdout not a terminal): one line per message, empty for a refused one, and\n"
                         "exit status 1 at the end when any was refused. Each reply's rate goes to stderr.\n");
     if (rc) return rc == 1 ? 0 : rc;
-    const bool bf16 = cli_decode_bf16("chat", precision);
     moh_error err = {0};
     model m;
     if (model_open(&m, path, &err)) {
@@ -181,19 +180,15 @@ int cmd_chat(int argc, char **argv) {
     char *line = NULL, *turn = NULL; /* a whole stdin line (getline), its ChatML turn */
     size_t line_cap = 0;
     lm_kv_cache kv;
+    quant_table own = {0};
     int status = 1;
     bool have_kv = false;
     if (!sys || !logits || !cand || !piece) {
         moh_fail(&err, MOH_E_NOMEM, "out of memory");
         goto fail;
     }
-    if (bf16 ? lm_kv_init_bf16(&kv, &cfg, &p, N, &err) : lm_kv_init(&kv, &cfg, N, &err)) goto fail;
+    if (cli_decode_kv("chat", precision, &m, &kv, N, &own, &err)) goto fail;
     have_kv = true;
-    if (bf16) {
-        char d[160];
-        attn_decode_describe(&kv.dc, d, sizeof d);
-        fprintf(stderr, "moh chat: %s\n", d);
-    }
     const bool tty = isatty(0) && isatty(2), echo = !isatty(0) && isatty(1);
     int refused = 0; /* messages refused for the context */
     if (tty) fprintf(stderr, "moh chat: %s, context %d tokens; /reset, /exit\n", path, N);
@@ -241,7 +236,9 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         const double t0 = train_now_s();
-        rc = feed(&cfg, &p, &kv, ids, nids, logits, &err);
+        /* a conversation's first turn (the system block and the message) in one batched prefill */
+        rc = kv.pos == 0 ? lm_encode(&cfg, &p, &kv, ids, (int)nids, logits, &err)
+                         : feed(&cfg, &p, &kv, ids, nids, logits, &err);
         free(ids);
         if (rc) goto fail;
         const double t1 = train_now_s();
@@ -300,6 +297,7 @@ fail:
     fprintf(stderr, "moh chat: %s\n", err.msg);
 done:
     if (have_kv) lm_kv_free(&kv);
+    quant_table_free(&own);
     free(sys);
     free(logits);
     free(cand);

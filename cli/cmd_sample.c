@@ -26,9 +26,11 @@ static uint64_t rng_next(uint64_t *s) {
 }
 
 /* Empties the cache and encodes tok[0..n) from position 0; logits are those after tok[n-1]; all
- * (may be NULL) [n, V] gets the logits after every token. */
+ * (may be NULL) [n, V] gets the logits after every token (token by token; else lm_encode's batched
+ * prefill). */
 static int encode(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, const int *tok, int n,
                   float *logits, float *all, moh_error *err) {
+    if (!all) return lm_encode(cfg, p, kv, tok, n, logits, err);
     lm_kv_reset(kv);
     for (int i = 0; i < n; i++) {
         if (lm_decode_step(cfg, p, kv, tok[i], logits, err)) return err->code;
@@ -85,13 +87,14 @@ int cmd_sample(int argc, char **argv) {
         {"--top-p", ARG_DOUBLE, &top_p, "P", "nucleus: of those, keep the smallest set with probability >= P (default 0.95)", false, ARG_IN_OC(0, 1)},
         {"--seed", ARG_U64, &seed, "S", "sampling seed (default 1)", false, ARG_ANY},
         {"--context-full", ARG_CHOICE, &full, "slide|stop", "when the context is full: slide (re-encode its last half and go on; default) or stop", false, ARG_ANY},
-        {"--precision", ARG_CHOICE, &precision, "fp32|bf16", "decode in fp32 (default) or from bf16 weights and a bf16 KV cache with fp32 accumulation (see below); a CPU without AVX-512 decodes in fp32 and says so", false, ARG_ANY},
+        CLI_DECODE_PRECISION_SPEC(&precision),
         CLI_DEVICE_SPEC(&device),
         {"--dump-logits", ARG_STR, &dump, "FILE", "debug: write the prompt's ids (tokens [1, n]), the logits after each from the KV cache (logits [1, n, V]) and from the full forward pass (logits_forward), and the generated ids (generated [1, g]) as safetensors", false, ARG_ANY},
     };
     int rc = args_parse("sample", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint PATH [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
-                        "                  [--seed S] [--context-full slide|stop] [--precision fp32|bf16] [--dump-logits FILE]",
+                        "                  [--seed S] [--context-full slide|stop] [--precision fp32|bf16|q8_0|q4_0|q4_1]\n"
+                        "                  [--dump-logits FILE]",
                         "Prints the prompt and its continuation to stdout, and speed and the share of\n"
                         "attention heads computed to stderr.\n"
                         "Sampling order (as transformers' generate()): logits / temperature, softmax;\n"
@@ -105,7 +108,10 @@ int cmd_sample(int argc, char **argv) {
                         "--precision bf16: a bf16 copy of the weights (made once) and a bf16 KV cache; every\n"
                         "product accumulates in fp32 (vdpbf16ps, or widened to fp32 on an AVX-512 CPU without\n"
                         "AVX512-BF16); norms, router, softmax and sampling fp32. A CPU without AVX-512 decodes\n"
-                        "in fp32 and says so. --dump-logits' full forward pass is fp32.\n");
+                        "in fp32 and says so. q8_0 / q4_0 / q4_1: the matrix-vector weights in ggml's blocks,\n"
+                        "each product's input quantised per 32 values, integer sums (vpdpbusd where the CPU has\n"
+                        "VNNI) scaled in fp32, as llama.cpp's CPU backend; a quantised .gguf decodes from its own\n"
+                        "blocks unless --precision says otherwise. --dump-logits' full forward pass is fp32.\n");
     if (rc) return rc == 1 ? 0 : rc;
     if (!ckpt == !model_path) {
         fprintf(stderr, "moh sample: %s\n", ckpt ? "--checkpoint and --model are the same option: give one"
@@ -119,7 +125,6 @@ int cmd_sample(int argc, char **argv) {
                         "dumps the prompt's logits alone)\n");
         return 2;
     }
-    const bool bf16 = cli_decode_bf16("sample", precision);
     const bool slide = !strcmp(full, "slide");
     moh_error err = {0};
     const model_family *fam = NULL;
@@ -163,18 +168,14 @@ int cmd_sample(int argc, char **argv) {
     uint8_t *piece = NULL; /* a decoded token (BPE models) */
     float *all = NULL;     /* --dump-logits: the prompt's ids and logits [n, V], the generated ids */
     int *ptok = NULL, *gen_ids = NULL, gen_cap = 0;
-    if (!logits || !c || !hist || (bf16 ? lm_kv_init_bf16(&kv, &cfg, &p, N, &err) : lm_kv_init(&kv, &cfg, N, &err))) {
+    quant_table own = {0};
+    if (!logits || !c || !hist || cli_decode_kv("sample", precision, &m, &kv, N, &own, &err)) {
         fprintf(stderr, "moh sample: %s\n", err.msg[0] ? err.msg : "out of memory");
         free(logits);
         free(c);
         free(hist);
         model_free(&m);
         return 1;
-    }
-    if (bf16) {
-        char d[160];
-        attn_decode_describe(&kv.dc, d, sizeof d);
-        fprintf(stderr, "moh sample: %s\n", d);
     }
     /* the prompt's tokens: bytes, or the model's BPE ids with its post-processor's (a bos id where
      * the tokenizer adds one, as llama.cpp and HF do); an empty prompt starts from a newline, the
@@ -293,6 +294,7 @@ done:
     free(ptok);
     free(gen_ids);
     lm_kv_free(&kv);
+    quant_table_free(&own);
     free(logits);
     free(c);
     free(hist);

@@ -227,6 +227,42 @@ bool cli_decode_bf16(const char *cmd, const char *value) {
     return false;
 }
 
+int cli_decode_kv(const char *cmd, const char *value, const model *m, lm_kv_cache *kv, int max_T, quant_table *own,
+                  moh_error *err) {
+    const moh_lm_config *cfg = m->cfg;
+    const lm_params_f32 *p = m->params;
+    memset(own, 0, sizeof *own);
+    int type = 0;
+    const quant_table *qt = NULL;
+    const char *from = "";
+    if (value && strcmp(value, "fp32") && strcmp(value, "bf16")) {
+        if (quant_type_parse(value, &type, err) || lm_quant_table(cfg, p, type, own, err)) return err->code;
+        qt = own;
+        from = "quantised here from the float weights: ";
+        if (!own->n) {
+            fprintf(stderr, "moh %s: --precision %s: no matrix has rows of whole 32-value blocks: decoding fp32\n", cmd,
+                    value);
+            quant_table_free(own);
+            return lm_kv_init(kv, cfg, max_T, err);
+        }
+    } else if (!value && m->quant) {
+        qt = m->quant;
+        from = "the file's own blocks: ";
+    }
+    int rc;
+    if (qt) rc = lm_kv_init_quant(kv, cfg, p, qt, max_T, err);
+    else if (cli_decode_bf16(cmd, value)) rc = lm_kv_init_bf16(kv, cfg, p, max_T, err);
+    else return lm_kv_init(kv, cfg, max_T, err);
+    if (rc) {
+        quant_table_free(own);
+        return rc;
+    }
+    char d[400];
+    attn_decode_describe(&kv->dc, d, sizeof d);
+    fprintf(stderr, "moh %s: decoding with %s%s%s\n", cmd, from, d, qt && !value ? " (--precision fp32 for float32)" : "");
+    return MOH_OK;
+}
+
 int cli_device(const char *cmd, const char *value, const char *model_type, const moh_backend **be) {
     moh_error err = {0};
     moh_device d = MOH_DEVICE_AUTO;

@@ -104,7 +104,7 @@ fi
 if grep -qw avx512bw /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo; then
   "$MOH" sample --checkpoint "$T/fp32" --prompt "verse 1" --max-tokens 30 --temperature 0 --precision bf16 \
     > "$T/sb.out" 2> "$T/sb.err" || bad "sample --precision bf16 exited $?"
-  check "grep -q '^moh sample: bf16 weights and KV cache' '$T/sb.err' && [ \$(wc -c < '$T/sb.out') -ge 37 ]" \
+  check "grep -q '^moh sample: decoding with bf16 weights and KV cache' '$T/sb.err' && [ \$(wc -c < '$T/sb.out') -ge 37 ]" \
         "sample bf16: $(cat "$T/sb.err")"
   MOH_NO_BF16=1 "$MOH" sample --checkpoint "$T/fp32" --prompt "verse 1" --max-tokens 30 --temperature 0 --precision bf16 \
     > /dev/null 2> "$T/sw.err" || bad "sample --precision bf16 without AVX512-BF16 exited $?"

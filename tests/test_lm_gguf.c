@@ -438,7 +438,7 @@ static void tensor_dims(test_ctx *ctx) {
         bpe_tok *tok = NULL;
         const bpe_spec sp = {.tokens = tk, .n_tokens = 4, .pre = BPE_PRE_GPT2};
         rc = bpe_create(&tok, &sp, &err);
-        if (!rc) rc = lm_gguf_export(&c, data, tok, -1, NULL, NULL, path, false, &err);
+        if (!rc) rc = lm_gguf_export(&c, data, tok, -1, NULL, NULL, path, MOH_GGML_F32, &err);
         bpe_free(tok);
         moh_gguf *h = NULL;
         moh_lm_config d;

@@ -113,7 +113,7 @@ static void product_tests(test_ctx *ctx) {
             for (int k = 0; k < nblk_all; k += (shape & 1) + 1) blk[nblk++] = k;
             for (int k = 0; k < nblk; k++) quant_act_set(&xa, x, (size_t)blk[k] * bw, (size_t)bw);
             for (int isa = QUANT_ISA_SCALAR; isa <= (int)top; isa++) {
-                if (isa == QUANT_ISA_AVXVNNI && !__builtin_cpu_supports("avxvnni")) continue;
+                if (!quant_isa_supported((quant_isa)isa)) continue;
                 for (int i = 0; i < R; i++) out[i] = NAN; /* poisoned */
                 quant_gemv(type, q, rb, shape & 2 ? b : NULL, &xa, blk, nblk, bw, R, out, (quant_isa)isa);
                 double e = 0;

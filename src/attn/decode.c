@@ -9,12 +9,12 @@
 /* Rows per task when a matrix-vector product runs on the team. */
 #define TASK_ROWS 64
 
-int attn_decode_init(attn_decode *dc, int nkv, int d, int max_T, size_t max_in, int max_tasks, const float *params,
-                     size_t n, moh_error *err) {
+/* The store: bf16 K/V (b16) or fp32, the head ranges. */
+static int store_init(attn_decode *dc, int nkv, int d, int max_T, size_t max_in, int max_tasks, bool b16,
+                      moh_error *err) {
     memset(dc, 0, sizeof *dc);
     if (max_T < 1 || nkv < 1 || d < 1 || max_tasks < 1)
         return moh_fail(err, MOH_E_ARG, "KV cache: %d tokens, %d heads of %d, expected >= 1 each", max_T, nkv, d);
-    const bool b16 = params != NULL;
     const size_t Tp = (size_t)max_T + (max_T & 1), heads = (size_t)nkv;
     dc->hstride = (b16 ? Tp : (size_t)max_T) * d;
     const size_t nr = (size_t)max_tasks * (size_t)d / TASK_ROWS + (size_t)max_tasks + 1; /* see head_ranges */
@@ -31,12 +31,6 @@ int attn_decode_init(attn_decode *dc, int nkv, int d, int max_T, size_t max_in, 
     if (b16) {
         dc->vb = dc->kb + heads * dc->hstride;
         dc->xb = dc->vb + heads * dc->hstride;
-        if (bf16_mirror_init(&dc->w16, params, n, err)) {
-            attn_decode_free(dc);
-            return err->code;
-        }
-        bf16_mirror_sync(&dc->w16);
-        dc->bf16 = true;
         dc->isa = sparse_bf16_isa_detect();
     } else {
         dc->v = dc->k + heads * dc->hstride;
@@ -47,8 +41,35 @@ int attn_decode_init(attn_decode *dc, int nkv, int d, int max_T, size_t max_in, 
     return MOH_OK;
 }
 
+int attn_decode_init(attn_decode *dc, int nkv, int d, int max_T, size_t max_in, int max_tasks, const float *params,
+                     size_t n, moh_error *err) {
+    if (store_init(dc, nkv, d, max_T, max_in, max_tasks, params != NULL, err)) return err->code;
+    if (!params) return MOH_OK;
+    if (bf16_mirror_init(&dc->w16, params, n, err)) {
+        attn_decode_free(dc);
+        return err->code;
+    }
+    bf16_mirror_sync(&dc->w16);
+    dc->bf16 = true;
+    return MOH_OK;
+}
+
+int attn_decode_init_quant(attn_decode *dc, int nkv, int d, int max_T, size_t max_in, int max_tasks,
+                           const quant_table *qt, moh_error *err) {
+    if (!qt || !qt->base) return moh_fail(err, MOH_E_ARG, "quantised KV cache: no table of quantised matrices");
+    if (store_init(dc, nkv, d, max_T, max_in, max_tasks, true, err)) return err->code;
+    if (quant_act_init(&dc->xa, max_in, err)) {
+        attn_decode_free(dc);
+        return err->code;
+    }
+    dc->qt = qt;
+    dc->qisa = quant_isa_detect();
+    return MOH_OK;
+}
+
 void attn_decode_free(attn_decode *dc) {
     bf16_mirror_free(&dc->w16);
+    quant_act_free(&dc->xa);
     free(dc->k);
     free(dc->kb);
     free(dc->ranges);
@@ -59,13 +80,16 @@ int attn_decode_check(const attn_decode *dc, const float *params, size_t n, moh_
     if (dc->bf16 && (params != dc->w16.src || n != dc->w16.n))
         return moh_fail(err, MOH_E_ARG, "bf16 KV cache: parameters other than the %zu values it was built for",
                         dc->w16.n);
+    if (dc->qt && (params != dc->qt->base || n != dc->qt->nbase))
+        return moh_fail(err, MOH_E_ARG, "quantised KV cache: parameters other than the %zu values its table was built for",
+                        dc->qt->nbase);
     return MOH_OK;
 }
 
 void attn_decode_write(attn_decode *dc, int head, int pos, int n, const float *k, const float *v) {
     const int d = dc->d;
     const size_t base = (size_t)head * dc->hstride;
-    if (!dc->bf16) {
+    if (!dc->kb) {
         memcpy(dc->k + base + (size_t)pos * d, k, sizeof(float) * (size_t)n * d);
         memcpy(dc->v + base + (size_t)pos * d, v, sizeof(float) * (size_t)n * d);
         return;
@@ -79,15 +103,40 @@ void attn_decode_write(attn_decode *dc, int head, int pos, int n, const float *k
     }
 }
 
-/* dc->xb[off .. off + n) = bf16(x[off ..]): the vdpbf16ps kernels' copy of a product's input. */
-static void input16(attn_decode *dc, const float *x, size_t off, size_t n) {
+/* A product's input x[off .. off + n) in the kernels' form: bf16 in xb for the vdpbf16ps kernels,
+ * quantised per 32 into xa (off and n multiples of 32; otherwise the product runs fp32). */
+static void prepare_input(attn_decode *dc, const float *x, size_t off, size_t n) {
     if (dc->bf16 && dc->isa == SPARSE_BF16_DP) bf16_from_f32(dc->xb + off, x + off, n);
+    if (dc->qt && off % QUANT_BLOCK == 0 && n % QUANT_BLOCK == 0) quant_act_set(&dc->xa, x, off, n);
 }
 
-/* Rows r0 .. r1 of W x over column blocks blk, in the store's precision (x already in xb for bf16). */
+/* Rows r0 .. r1 of W x over column blocks blk of width d from the table's blocks: each run of rows
+ * one entry holds (whole rows of ldw columns, d a multiple of 32) goes to quant_gemv, anything
+ * else to the fp32 product on the float rows (the same values before quantisation). */
+static void gemv_rows_quant(const attn_decode *dc, float *out, const float *w, long ldw, const float *b,
+                            const float *x, const int *blk, int nblk, int d, int r0, int r1) {
+    const quant_table *t = dc->qt;
+    while (r0 < r1) {
+        const float *row = w + (size_t)r0 * (size_t)ldw;
+        const quant_mat *e = quant_table_find(t, row);
+        const size_t at = e ? (size_t)(row - t->base) - e->off : 0;
+        if (!e || e->cols != ldw || at % (size_t)ldw || d % QUANT_BLOCK) {
+            sparse_decode_gemv_f32(w, ldw, b, x, blk, nblk, d, r0, r1, out);
+            return;
+        }
+        const int64_t re = (int64_t)(at / (size_t)ldw), left = e->rows - re;
+        const int n = left < r1 - r0 ? (int)left : r1 - r0;
+        quant_gemv(e->type, e->data + (size_t)re * e->row_bytes, e->row_bytes, b ? b + r0 : NULL, &dc->xa, blk, nblk,
+                   d, n, out + r0, dc->qisa);
+        r0 += n;
+    }
+}
+
+/* Rows r0 .. r1 of W x over column blocks blk, in the store's precision (x already prepared). */
 static void gemv_rows(const attn_decode *dc, float *out, const float *w, long ldw, const float *b, const float *x,
                       const int *blk, int nblk, int d, int r0, int r1) {
-    if (dc->bf16)
+    if (dc->qt) gemv_rows_quant(dc, out, w, ldw, b, x, blk, nblk, d, r0, r1);
+    else if (dc->bf16)
         sparse_decode_gemv_bf16(bf16_mirror_of(&dc->w16, w), ldw, b, x, dc->xb, blk, nblk, d, r0, r1, out, dc->isa);
     else
         sparse_decode_gemv_f32(w, ldw, b, x, blk, nblk, d, r0, r1, out);
@@ -115,7 +164,7 @@ static int head_ranges(int *rr, const int *task, int ntask, int d, int piece) {
 void attn_decode_head_rows(attn_decode *dc, float *out, const float *w, const float *b, const float *x,
                            const int *task, int ntask, int d, int C) {
     static const int whole[1] = {0};
-    input16(dc, x, 0, (size_t)C);
+    prepare_input(dc, x, 0, (size_t)C);
     int *rr = dc->ranges;
     if ((long)ntask * d * C < dc->par_work) { /* on this thread, with no OpenMP call */
         const int n = head_ranges(rr, task, ntask, d, INT_MAX);
@@ -129,7 +178,7 @@ void attn_decode_head_rows(attn_decode *dc, float *out, const float *w, const fl
 
 void attn_decode_blocks(attn_decode *dc, float *out, const float *w, long ldw, const float *b, const float *x,
                         const int *blk, int nblk, int d, int R) {
-    for (int k = 0; k < nblk; k++) input16(dc, x, (size_t)blk[k] * d, (size_t)d);
+    for (int k = 0; k < nblk; k++) prepare_input(dc, x, (size_t)blk[k] * d, (size_t)d);
     if ((long)R * nblk * d < dc->par_work) {
         gemv_rows(dc, out, w, ldw, b, x, blk, nblk, d, 0, R);
         return;
@@ -153,7 +202,7 @@ static void attend_head(const attn_decode *dc, size_t at, int i, int npos, const
     const int d = dc->d;
     const float *qi = q + (size_t)i * d;
     float *sc = scores + (size_t)i * dc->max_T, *o = og + (size_t)i * d;
-    if (dc->bf16) sparse_decode_attend_bf16(qi, dc->kb + at, dc->vb + at, d, npos, d, gate, sc, o, dc->isa);
+    if (dc->kb) sparse_decode_attend_bf16(qi, dc->kb + at, dc->vb + at, d, npos, d, gate, sc, o, dc->isa);
     else sparse_decode_attend_f32(qi, dc->k + at, dc->v + at, d, npos, d, gate, sc, o);
 }
 
@@ -211,7 +260,7 @@ void attn_decode_calibrate(attn_decode *dc, const float *w, int rows, int C, flo
     for (int c = 0; c < C; c++) x[c] = (float)((c % 7) - 3) * 0.25f;
     for (int i = 0; i < NGEMV; i++) { /* on this thread, in the store's precision */
         const double t0 = omp_get_wtime();
-        input16(dc, x, 0, (size_t)C);
+        prepare_input(dc, x, 0, (size_t)C);
         gemv_rows(dc, out, w, C, NULL, x, whole, 1, C, 0, rows);
         const double dt = omp_get_wtime() - t0;
         best = dt < best ? dt : best;
@@ -238,7 +287,12 @@ void attn_decode_describe_split(const attn_decode *dc, char *out, size_t cap) {
 }
 
 void attn_decode_describe(const attn_decode *dc, char *out, size_t cap) {
-    if (!dc->bf16) snprintf(out, cap, "fp32");
+    if (dc->qt) {
+        char m[160];
+        quant_table_describe(dc->qt, m, sizeof m);
+        snprintf(out, cap, "quantised matrices %s, %s kernels; bf16 KV cache (%s); fp32 accumulation, other "
+                 "matrices fp32", m, quant_isa_name(dc->qisa), sparse_bf16_isa_name(dc->isa));
+    } else if (!dc->bf16) snprintf(out, cap, "fp32");
     else
         snprintf(out, cap, "bf16 weights and KV cache, %s kernels, fp32 accumulation (norms, router, softmax fp32)",
                  sparse_bf16_isa_name(dc->isa));

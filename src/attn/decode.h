@@ -5,7 +5,9 @@
  *
  * Precision is chosen once, at init: fp32, or bf16 (a bf16 copy of the parameter buffer and a
  * bf16 KV store, fp32 accumulation; the instruction set, vdpbf16ps or widened AVX-512 or portable
- * loops, picked at run time inside). Each product goes to the OpenMP team only when it is worth
+ * loops, picked at run time inside), or quantised (attn_decode_init_quant: the matrices of a
+ * quant_table in ggml's Q8_0 / Q4_0 / Q4_1 blocks times an activation quantised per 32 values, on
+ * the integer units; a bf16 KV store; a matrix the table lacks runs fp32). Each product goes to the OpenMP team only when it is worth
  * waking it (attn_decode_calibrate). Callers (models/lm_decode.c) name no kernel or instruction set. */
 #ifndef MOH_ATTN_DECODE_H
 #define MOH_ATTN_DECODE_H
@@ -16,19 +18,23 @@
 #include "attn/attn.h"
 #include "attn/sparse.h"
 #include "ops/bf16.h"
+#include "ops/quant.h"
 
 typedef struct attn_decode {
     int max_T;             /* capacity in positions */
     int d;                 /* head_dim */
     int nkv;               /* KV heads stored (layers x n_kv_heads) */
     size_t hstride;        /* elements per stored head: fp32 max_T d; bf16 Tp d, Tp = max_T rounded up to even */
-    float *k, *v;          /* fp32: [nkv, max_T, d] keys (after RoPE) and values; bf16: NULL */
-    bool bf16;
-    uint16_t *kb;          /* bf16: [nkv, Tp, d] keys */
-    uint16_t *vb;          /* bf16: [nkv, Tp / 2, d, 2] values, positions 2t and 2t + 1 interleaved */
+    float *k, *v;          /* fp32: [nkv, max_T, d] keys (after RoPE) and values; bf16, quant: NULL */
+    bool bf16;             /* bf16 weights (w16) and a bf16 KV store */
+    uint16_t *kb;          /* bf16, quant: [nkv, Tp, d] keys */
+    uint16_t *vb;          /* bf16, quant: [nkv, Tp / 2, d, 2] values, positions 2t and 2t + 1 interleaved */
     uint16_t *xb;          /* bf16: [max_in] the current product's input in bf16 (vdpbf16ps) */
     bf16_mirror w16;       /* bf16: copy of the parameter buffer given at init (owned) */
     sparse_bf16_isa isa;   /* bf16 kernels (detected at init; tests may lower it) */
+    const quant_table *qt; /* quant: the quantised matrices (borrowed: outlives dc), else NULL */
+    quant_act xa;          /* quant: [max_in] the current product's input, quantised per 32 */
+    quant_isa qisa;        /* quant kernels (detected at init; tests may lower it) */
     int *ranges;           /* row ranges of head tasks (attn_decode_head_rows) */
     /* Team split (attn_decode_calibrate; 0 until then): a product of at least par_work
      * multiply-adds (attention: ATTN_DECODE_WORK per head, key and element) runs on the OpenMP team,
@@ -50,8 +56,13 @@ typedef struct attn_decode {
  * < 1), MOH_E_NOMEM; nothing allocated on error. */
 int attn_decode_init(attn_decode *dc, int nkv, int d, int max_T, size_t max_in, int max_tasks, const float *params,
                      size_t n, moh_error *err);
+/* As attn_decode_init with the matrices of qt (its base: the parameter buffer) run from their
+ * blocks, every other product fp32, K and V in bf16. qt is borrowed and must outlive dc. MOH_OK,
+ * MOH_E_ARG, MOH_E_NOMEM; nothing allocated on error. */
+int attn_decode_init_quant(attn_decode *dc, int nkv, int d, int max_T, size_t max_in, int max_tasks,
+                           const quant_table *qt, moh_error *err);
 void attn_decode_free(attn_decode *dc);
-/* A bf16 store runs only the parameter buffer it copied: MOH_E_ARG naming it otherwise. */
+/* A bf16 or quantised store runs only the parameter buffer it was built for: MOH_E_ARG otherwise. */
 int attn_decode_check(const attn_decode *dc, const float *params, size_t n, moh_error *err);
 
 /* Stores n positions pos .. pos + n (< max_T) of head (layer l, KV head g: l n_kv_heads + g): k,
@@ -89,7 +100,8 @@ void attn_decode_calibrate(attn_decode *dc, const float *w, int rows, int C, flo
 void attn_decode_copy_split(attn_decode *dst, const attn_decode *src);
 /* "team of N: start-up X us, one thread Y GMAC/s: split from W multiply-adds", or not calibrated. */
 void attn_decode_describe_split(const attn_decode *dc, char *out, size_t cap);
-/* "fp32", or "bf16 weights and KV cache, <kernels> kernels, fp32 accumulation (...)". */
+/* "fp32", "bf16 weights and KV cache, <kernels> kernels, fp32 accumulation (...)", or the
+ * quantised matrices, their kernels and the bf16 KV cache. */
 void attn_decode_describe(const attn_decode *dc, char *out, size_t cap);
 /* The precision decoding runs when `asked` is asked for: bf16 on a CPU with AVX-512F/BW, else fp32
  * with why[cap] saying so ("" when nothing was refused). */

@@ -1,7 +1,9 @@
-/* GGUF writer (layout in gguf.h): metadata and F32 / F16 tensors, written as gguf-py's GGUFWriter
+/* GGUF writer (layout in gguf.h): metadata and F32 / F16 / Q8_0 / Q4_0 / Q4_1 tensors, written as gguf-py's GGUFWriter
  * writes version 3 files (alignment 32, tensors in the order added, each padded), streamed to a
  * temporary file that is fsynced and renamed over the target (a crash leaves the old file). */
 #include "io/gguf_write.h"
+
+#include "ops/quant.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -134,10 +136,14 @@ void moh_gguf_add_arr_f32(moh_gguf_writer *w, const char *key, const float *v, u
 
 int moh_gguf_add_tensor(moh_gguf_writer *w, const char *name, int n_dims, const int64_t *ne, int type,
                         const float *data, moh_error *err) {
-    if ((type != MOH_GGML_F32 && type != MOH_GGML_F16) || n_dims < 1 || n_dims > MOH_GGUF_MAX_DIMS ||
+    const bool quant = quant_supported(type);
+    if ((type != MOH_GGML_F32 && type != MOH_GGML_F16 && !quant) || n_dims < 1 || n_dims > MOH_GGUF_MAX_DIMS ||
         strlen(name) >= 64)
-        return moh_fail(err, MOH_E_ARG, "gguf writer: tensor '%s': expected F32 or F16, 1..4 dims, a name under 64 "
-                        "bytes", name);
+        return moh_fail(err, MOH_E_ARG, "gguf writer: tensor '%s': expected F32, F16, Q8_0, Q4_0 or Q4_1, 1..4 dims, a "
+                        "name under 64 bytes", name);
+    if (quant && ne[0] % QUANT_BLOCK)
+        return moh_fail(err, MOH_E_ARG, "gguf writer: tensor '%s': rows of %lld values, expected a multiple of %d for %s",
+                        name, (long long)ne[0], QUANT_BLOCK, quant_type_name(type));
     if (w->n_t == w->cap_t) {
         const int cap = w->cap_t ? 2 * w->cap_t : 64;
         tensor *t = realloc(w->ts, sizeof *t * (size_t)cap);
@@ -147,8 +153,8 @@ int moh_gguf_add_tensor(moh_gguf_writer *w, const char *name, int n_dims, const 
     }
     uint64_t count = 1;
     for (int d = 0; d < n_dims; d++) count *= (uint64_t)ne[d];
-    for (uint64_t i = 0; type == MOH_GGML_F16 && i < count; i++)
-        if (!(fabsf(data[i]) < 65520.0f)) /* rounds to float16's infinity (or is not finite) */
+    for (uint64_t i = 0; (type == MOH_GGML_F16 || quant) && i < count; i++)
+        if (!(fabsf(data[i]) < 65520.0f)) /* (a block's scale is an f16 too) */ /* rounds to float16's infinity (or is not finite) */
             return moh_fail(err, MOH_E_ARG, "gguf writer: tensor '%s' holds %g at element %" PRIu64 ", beyond float16's "
                             "range (+-65504): write it as F32 (--outtype f32)", name, (double)data[i], i);
     tensor *t = &w->ts[w->n_t];
@@ -162,7 +168,7 @@ int moh_gguf_add_tensor(moh_gguf_writer *w, const char *name, int n_dims, const 
         numel *= (uint64_t)t->ne[d];
     }
     t->data = data;
-    t->nbytes = numel * (type == MOH_GGML_F32 ? 4 : 2);
+    t->nbytes = quant ? numel / QUANT_BLOCK * quant_block_bytes(type) : numel * (type == MOH_GGML_F32 ? 4 : 2);
     w->n_t++;
     return MOH_OK;
 }
@@ -247,7 +253,16 @@ int moh_gguf_write(const moh_gguf_writer *w, const char *path, moh_error *err) {
         const tensor *t = &w->ts[i];
         const uint64_t numel = t->nbytes / (t->type == MOH_GGML_F32 ? 4 : 2);
         if (t->type == MOH_GGML_F32) ok = put(f, t->data, (size_t)t->nbytes);
-        else
+        else if (quant_supported(t->type)) { /* row by row, as ggml's quantize_row_*_ref */
+            const size_t rb = (size_t)(t->ne[0] / QUANT_BLOCK) * quant_block_bytes(t->type);
+            uint8_t *row = malloc(rb);
+            ok = row != NULL;
+            for (uint64_t r = 0; ok && r < t->nbytes / rb; r++) {
+                quant_row(t->type, t->data + r * (uint64_t)t->ne[0], t->ne[0], row);
+                ok = put(f, row, rb);
+            }
+            free(row);
+        } else
             for (uint64_t j = 0; ok && j < numel; j += 4096) {
                 const uint64_t k = numel - j < 4096 ? numel - j : 4096;
                 for (uint64_t q = 0; q < k; q++) buf[q] = to_half(t->data[j + q]);

@@ -22,7 +22,8 @@ static double lap(double *ph, int i, double t) {
 
 /* The cache's allocations: the decode side (K/V; bf16: the weights' copy of p), fp32
  * activations, the head lists, the router scratch. */
-static int kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, int max_T, moh_error *err) {
+static int kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, const quant_table *qt,
+                   int max_T, moh_error *err) {
     memset(kv, 0, sizeof *kv);
     if (max_T < 1) return moh_fail(err, MOH_E_ARG, "KV cache: %d tokens, expected >= 1", max_T);
     const moh_attn_config *a = &cfg->attn;
@@ -31,8 +32,9 @@ static int kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f3
     const int nt = a->n_heads + 2 * a->n_kv_heads;
     size_t xn = C > hd ? C : hd;
     xn = xn > I ? xn : I;
-    if (attn_decode_init(&kv->dc, cfg->num_hidden_layers * a->n_kv_heads, a->head_dim, max_T, xn, nt,
-                         p ? p->data : NULL, p ? p->n : 0, err))
+    const int nkv = cfg->num_hidden_layers * a->n_kv_heads;
+    if (qt ? attn_decode_init_quant(&kv->dc, nkv, a->head_dim, max_T, xn, nt, qt, err)
+           : attn_decode_init(&kv->dc, nkv, a->head_dim, max_T, xn, nt, p ? p->data : NULL, p ? p->n : 0, err))
         return err->code;
     /* scores: one [max_T] row per query head, so heads can run in parallel */
     const size_t sizes[] = {C, C, qd, hd, C, I, I, (size_t)a->n_heads * max_T};
@@ -60,11 +62,63 @@ static int kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f3
 }
 
 int lm_kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, int max_T, moh_error *err) {
-    return kv_init(kv, cfg, NULL, max_T, err);
+    return kv_init(kv, cfg, NULL, NULL, max_T, err);
 }
 
 int lm_kv_init_bf16(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, int max_T, moh_error *err) {
-    return kv_init(kv, cfg, p, max_T, err);
+    return kv_init(kv, cfg, p, NULL, max_T, err);
+}
+
+int lm_kv_init_quant(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, const quant_table *qt,
+                     int max_T, moh_error *err) {
+    if (!qt || qt->base != p->data || qt->nbase != p->n)
+        return moh_fail(err, MOH_E_ARG, "quantised KV cache: the table of quantised matrices is not of these parameters");
+    return kv_init(kv, cfg, p, qt, max_T, err);
+}
+
+typedef struct qmat {
+    const float *w;
+    int64_t rows, cols;
+} qmat;
+
+static int cmp_qmat(const void *a, const void *b) {
+    const float *x = ((const qmat *)a)->w, *y = ((const qmat *)b)->w;
+    return (x > y) - (x < y);
+}
+
+int lm_quant_table(const moh_lm_config *cfg, const lm_params_f32 *p, int type, quant_table *qt, moh_error *err) {
+    memset(qt, 0, sizeof *qt);
+    if (!quant_supported(type)) return moh_fail(err, MOH_E_ARG, "quantise: ggml type %d, expected q8_0, q4_0 or q4_1", type);
+    const moh_attn_config *a = &cfg->attn;
+    const int L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size;
+    const int nm = 5 * L + 1;
+    qmat *m = malloc(sizeof *m * (size_t)nm);
+    if (!m) return moh_fail(err, MOH_E_NOMEM, "quantise: out of memory");
+    int n = 0;
+    for (int l = 0; l < L; l++) {
+        const lm_block_f32 *b = &p->blocks[l];
+        m[n++] = (qmat){b->attn.w_qkv, attn_qkv_dim(a), C};
+        if (a->head_dim % QUANT_BLOCK == 0) /* W_O is read per head: whole blocks only */
+            m[n++] = (qmat){b->attn.w_o, C, (int64_t)a->n_heads * a->head_dim};
+        m[n++] = (qmat){b->w_gate, I, C};
+        m[n++] = (qmat){b->w_up, I, C};
+        m[n++] = (qmat){b->w_down, C, I};
+    }
+    m[n++] = (qmat){p->lm_head, cfg->vocab_size, C};
+    qsort(m, (size_t)n, sizeof *m, cmp_qmat);
+    size_t bytes = 0;
+    int keep = 0; /* whole blocks only (another width runs fp32); a tied head once */
+    for (int i = 0; i < n; i++)
+        if (m[i].cols % QUANT_BLOCK == 0 && (!keep || m[i].w != m[keep - 1].w)) {
+            m[keep++] = m[i];
+            bytes += (size_t)(m[i].rows * (m[i].cols / QUANT_BLOCK)) * quant_block_bytes(type);
+        }
+    int rc = quant_table_init(qt, p->data, p->n, keep, bytes, err);
+    for (int i = 0; i < keep && !rc; i++)
+        rc = quant_table_quantize(qt, (size_t)(m[i].w - p->data), m[i].rows, m[i].cols, type, err);
+    free(m);
+    if (rc) quant_table_free(qt);
+    return rc;
 }
 
 void lm_kv_free(lm_kv_cache *kv) {
@@ -109,7 +163,9 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
     if (kv->dc.par_work <= 0 && lm_kv_calibrate(kv, cfg, p, err)) return err->code;
     attn_decode *dc = &kv->dc;
     double *ph = kv->phase_s, t = omp_get_wtime();
-    embedding_forward_f32(kv->x, &token, p->embed, 1, C);
+    /* a quantised cache embeds from the table's blocks where it holds the embedding (a tied head,
+     * a GGUF token_embd), as llama.cpp's get_rows does */
+    if (!quant_table_row(dc->qt, p->embed + (size_t)token * C, C, kv->x)) embedding_forward_f32(kv->x, &token, p->embed, 1, C);
     float rstd;
     for (int l = 0; l < L; l++) {
         const lm_block_f32 *b = &p->blocks[l];
@@ -273,4 +329,22 @@ int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv
     lap(ph, LM_PH_HEAD, t);
     kv->pos = n;
     return MOH_OK;
+}
+
+int lm_encode(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, const int *tok, int n, float *logits,
+              moh_error *err) {
+    if (n < 1 || n > kv->max_T)
+        return moh_fail(err, MOH_E_ARG, "encode: %d tokens, expected 1..%d (the KV cache)", n, kv->max_T);
+    lm_kv_reset(kv);
+    if (n < LM_ENCODE_BATCH) {
+        for (int i = 0; i < n; i++)
+            if (lm_decode_step(cfg, p, kv, tok[i], logits, err)) return err->code;
+        return MOH_OK;
+    }
+    lm_prefill_ws w;
+    if (lm_prefill_init(&w, cfg, n, err)) return err->code;
+    int rc = kv->dc.bf16 ? lm_prefill_set_bf16(&w, cfg, kv, err) : MOH_OK;
+    if (!rc) rc = lm_prefill(cfg, p, kv, &w, tok, n, logits, err);
+    lm_prefill_free(&w);
+    return rc;
 }

@@ -10,7 +10,11 @@
  * bf16 (lm_kv_init_bf16): the cache owns a bf16 copy of the parameter buffer, made once at init,
  * and keeps K and V in bf16; every matrix-vector product (q/k/v, W_O, MLP, LM head) and the
  * attention read bf16 and accumulate in fp32; embedding, RMSNorm, router, RoPE, softmax, SwiGLU
- * and the residual stream stay fp32. Decode reads about half the bytes per token. */
+ * and the residual stream stay fp32. Decode reads about half the bytes per token.
+ *
+ * Quantised (lm_kv_init_quant): the same products from ggml Q8_0 / Q4_0 / Q4_1 blocks (a GGUF
+ * file's own, or lm_quant_table's) times the input quantised per 32 values, as llama.cpp's CPU
+ * backend computes them; K and V in bf16. A prefill computes from the float weights. */
 #ifndef MOH_LM_DECODE_H
 #define MOH_LM_DECODE_H
 #include "attn/decode.h"
@@ -50,6 +54,17 @@ int lm_kv_init(lm_kv_cache *kv, const moh_lm_config *cfg, int max_T, moh_error *
  * once; p must stay unchanged and be the p given to every lm_decode_step / lm_prefill on this
  * cache). Works on any CPU (attn_decode_precision says whether it pays). MOH_OK, MOH_E_NOMEM. */
 int lm_kv_init_bf16(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, int max_T, moh_error *err);
+/* A cache decoding p with the matrices of qt (lm_quant_table, lm_gguf_quant_table: its base is
+ * p->data) from their quantised blocks on the integer units, every other product fp32, K and V
+ * in bf16 (attn_decode_init_quant). qt is borrowed: it must outlive the cache. MOH_OK, MOH_E_ARG
+ * (qt is of another buffer), MOH_E_NOMEM. */
+int lm_kv_init_quant(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, const quant_table *qt,
+                     int max_T, moh_error *err);
+/* Quantises p's matrix-vector weights (every layer's W_qkv, W_O, gate, up, down; the LM head, once
+ * when tied) into ggml blocks of `type` (MOH_GGML_Q8_0 / _Q4_0 / _Q4_1, as ggml's quantize_row_*_ref)
+ * held by qt (owned; quant_table_free). A matrix whose width is not a multiple of 32 is left out
+ * (decoded fp32). MOH_OK, MOH_E_ARG (type), MOH_E_NOMEM; qt empty on error. */
+int lm_quant_table(const moh_lm_config *cfg, const lm_params_f32 *p, int type, quant_table *qt, moh_error *err);
 void lm_kv_free(lm_kv_cache *kv);
 /* Empties the cache (pos = 0) without freeing it. */
 void lm_kv_reset(lm_kv_cache *kv);
@@ -110,4 +125,13 @@ void lm_prefill_free(lm_prefill_ws *w);
  * or w was set to bf16 for another cache. */
 int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, lm_prefill_ws *w,
                const int *tok, int n, float *logits, moh_error *err);
+
+/* Prompts of at least this many tokens are encoded by a batched prefill (lm_encode). */
+#define LM_ENCODE_BATCH 8
+/* Empties the cache and encodes tok[0..n) (1 <= n <= kv->max_T) from position 0, leaving the
+ * logits after tok[n-1]: from LM_ENCODE_BATCH tokens a batched lm_prefill with a workspace made
+ * for these n (bf16 on a bf16 cache; fp32 on a quantised one), below that lm_decode_step per
+ * token. MOH_OK, MOH_E_ARG (n; a token out of range), MOH_E_NOMEM. */
+int lm_encode(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, const int *tok, int n, float *logits,
+              moh_error *err);
 #endif

@@ -420,12 +420,18 @@ static int from_gguf(model *m, const void *gg, const char *path, moh_error *err)
     int rc = lm_gguf_config(g, path, cfg, err);
     if (!rc) rc = model_params_new(&lm_family, cfg, &m->params, &m->data, &m->n, err);
     if (!rc) rc = lm_gguf_weights(g, path, cfg, m->data, err);
+    quant_table qt;
+    if (!rc && !(rc = lm_gguf_quant_table(g, path, cfg, m->data, m->n, &qt, err))) {
+        if (qt.n && (m->quant = malloc(sizeof qt))) *m->quant = qt;
+        else if (qt.n) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
+        if (!m->quant) quant_table_free(&qt);
+    }
     if (rc) model_free(m);
     return rc;
 }
 
-static int to_gguf(const model *m, const char *path, bool f16, const void *src, moh_error *err) {
-    return lm_gguf_export(m->cfg, m->data, m->tokenizer, m->eos_id, m->chat_template, src, path, f16, err);
+static int to_gguf(const model *m, const char *path, int wtype, const void *src, moh_error *err) {
+    return lm_gguf_export(m->cfg, m->data, m->tokenizer, m->eos_id, m->chat_template, src, path, wtype, err);
 }
 
 const model_family lm_family = {

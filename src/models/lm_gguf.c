@@ -211,6 +211,68 @@ static void qk_rows(const float *src, float *dst, int heads, int d, int64_t cols
             }
 }
 
+typedef struct qentry {
+    const model_tensor *e;
+    const moh_gguf_tensor *t;
+    bool qk;
+} qentry;
+
+static int cmp_qentry(const void *a, const void *b) {
+    const size_t x = ((const qentry *)a)->e->offset, y = ((const qentry *)b)->e->offset;
+    return (x > y) - (x < y);
+}
+
+int lm_gguf_quant_table(const moh_gguf *g, const char *path, const moh_lm_config *cfg, const float *data, size_t n,
+                        quant_table *qt, moh_error *err) {
+    memset(qt, 0, sizeof *qt);
+    int nt = 0;
+    model_tensor *ts = lm_tensors_named(cfg, MODEL_NAMES_GGUF, &nt);
+    qentry *q = ts ? malloc(sizeof *q * (size_t)(nt > 0 ? nt : 1)) : NULL;
+    if (!q) {
+        free(ts);
+        return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
+    }
+    int nq = 0;
+    size_t bytes = 0;
+    static const char qs[] = ".attn_q.weight", ks[] = ".attn_k.weight";
+    for (int i = 0; i < nt; i++) {
+        const moh_gguf_tensor *t = moh_gguf_find_tensor(g, ts[i].name);
+        if (!t || ts[i].ndim != 2 || !quant_supported(t->type) || t->ne[0] != ts[i].shape[1] ||
+            t->ne[1] != ts[i].shape[0])
+            continue; /* lm_gguf_weights has checked every shape; float tensors decode fp32 */
+        const size_t len = strlen(ts[i].name), sl = sizeof qs - 1;
+        const bool qk = len > sl && (!strcmp(ts[i].name + len - sl, qs) || !strcmp(ts[i].name + len - sl, ks));
+        q[nq++] = (qentry){&ts[i], t, qk};
+        bytes += (size_t)t->nbytes;
+    }
+    qsort(q, (size_t)nq, sizeof *q, cmp_qentry);
+    int rc = quant_table_init(qt, data, n, nq, bytes, err);
+    for (int i = 0; i < nq && !rc; i++) {
+        const moh_gguf_tensor *t = q[i].t;
+        uint8_t *room = NULL;
+        if ((rc = quant_table_add(qt, q[i].e->offset, t->ne[1], t->ne[0], t->type, NULL, &room, err))) break;
+        const size_t rb = qt->m[qt->n - 1].row_bytes;
+        if (!q[i].qk) {
+            memcpy(room, t->data, (size_t)t->ne[1] * rb);
+            continue;
+        }
+        /* HF row hh d + s d/2 + j is ggml row hh d + 2 j + s (qk_rows) */
+        const int d = cfg->head_dim, half = d / 2, heads = (int)(t->ne[1] / d);
+        for (int hh = 0; hh < heads; hh++)
+            for (int j = 0; j < half; j++)
+                for (int sgn = 0; sgn < 2; sgn++)
+                    memcpy(room + (size_t)(hh * d + sgn * half + j) * rb, t->data + (size_t)(hh * d + 2 * j + sgn) * rb, rb);
+    }
+    if (rc) {
+        quant_table_free(qt);
+        const size_t used = strlen(err->msg);
+        snprintf(err->msg + used, sizeof err->msg - used, " (%s)", path);
+    }
+    free(q);
+    free(ts);
+    return rc;
+}
+
 int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cfg, float *data, moh_error *err) {
     int nt = 0;
     model_tensor *ts = lm_tensors_named(cfg, MODEL_NAMES_GGUF, &nt);
@@ -272,7 +334,7 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
 }
 
 int lm_gguf_export(const moh_lm_config *cfg, const float *data, const bpe_tok *tok, int eos_id,
-                   const char *chat_template, const moh_gguf *from, const char *path, bool f16, moh_error *err) {
+                   const char *chat_template, const moh_gguf *from, const char *path, int wtype, moh_error *err) {
     if (cfg->router != MOH_ROUTER_NONE)
         return moh_fail(err, MOH_E_ARG, "%s: the checkpoint routes heads (router %s, %d shared + top-%d of %d): llama.cpp "
                         "runs dense multi-head attention only, so a MoH model cannot be exported to GGUF", path,
@@ -301,7 +363,11 @@ int lm_gguf_export(const moh_lm_config *cfg, const float *data, const bpe_tok *t
     if (!rc) { /* the llama.* metadata llama.cpp's loader reads (convert_hf_to_gguf.py LlamaModel) */
         moh_gguf_add_str(w, "general.architecture", "llama");
         moh_gguf_add_str(w, "general.name", "moh");
-        moh_gguf_add_u32(w, "general.file_type", f16 ? 1 : 0); /* LLAMA_FTYPE_MOSTLY_F16 / ALL_F32 */
+        /* llama_ftype: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q4_0 2, MOSTLY_Q4_1 3, MOSTLY_Q8_0 7 */
+        const uint32_t ftype = wtype == MOH_GGML_F16 ? 1 : wtype == MOH_GGML_Q4_0 ? 2 : wtype == MOH_GGML_Q4_1 ? 3
+                             : wtype == MOH_GGML_Q8_0 ? 7 : 0;
+        moh_gguf_add_u32(w, "general.file_type", ftype);
+        if (quant_supported(wtype)) moh_gguf_add_u32(w, "general.quantization_version", 2);
         moh_gguf_add_u32(w, "llama.context_length", (uint32_t)cfg->max_position_embeddings);
         moh_gguf_add_u32(w, "llama.embedding_length", (uint32_t)cfg->hidden_size);
         moh_gguf_add_u32(w, "llama.block_count", (uint32_t)cfg->num_hidden_layers);
@@ -353,8 +419,14 @@ int lm_gguf_export(const moh_lm_config *cfg, const float *data, const bpe_tok *t
             qk_rows(src, perm[i], q ? cfg->num_attention_heads : cfg->num_key_value_heads, cfg->head_dim, ne[0], true);
             src = perm[i];
         }
-        /* norms stay F32 in an F16 file, as llama.cpp's converter writes them */
-        rc = moh_gguf_add_tensor(w, e->name, e->ndim, ne, f16 && e->ndim == 2 ? MOH_GGML_F16 : MOH_GGML_F32, src, err);
+        /* norms stay F32, as llama.cpp's converter writes them; in a 4-bit file the embedding and
+         * the LM head are Q8_0 (llama-quantize gives them more bits: Q6_K, or Q8_0 where rows are not
+         * of 256), and rows not of whole blocks F16 */
+        int type = e->ndim == 2 ? wtype : MOH_GGML_F32;
+        const bool outer = !strcmp(e->name, "token_embd.weight") || !strcmp(e->name, "output.weight");
+        if (outer && (wtype == MOH_GGML_Q4_0 || wtype == MOH_GGML_Q4_1)) type = MOH_GGML_Q8_0;
+        if (quant_supported(type) && ne[0] % QUANT_BLOCK) type = MOH_GGML_F16;
+        rc = moh_gguf_add_tensor(w, e->name, e->ndim, ne, type, src, err);
     }
     if (!rc) rc = moh_gguf_write(w, path, err);
     for (int i = 0; perm && i < nt; i++) free(perm[i]);

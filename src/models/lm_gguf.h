@@ -5,6 +5,7 @@
 #define MOH_LM_GGUF_H
 #include "io/gguf.h"
 #include "io/gguf_write.h"
+#include "ops/quant.h"
 #include "models/lm.h"
 #include "text/bpe.h"
 
@@ -39,8 +40,15 @@ int lm_gguf_config(const moh_gguf *g, const char *path, moh_lm_config *cfg, moh_
  * trailing 1s allowed, as check_tensor_dims), non-finite or unknown tensor (biases, rope_freqs),
  * or an unsupported quant type, is an error naming it. */
 int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cfg, float *data, moh_error *err);
+/* The file's quantised matrices (Q8_0, Q4_0, Q4_1 tensors of 2 dims; attn_q / attn_k rows put back
+ * in Hugging Face order as lm_gguf_weights does) copied into qt (owned; quant_table_free), keyed
+ * by their place in data [n] (lm_gguf_weights' buffer). An empty table when the file has none.
+ * Call after lm_gguf_weights has checked the shapes. MOH_OK, MOH_E_NOMEM. */
+int lm_gguf_quant_table(const moh_gguf *g, const char *path, const moh_lm_config *cfg, const float *data, size_t n,
+                        quant_table *qt, moh_error *err);
 /* Writes a dense LM (router "none") as a GGUF that llama.cpp runs: the llama.* metadata, the
- * weights under llama.cpp's names (F32, or with f16 the matrices in F16 and the norms F32), attn_q /
+ * weights under llama.cpp's names (wtype MOH_GGML_F32; or the matrices in F16, Q8_0, Q4_0 or Q4_1
+ * (4-bit: the embedding and LM head Q8_0; rows not of whole blocks F16) and the norms F32), attn_q /
  * attn_k rows in ggml's RoPE order, no output.weight when tied, linear RoPE scaling as
  * llama.rope.scaling.type / factor (llama3 scaling is refused), and the vocabulary: tok's BPE
  * (bpe_to_gguf: tokens, types, merges, pre; the special ids and chat template from `from`, the
@@ -49,5 +57,5 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
  * byte-to-unicode spelling; ids >= 256 "<xN>", unused). MOH_E_ARG for a MoH model (llama.cpp has
  * no head routing) or a tokenizer whose size is not vocab_size, MOH_E_IO / NOMEM. */
 int lm_gguf_export(const moh_lm_config *cfg, const float *data, const bpe_tok *tok, int eos_id,
-                   const char *chat_template, const moh_gguf *from, const char *path, bool f16, moh_error *err);
+                   const char *chat_template, const moh_gguf *from, const char *path, int wtype, moh_error *err);
 #endif

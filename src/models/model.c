@@ -12,6 +12,7 @@
 #include "core/calib_cache.h"
 #include "core/fsutil.h"
 #include "core/rng.h"
+#include "ops/quant.h"
 #include "text/bpe.h"
 
 extern const model_family lm_family;  /* lm_family.c */
@@ -92,6 +93,8 @@ int model_check_text_vocab(const model *m, const char *label, moh_error *err) {
 }
 
 void model_free(model *m) {
+    if (m->quant) quant_table_free(m->quant);
+    free(m->quant);
     bpe_free(m->tokenizer);
     free(m->chat_template);
     if (m->fam && m->params) model_params_free(m->fam, m->params);

@@ -166,6 +166,8 @@ typedef struct model {
     void *params;    /* the family's parameter views (lm_params_f32, ...), owned */
     float *data;     /* parameter buffer [n] in tensor-registry order (== params' data) */
     size_t n;
+    struct quant_table *quant; /* a GGUF file's quantised matrices over data (ops/quant.h; owned),
+                                * kept for decoding from its blocks; NULL when it has none */
 } model;
 
 /* Training batches and evaluation batches of one data set, opened by a family (open_data). */
@@ -354,10 +356,11 @@ struct model_family {
      * gguf_arch: config from its metadata, weights dequantised (g: an io/gguf.h moh_gguf). */
     const char *gguf_arch;
     int (*from_gguf)(model *m, const void *g, const char *path, moh_error *err);
-    /* Optional: writes m as a GGUF file llama.cpp runs (f16: matrices in F16), with its tokenizer;
+    /* Optional: writes m as a GGUF file llama.cpp runs (wtype: the matrices' ggml type, MOH_GGML_F32,
+     * _F16, _Q8_0, _Q4_0 or _Q4_1), with its tokenizer;
      * src: the GGUF m was read from (an io/gguf.h moh_gguf; its special token ids and chat template
      * are carried), or NULL. */
-    int (*to_gguf)(const model *m, const char *path, bool f16, const void *src, moh_error *err);
+    int (*to_gguf)(const model *m, const char *path, int wtype, const void *src, moh_error *err);
     /* optimizer.safetensors "format" of moh 0.1 for this family (still loaded), or NULL */
     const char *legacy_optimizer_format;
     const char *short_name;  /* the family in messages: "LM", "ViT" */

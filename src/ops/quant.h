@@ -24,6 +24,8 @@
 typedef enum quant_isa { QUANT_ISA_SCALAR, QUANT_ISA_AVX2, QUANT_ISA_AVXVNNI, QUANT_ISA_AVX512VNNI } quant_isa;
 /* The best kernels this CPU runs (cpuid at run time; MOH_NO_VNNI=1 stops at AVX2, for comparisons). */
 quant_isa quant_isa_detect(void);
+/* Whether this CPU runs the kernels of isa (whatever MOH_NO_VNNI says). */
+bool quant_isa_supported(quant_isa isa);
 const char *quant_isa_name(quant_isa isa);
 
 /* 1 for the ggml type codes handled here (MOH_GGML_Q8_0, _Q4_0, _Q4_1; io/gguf.h), else 0. */
@@ -96,6 +98,9 @@ int quant_table_add(quant_table *t, size_t off, int64_t rows, int64_t cols, int 
 int quant_table_quantize(quant_table *t, size_t off, int64_t rows, int64_t cols, int type, moh_error *err);
 /* The entry holding float element w of base, or NULL. */
 const quant_mat *quant_table_find(const quant_table *t, const float *w);
+/* The row of cols values at w (a row start of an entry of that width) dequantised from its blocks
+ * into out; false (out untouched) when the table holds no such row. */
+bool quant_table_row(const quant_table *t, const float *w, int64_t cols, float *out);
 /* "q4_1 (210 matrices, 93.9 MB)"-style summary of the types held into out[cap]. */
 void quant_table_describe(const quant_table *t, char *out, size_t cap);
 #endif

@@ -107,6 +107,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (rc != MOH_OK) check_msg(&err, rc);
                 for (size_t i = 0; rc == MOH_OK && i < p.n; i++)
                     if (!isfinite(p.data[i])) __builtin_trap();
+                /* the file's quantised blocks: a table whose rows dequantise to the weights read */
+                quant_table qt;
+                if (rc == MOH_OK && (rc = lm_gguf_quant_table(g, "fuzz.gguf", &cfg, p.data, p.n, &qt, &err)) != MOH_OK)
+                    check_msg(&err, rc);
+                for (int i = 0; rc == MOH_OK && i < qt.n; i++) {
+                    float row[4096];
+                    const quant_mat *e = &qt.m[i];
+                    if (e->cols > 4096) continue;
+                    for (int64_t r = 0; r < e->rows; r++)
+                        if (!quant_table_row(&qt, p.data + e->off + (size_t)(r * e->cols), e->cols, row) ||
+                            memcmp(row, p.data + e->off + (size_t)(r * e->cols), sizeof(float) * (size_t)e->cols))
+                            __builtin_trap();
+                }
+                if (rc == MOH_OK) quant_table_free(&qt);
             }
             lm_params_free_f32(&p);
         }

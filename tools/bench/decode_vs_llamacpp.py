@@ -4,13 +4,17 @@
 Rounds alternate the two engines (moh, llama.cpp, then llama.cpp, moh, ...), so a slow period of a
 shared machine hits both alike; each engine runs in a process of its own. Per round, wait policy
 and prompt length:
-  moh:       `moh bench decode --model M --context C --tokens N --repeats 1 --threads T --seed S --json`
-             (prefill: the prompt in one batched forward on the head-sparse path, filling the KV
-             cache; decode: N greedy KV-cache steps; float32 weights dequantised from the file);
+  moh:       `moh bench decode --model M --precision P --context C --tokens N --repeats 1 --threads T --seed S
+             --json` (prefill: the prompt in one batched forward on the head-sparse path, filling the KV
+             cache; decode: N greedy KV-cache steps; --precision gguf (default): decoding from the file's
+             own Q8_0 / Q4_0 / Q4_1 blocks on the integer units, as llama.cpp; bf16 / fp32 also);
   llama.cpp: this script's --worker: llama-cpp-python on the same file (its own quantised kernels), n_threads and
              n_threads_batch T, n_batch >= the longest prompt, flash attention on, the same prompt
              ids (splitmix64(S) % vocab, checked against moh's prompt hash), eval(prompt) timed,
              then N greedy steps (argmax of the last logits, eval([token])) timed, after a warm-up.
+             --extra-bufts auto (default): llama.cpp's extra buffer types (its AMX kernels on a CPU
+             with AMX) as llama.cpp defaults, unless a probe process crashes with them (seen on a VM
+             exposing AMX: SIGSEGV in ggml_backend_amx_mul_mat), then off, and the table says so.
 --wait-policy: own (each engine's default: OMP_WAIT_POLICY and GOMP_SPINCOUNT unset), passive,
 active (llama.cpp's CPU backend here is built on libgomp too); the headline takes each engine's
 best. Prints medians over rounds per policy and the ratios moh / llama.cpp.
@@ -19,6 +23,7 @@ Needs numpy and llama-cpp-python.
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 
@@ -54,6 +59,15 @@ def worker(a, ctxs):
     import llama_cpp
     from llama_cpp import Llama
     nmax = max(ctxs)
+    if a.extra_bufts == "off":  # llama_model_params.use_extra_bufts (llama.cpp's --no-extra-bufts)
+        import llama_cpp.llama as ll
+        default_params = ll.llama_cpp.llama_model_default_params
+
+        def no_extra():
+            p = default_params()
+            p.use_extra_bufts = False
+            return p
+        ll.llama_cpp.llama_model_default_params = no_extra
     llm = Llama(model_path=a.model, n_ctx=nmax + a.tokens + 16, n_batch=nmax, n_ubatch=min(a.ubatch, nmax),
                 n_threads=a.threads, n_threads_batch=a.threads, flash_attn=a.flash_attn, verbose=False)
     V = llm.n_vocab()
@@ -91,6 +105,10 @@ def main():
     ap.add_argument("--wait-policy", default="own,passive",
                     help="OpenMP wait policies, each engine in its own processes: own (its default), passive, "
                          "active (default own,passive; the headline takes each engine's best)")
+    ap.add_argument("--precision", default="gguf",
+                    help="moh's decode precision (moh bench decode --precision: gguf = the file's blocks, default)")
+    ap.add_argument("--extra-bufts", default="auto", choices=("auto", "on", "off"),
+                    help="llama.cpp's extra buffer types (AMX); auto: on unless a probe crashes (default)")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -98,7 +116,17 @@ def main():
     if a.worker:
         return worker(a, ctxs)
     pols = bc.policies(a)
-    moh_cmd = [a.moh, "bench", "decode", "--model", a.model, "--context", a.context, "--tokens", str(a.tokens),
+    if a.extra_bufts == "auto":
+        probe = subprocess.run([sys.executable, sys.argv[0], "--worker", "--model", a.model, "--context", "64",
+                                "--tokens", "2", "--threads", str(a.threads), "--extra-bufts", "on"],
+                               capture_output=True)
+        a.extra_bufts = "on" if probe.returncode == 0 else "off"
+        if probe.returncode:
+            print(f"llama.cpp with its extra buffer types crashed (exit {probe.returncode}): running without them",
+                  file=sys.stderr)
+        sys.argv += ["--extra-bufts", a.extra_bufts]  # the workers inherit the choice
+    moh_cmd = [a.moh, "bench", "decode", "--model", a.model, "--precision", a.precision, "--context", a.context,
+               "--tokens", str(a.tokens),
                "--repeats", "1", "--threads", str(a.threads), "--seed", str(a.seed), "--json"]
     res = {c: {k: {p: [] for p in pols} for k in ("moh_p", "moh_d", "ll_p", "ll_d")} for c in ctxs}
     hashes, info, nprompt = {}, {}, {c: c for c in ctxs}
@@ -128,7 +156,8 @@ def main():
           f"its default); load average {bc.load_average()}; {a.repeats} rounds (median), engines alternated")
     print(f"model {a.model}: vocab {V}; prompt ids splitmix64 seed {a.seed}; {a.tokens} new tokens (greedy)")
     print(f"llama.cpp: llama-cpp-python {info['version']}, n_batch {max(ctxs)}, n_ubatch {min(a.ubatch, max(ctxs))}, "
-          f"flash_attn {'on' if a.flash_attn else 'off'}, KV cache F16, n_ctx {info['n_ctx']}")
+          f"flash_attn {'on' if a.flash_attn else 'off'}, KV cache F16, n_ctx {info['n_ctx']}, extra buffer types "
+          f"(AMX) {a.extra_bufts}")
     print(f"moh: {' '.join(moh_cmd)}")
     print("tokens/s, median (min-max) over the rounds, per policy")
     for c in ctxs:
@@ -153,7 +182,8 @@ def main():
         with open(a.json, "w") as f:
             json.dump({"cpu": cpu_model(), "threads": a.threads, "policies": pols, "load": bc.load_average(),
                        "rounds": a.repeats, "tokens": a.tokens, "llama_cpp_python": info["version"],
-                       "ubatch": min(a.ubatch, max(ctxs)), "flash_attn": a.flash_attn, "rows": rows}, f, indent=1)
+                       "ubatch": min(a.ubatch, max(ctxs)), "flash_attn": a.flash_attn, "extra_bufts": a.extra_bufts,
+                       "moh_precision": a.precision, "rows": rows}, f, indent=1)
     return 0
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ each prompt (English prose and facts, code, ChatML, digits, mixed scripts):
   tokens   `moh tokenize --model M --text P` equals the HF tokenizer's ids (no special tokens
            added, as moh and llama.cpp encode), and decodes back to P;
   logits   `moh sample --checkpoint M --prompt P --max-tokens 64 --temperature 0
-           --context-full stop --dump-logits F` writes the prompt's ids, the logits after each
+           --context-full stop --precision fp32 --dump-logits F` (float32: the file's own blocks are
+           tools/ref/greedy_llamacpp.py's comparison) writes the prompt's ids, the logits after each
            prompt token from the KV cache (what sample uses) and from the full forward pass: both
            within --tol (1e-4) of transformers' float32 logits, as max|diff| / max|logit| over the
            prompt (reported per prompt);
@@ -104,7 +105,8 @@ def main():
                   f"{'' if tok.decode(ids) == prompt else ', HF decode differs from the prompt'}")
             dump = os.path.join(tmp, name + ".safetensors")
             text = run([a.moh, "sample", "--checkpoint", a.model, "--prompt", prompt, "--max-tokens",
-                        str(a.tokens), "--temperature", "0", "--context-full", "stop", "--dump-logits", dump])
+                        str(a.tokens), "--temperature", "0", "--context-full", "stop", "--precision", "fp32",
+                        "--dump-logits", dump])
             got = load_file(dump)
             with torch.no_grad():
                 ref = model(torch.tensor([ids])).logits[0].double().numpy()

@@ -9,7 +9,7 @@ When DIR holds no tokenizer (tokenizer.json), Y comes from X directly (GGUF -> m
     parsed);
   - logits: llama.cpp on Y (F32 weights = X's dequantised weights, float32 arithmetic, F32 KV cache)
     against moh on
-    X (`moh sample --dump-logits`: the same dequantised weights in float32): max |difference| /
+    X (`moh sample --precision fp32 --dump-logits`: the same dequantised weights in float32): max |difference| /
     max |logit| per prompt <= --tol (default 1e-4; llama.cpp on X itself runs Q4_1 x Q8_1 dot products, so its
     logits differ by ~5e-2: printed for reference, not checked);
   - greedy continuation (--greedy tokens): llama.cpp on Y vs `moh sample --temperature 0` on X.
@@ -99,7 +99,8 @@ def check(a, work):
         ty = ly.tokenize(raw, add_bos=False, special=True)
         tm = [int(t) for t in run([a.moh, "tokenize", "--model", a.model, "--text", text]).split()]
         dump = os.path.join(work, f"moh_logits_{i}.safetensors")
-        run([a.moh, "sample", "--checkpoint", a.model, "--prompt", text, "--max-tokens", "0", "--dump-logits", dump])
+        run([a.moh, "sample", "--checkpoint", a.model, "--prompt", text, "--max-tokens", "0", "--precision", "fp32",
+             "--dump-logits", dump])
         d = load_st(dump)
         ids = [int(t) for t in d["tokens"][0]]
         lm = d["logits"][0].astype(np.float64)
@@ -122,7 +123,7 @@ def check(a, work):
     if a.greedy:
         text = PROMPTS[0]
         out = run([a.moh, "sample", "--checkpoint", a.model, "--prompt", text, "--max-tokens", str(a.greedy),
-                   "--temperature", "0"])
+                   "--temperature", "0", "--precision", "fp32"])
         moh_cont = out[len(text):].rstrip("\n")
         ids = ly.tokenize(text.encode(), add_bos=False, special=True)
         ly.reset()
