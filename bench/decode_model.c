@@ -98,7 +98,11 @@ static int bdm_init(bdm_run *r, const char *path, const bdm_run *twin, const cha
     r->prec = prec;
     const bool bf16 = !strcmp(prec, "bf16"), gguf = !strcmp(prec, "gguf");
     if (twin) r->m = twin->m;
-    else if (model_open(&r->m, path, err)) return err->code;
+    else { /* only the file's blocks asked for: no float copy of them (peak RSS as moh chat's) */
+        bool blocks_only = true;
+        for (int i = 0; i < o->nprec; i++) blocks_only = blocks_only && !strcmp(o->prec[i], "gguf");
+        if (model_open_ex(&r->m, path, blocks_only ? MODEL_OPEN_QUANT_ONLY : 0, err)) return err->code;
+    }
     r->have_m = !twin;
     if (strcmp(r->m.fam->task, "text-generation"))
         return moh_fail(err, MOH_E_ARG, "%s is a %s (model_type \"%s\"): decode benchmarks text generation only", path,

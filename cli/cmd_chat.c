@@ -139,7 +139,8 @@ int cmd_chat(int argc, char **argv) {
     if (rc) return rc == 1 ? 0 : rc;
     moh_error err = {0};
     model m;
-    if (model_open(&m, path, &err)) {
+    /* the default decodes a quantised .gguf from its blocks: no float copy of those matrices */
+    if (model_open_ex(&m, path, precision ? 0 : MODEL_OPEN_QUANT_ONLY, &err)) {
         fprintf(stderr, "moh chat: %s\n", err.msg);
         return 1;
     }

@@ -135,7 +135,10 @@ int cmd_sample(int argc, char **argv) {
         return 1;
     }
     model m;
-    if (!(dir && strcmp(fam->task, "text-generation")) && model_open(&m, ckpt, &err)) { /* a folder or a .gguf */
+    /* a folder or a .gguf; the default decodes a quantised .gguf from its blocks, with no float copy of
+     * those matrices (--dump-logits' full forward pass needs it) */
+    const unsigned open_flags = precision || dump ? 0 : MODEL_OPEN_QUANT_ONLY;
+    if (!(dir && strcmp(fam->task, "text-generation")) && model_open_ex(&m, ckpt, open_flags, &err)) {
         fprintf(stderr, "moh sample: %s\n", err.msg);
         return 1;
     }

@@ -249,6 +249,9 @@ int cli_decode_kv(const char *cmd, const char *value, const model *m, lm_kv_cach
         qt = m->quant;
         from = "the file's own blocks: ";
     }
+    if (!qt && m->quant_only) /* (the commands open a model so only for the default) */
+        return moh_fail(err, MOH_E_ARG, "--precision %s needs the float weights of a model opened for its blocks only",
+                        value ? value : "fp32");
     int rc;
     if (qt) rc = lm_kv_init_quant(kv, cfg, p, qt, max_T, err);
     else if (cli_decode_bf16(cmd, value)) rc = lm_kv_init_bf16(kv, cfg, p, max_T, err);

@@ -16,7 +16,9 @@
  *     ggml's RoPE order) and read back (model_open, lm_gguf_quant_table: rows put back in HF order)
  *     holds, row for row, the very blocks lm_quant_table makes from the float weights (quantisation
  *     is per row, so any row order mistake shows as a byte difference), and decodes from them
- *     within check 1's bound of fp32 decoding of the file's (dequantised) floats.
+ *     within check 1's bound of fp32 decoding of the file's (dequantised) floats; opened for its
+ *     blocks only (MODEL_OPEN_QUANT_ONLY: those matrices' float rows never written) it decodes and
+ *     prefills (lm_encode) to the same bits.
  * Routed tokens whose heads differ between the runs (a near tie flipped by rounding) are held to
  * 0.5 only; at most a fifth may flip. */
 #include <limits.h>
@@ -188,11 +190,14 @@ static void gguf_check(test_ctx *ctx, int wtype) {
     model m = {0};
     quant_table qt = {0};
     const char *tn = quant_type_name(wtype);
+    model mq = {0}; /* the same file for its blocks only */
     int rc = lm_gguf_export(&c, p.data, NULL, -1, NULL, NULL, path, wtype, &err);
     if (!rc) rc = model_open(&m, path, &err);
-    remove(path);
+    if (!rc) rc = model_open_ex(&mq, path, MODEL_OPEN_QUANT_ONLY, &err);
+    remove(path); /* (still mapped: the tables borrow the blocks) */
     CHECK(ctx, rc == MOH_OK, "%s: %s", tn, err.msg);
     if (rc) {
+        model_free(&m);
         lm_params_free_f32(&p);
         return;
     }
@@ -226,8 +231,44 @@ static void gguf_check(test_ctx *ctx, int wtype) {
         wd = e > wd ? e : wd;
     }
     CHECK(ctx, wd < 6e-2 && wd > 1e-6, "%s GGUF: decoding from the file's blocks vs fp32 on its floats rel err %.3g", tn, wd);
-    printf("  gguf %s: %d rows the same blocks as lm_quant_table, %d differ; decode vs fp32 on the file's floats %.2e\n",
-           tn, compared, bad, wd);
+    /* blocks only: the matrices' float rows are zero (never written), the norms are there, and
+     * decoding and a batched prefill give the bits of the fully read model */
+    const lm_params_f32 *qp = mq.params;
+    bool zero = mq.quant_only && mq.quant && mq.quant->n == m.quant->n, norms = true;
+    for (int i = 0; zero && i < mq.quant->n; i++)
+        for (size_t j = 0; j < (size_t)(mq.quant->m[i].rows * mq.quant->m[i].cols) && zero; j++)
+            zero = mq.data[mq.quant->m[i].off + j] == 0.0f;
+    for (int j = 0; j < c.hidden_size; j++) norms = norms && qp->norm[j] == mp->norm[j];
+    CHECK(ctx, zero && norms, "%s: blocks-only model: quantised rows written (%d) or norms missing (%d)", tn, !zero, !norms);
+    lm_kv_cache ka, kb;
+    CHECK(ctx, lm_kv_init_quant(&ka, mc, mp, m.quant, 29, &err) == MOH_OK, "%s", err.msg);
+    CHECK(ctx, lm_kv_init_quant(&kb, mq.cfg, qp, mq.quant, 29, &err) == MOH_OK, "%s", err.msg);
+    int toks[20];
+    for (int t = 0; t < 20; t++) toks[t] = (int)(test_rng_u64(&rng) % 256);
+    float la[256], lb[256];
+    CHECK(ctx, lm_encode(mc, mp, &ka, toks, 12, la, &err) == MOH_OK, "%s", err.msg);
+    CHECK(ctx, lm_encode(mq.cfg, qp, &kb, toks, 12, lb, &err) == MOH_OK, "%s", err.msg);
+    int differ = memcmp(la, lb, sizeof la) != 0;
+    /* the prefill computes fp32 on the dequantised blocks (bf16 K/V): fp32 decoding of the file's
+     * floats (the same values) agrees to the bf16 cache's rounding */
+    lm_kv_cache k32;
+    float l32[256];
+    CHECK(ctx, lm_kv_init(&k32, mc, 29, &err) == MOH_OK, "%s", err.msg);
+    for (int t = 0; t < 12; t++) CHECK(ctx, lm_decode_step(mc, mp, &k32, toks[t], l32, &err) == MOH_OK, "%s", err.msg);
+    const double epf = test_rel_err_f32(la, l32, 256);
+    CHECK(ctx, epf < 3e-2 && epf > 0, "%s: prefill on the blocks vs fp32 decode rel err %.3g", tn, epf);
+    lm_kv_free(&k32);
+    for (int t = 12; t < 20; t++) {
+        CHECK(ctx, lm_decode_step(mc, mp, &ka, toks[t], la, &err) == MOH_OK, "%s", err.msg);
+        CHECK(ctx, lm_decode_step(mq.cfg, qp, &kb, toks[t], lb, &err) == MOH_OK, "%s", err.msg);
+        differ += memcmp(la, lb, sizeof la) != 0;
+    }
+    CHECK(ctx, differ == 0, "%s: blocks-only model: %d of 9 logit vectors differ from the full model's", tn, differ);
+    lm_kv_free(&kb);
+    lm_kv_free(&ka);
+    model_free(&mq);
+    printf("  gguf %s: %d rows the same blocks as lm_quant_table, %d differ; decode vs fp32 on the file's floats %.2e; "
+           "prefill vs fp32 decode %.2e\n", tn, compared, bad, wd, epf);
     lm_kv_free(&kq);
     lm_kv_free(&kf);
     quant_table_free(&qt);

@@ -426,7 +426,7 @@ static void tensor_dims(test_ctx *ctx) {
         for (int i = 0; i < nt; i++)
             if (ts[i].offset + ts[i].numel > total) total = ts[i].offset + ts[i].numel;
         data = calloc(total, sizeof *data);
-        rc = lm_gguf_weights(g, "n.gguf", &c, data, &err);
+        rc = lm_gguf_weights(g, "n.gguf", &c, data, NULL, &err);
     }
     CHECK(ctx, rc == MOH_OK && data, "norm as [8, 1]: %s", err.msg);
     if (!rc && data) {

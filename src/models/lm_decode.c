@@ -253,6 +253,7 @@ int lm_prefill_set_bf16(lm_prefill_ws *w, const moh_lm_config *cfg, const lm_kv_
 }
 
 void lm_prefill_free(lm_prefill_ws *w) {
+    free(w->wq);
     if (w->block) {
         attn_layer_free_f32(&w->layer);
         be_ctx_release(&w->cx);
@@ -276,6 +277,28 @@ static double prefill_phases(attn_layer_f32 *L, double *ph) {
     return sum;
 }
 
+/* The float rows of W [rows, cols] (in the parameter buffer) from the table's blocks into dst when
+ * the table holds every row; returns what to multiply with: dst, or w itself. */
+static const float *dequant_rows(const quant_table *t, const float *w, int64_t rows, int64_t cols, float *dst) {
+    if (!quant_table_row(t, w, cols, dst)) return w;
+    bool all = true;
+#pragma omp parallel for schedule(static) reduction(&& : all)
+    for (int64_t r = 1; r < rows; r++) all = quant_table_row(t, w + r * cols, cols, dst + r * cols) && all;
+    return all ? dst : w;
+}
+
+/* Layer b's attention matrices for a prefill on a quantised cache: W_qkv and W_O the table holds
+ * dequantised into wq (the float buffer need not hold them), the rest as b has them. The MLP's go
+ * one matrix at a time through the same scratch (dequant_rows in lm_prefill). */
+static void attn_from_table(const moh_lm_config *cfg, const quant_table *t, const lm_block_f32 *b, float *wq,
+                            lm_block_f32 *out) {
+    const moh_attn_config *a = &cfg->attn;
+    const int64_t C = cfg->hidden_size, qd = attn_qkv_dim(a), hd = (int64_t)a->n_heads * a->head_dim;
+    *out = *b;
+    out->attn.w_qkv = (float *)dequant_rows(t, b->attn.w_qkv, qd, C, wq);
+    out->attn.w_o = (float *)dequant_rows(t, b->attn.w_o, C, hd, wq + qd * C);
+}
+
 int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, lm_prefill_ws *w,
                const int *tok, int n, float *logits, moh_error *err) {
     const moh_attn_config *a = &cfg->attn;
@@ -292,13 +315,22 @@ int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv
         if (tok[i] < 0 || tok[i] >= cfg->vocab_size)
             return moh_fail(err, MOH_E_ARG, "prefill: token %d at position %d out of range [0, %d)", tok[i], i,
                             cfg->vocab_size);
+    const quant_table *qt = kv->dc.qt;
+    const size_t qd = (size_t)attn_qkv_dim(a), hd = (size_t)a->n_heads * a->head_dim;
+    const size_t wqn = (qd + hd) * (size_t)C > (size_t)I * C ? (qd + hd) * (size_t)C : (size_t)I * C;
+    if (qt && !w->wq && !(w->wq = malloc(sizeof(float) * wqn)))
+        return moh_fail(err, MOH_E_NOMEM, "prefill: cannot allocate %zu MiB for dequantised weights", (wqn * 4) >> 20);
     lm_kv_reset(kv);
     double *ph = kv->phase_s, t = omp_get_wtime();
     const size_t nC = (size_t)n * C;
     float *x = w->x, *xn = w->xn, *y = w->y, *rstd = w->rstd;
-    embedding_forward_f32(x, tok, p->embed, n, C);
+    for (int i = 0; i < n; i++) /* a quantised cache: the embedding rows its table holds (as decode) */
+        if (!quant_table_row(qt, p->embed + (size_t)tok[i] * C, C, x + (size_t)i * C))
+            embedding_forward_f32(x + (size_t)i * C, &tok[i], p->embed, 1, C);
     for (int l = 0; l < L; l++) {
-        const lm_block_f32 *b = &p->blocks[l];
+        lm_block_f32 bq;
+        if (qt) attn_from_table(cfg, qt, &p->blocks[l], w->wq, &bq);
+        const lm_block_f32 *b = qt ? &bq : &p->blocks[l];
         rmsnorm_forward_f32(xn, rstd, x, b->ln1, n, C, eps);
         t = lap(ph, LM_PH_OTHER, t);
         attn_layer_forward_f32(&w->layer, a, &b->attn, xn, 1, n, y);
@@ -316,10 +348,12 @@ int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv
         for (size_t i = 0; i < nC; i++) x[i] += y[i];
         rmsnorm_forward_f32(xn, rstd, x, b->ln2, n, C, eps);
         t = lap(ph, LM_PH_OTHER, t);
-        be_linear_forward_f32(&w->cx, w->gate, xn, b->w_gate, NULL, n, C, I);
-        be_linear_forward_f32(&w->cx, w->up, xn, b->w_up, NULL, n, C, I);
+        /* (a quantised cache: each matrix dequantised into the scratch just before its product) */
+        be_linear_forward_f32(&w->cx, w->gate, xn, qt ? dequant_rows(qt, b->w_gate, I, C, w->wq) : b->w_gate, NULL, n, C, I);
+        be_linear_forward_f32(&w->cx, w->up, xn, qt ? dequant_rows(qt, b->w_up, I, C, w->wq) : b->w_up, NULL, n, C, I);
         swiglu_forward_f32(w->gate, w->gate, w->up, (long)n * I);
-        be_linear_forward_f32(&w->cx, y, w->gate, b->w_down, NULL, n, I, C);
+        be_linear_forward_f32(&w->cx, y, w->gate, qt ? dequant_rows(qt, b->w_down, C, I, w->wq) : b->w_down, NULL, n, I,
+                              C);
         t = lap(ph, LM_PH_MLP, t);
         for (size_t i = 0; i < nC; i++) x[i] += y[i];
     }

@@ -104,6 +104,7 @@ typedef struct lm_prefill_ws {
     attn_layer_f32 layer;
     be_ctx cx;
     const lm_kv_cache *bf16_kv;  /* lm_prefill_set_bf16: computes in bf16 over this cache's weights */
+    float *wq;                   /* a quantised cache's: W_qkv + W_O, or one MLP matrix, dequantised (made at first use) */
     void *block;
 } lm_prefill_ws;
 /* MOH_OK, MOH_E_ARG (max_n < 1), MOH_E_NOMEM. */
@@ -120,7 +121,9 @@ void lm_prefill_free(lm_prefill_ws *w);
  * lm_decode_step calls would put them; logits [V] are the next-token logits after tok[n-1]
  * (the LM head runs on that token only). Decoding goes on with lm_decode_step at position n.
  * A bf16 cache gets its K and V rounded to bf16; the workspace computes in bf16 when set for
- * this cache (lm_prefill_set_bf16), else in fp32.
+ * this cache (lm_prefill_set_bf16), else in fp32. A quantised cache: fp32 on the matrices its table
+ * holds dequantised one at a time (the weights decode uses; the float buffer's rows of those
+ * matrices are not read, lm_kv_init_quant), the embedding rows from the table too.
  * Returns MOH_OK, or MOH_E_ARG when n < 1, n > w->max_n, n > kv->max_T, a token is out of range,
  * or w was set to bf16 for another cache. */
 int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, lm_prefill_ws *w,

@@ -410,7 +410,7 @@ static int synthetic_batch(const void *cfg, int B, int T, uint64_t seed, moh_bat
 static int num_outputs(const void *cfg) { return ((const moh_lm_config *)cfg)->vocab_size; }
 static const float *logits(const void *acts) { return ((const lm_acts_f32 *)acts)->logits; }
 
-static int from_gguf(model *m, const void *gg, const char *path, moh_error *err) {
+static int from_gguf(model *m, const void *gg, const char *path, unsigned flags, moh_error *err) {
     const moh_gguf *g = gg;
     memset(m, 0, sizeof *m);
     m->fam = &lm_family;
@@ -419,13 +419,15 @@ static int from_gguf(model *m, const void *gg, const char *path, moh_error *err)
     m->cfg = cfg;
     int rc = lm_gguf_config(g, path, cfg, err);
     if (!rc) rc = model_params_new(&lm_family, cfg, &m->params, &m->data, &m->n, err);
-    if (!rc) rc = lm_gguf_weights(g, path, cfg, m->data, err);
-    quant_table qt;
+    /* the file's quantised matrices; QUANT_ONLY: those only as blocks, the rest into the buffer */
+    quant_table qt = {0};
     if (!rc && !(rc = lm_gguf_quant_table(g, path, cfg, m->data, m->n, &qt, err))) {
         if (qt.n && (m->quant = malloc(sizeof qt))) *m->quant = qt;
         else if (qt.n) rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
         if (!m->quant) quant_table_free(&qt);
     }
+    m->quant_only = m->quant && (flags & MODEL_OPEN_QUANT_ONLY);
+    if (!rc) rc = lm_gguf_weights(g, path, cfg, m->data, m->quant_only ? m->quant : NULL, err);
     if (rc) model_free(m);
     return rc;
 }

@@ -233,7 +233,6 @@ int lm_gguf_quant_table(const moh_gguf *g, const char *path, const moh_lm_config
         return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
     }
     int nq = 0;
-    size_t bytes = 0;
     static const char qs[] = ".attn_q.weight", ks[] = ".attn_k.weight";
     for (int i = 0; i < nt; i++) {
         const moh_gguf_tensor *t = moh_gguf_find_tensor(g, ts[i].name);
@@ -242,21 +241,25 @@ int lm_gguf_quant_table(const moh_gguf *g, const char *path, const moh_lm_config
             continue; /* lm_gguf_weights has checked every shape; float tensors decode fp32 */
         const size_t len = strlen(ts[i].name), sl = sizeof qs - 1;
         const bool qk = len > sl && (!strcmp(ts[i].name + len - sl, qs) || !strcmp(ts[i].name + len - sl, ks));
+        static const char os[] = ".attn_output.weight";
+        const size_t ol = sizeof os - 1;
+        if (cfg->head_dim % QUANT_BLOCK && len > ol && !strcmp(ts[i].name + len - ol, os))
+            continue; /* decode reads W_O per head: whole blocks only (as lm_quant_table) */
         q[nq++] = (qentry){&ts[i], t, qk};
-        bytes += (size_t)t->nbytes;
     }
     qsort(q, (size_t)nq, sizeof *q, cmp_qentry);
-    int rc = quant_table_init(qt, data, n, nq, bytes, err);
+    size_t own = 0; /* attn_q / attn_k rows are reordered into the table's memory; the rest borrowed */
+    for (int i = 0; i < nq; i++) own += q[i].qk ? (size_t)(q[i].t->ne[1] * (q[i].t->ne[0] / QUANT_BLOCK)) *
+                                                      quant_block_bytes(q[i].t->type) : 0;
+    int rc = quant_table_init(qt, data, n, nq, own, err);
     for (int i = 0; i < nq && !rc; i++) {
         const moh_gguf_tensor *t = q[i].t;
         uint8_t *room = NULL;
-        if ((rc = quant_table_add(qt, q[i].e->offset, t->ne[1], t->ne[0], t->type, NULL, &room, err))) break;
-        const size_t rb = qt->m[qt->n - 1].row_bytes;
-        if (!q[i].qk) {
-            memcpy(room, t->data, (size_t)t->ne[1] * rb);
-            continue;
-        }
+        if ((rc = quant_table_add(qt, q[i].e->offset, t->ne[1], t->ne[0], t->type, q[i].qk ? NULL : t->data, &room, err)))
+            break;
+        if (!q[i].qk) continue;
         /* HF row hh d + s d/2 + j is ggml row hh d + 2 j + s (qk_rows) */
+        const size_t rb = qt->m[qt->n - 1].row_bytes;
         const int d = cfg->head_dim, half = d / 2, heads = (int)(t->ne[1] / d);
         for (int hh = 0; hh < heads; hh++)
             for (int j = 0; j < half; j++)
@@ -273,7 +276,8 @@ int lm_gguf_quant_table(const moh_gguf *g, const char *path, const moh_lm_config
     return rc;
 }
 
-int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cfg, float *data, moh_error *err) {
+int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cfg, float *data,
+                    const quant_table *held, moh_error *err) {
     int nt = 0;
     model_tensor *ts = lm_tensors_named(cfg, MODEL_NAMES_GGUF, &nt);
     if (!ts) return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
@@ -302,6 +306,22 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
         const size_t len = strlen(e->name), sl = sizeof qs - 1;
         const bool q = len > sl && !strcmp(e->name + len - sl, qs);
         const bool k = len > sl && !strcmp(e->name + len - sl, ks);
+        const quant_mat *qm = quant_table_find(held, data + e->offset);
+        if (qm && qm->off == e->offset) { /* blocks only: their values checked finite, nothing written */
+            free(tmp);
+            if (!(tmp = malloc(sizeof(float) * (size_t)qm->cols))) {
+                rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
+                break;
+            }
+            for (int64_t r = 0; r < qm->rows && !rc; r++) {
+                quant_table_row(held, data + qm->off + (size_t)(r * qm->cols), qm->cols, tmp);
+                for (int64_t j = 0; j < qm->cols && !rc; j++)
+                    if (!isfinite(tmp[j]))
+                        rc = moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s' holds a non-finite value at index %lld", path,
+                                      e->name, (long long)(r * qm->cols + j));
+            }
+            continue;
+        }
         if (!q && !k) {
             rc = moh_gguf_dequantize(g, t, data + e->offset, err);
             continue;
@@ -324,8 +344,8 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
             rc = moh_fail(err, MOH_E_SHAPE, "%s: tensor '%s' is not one moh's llama model has (rope_freqs, biases and "
                           "other extras are not supported)", path, t->name);
     }
-    for (size_t i = 0; !rc && i < (size_t)nt; i++) /* finite weights only */
-        for (size_t j = 0; j < ts[i].numel && !rc; j++)
+    for (size_t i = 0; !rc && i < (size_t)nt; i++) /* finite weights only (the blocks' above) */
+        for (size_t j = 0; j < ts[i].numel && !rc && !quant_table_find(held, data + ts[i].offset); j++)
             if (!isfinite(data[ts[i].offset + j]))
                 rc = moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s' holds a non-finite value at index %zu", path, ts[i].name, j);
     free(tmp);

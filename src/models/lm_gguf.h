@@ -36,14 +36,19 @@
  * "none" (a dense model). */
 int lm_gguf_config(const moh_gguf *g, const char *path, moh_lm_config *cfg, moh_error *err);
 /* The weights of cfg (lm_gguf_config's) into data (lm_params layout, float32), dequantised, with
- * attn_q / attn_k rows back in the HF rotate-half order. A missing, misshapen (all 4 ne compared,
- * trailing 1s allowed, as check_tensor_dims), non-finite or unknown tensor (biases, rope_freqs),
- * or an unsupported quant type, is an error naming it. */
-int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cfg, float *data, moh_error *err);
-/* The file's quantised matrices (Q8_0, Q4_0, Q4_1 tensors of 2 dims; attn_q / attn_k rows put back
- * in Hugging Face order as lm_gguf_weights does) copied into qt (owned; quant_table_free), keyed
- * by their place in data [n] (lm_gguf_weights' buffer). An empty table when the file has none.
- * Call after lm_gguf_weights has checked the shapes. MOH_OK, MOH_E_NOMEM. */
+ * attn_q / attn_k rows back in the HF rotate-half order; the matrices `held` holds (may be NULL;
+ * lm_gguf_quant_table's over data) are left unwritten, their blocks checked finite. A missing,
+ * misshapen (all 4 ne compared, trailing 1s allowed, as check_tensor_dims), non-finite or unknown
+ * tensor (biases, rope_freqs), or an unsupported quant type, is an error naming it. */
+int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cfg, float *data,
+                    const quant_table *held, moh_error *err);
+/* The file's quantised matrices (Q8_0, Q4_0, Q4_1 tensors of 2 dims and cfg's shape; attn_q /
+ * attn_k rows put back in Hugging Face order as lm_gguf_weights does, into qt's own memory; the
+ * others' blocks borrowed from g's mapping, which must outlive qt; attn_output only when head_dim
+ * is a multiple of 32, as decode reads it per head) into qt (quant_table_free), keyed by their
+ * place in data [n] (lm_gguf_weights' buffer). An empty table
+ * when the file has none. Tensors of another shape are left to lm_gguf_weights' errors. MOH_OK,
+ * MOH_E_NOMEM. */
 int lm_gguf_quant_table(const moh_gguf *g, const char *path, const moh_lm_config *cfg, const float *data, size_t n,
                         quant_table *qt, moh_error *err);
 /* Writes a dense LM (router "none") as a GGUF that llama.cpp runs: the llama.* metadata, the

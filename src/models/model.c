@@ -12,6 +12,7 @@
 #include "core/calib_cache.h"
 #include "core/fsutil.h"
 #include "core/rng.h"
+#include "io/gguf.h"
 #include "ops/quant.h"
 #include "text/bpe.h"
 
@@ -95,6 +96,7 @@ int model_check_text_vocab(const model *m, const char *label, moh_error *err) {
 void model_free(model *m) {
     if (m->quant) quant_table_free(m->quant);
     free(m->quant);
+    moh_gguf_close(m->gguf); /* after the table that borrows from it */
     bpe_free(m->tokenizer);
     free(m->chat_template);
     if (m->fam && m->params) model_params_free(m->fam, m->params);

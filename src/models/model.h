@@ -168,6 +168,10 @@ typedef struct model {
     size_t n;
     struct quant_table *quant; /* a GGUF file's quantised matrices over data (ops/quant.h; owned),
                                 * kept for decoding from its blocks; NULL when it has none */
+    struct moh_gguf *gguf;     /* the mapping quant borrows its blocks from (io/gguf.h; owned), or NULL */
+    bool quant_only;           /* MODEL_OPEN_QUANT_ONLY: quant's matrices are not in data (their float
+                                * rows stay zero, never written: no memory); only decoding from
+                                * quant (lm_kv_init_quant) may run this model */
 } model;
 
 /* Training batches and evaluation batches of one data set, opened by a family (open_data). */
@@ -353,9 +357,10 @@ struct model_family {
     const float *(*features)(const void *cfg, const void *acts, int *dim);
     bool default_sparse;     /* attention on the head-sparse path unless asked otherwise */
     /* Optional: a model from a GGUF file (llama.cpp's format) whose general.architecture is
-     * gguf_arch: config from its metadata, weights dequantised (g: an io/gguf.h moh_gguf). */
+     * gguf_arch: config from its metadata, weights dequantised (g: an io/gguf.h moh_gguf; flags:
+     * model_open_ex's). */
     const char *gguf_arch;
-    int (*from_gguf)(model *m, const void *g, const char *path, moh_error *err);
+    int (*from_gguf)(model *m, const void *g, const char *path, unsigned flags, moh_error *err);
     /* Optional: writes m as a GGUF file llama.cpp runs (wtype: the matrices' ggml type, MOH_GGML_F32,
      * _F16, _Q8_0, _Q4_0 or _Q4_1), with its tokenizer;
      * src: the GGUF m was read from (an io/gguf.h moh_gguf; its special token ids and chat template
@@ -505,6 +510,11 @@ int model_load(model *m, const char *dir, moh_error *err);
  * architecture a family reads (model_family.from_gguf: "llama"), weights dequantised to float32.
  * Errors name the path, the key or tensor. */
 int model_open(model *m, const char *path, moh_error *err);
+/* model_open with flags: MODEL_OPEN_QUANT_ONLY keeps a GGUF's quantised matrices as blocks only
+ * (model.quant_only; the float copy of a SmolLM2 Q4_1 is 538 MB, its blocks 96 MB); no effect on
+ * other files. */
+#define MODEL_OPEN_QUANT_ONLY 1u
+int model_open_ex(model *m, const char *path, unsigned flags, moh_error *err);
 /* Reads a model.safetensors file at path into m (same checks). */
 int model_load_weights(model *m, const char *path, moh_error *err);
 /* Attaches dir/tokenizer.json (when present; else m is left as it is: a byte model) to m, with

@@ -12,6 +12,7 @@
 
 #include "core/fsutil.h"
 #include "io/gguf.h"
+#include "ops/quant.h"
 #include "io/manifest.h"
 #include "models/model.h"
 #include "text/bpe.h"
@@ -214,7 +215,9 @@ int model_load(model *m, const char *dir, moh_error *err) {
     return rc;
 }
 
-int model_open(model *m, const char *path, moh_error *err) {
+int model_open(model *m, const char *path, moh_error *err) { return model_open_ex(m, path, 0, err); }
+
+int model_open_ex(model *m, const char *path, unsigned flags, moh_error *err) {
     memset(m, 0, sizeof *m);
     struct stat sb;
     const bool found = stat(path, &sb) == 0;
@@ -248,7 +251,7 @@ int model_open(model *m, const char *path, moh_error *err) {
     if (!rc && !fam)
         rc = moh_fail(err, MOH_E_CONFIG, "%s: general.architecture is '%.*s', expected one moh runs (llama)", path,
                       (int)(alen < 64 ? alen : 64), arch);
-    if (!rc) rc = fam->from_gguf(m, g, path, err);
+    if (!rc) rc = fam->from_gguf(m, g, path, flags, err);
     m->eos_id = -1;
     if (!rc && moh_gguf_find_key(g, "tokenizer.ggml.model") >= 0) { /* the vocabulary, as llama.cpp reads it */
         rc = bpe_from_gguf(&m->tokenizer, g, path, err);
@@ -272,7 +275,8 @@ int model_open(model *m, const char *path, moh_error *err) {
         }
         if (rc) model_free(m);
     }
-    moh_gguf_close(g); /* the weights were dequantised into the model's buffer */
+    if (!rc && m->quant && m->quant->borrows) m->gguf = g; /* its blocks stay mapped: decode reads them */
+    else moh_gguf_close(g); /* the weights were dequantised into the model's buffer */
     return rc;
 }
 

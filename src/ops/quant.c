@@ -377,6 +377,7 @@ int quant_table_add(quant_table *t, size_t off, int64_t rows, int64_t cols, int 
         return moh_fail(err, MOH_E_ARG, "quantised weights: matrix at %zu overlaps or precedes the last one", off);
     if (t->n >= t->cap) return moh_fail(err, MOH_E_ARG, "quantised weights: more than %d matrices", t->cap);
     const size_t rb = (size_t)(cols / QUANT_BLOCK) * quant_block_bytes(type);
+    t->borrows = t->borrows || data;
     if (!data) {
         if ((size_t)rows * rb > t->owned_bytes - t->owned_used)
             return moh_fail(err, MOH_E_ARG, "quantised weights: no room for a [%lld, %lld] matrix", (long long)rows,

@@ -82,6 +82,7 @@ typedef struct quant_table {
     uint8_t *owned;       /* blocks this table made or copied (reordered GGUF rows); one allocation */
     size_t owned_bytes, owned_used;
     size_t bytes;         /* quantised bytes over all entries */
+    bool borrows;         /* some entries' blocks are the caller's (quant_table_add with data) */
 } quant_table;
 /* An empty table over base [nbase] with room for `entries` entries and owned_bytes bytes of blocks.
  * MOH_OK, MOH_E_NOMEM. */

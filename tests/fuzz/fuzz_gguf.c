@@ -103,7 +103,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         lm_params_f32 p;
         if (total <= (1 << 20) && lm_params_init_f32(&p, &cfg, &err) == MOH_OK) {
             {
-                rc = lm_gguf_weights(g, "fuzz.gguf", &cfg, p.data, &err);
+                rc = lm_gguf_weights(g, "fuzz.gguf", &cfg, p.data, NULL, &err);
                 if (rc != MOH_OK) check_msg(&err, rc);
                 for (size_t i = 0; rc == MOH_OK && i < p.n; i++)
                     if (!isfinite(p.data[i])) __builtin_trap();
