@@ -105,14 +105,6 @@ static int system_block(const char *tmpl, const char *system, const char *eos, c
     return rc;
 }
 
-/* Appends tokens to the cache; the logits of the last. */
-static int feed(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, const int *ids, size_t n,
-                float *logits, moh_error *err) {
-    for (size_t i = 0; i < n; i++)
-        if (lm_decode_step(cfg, p, kv, ids[i], logits, err)) return err->code;
-    return MOH_OK;
-}
-
 int cmd_chat(int argc, char **argv) {
     const char *path = NULL, *system = NULL, *precision = NULL, *device = NULL;
     int max_tokens = 512, top_k = 0;
@@ -237,9 +229,8 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         const double t0 = train_now_s();
-        /* a conversation's first turn (the system block and the message) in one batched prefill */
-        rc = kv.pos == 0 ? lm_encode(&cfg, &p, &kv, ids, (int)nids, logits, &err)
-                         : feed(&cfg, &p, &kv, ids, nids, logits, &err);
+        /* the turn in one batched pass (the first: a prefill; later ones extend the cache) */
+        rc = lm_feed(&cfg, &p, &kv, ids, (int)nids, logits, &err);
         free(ids);
         if (rc) goto fail;
         const double t1 = train_now_s();
@@ -278,7 +269,7 @@ int cmd_chat(int argc, char **argv) {
             int *nl = NULL;
             size_t nn = 0;
             if (bpe_encode(tok, (const uint8_t *)"\n", 1, false, &nl, &nn, &err)) goto fail;
-            if ((size_t)kv.pos + nn <= (size_t)N) rc = feed(&cfg, &p, &kv, nl, nn, logits, &err);
+            if (nn && (size_t)kv.pos + nn <= (size_t)N) rc = lm_feed(&cfg, &p, &kv, nl, (int)nn, logits, &err);
             free(nl);
             if (rc) goto fail;
         }

@@ -194,6 +194,17 @@ static void model_check(test_ctx *ctx, const model_case *mc, sparse_bf16_isa isa
           mc->name, k16.heads_run, k16.heads_total, k32.heads_run, k32.heads_total);
     CHECK(ctx, wpre < bound, "%s %s: bf16 prefill + decode vs fp32 reference forward rel err %.3g > %.3g", mc->name,
           sparse_bf16_isa_name(isa), wpre, bound);
+    /* lm_feed into a filled bf16 cache (bf16 GEMMs, decode attention kernels): the logits after a
+     * second run of 9 tokens, against the fp32 forward (a routed model may flip a near tie: 0.5) */
+    lm_kv_cache k16f;
+    CHECK(ctx, lm_kv_init_bf16(&k16f, &c, &p, T, &err) == MOH_OK, "%s", err.msg);
+    k16f.dc.isa = isa;
+    CHECK(ctx, lm_feed(&c, &p, &k16f, tok, n0, lp, &err) == MOH_OK, "%s", err.msg);
+    CHECK(ctx, lm_feed(&c, &p, &k16f, tok + n0, 9, lp, &err) == MOH_OK, "%s", err.msg);
+    const double wfeed = test_rel_err_f32(lp, a.logits + (size_t)(n0 + 8) * V, V);
+    CHECK(ctx, wfeed < (routed ? 0.5 : bound), "%s %s: bf16 lm_feed into a filled cache vs fp32 forward rel err %.3g",
+          mc->name, sparse_bf16_isa_name(isa), wfeed);
+    lm_kv_free(&k16f);
     /* another parameter buffer than the cache's copy is refused */
     lm_params_f32 q = p;
     q.data = p.data + 1;

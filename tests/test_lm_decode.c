@@ -1,7 +1,8 @@
 /* KV-cache decoding (lm_decode_step, which skips unselected heads) gives the same next-token
  * logits as the full causal forward pass at every position, dense and MoH, with GQA. A batched
  * prefill (lm_prefill: head-sparse attention) of a prompt leaves the cache as token-by-token
- * decoding does, and decoding after it gives the same logits. Every product on the calling thread
+ * decoding does, and decoding after it gives the same logits; so does lm_feed, run after run into
+ * a filled cache (a chat turn after the first in one batched pass). Every product on the calling thread
  * and every product on the OpenMP team (lm_kv_cache.par_work) give the same bits, and the first
  * step calibrates the split (never split where the team is one thread). */
 #include <limits.h>
@@ -119,6 +120,31 @@ static void run(test_ctx *ctx, const char *name, moh_router router, int hkv, boo
     CHECK(ctx, pworst < 1e-4, "%s: logits after prefill differ from the full forward: rel %.3g", name, pworst);
     const double pshare = (double)kv2.heads_run / (double)kv2.heads_total;
     CHECK(ctx, fabs(pshare - share) < 1e-12, "%s: prefill + decode ran %.4f of heads, decode %.4f", name, pshare, share);
+    /* lm_feed in runs: the first on the empty cache (prefill), then extending a filled cache in one
+     * batched pass (9, 40, 70 tokens: the chat turn after the first), or token by token (3): the
+     * logits after each run and the cache agree with token-by-token decoding */
+    static const int runs[] = {20, 9, 3, 40, 70};
+    lm_kv_cache kv5;
+    CHECK(ctx, lm_kv_init(&kv5, &c, T, &err) == MOH_OK, "%s", err.msg);
+    double fworst = 0.0, fcache = 0.0;
+    for (size_t r = 0, at = 0; r < sizeof runs / sizeof runs[0]; at += (size_t)runs[r++]) {
+        CHECK(ctx, lm_feed(&c, &p, &kv5, tok + at, runs[r], logits, &err) == MOH_OK, "%s", err.msg);
+        const double e = test_rel_err_f32(logits, a.logits + (at + (size_t)runs[r] - 1) * 256, 256);
+        fworst = e > fworst ? e : fworst;
+    }
+    CHECK(ctx, kv5.pos == 142, "%s: lm_feed left pos %d, want 142", name, kv5.pos);
+    for (int l = 0; l < c.num_hidden_layers; l++)
+        for (int g = 0; g < c.num_key_value_heads; g++) {
+            const size_t off = ((size_t)l * T * kvd) + (size_t)g * T * c.head_dim, len = (size_t)142 * c.head_dim;
+            fcache = fmax(fcache, fmax(test_rel_err_f32(kv5.dc.k + off, kv.dc.k + off, (long)len),
+                                       test_rel_err_f32(kv5.dc.v + off, kv.dc.v + off, (long)len)));
+        }
+    CHECK(ctx, fworst < 1e-4 && fcache < 1e-5, "%s: lm_feed logits rel %.3g, cache rel %.3g vs token by token", name,
+          fworst, fcache);
+    CHECK(ctx, fabs((double)kv5.heads_run / (double)kv5.heads_total - share) < 1e-12, "%s: lm_feed ran %.4f of heads",
+          name, (double)kv5.heads_run / (double)kv5.heads_total);
+    CHECK(ctx, lm_feed(&c, &p, &kv5, tok, 9, logits, &err) == MOH_E_ARG, "%s: lm_feed past the cache must refuse", name);
+    lm_kv_free(&kv5);
     CHECK(ctx, lm_prefill(&c, &p, &kv2, &ws, tok, n0 + 1, logits, &err) == MOH_E_ARG, "%s: prefill past the workspace must refuse", name);
     tok[3] = 256;
     CHECK(ctx, lm_prefill(&c, &p, &kv2, &ws, tok, n0, logits, &err) == MOH_E_ARG, "%s: prefill of a token out of range must refuse", name);
@@ -126,8 +152,8 @@ static void run(test_ctx *ctx, const char *name, moh_router router, int hkv, boo
     lm_kv_free(&kv2);
     CHECK(ctx, lm_decode_step(&c, &p, &kv, 1, logits, &err) == MOH_E_ARG, "%s: a full cache must refuse", name);
     CHECK(ctx, (lm_kv_reset(&kv), lm_decode_step(&c, &p, &kv, 300, logits, &err)) == MOH_E_ARG, "%s: token out of range must refuse", name);
-    printf("  %-14s worst rel err %.2e (after prefill %.2e, cache %.2e), heads run %.3f\n", name, worst, pworst,
-           cworst, share);
+    printf("  %-14s worst rel err %.2e (after prefill %.2e, cache %.2e; lm_feed %.2e, cache %.2e), heads run %.3f\n",
+           name, worst, pworst, cworst, fworst, fcache, share);
     lm_kv_free(&kv);
     lm_acts_free_f32(&a);
     lm_params_free_f32(&p);

@@ -365,20 +365,120 @@ int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv
     return MOH_OK;
 }
 
-int lm_encode(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, const int *tok, int n, float *logits,
-              moh_error *err) {
-    if (n < 1 || n > kv->max_T)
-        return moh_fail(err, MOH_E_ARG, "encode: %d tokens, expected 1..%d (the KV cache)", n, kv->max_T);
-    lm_kv_reset(kv);
+/* Appends tok[0..n) to a cache holding kv->pos > 0 tokens in one batched pass per layer: the
+ * projections and the MLP as GEMMs over the n tokens (the workspace's context: fp32, bf16, or a
+ * quantised cache's matrices dequantised one at a time), the router per token as decode routes
+ * (attn_decode_route / router_forward_f32), K and V into the cache, and each token's selected
+ * heads attending over the cache up to its own position (attn_decode_attend, the decode kernels).
+ * Scratch: qkv [n, qd], og [n, h d], gates [n, h] in sc. */
+static int extend(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, lm_prefill_ws *w,
+                  const int *tok, int n, float *sc, float *logits) {
+    const moh_attn_config *a = &cfg->attn;
+    const int L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size;
+    const int h = a->n_heads, hkv = a->n_kv_heads, d = a->head_dim, grp = h / hkv, qd = attn_qkv_dim(a);
+    const size_t hd = (size_t)h * d, nC = (size_t)n * C;
+    const float eps = (float)cfg->rms_norm_eps;
+    const quant_table *qt = kv->dc.qt;
+    const int pos0 = kv->pos;
+    float *x = w->x, *xn = w->xn, *y = w->y, *rstd = w->rstd;
+    float *qkv = sc, *og = qkv + (size_t)n * qd, *gates = og + (size_t)n * hd;
+    int *pos = kv->task + h + 2 * hkv; /* [n]: after the head lists */
+    double *ph = kv->phase_s, t = omp_get_wtime();
+    for (int i = 0; i < n; i++) {
+        pos[i] = pos0 + i;
+        if (!quant_table_row(qt, p->embed + (size_t)tok[i] * C, C, x + (size_t)i * C))
+            embedding_forward_f32(x + (size_t)i * C, &tok[i], p->embed, 1, C);
+    }
+    for (int l = 0; l < L; l++) {
+        lm_block_f32 bq;
+        if (qt) attn_from_table(cfg, qt, &p->blocks[l], w->wq, &bq);
+        const lm_block_f32 *b = qt ? &bq : &p->blocks[l];
+        rmsnorm_forward_f32(xn, rstd, x, b->ln1, n, C, eps);
+        be_linear_forward_f32(&w->cx, qkv, xn, b->attn.w_qkv, b->attn.b_qkv, n, C, qd);
+        for (int i = 0; i < n; i++) { /* the gates of each token, as lm_decode_step chooses them */
+            const float *xi = xn + (size_t)i * C;
+            if (a->router == MOH_ROUTER_LEARNED) attn_decode_route(a, &b->attn, xi, &kv->router);
+            else router_forward_f32(a, &b->attn, xi, qkv + (size_t)i * qd, 1, &kv->router);
+            memcpy(gates + (size_t)i * h, kv->router.gates, sizeof(float) * (size_t)h);
+        }
+        if (a->rope_theta > 0) rope_forward_f32(qkv, n, qd, h + hkv, pos, a);
+        for (int i = 0; i < n; i++)
+            for (int g = 0; g < hkv; g++)
+                lm_kv_write(kv, cfg, l, g, pos0 + i, 1, qkv + (size_t)i * qd + (size_t)(h + g) * d,
+                            qkv + (size_t)i * qd + (size_t)(h + hkv + g) * d);
+        t = lap(ph, LM_PH_QKV, t);
+        memset(og, 0, sizeof(float) * (size_t)n * hd); /* skipped heads add nothing through W_O */
+        for (int i = 0; i < n; i++) {
+            int *sel = kv->task, nsel = 0;
+            for (int k = 0; k < h; k++)
+                if (gates[(size_t)i * h + k] != 0.0f) sel[nsel++] = k;
+            kv->heads_total += h;
+            kv->heads_run += nsel;
+            attn_decode_attend(&kv->dc, l, hkv, grp, sel, nsel, pos0 + i, qkv + (size_t)i * qd, gates + (size_t)i * h,
+                               kv->scores, og + (size_t)i * hd);
+        }
+        t = lap(ph, LM_PH_ATTN, t);
+        be_linear_forward_f32(&w->cx, y, og, b->attn.w_o, b->attn.b_o, n, (int)hd, C);
+        t = lap(ph, LM_PH_WO, t);
+        for (size_t i = 0; i < nC; i++) x[i] += y[i];
+        rmsnorm_forward_f32(xn, rstd, x, b->ln2, n, C, eps);
+        be_linear_forward_f32(&w->cx, w->gate, xn, qt ? dequant_rows(qt, p->blocks[l].w_gate, I, C, w->wq) : b->w_gate,
+                              NULL, n, C, I);
+        be_linear_forward_f32(&w->cx, w->up, xn, qt ? dequant_rows(qt, p->blocks[l].w_up, I, C, w->wq) : b->w_up, NULL,
+                              n, C, I);
+        swiglu_forward_f32(w->gate, w->gate, w->up, (long)n * I);
+        be_linear_forward_f32(&w->cx, y, w->gate, qt ? dequant_rows(qt, p->blocks[l].w_down, C, I, w->wq) : b->w_down,
+                              NULL, n, I, C);
+        for (size_t i = 0; i < nC; i++) x[i] += y[i];
+        t = lap(ph, LM_PH_MLP, t);
+    }
+    float r;
+    rmsnorm_forward_f32(xn, &r, x + (size_t)(n - 1) * C, p->norm, 1, C, eps);
+    attn_decode_linear(&kv->dc, logits, xn, p->lm_head, NULL, C, cfg->vocab_size);
+    lap(ph, LM_PH_HEAD, t);
+    kv->pos = pos0 + n;
+    return MOH_OK;
+}
+
+int lm_feed(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, const int *tok, int n, float *logits,
+            moh_error *err) {
+    if (n < 1 || kv->pos + n > kv->max_T)
+        return moh_fail(err, MOH_E_ARG, "feed: %d tokens at position %d, expected 1..%d (the KV cache)", n, kv->pos,
+                        kv->max_T - kv->pos);
+    for (int i = 0; i < n; i++)
+        if (tok[i] < 0 || tok[i] >= cfg->vocab_size)
+            return moh_fail(err, MOH_E_ARG, "feed: token %d at %d out of range [0, %d)", tok[i], i, cfg->vocab_size);
     if (n < LM_ENCODE_BATCH) {
         for (int i = 0; i < n; i++)
             if (lm_decode_step(cfg, p, kv, tok[i], logits, err)) return err->code;
         return MOH_OK;
     }
+    if (check_params(kv, p, err)) return err->code;
+    if (kv->dc.par_work <= 0 && lm_kv_calibrate(kv, cfg, p, err)) return err->code;
     lm_prefill_ws w;
     if (lm_prefill_init(&w, cfg, n, err)) return err->code;
     int rc = kv->dc.bf16 ? lm_prefill_set_bf16(&w, cfg, kv, err) : MOH_OK;
-    if (!rc) rc = lm_prefill(cfg, p, kv, &w, tok, n, logits, err);
+    if (!rc && kv->pos == 0) rc = lm_prefill(cfg, p, kv, &w, tok, n, logits, err);
+    else if (!rc) {
+        const moh_attn_config *a = &cfg->attn;
+        const size_t C = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size, qd = (size_t)attn_qkv_dim(a);
+        const size_t hd = (size_t)a->n_heads * a->head_dim, wqn = (qd + hd) * C > I * C ? (qd + hd) * C : I * C;
+        float *sc = malloc(sizeof(float) * (size_t)n * (qd + hd + (size_t)a->n_heads));
+        int *task = realloc(kv->task, sizeof(int) * ((size_t)a->n_heads + 2 * (size_t)a->n_kv_heads + (size_t)n));
+        if (task) kv->task = task;
+        if (kv->dc.qt && !w.wq) w.wq = malloc(sizeof(float) * wqn);
+        if (!sc || !task || (kv->dc.qt && !w.wq)) rc = moh_fail(err, MOH_E_NOMEM, "feed: out of memory for %d tokens", n);
+        else rc = extend(cfg, p, kv, &w, tok, n, sc, logits);
+        free(sc);
+    }
     lm_prefill_free(&w);
     return rc;
+}
+
+int lm_encode(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, const int *tok, int n, float *logits,
+              moh_error *err) {
+    if (n < 1 || n > kv->max_T)
+        return moh_fail(err, MOH_E_ARG, "encode: %d tokens, expected 1..%d (the KV cache)", n, kv->max_T);
+    lm_kv_reset(kv);
+    return lm_feed(cfg, p, kv, tok, n, logits, err);
 }

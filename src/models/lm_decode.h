@@ -129,12 +129,19 @@ void lm_prefill_free(lm_prefill_ws *w);
 int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, lm_prefill_ws *w,
                const int *tok, int n, float *logits, moh_error *err);
 
-/* Prompts of at least this many tokens are encoded by a batched prefill (lm_encode). */
+/* Runs of at least this many tokens are encoded in one batched pass (lm_feed, lm_encode). */
 #define LM_ENCODE_BATCH 8
-/* Empties the cache and encodes tok[0..n) (1 <= n <= kv->max_T) from position 0, leaving the
- * logits after tok[n-1]: from LM_ENCODE_BATCH tokens a batched lm_prefill with a workspace made
- * for these n (bf16 on a bf16 cache; fp32 on a quantised one), below that lm_decode_step per
- * token. MOH_OK, MOH_E_ARG (n; a token out of range), MOH_E_NOMEM. */
+/* Appends tok[0..n) (ids < V) at kv->pos (kv->pos + n <= kv->max_T), leaving the logits after
+ * tok[n-1]. From LM_ENCODE_BATCH tokens in one batched pass with a workspace made for these n
+ * (bf16 on a bf16 cache; fp32 on a quantised one's dequantised matrices): on an empty cache
+ * lm_prefill (the head-sparse attention layer), else a pass that runs the projections and the MLP
+ * as GEMMs over the n tokens, routes each token as lm_decode_step does, and attends each token's
+ * selected heads over the cache up to its position with the decode kernels (a chat turn after the
+ * first). Below that, lm_decode_step per token. MOH_OK, MOH_E_ARG (n, a token out of range, or
+ * parameters other than a bf16 / quantised cache's), MOH_E_NOMEM. */
+int lm_feed(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, const int *tok, int n, float *logits,
+            moh_error *err);
+/* Empties the cache and lm_feeds tok[0..n) (1 <= n <= kv->max_T) from position 0. */
 int lm_encode(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, const int *tok, int n, float *logits,
               moh_error *err);
 #endif
