@@ -260,9 +260,12 @@ int bench_decode_models(const bdm_opts *o) {
         for (int i = 0; i < npr; i++) {
             char d[400];
             attn_decode_describe(&runs[i].kv.dc, d, sizeof d);
+            const bool q = strcmp(o->prec[i], "fp32") && strcmp(o->prec[i], "bf16");
             printf("  %s rows: %s%s\n", o->prec[i], d,
                    !strcmp(o->prec[i], "bf16") ? "; prefill: oneDNN bf16 matmul and bf16 attention tiles"
-                   : strcmp(o->prec[i], "fp32") ? "; prefill fp32" : "");
+                   : !q                        ? ""
+                   : runs[i].ws.wq16.data ? "; prefill: bf16 matmul on the blocks dequantised one matrix at a time"
+                                          : "; prefill: fp32 on the blocks dequantised one matrix at a time");
         }
         printf("%-4s %-5s %6s %26s %26s %9s %7s", "", "prec", "prompt", "prefill tok/s med (min-max)",
                "decode tok/s med (min-max)", "ms/token", "heads");

@@ -252,7 +252,36 @@ int lm_prefill_set_bf16(lm_prefill_ws *w, const moh_lm_config *cfg, const lm_kv_
     return MOH_OK;
 }
 
+/* Floats of the dequantisation scratch: W_qkv + W_O, or one MLP matrix. */
+static size_t wq_floats(const moh_lm_config *cfg) {
+    const moh_attn_config *a = &cfg->attn;
+    const size_t C = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size, qd = (size_t)attn_qkv_dim(a);
+    const size_t hd = (size_t)a->n_heads * a->head_dim;
+    return (qd + hd) * C > I * C ? (qd + hd) * C : I * C;
+}
+
+int lm_prefill_set_quant(lm_prefill_ws *w, const moh_lm_config *cfg, const lm_kv_cache *kv, moh_error *err) {
+    if (!kv->dc.qt) return moh_fail(err, MOH_E_ARG, "prefill: quantised weights asked for a cache without them");
+    if (!w->wq) {
+        w->nwq = wq_floats(cfg);
+        if (!(w->wq = malloc(sizeof(float) * w->nwq)))
+            return moh_fail(err, MOH_E_NOMEM, "prefill: cannot allocate %zu MiB for dequantised weights", (w->nwq * 4) >> 20);
+    }
+    char why[160];
+    if (w->wq16.data || precision_resolve(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16) return MOH_OK;
+    if (bf16_mirror_init(&w->wq16, w->wq, w->nwq, err) || be_ctx_set_weights(&w->cx, &w->wq16, err) ||
+        attn_layer_set_compute_f32(&w->layer, &cfg->attn, &w->cx, err))
+        return err->code;
+    return MOH_OK;
+}
+
+/* After matrices were dequantised into the scratch: their bf16 copy, when the GEMMs run bf16. */
+static void wq_sync(lm_prefill_ws *w) {
+    if (w->wq16.data) bf16_mirror_sync(&w->wq16);
+}
+
 void lm_prefill_free(lm_prefill_ws *w) {
+    bf16_mirror_free(&w->wq16);
     free(w->wq);
     if (w->block) {
         attn_layer_free_f32(&w->layer);
@@ -299,6 +328,14 @@ static void attn_from_table(const moh_lm_config *cfg, const quant_table *t, cons
     out->attn.w_o = (float *)dequant_rows(t, b->attn.w_o, C, hd, wq + qd * C);
 }
 
+/* An MLP matrix for a prefill on a quantised cache: dequantised into the scratch (and its bf16
+ * copy) when the table holds it. */
+static const float *mlp_weight(lm_prefill_ws *w, const quant_table *t, const float *m, int64_t rows, int64_t cols) {
+    const float *r = dequant_rows(t, m, rows, cols, w->wq);
+    if (r == w->wq) wq_sync(w);
+    return r;
+}
+
 int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, lm_prefill_ws *w,
                const int *tok, int n, float *logits, moh_error *err) {
     const moh_attn_config *a = &cfg->attn;
@@ -316,10 +353,7 @@ int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv
             return moh_fail(err, MOH_E_ARG, "prefill: token %d at position %d out of range [0, %d)", tok[i], i,
                             cfg->vocab_size);
     const quant_table *qt = kv->dc.qt;
-    const size_t qd = (size_t)attn_qkv_dim(a), hd = (size_t)a->n_heads * a->head_dim;
-    const size_t wqn = (qd + hd) * (size_t)C > (size_t)I * C ? (qd + hd) * (size_t)C : (size_t)I * C;
-    if (qt && !w->wq && !(w->wq = malloc(sizeof(float) * wqn)))
-        return moh_fail(err, MOH_E_NOMEM, "prefill: cannot allocate %zu MiB for dequantised weights", (wqn * 4) >> 20);
+    if (qt && !w->wq && lm_prefill_set_quant(w, cfg, kv, err)) return err->code;
     lm_kv_reset(kv);
     double *ph = kv->phase_s, t = omp_get_wtime();
     const size_t nC = (size_t)n * C;
@@ -329,7 +363,10 @@ int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv
             embedding_forward_f32(x + (size_t)i * C, &tok[i], p->embed, 1, C);
     for (int l = 0; l < L; l++) {
         lm_block_f32 bq;
-        if (qt) attn_from_table(cfg, qt, &p->blocks[l], w->wq, &bq);
+        if (qt) {
+            attn_from_table(cfg, qt, &p->blocks[l], w->wq, &bq);
+            wq_sync(w);
+        }
         const lm_block_f32 *b = qt ? &bq : &p->blocks[l];
         rmsnorm_forward_f32(xn, rstd, x, b->ln1, n, C, eps);
         t = lap(ph, LM_PH_OTHER, t);
@@ -349,11 +386,10 @@ int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv
         rmsnorm_forward_f32(xn, rstd, x, b->ln2, n, C, eps);
         t = lap(ph, LM_PH_OTHER, t);
         /* (a quantised cache: each matrix dequantised into the scratch just before its product) */
-        be_linear_forward_f32(&w->cx, w->gate, xn, qt ? dequant_rows(qt, b->w_gate, I, C, w->wq) : b->w_gate, NULL, n, C, I);
-        be_linear_forward_f32(&w->cx, w->up, xn, qt ? dequant_rows(qt, b->w_up, I, C, w->wq) : b->w_up, NULL, n, C, I);
+        be_linear_forward_f32(&w->cx, w->gate, xn, qt ? mlp_weight(w, qt, b->w_gate, I, C) : b->w_gate, NULL, n, C, I);
+        be_linear_forward_f32(&w->cx, w->up, xn, qt ? mlp_weight(w, qt, b->w_up, I, C) : b->w_up, NULL, n, C, I);
         swiglu_forward_f32(w->gate, w->gate, w->up, (long)n * I);
-        be_linear_forward_f32(&w->cx, y, w->gate, qt ? dequant_rows(qt, b->w_down, C, I, w->wq) : b->w_down, NULL, n, I,
-                              C);
+        be_linear_forward_f32(&w->cx, y, w->gate, qt ? mlp_weight(w, qt, b->w_down, C, I) : b->w_down, NULL, n, I, C);
         t = lap(ph, LM_PH_MLP, t);
         for (size_t i = 0; i < nC; i++) x[i] += y[i];
     }
@@ -391,7 +427,10 @@ static int extend(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache 
     }
     for (int l = 0; l < L; l++) {
         lm_block_f32 bq;
-        if (qt) attn_from_table(cfg, qt, &p->blocks[l], w->wq, &bq);
+        if (qt) {
+            attn_from_table(cfg, qt, &p->blocks[l], w->wq, &bq);
+            wq_sync(w);
+        }
         const lm_block_f32 *b = qt ? &bq : &p->blocks[l];
         rmsnorm_forward_f32(xn, rstd, x, b->ln1, n, C, eps);
         be_linear_forward_f32(&w->cx, qkv, xn, b->attn.w_qkv, b->attn.b_qkv, n, C, qd);
@@ -422,13 +461,10 @@ static int extend(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache 
         t = lap(ph, LM_PH_WO, t);
         for (size_t i = 0; i < nC; i++) x[i] += y[i];
         rmsnorm_forward_f32(xn, rstd, x, b->ln2, n, C, eps);
-        be_linear_forward_f32(&w->cx, w->gate, xn, qt ? dequant_rows(qt, p->blocks[l].w_gate, I, C, w->wq) : b->w_gate,
-                              NULL, n, C, I);
-        be_linear_forward_f32(&w->cx, w->up, xn, qt ? dequant_rows(qt, p->blocks[l].w_up, I, C, w->wq) : b->w_up, NULL,
-                              n, C, I);
+        be_linear_forward_f32(&w->cx, w->gate, xn, qt ? mlp_weight(w, qt, b->w_gate, I, C) : b->w_gate, NULL, n, C, I);
+        be_linear_forward_f32(&w->cx, w->up, xn, qt ? mlp_weight(w, qt, b->w_up, I, C) : b->w_up, NULL, n, C, I);
         swiglu_forward_f32(w->gate, w->gate, w->up, (long)n * I);
-        be_linear_forward_f32(&w->cx, y, w->gate, qt ? dequant_rows(qt, p->blocks[l].w_down, C, I, w->wq) : b->w_down,
-                              NULL, n, I, C);
+        be_linear_forward_f32(&w->cx, y, w->gate, qt ? mlp_weight(w, qt, b->w_down, C, I) : b->w_down, NULL, n, I, C);
         for (size_t i = 0; i < nC; i++) x[i] += y[i];
         t = lap(ph, LM_PH_MLP, t);
     }
@@ -457,17 +493,16 @@ int lm_feed(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, c
     if (kv->dc.par_work <= 0 && lm_kv_calibrate(kv, cfg, p, err)) return err->code;
     lm_prefill_ws w;
     if (lm_prefill_init(&w, cfg, n, err)) return err->code;
-    int rc = kv->dc.bf16 ? lm_prefill_set_bf16(&w, cfg, kv, err) : MOH_OK;
+    int rc = kv->dc.bf16 ? lm_prefill_set_bf16(&w, cfg, kv, err)
+             : kv->dc.qt ? lm_prefill_set_quant(&w, cfg, kv, err) : MOH_OK;
     if (!rc && kv->pos == 0) rc = lm_prefill(cfg, p, kv, &w, tok, n, logits, err);
     else if (!rc) {
         const moh_attn_config *a = &cfg->attn;
-        const size_t C = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size, qd = (size_t)attn_qkv_dim(a);
-        const size_t hd = (size_t)a->n_heads * a->head_dim, wqn = (qd + hd) * C > I * C ? (qd + hd) * C : I * C;
+        const size_t qd = (size_t)attn_qkv_dim(a), hd = (size_t)a->n_heads * a->head_dim;
         float *sc = malloc(sizeof(float) * (size_t)n * (qd + hd + (size_t)a->n_heads));
         int *task = realloc(kv->task, sizeof(int) * ((size_t)a->n_heads + 2 * (size_t)a->n_kv_heads + (size_t)n));
         if (task) kv->task = task;
-        if (kv->dc.qt && !w.wq) w.wq = malloc(sizeof(float) * wqn);
-        if (!sc || !task || (kv->dc.qt && !w.wq)) rc = moh_fail(err, MOH_E_NOMEM, "feed: out of memory for %d tokens", n);
+        if (!sc || !task) rc = moh_fail(err, MOH_E_NOMEM, "feed: out of memory for %d tokens", n);
         else rc = extend(cfg, p, kv, &w, tok, n, sc, logits);
         free(sc);
     }

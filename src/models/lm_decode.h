@@ -105,6 +105,8 @@ typedef struct lm_prefill_ws {
     be_ctx cx;
     const lm_kv_cache *bf16_kv;  /* lm_prefill_set_bf16: computes in bf16 over this cache's weights */
     float *wq;                   /* a quantised cache's: W_qkv + W_O, or one MLP matrix, dequantised (made at first use) */
+    size_t nwq;                  /* floats of wq */
+    bf16_mirror wq16;            /* lm_prefill_set_quant on bf16 hardware: wq in bf16, the GEMMs' weights */
     void *block;
 } lm_prefill_ws;
 /* MOH_OK, MOH_E_ARG (max_n < 1), MOH_E_NOMEM. */
@@ -113,6 +115,11 @@ int lm_prefill_init(lm_prefill_ws *w, const moh_lm_config *cfg, int max_n, moh_e
  * head-sparse attention in bf16 on kv's bf16 weights (be_ctx_set_weights, attn_layer_set_compute),
  * fp32 accumulation. MOH_OK, MOH_E_ARG (kv is not bf16), MOH_E_NOMEM. */
 int lm_prefill_set_bf16(lm_prefill_ws *w, const moh_lm_config *cfg, const lm_kv_cache *kv, moh_error *err);
+/* Prefill into the quantised cache kv: the dequantisation scratch, and on a CPU with bf16 GEMMs
+ * (precision_resolve: AVX512-BF16 or AMX-BF16) the linear layers and attention tiles in bf16 on
+ * the dequantised matrices (rounded to bf16 once per use), else fp32. MOH_OK, MOH_E_ARG (kv is
+ * not quantised), MOH_E_NOMEM. */
+int lm_prefill_set_quant(lm_prefill_ws *w, const moh_lm_config *cfg, const lm_kv_cache *kv, moh_error *err);
 void lm_prefill_free(lm_prefill_ws *w);
 /* Batched prefill: empties the cache and encodes tok[0..n) (ids < V) from position 0 in one
  * forward pass over the n tokens, layer by layer: RMSNorm, head-sparse attention
@@ -121,8 +128,8 @@ void lm_prefill_free(lm_prefill_ws *w);
  * lm_decode_step calls would put them; logits [V] are the next-token logits after tok[n-1]
  * (the LM head runs on that token only). Decoding goes on with lm_decode_step at position n.
  * A bf16 cache gets its K and V rounded to bf16; the workspace computes in bf16 when set for
- * this cache (lm_prefill_set_bf16), else in fp32. A quantised cache: fp32 on the matrices its table
- * holds dequantised one at a time (the weights decode uses; the float buffer's rows of those
+ * this cache (lm_prefill_set_bf16), else in fp32. A quantised cache: the matrices its table
+ * holds dequantised one at a time (lm_prefill_set_quant: bf16 GEMMs where the CPU has them) (the weights decode uses; the float buffer's rows of those
  * matrices are not read, lm_kv_init_quant), the embedding rows from the table too.
  * Returns MOH_OK, or MOH_E_ARG when n < 1, n > w->max_n, n > kv->max_T, a token is out of range,
  * or w was set to bf16 for another cache. */
@@ -133,7 +140,7 @@ int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv
 #define LM_ENCODE_BATCH 8
 /* Appends tok[0..n) (ids < V) at kv->pos (kv->pos + n <= kv->max_T), leaving the logits after
  * tok[n-1]. From LM_ENCODE_BATCH tokens in one batched pass with a workspace made for these n
- * (bf16 on a bf16 cache; fp32 on a quantised one's dequantised matrices): on an empty cache
+ * (bf16 on a bf16 cache; a quantised one's dequantised matrices, lm_prefill_set_quant): on an empty cache
  * lm_prefill (the head-sparse attention layer), else a pass that runs the projections and the MLP
  * as GEMMs over the n tokens, routes each token as lm_decode_step does, and attends each token's
  * selected heads over the cache up to its position with the decode kernels (a chat turn after the
