@@ -137,6 +137,12 @@ static int bd_precisions(const char *value, bdm_opts *o, bool *quant) {
     static const char *const names[] = {"fp32", "bf16", "gguf", "q8_0", "q4_0", "q4_1"};
     char why[160];
     const bool no16 = attn_decode_precision(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16;
+    const size_t vl = strlen(value);
+    if (!vl || value[vl - 1] == ',') {
+        fprintf(stderr, "moh bench decode: --precision '%s': an empty item, expected a comma list of fp32, bf16, both, "
+                        "gguf, q8_0, q4_0, q4_1\n", value);
+        return 2;
+    }
     for (const char *p = value; *p;) {
         const size_t len = strcspn(p, ",");
         const bool both = len == 4 && !strncmp(p, "both", 4);
@@ -155,8 +161,8 @@ static int bd_precisions(const char *value, bdm_opts *o, bool *quant) {
             o->prec[o->nprec++] = names[i];
         }
         if (!known || !len) {
-            fprintf(stderr, "moh bench decode: --precision '%.*s', expected a comma list of fp32, bf16, both, gguf, q8_0, "
-                            "q4_0, q4_1\n", (int)len, p);
+            fprintf(stderr, "moh bench decode: --precision '%s': %s '%.*s', expected a comma list of fp32, bf16, both, "
+                            "gguf, q8_0, q4_0, q4_1 (each once)\n", value, len ? "item" : "an empty item", (int)len, p);
             return 2;
         }
         p += len + (p[len] == ',');

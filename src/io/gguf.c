@@ -306,7 +306,10 @@ static int parse_tensors(moh_gguf *g, rd *r, moh_error *err) {
             return gfail(err, g->label, MOH_E_FORMAT, "tensor '%s' has ggml type %" PRId32 " (expected 0..%d)", nm, ty, MOH_GGML_TYPE_COUNT - 1);
         t->type = ty;
         int64_t blck = GG_TYPES[ty].blck;
-        if (blck == 0 || ne[0] % blck != 0)
+        if (blck == 0) /* as gguf.cpp: a removed type is refused */
+            return gfail(err, g->label, MOH_E_FORMAT, "tensor '%s' has type %s, which ggml no longer has (expected a "
+                         "current ggml type)", nm, GG_TYPES[ty].name);
+        if (ne[0] % blck != 0)
             return gfail(err, g->label, MOH_E_FORMAT, "tensor '%s' of type %s has ne[0] = %" PRId64 " (expected a multiple of the block size %" PRId64 ")",
                          nm, GG_TYPES[ty].name, ne[0], blck);
         uint64_t nblk = (uint64_t)(t->numel / blck);

@@ -1,5 +1,7 @@
 #include "models/lm_decode.h"
 
+#include "io/gguf.h"
+
 #include <limits.h>
 #include <math.h>
 #include <omp.h>
@@ -106,16 +108,20 @@ int lm_quant_table(const moh_lm_config *cfg, const lm_params_f32 *p, int type, q
     }
     m[n++] = (qmat){p->lm_head, cfg->vocab_size, C};
     qsort(m, (size_t)n, sizeof *m, cmp_qmat);
+    /* a 4-bit type keeps the LM head (a tied embedding) in Q8_0, as llama-quantize and moh convert */
+    const int head_type = type == MOH_GGML_Q8_0 ? type : MOH_GGML_Q8_0;
     size_t bytes = 0;
     int keep = 0; /* whole blocks only (another width runs fp32); a tied head once */
     for (int i = 0; i < n; i++)
         if (m[i].cols % QUANT_BLOCK == 0 && (!keep || m[i].w != m[keep - 1].w)) {
             m[keep++] = m[i];
-            bytes += (size_t)(m[i].rows * (m[i].cols / QUANT_BLOCK)) * quant_block_bytes(type);
+            bytes += (size_t)(m[i].rows * (m[i].cols / QUANT_BLOCK)) *
+                     quant_block_bytes(m[i].w == p->lm_head ? head_type : type);
         }
     int rc = quant_table_init(qt, p->data, p->n, keep, bytes, err);
     for (int i = 0; i < keep && !rc; i++)
-        rc = quant_table_quantize(qt, (size_t)(m[i].w - p->data), m[i].rows, m[i].cols, type, err);
+        rc = quant_table_quantize(qt, (size_t)(m[i].w - p->data), m[i].rows, m[i].cols,
+                                  m[i].w == p->lm_head ? head_type : type, err);
     free(m);
     if (rc) quant_table_free(qt);
     return rc;

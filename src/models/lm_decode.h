@@ -61,7 +61,7 @@ int lm_kv_init_bf16(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f
 int lm_kv_init_quant(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, const quant_table *qt,
                      int max_T, moh_error *err);
 /* Quantises p's matrix-vector weights (every layer's W_qkv, W_O, gate, up, down; the LM head, once
- * when tied) into ggml blocks of `type` (MOH_GGML_Q8_0 / _Q4_0 / _Q4_1, as ggml's quantize_row_*_ref)
+ * when tied, in Q8_0 for a 4-bit type, as llama-quantize keeps it) into ggml blocks of `type` (MOH_GGML_Q8_0 / _Q4_0 / _Q4_1, as ggml's quantize_row_*_ref)
  * held by qt (owned; quant_table_free). A matrix whose width is not a multiple of 32 is left out
  * (decoded fp32). MOH_OK, MOH_E_ARG (type), MOH_E_NOMEM; qt empty on error. */
 int lm_quant_table(const moh_lm_config *cfg, const lm_params_f32 *p, int type, quant_table *qt, moh_error *err);
