@@ -7,8 +7,9 @@
  * bf16 KV store, fp32 accumulation; the instruction set, vdpbf16ps or widened AVX-512 or portable
  * loops, picked at run time inside), or quantised (attn_decode_init_quant: the matrices of a
  * quant_table in ggml's Q8_0 / Q4_0 / Q4_1 blocks times an activation quantised per 32 values, on
- * the integer units; a bf16 KV store; a matrix the table lacks runs fp32). Each product goes to the OpenMP team only when it is worth
- * waking it (attn_decode_calibrate). Callers (models/lm_decode.c) name no kernel or instruction set. */
+ * the integer units; a bf16 KV store; a matrix the table lacks runs fp32). Each product goes to the
+ * OpenMP team only when it is worth waking it (attn_decode_calibrate). Callers (models/lm_decode.c)
+ * name no kernel or instruction set. */
 #ifndef MOH_ATTN_DECODE_H
 #define MOH_ATTN_DECODE_H
 #include <stdbool.h>

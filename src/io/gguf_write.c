@@ -173,29 +173,6 @@ int moh_gguf_add_tensor(moh_gguf_writer *w, const char *name, int n_dims, const 
     return MOH_OK;
 }
 
-/* float32 -> IEEE half, round to nearest even (as numpy's astype(float16), which gguf-py uses) */
-static uint16_t to_half(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t e = (x >> 23) & 0xff, m = x & 0x7fffffu;
-    if (e == 0xff) return (uint16_t)(sign | 0x7c00u | (m ? 0x200u : 0)); /* inf / nan */
-    int ex = (int)e - 127 + 15;
-    if (ex >= 0x1f) return (uint16_t)(sign | 0x7c00u); /* overflow */
-    if (ex <= 0) {                                       /* subnormal or zero */
-        if (ex < -10) return (uint16_t)sign;
-        m |= 0x800000u;
-        const int shift = 14 - ex;
-        uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1))) h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = ((uint32_t)ex << 10) | (m >> 13);
-    const uint32_t rem = m & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* may carry into the exponent: correct */
-    return (uint16_t)(sign | h);
-}
-
 static bool put(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n; }
 static bool put_str(FILE *f, const char *s, size_t n) {
     const uint64_t len = n;
@@ -265,7 +242,7 @@ int moh_gguf_write(const moh_gguf_writer *w, const char *path, moh_error *err) {
         } else
             for (uint64_t j = 0; ok && j < numel; j += 4096) {
                 const uint64_t k = numel - j < 4096 ? numel - j : 4096;
-                for (uint64_t q = 0; q < k; q++) buf[q] = to_half(t->data[j + q]);
+                for (uint64_t q = 0; q < k; q++) buf[q] = quant_f2h(t->data[j + q]); /* as numpy astype(float16) */
                 ok = put(f, buf, (size_t)k * 2);
             }
         ok = ok && pad(f, t->nbytes);

@@ -1,5 +1,5 @@
-/* GGUF writer (gguf_write.c): metadata of the common value types and F32 / F16 / Q8_0 / Q4_0 / Q4_1 tensors, version 3,
- * alignment 32, as gguf-py's GGUFWriter lays files out; read back by io/gguf.h and llama.cpp.
+/* GGUF writer (gguf_write.c): metadata of the common value types and F32 / F16 / Q8_0 / Q4_0 /
+ * Q4_1 tensors, version 3, alignment 32, as gguf-py's GGUFWriter lays files out; read back by io/gguf.h and llama.cpp.
  * Source: the layout in io/gguf.h (ggml's gguf.h / gguf.cpp); gguf-py gguf_writer.py. */
 #ifndef MOH_IO_GGUF_WRITE_H
 #define MOH_IO_GGUF_WRITE_H

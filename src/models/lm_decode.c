@@ -147,6 +147,14 @@ static int check_params(const lm_kv_cache *kv, const lm_params_f32 *p, moh_error
     return attn_decode_check(&kv->dc, p->data, p->n, err);
 }
 
+/* x [n, C] = the embedding rows of tok[0..n): from the table t where it holds them (a quantised
+ * cache: a tied head, a GGUF token_embd, as llama.cpp's get_rows), else p's float rows. */
+static void embed_rows(const quant_table *t, const lm_params_f32 *p, const int *tok, int n, int C, float *x) {
+    for (int i = 0; i < n; i++)
+        if (!quant_table_row(t, p->embed + (size_t)tok[i] * C, C, x + (size_t)i * C))
+            embedding_forward_f32(x + (size_t)i * C, &tok[i], p->embed, 1, C);
+}
+
 int lm_kv_calibrate(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, moh_error *err) {
     if (check_params(kv, p, err)) return err->code;
     attn_decode_calibrate(&kv->dc, p->blocks[0].attn.w_qkv, attn_qkv_dim(&cfg->attn), cfg->hidden_size, kv->xn,
@@ -169,9 +177,7 @@ int lm_decode_step(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache
     if (kv->dc.par_work <= 0 && lm_kv_calibrate(kv, cfg, p, err)) return err->code;
     attn_decode *dc = &kv->dc;
     double *ph = kv->phase_s, t = omp_get_wtime();
-    /* a quantised cache embeds from the table's blocks where it holds the embedding (a tied head,
-     * a GGUF token_embd), as llama.cpp's get_rows does */
-    if (!quant_table_row(dc->qt, p->embed + (size_t)token * C, C, kv->x)) embedding_forward_f32(kv->x, &token, p->embed, 1, C);
+    embed_rows(dc->qt, p, &token, 1, C, kv->x);
     float rstd;
     for (int l = 0; l < L; l++) {
         const lm_block_f32 *b = &p->blocks[l];
@@ -322,30 +328,45 @@ static const float *dequant_rows(const quant_table *t, const float *w, int64_t r
     return all ? dst : w;
 }
 
-/* Layer b's attention matrices for a prefill on a quantised cache: W_qkv and W_O the table holds
- * dequantised into wq (the float buffer need not hold them), the rest as b has them. The MLP's go
- * one matrix at a time through the same scratch (dequant_rows in lm_prefill). */
-static void attn_from_table(const moh_lm_config *cfg, const quant_table *t, const lm_block_f32 *b, float *wq,
-                            lm_block_f32 *out) {
+/* Layer l's weights for a batched pass: on a quantised cache (t) W_qkv and W_O the table holds are
+ * dequantised into the scratch (and its bf16 copy; the float buffer need not hold them) in *bq;
+ * else p's block itself. The MLP's matrices go one at a time through the same scratch (mlp_forward). */
+static const lm_block_f32 *layer_weights(const moh_lm_config *cfg, const quant_table *t, lm_prefill_ws *w,
+                                         const lm_params_f32 *p, int l, lm_block_f32 *bq) {
+    const lm_block_f32 *b = &p->blocks[l];
+    if (!t) return b;
     const moh_attn_config *a = &cfg->attn;
     const int64_t C = cfg->hidden_size, qd = attn_qkv_dim(a), hd = (int64_t)a->n_heads * a->head_dim;
-    *out = *b;
-    out->attn.w_qkv = (float *)dequant_rows(t, b->attn.w_qkv, qd, C, wq);
-    out->attn.w_o = (float *)dequant_rows(t, b->attn.w_o, C, hd, wq + qd * C);
+    *bq = *b;
+    bq->attn.w_qkv = (float *)dequant_rows(t, b->attn.w_qkv, qd, C, w->wq);
+    bq->attn.w_o = (float *)dequant_rows(t, b->attn.w_o, C, hd, w->wq + qd * C);
+    wq_sync(w);
+    return bq;
 }
 
-/* An MLP matrix for a prefill on a quantised cache: dequantised into the scratch (and its bf16
- * copy) when the table holds it. */
+/* An MLP matrix for a batched pass: dequantised into the scratch (and its bf16 copy) when the
+ * table t holds it, else m itself (t NULL: always m). */
 static const float *mlp_weight(lm_prefill_ws *w, const quant_table *t, const float *m, int64_t rows, int64_t cols) {
     const float *r = dequant_rows(t, m, rows, cols, w->wq);
     if (r == w->wq) wq_sync(w);
     return r;
 }
 
+/* y [n, C] = SwiGLU MLP of block b on xn [n, C] (w->gate, w->up [n, I] scratch), each matrix from
+ * the table t where it holds it, just before its product. */
+static void mlp_forward(const moh_lm_config *cfg, lm_prefill_ws *w, const quant_table *t, const lm_block_f32 *b,
+                        const float *xn, int n, float *y) {
+    const int C = cfg->hidden_size, I = cfg->intermediate_size;
+    be_linear_forward_f32(&w->cx, w->gate, xn, mlp_weight(w, t, b->w_gate, I, C), NULL, n, C, I);
+    be_linear_forward_f32(&w->cx, w->up, xn, mlp_weight(w, t, b->w_up, I, C), NULL, n, C, I);
+    swiglu_forward_f32(w->gate, w->gate, w->up, (long)n * I);
+    be_linear_forward_f32(&w->cx, y, w->gate, mlp_weight(w, t, b->w_down, C, I), NULL, n, I, C);
+}
+
 int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, lm_prefill_ws *w,
                const int *tok, int n, float *logits, moh_error *err) {
     const moh_attn_config *a = &cfg->attn;
-    const int L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size;
+    const int L = cfg->num_hidden_layers, C = cfg->hidden_size;
     const int hkv = a->n_kv_heads;
     const float eps = (float)cfg->rms_norm_eps;
     if (n < 1 || n > w->max_n || n > kv->max_T)
@@ -364,16 +385,10 @@ int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv
     double *ph = kv->phase_s, t = omp_get_wtime();
     const size_t nC = (size_t)n * C;
     float *x = w->x, *xn = w->xn, *y = w->y, *rstd = w->rstd;
-    for (int i = 0; i < n; i++) /* a quantised cache: the embedding rows its table holds (as decode) */
-        if (!quant_table_row(qt, p->embed + (size_t)tok[i] * C, C, x + (size_t)i * C))
-            embedding_forward_f32(x + (size_t)i * C, &tok[i], p->embed, 1, C);
+    embed_rows(qt, p, tok, n, C, x);
     for (int l = 0; l < L; l++) {
         lm_block_f32 bq;
-        if (qt) {
-            attn_from_table(cfg, qt, &p->blocks[l], w->wq, &bq);
-            wq_sync(w);
-        }
-        const lm_block_f32 *b = qt ? &bq : &p->blocks[l];
+        const lm_block_f32 *b = layer_weights(cfg, qt, w, p, l, &bq);
         rmsnorm_forward_f32(xn, rstd, x, b->ln1, n, C, eps);
         t = lap(ph, LM_PH_OTHER, t);
         attn_layer_forward_f32(&w->layer, a, &b->attn, xn, 1, n, y);
@@ -391,11 +406,7 @@ int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv
         for (size_t i = 0; i < nC; i++) x[i] += y[i];
         rmsnorm_forward_f32(xn, rstd, x, b->ln2, n, C, eps);
         t = lap(ph, LM_PH_OTHER, t);
-        /* (a quantised cache: each matrix dequantised into the scratch just before its product) */
-        be_linear_forward_f32(&w->cx, w->gate, xn, qt ? mlp_weight(w, qt, b->w_gate, I, C) : b->w_gate, NULL, n, C, I);
-        be_linear_forward_f32(&w->cx, w->up, xn, qt ? mlp_weight(w, qt, b->w_up, I, C) : b->w_up, NULL, n, C, I);
-        swiglu_forward_f32(w->gate, w->gate, w->up, (long)n * I);
-        be_linear_forward_f32(&w->cx, y, w->gate, qt ? mlp_weight(w, qt, b->w_down, C, I) : b->w_down, NULL, n, I, C);
+        mlp_forward(cfg, w, qt, b, xn, n, y);
         t = lap(ph, LM_PH_MLP, t);
         for (size_t i = 0; i < nC; i++) x[i] += y[i];
     }
@@ -416,7 +427,7 @@ int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv
 static int extend(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, lm_prefill_ws *w,
                   const int *tok, int n, float *sc, float *logits) {
     const moh_attn_config *a = &cfg->attn;
-    const int L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size;
+    const int L = cfg->num_hidden_layers, C = cfg->hidden_size;
     const int h = a->n_heads, hkv = a->n_kv_heads, d = a->head_dim, grp = h / hkv, qd = attn_qkv_dim(a);
     const size_t hd = (size_t)h * d, nC = (size_t)n * C;
     const float eps = (float)cfg->rms_norm_eps;
@@ -426,18 +437,11 @@ static int extend(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache 
     float *qkv = sc, *og = qkv + (size_t)n * qd, *gates = og + (size_t)n * hd;
     int *pos = kv->task + h + 2 * hkv; /* [n]: after the head lists */
     double *ph = kv->phase_s, t = omp_get_wtime();
-    for (int i = 0; i < n; i++) {
-        pos[i] = pos0 + i;
-        if (!quant_table_row(qt, p->embed + (size_t)tok[i] * C, C, x + (size_t)i * C))
-            embedding_forward_f32(x + (size_t)i * C, &tok[i], p->embed, 1, C);
-    }
+    for (int i = 0; i < n; i++) pos[i] = pos0 + i;
+    embed_rows(qt, p, tok, n, C, x);
     for (int l = 0; l < L; l++) {
         lm_block_f32 bq;
-        if (qt) {
-            attn_from_table(cfg, qt, &p->blocks[l], w->wq, &bq);
-            wq_sync(w);
-        }
-        const lm_block_f32 *b = qt ? &bq : &p->blocks[l];
+        const lm_block_f32 *b = layer_weights(cfg, qt, w, p, l, &bq);
         rmsnorm_forward_f32(xn, rstd, x, b->ln1, n, C, eps);
         be_linear_forward_f32(&w->cx, qkv, xn, b->attn.w_qkv, b->attn.b_qkv, n, C, qd);
         for (int i = 0; i < n; i++) { /* the gates of each token, as lm_decode_step chooses them */
@@ -467,10 +471,7 @@ static int extend(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache 
         t = lap(ph, LM_PH_WO, t);
         for (size_t i = 0; i < nC; i++) x[i] += y[i];
         rmsnorm_forward_f32(xn, rstd, x, b->ln2, n, C, eps);
-        be_linear_forward_f32(&w->cx, w->gate, xn, qt ? mlp_weight(w, qt, b->w_gate, I, C) : b->w_gate, NULL, n, C, I);
-        be_linear_forward_f32(&w->cx, w->up, xn, qt ? mlp_weight(w, qt, b->w_up, I, C) : b->w_up, NULL, n, C, I);
-        swiglu_forward_f32(w->gate, w->gate, w->up, (long)n * I);
-        be_linear_forward_f32(&w->cx, y, w->gate, qt ? mlp_weight(w, qt, b->w_down, C, I) : b->w_down, NULL, n, I, C);
+        mlp_forward(cfg, w, qt, b, xn, n, y);
         for (size_t i = 0; i < nC; i++) x[i] += y[i];
         t = lap(ph, LM_PH_MLP, t);
     }

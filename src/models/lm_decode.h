@@ -14,7 +14,8 @@
  *
  * Quantised (lm_kv_init_quant): the same products from ggml Q8_0 / Q4_0 / Q4_1 blocks (a GGUF
  * file's own, or lm_quant_table's) times the input quantised per 32 values, as llama.cpp's CPU
- * backend computes them; K and V in bf16. A prefill computes from the float weights. */
+ * backend computes them; K and V in bf16. Batched passes (lm_prefill, lm_feed) run on the blocks
+ * dequantised one matrix at a time. */
 #ifndef MOH_LM_DECODE_H
 #define MOH_LM_DECODE_H
 #include "attn/decode.h"
@@ -60,9 +61,10 @@ int lm_kv_init_bf16(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f
  * (qt is of another buffer), MOH_E_NOMEM. */
 int lm_kv_init_quant(lm_kv_cache *kv, const moh_lm_config *cfg, const lm_params_f32 *p, const quant_table *qt,
                      int max_T, moh_error *err);
-/* Quantises p's matrix-vector weights (every layer's W_qkv, W_O, gate, up, down; the LM head, once
- * when tied, in Q8_0 for a 4-bit type, as llama-quantize keeps it) into ggml blocks of `type` (MOH_GGML_Q8_0 / _Q4_0 / _Q4_1, as ggml's quantize_row_*_ref)
- * held by qt (owned; quant_table_free). A matrix whose width is not a multiple of 32 is left out
+/* Quantises p's matrix-vector weights (every layer's W_qkv [qd, C], W_O [C, h d] when head_dim is
+ * a multiple of 32, gate and up [I, C], down [C, I]; the LM head [V, C], once when tied, in Q8_0 for
+ * a 4-bit type, as llama-quantize keeps it) into ggml blocks of `type` (MOH_GGML_Q8_0 / _Q4_0 /
+ * _Q4_1, as ggml's quantize_row_*_ref), held by qt (owned; quant_table_free). A matrix whose width is not a multiple of 32 is left out
  * (decoded fp32). MOH_OK, MOH_E_ARG (type), MOH_E_NOMEM; qt empty on error. */
 int lm_quant_table(const moh_lm_config *cfg, const lm_params_f32 *p, int type, quant_table *qt, moh_error *err);
 void lm_kv_free(lm_kv_cache *kv);
@@ -104,7 +106,8 @@ typedef struct lm_prefill_ws {
     attn_layer_f32 layer;
     be_ctx cx;
     const lm_kv_cache *bf16_kv;  /* lm_prefill_set_bf16: computes in bf16 over this cache's weights */
-    float *wq;                   /* a quantised cache's: W_qkv + W_O, or one MLP matrix, dequantised (made at first use) */
+    float *wq;                   /* a quantised cache's: W_qkv + W_O, or one MLP matrix, dequantised
+                                  * (made at first use) */
     size_t nwq;                  /* floats of wq */
     bf16_mirror wq16;            /* lm_prefill_set_quant on bf16 hardware: wq in bf16, the GEMMs' weights */
     void *block;
@@ -128,9 +131,9 @@ void lm_prefill_free(lm_prefill_ws *w);
  * lm_decode_step calls would put them; logits [V] are the next-token logits after tok[n-1]
  * (the LM head runs on that token only). Decoding goes on with lm_decode_step at position n.
  * A bf16 cache gets its K and V rounded to bf16; the workspace computes in bf16 when set for
- * this cache (lm_prefill_set_bf16), else in fp32. A quantised cache: the matrices its table
- * holds dequantised one at a time (lm_prefill_set_quant: bf16 GEMMs where the CPU has them) (the weights decode uses; the float buffer's rows of those
- * matrices are not read, lm_kv_init_quant), the embedding rows from the table too.
+ * this cache (lm_prefill_set_bf16), else in fp32. A quantised cache: the matrices its table holds,
+ * dequantised one at a time (lm_prefill_set_quant: bf16 GEMMs where the CPU has them); the float
+ * buffer's rows of those matrices are never read; the embedding rows from the table too.
  * Returns MOH_OK, or MOH_E_ARG when n < 1, n > w->max_n, n > kv->max_T, a token is out of range,
  * or w was set to bf16 for another cache. */
 int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv, lm_prefill_ws *w,
@@ -140,8 +143,8 @@ int lm_prefill(const moh_lm_config *cfg, const lm_params_f32 *p, lm_kv_cache *kv
 #define LM_ENCODE_BATCH 8
 /* Appends tok[0..n) (ids < V) at kv->pos (kv->pos + n <= kv->max_T), leaving the logits after
  * tok[n-1]. From LM_ENCODE_BATCH tokens in one batched pass with a workspace made for these n
- * (bf16 on a bf16 cache; a quantised one's dequantised matrices, lm_prefill_set_quant): on an empty cache
- * lm_prefill (the head-sparse attention layer), else a pass that runs the projections and the MLP
+ * (bf16 on a bf16 cache; a quantised one's dequantised matrices, lm_prefill_set_quant): on an
+ * empty cache lm_prefill (the head-sparse attention layer), else a pass that runs the projections and the MLP
  * as GEMMs over the n tokens, routes each token as lm_decode_step does, and attends each token's
  * selected heads over the cache up to its position with the decode kernels (a chat turn after the
  * first). Below that, lm_decode_step per token. MOH_OK, MOH_E_ARG (n, a token out of range, or

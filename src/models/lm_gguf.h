@@ -46,9 +46,8 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
  * attn_k rows put back in Hugging Face order as lm_gguf_weights does, into qt's own memory; the
  * others' blocks borrowed from g's mapping, which must outlive qt; attn_output only when head_dim
  * is a multiple of 32, as decode reads it per head) into qt (quant_table_free), keyed by their
- * place in data [n] (lm_gguf_weights' buffer). An empty table
- * when the file has none. Tensors of another shape are left to lm_gguf_weights' errors. MOH_OK,
- * MOH_E_NOMEM. */
+ * place in data [n] (lm_gguf_weights' buffer). An empty table when the file has none. Tensors of
+ * another shape are left to lm_gguf_weights' errors. MOH_OK, MOH_E_NOMEM. */
 int lm_gguf_quant_table(const moh_gguf *g, const char *path, const moh_lm_config *cfg, const float *data, size_t n,
                         quant_table *qt, moh_error *err);
 /* Writes a dense LM (router "none") as a GGUF that llama.cpp runs: the llama.* metadata, the
