@@ -180,6 +180,48 @@ int moh_attn_config_validate(const moh_attn_config *c, const char *label, moh_er
 int moh_attn_config_parse_json(moh_attn_config *c, const char *text, size_t len, const char *label,
                                moh_error *err);
 
+/* One layer on caller buffers (CPU; include/moh_cuda.h has its GPU twin): what bindings such as
+ * python/moh/torch.py call. float32 host arrays, row-major; weights under the official module's
+ * names (spec §10): qkv.weight = w_qkv [(h + 2 h_kv) d, C] (q rows, then k, then v), qkv.bias =
+ * b_qkv [(h + 2 h_kv) d], proj.weight = w_o [C, h d], proj.bias = b_o [C], wg [E, C], wg_0 [2, C],
+ * wg_1 [h_s, C]; a field is NULL exactly when the config has no such tensor (moh_attn_layer_has).
+ * Runs the head-sparse path (only the selected (token, head) pairs; spec §10) with OpenMP threads;
+ * the reference path where the head-sparse one cannot run the config (odd head_dim with RoPE). */
+typedef struct moh_attn_weights {
+    const float *w_qkv, *b_qkv, *w_o, *b_o, *wg, *wg_0, *wg_1;
+} moh_attn_weights;
+/* Gradients, same shapes; ACCUMULATED into (+=); NULL fields skipped. */
+typedef struct moh_attn_grads {
+    float *w_qkv, *b_qkv, *w_o, *b_o, *wg, *wg_0, *wg_1;
+} moh_attn_grads;
+
+typedef struct moh_attn_layer moh_attn_layer;
+
+/* Which of the tensors above cfg has, in the order w_qkv, b_qkv, w_o, b_o, wg, wg_0, wg_1:
+ * has[7]. */
+void moh_attn_layer_has(const moh_attn_config *cfg, bool has[7]);
+/* A layer for batches of up to max_B x max_N tokens (cfg copied). MOH_E_CONFIG (cfg invalid, the
+ * field named), MOH_E_ARG (max_B, max_N < 1), MOH_E_NOMEM. Source: attn/layer.h. */
+int moh_attn_layer_new(moh_attn_layer **out, const moh_attn_config *cfg, int max_B, int max_N, moh_error *err);
+void moh_attn_layer_free(moh_attn_layer *l);
+/* Forward (spec §1): x [B, N, C] -> y [B, N, C] (written), lb (may be NULL) gets the load-balance
+ * loss of spec §2 (E sum_i P_i f_i, the official l_aux; 0 without a learned router). x is borrowed
+ * until backward. MOH_E_ARG: NULL x / y / a tensor the config needs, B or N out of capacity. */
+int moh_attn_layer_forward(moh_attn_layer *l, const moh_attn_weights *w, const float *x, int B, int N, float *y,
+                           float *lb, moh_error *err);
+/* Backward of L = sum(y * dy) + lb_scale * lb after forward (same w, x still valid): dy [B, N, C];
+ * dx [B, N, C] (may be NULL) and g are ACCUMULATED into. MOH_E_ARG without a forward before it. */
+int moh_attn_layer_backward(moh_attn_layer *l, const moh_attn_weights *w, const moh_attn_grads *g,
+                            const float *dy, float lb_scale, float *dx, moh_error *err);
+/* Compute precision of the next forwards and backwards: bf16 (true) runs the projections as bf16
+ * GEMMs and the attention tiles in bf16 where the CPU has AVX512-BF16 or AMX-BF16, accumulating in
+ * float32 (operands rounded to bf16 on the fly; buffers stay float32); false: float32 (the
+ * default). MOH_OK, MOH_E_NOMEM. */
+int moh_attn_layer_set_bf16(moh_attn_layer *l, bool bf16, moh_error *err);
+/* Gates [B N, h] of the last forward (0 for a head not selected), valid until the next forward;
+ * NULL before any. */
+const float *moh_attn_layer_gates(const moh_attn_layer *l);
+
 /* ------------------------------------------------------------------------------------------------
  * Decoder language model (LLaMA-style, MoH attention). config.json uses HF LlamaConfig names.
  * ---------------------------------------------------------------------------------------------- */

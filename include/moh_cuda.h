@@ -67,6 +67,10 @@ int moh_cuda_layer_backward(moh_cuda_layer *l, const moh_cuda_weights *w, const 
                             const uint16_t *dy, float lb_scale, float *dx, void *stream, moh_error *err);
 /* Device pointer to the gates [B N, h] (fp32) of the last forward (0 for pairs not computed). */
 const float *moh_cuda_layer_gates(const moh_cuda_layer *l);
+/* Device pointer to the load-balance loss [1] (fp32) of the last forward, written on its stream
+ * (no synchronisation); NULL when the config has no learned routing (the loss is 0) or without
+ * CUDA. For bindings that keep the loss on the device (python/moh/torch.py). */
+const float *moh_cuda_layer_lb_device(const moh_cuda_layer *l);
 /* Waits for the layer's work on stream, then reports any CUDA error. MOH_OK or MOH_E_DEVICE. */
 int moh_cuda_layer_sync(moh_cuda_layer *l, void *stream, moh_error *err);
 /* The load-balance loss of the last forward (spec §2), copied to the host (synchronises). */

@@ -3,7 +3,7 @@
 #   tools/setup.sh         build + test dependencies and the data packages
 #   tools/setup.sh build   build + test dependencies only (what CI needs)
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config python3 libdnnl-dev libcjson-dev zlib1g-dev libpcre2-dev libpng-dev liblapack-dev clang libclang-rt-14-dev libcairo2-dev libopenmpi-dev openmpi-bin iproute2)
+pkgs=(build-essential cmake pkg-config python3 python3-torch libdnnl-dev libcjson-dev zlib1g-dev libpcre2-dev libpng-dev liblapack-dev clang libclang-rt-14-dev libcairo2-dev libopenmpi-dev openmpi-bin iproute2)
 [ "${1:-all}" = build ] || pkgs+=(bible-kjv bible-kjv-text fortunes dataset-fashion-mnist)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

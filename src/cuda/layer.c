@@ -441,6 +441,10 @@ int moh_cuda_layer_sync(moh_cuda_layer *l, void *stream, moh_error *err) {
     return MOH_OK;
 }
 
+const float *moh_cuda_layer_lb_device(const moh_cuda_layer *l) {
+    return l && l->E > 0 && l->cfg.top_k > 0 ? l->lb : NULL;
+}
+
 int moh_cuda_layer_lb_loss(moh_cuda_layer *l, void *stream, float *lb, moh_error *err) {
     int rc = moh_cuda_layer_sync(l, stream, err);
     if (rc) return rc;

@@ -35,6 +35,11 @@ int moh_cuda_layer_backward(moh_cuda_layer *l, const moh_cuda_weights *w, const 
 }
 const float *moh_cuda_layer_gates(const moh_cuda_layer *l) { return NULL; }
 int moh_cuda_layer_sync(moh_cuda_layer *l, void *stream, moh_error *err) { return moh_fail(err, MOH_E_DEVICE, NO_CUDA); }
+const float *moh_cuda_layer_lb_device(const moh_cuda_layer *l) {
+    (void)l;
+    return NULL;
+}
+
 int moh_cuda_layer_lb_loss(moh_cuda_layer *l, void *stream, float *lb, moh_error *err) {
     return moh_fail(err, MOH_E_DEVICE, NO_CUDA);
 }
