@@ -109,7 +109,7 @@ static void errors(test_ctx *t) {
     moh_attn_config cfg = vit_like(32, 4, 8, 1, 2, MOH_ROUTER_LEARNED);
     CHECK(t, moh_attn_layer_new(&l, &cfg, 0, 4, &err) == MOH_E_ARG, "max_B 0");
     CHECK(t, moh_attn_layer_new(&l, &cfg, 2, 4, &err) == MOH_OK, "new");
-    float buf[2 * 4 * 32 * 8] = {0};
+    float buf[(4 + 2 * 4) * 8 * 32] = {0}; /* the largest tensor: w_qkv [(h + 2 h_kv) d, C]; also x, y */
     test_rng r = {7};
     for (size_t i = 0; i < sizeof buf / sizeof *buf; i++) buf[i] = (float)test_rng_uniform(&r);
     float y[2 * 4 * 32];

@@ -4,10 +4,13 @@
  *
  * One kernel body serves both: each tile instruction is a macro that either issues it or calls
  * its emulation, chosen by `emu`. The tile registers are configured once per call as 16 rows x 64
- * bytes (palette 1): tmm0..3 hold a 16 x 64 block of C (fp32), tmm4 16 rows of A (32 bf16 = 16
- * pairs of k), tmm5 / tmm6 the B tile of one 16-column block (16 pairs of k x 16 columns, pairs
- * interleaved: the VNNI layout sp_mm_bf16 already takes). Blocks that run past R, n or K2 are
- * copied into zero-padded buffers first, so no tile load reads outside the caller's operands.
+ * bytes (palette 1): tmm0..3 hold a 32 x 32 block of C (fp32), tmm4 / tmm5 16 rows of A each (32
+ * bf16 = 16 pairs of k), tmm6 / tmm7 the B tiles of two 16-column blocks (16 pairs of k x 16
+ * columns, pairs interleaved: the VNNI layout sp_mm_bf16 already takes). Where 16 rows of C are
+ * equally spaced, whole accumulator tiles are loaded from and stored to C directly (acc: the
+ * products add onto C's values in the tile); other C blocks go through a buffer. Operand blocks
+ * that run past R, n or K2 are copied into zero-padded buffers first, so no tile load reads
+ * outside the caller's operands.
  * Semantics of TDPBF16PS: Intel SDM vol. 2, "TDPBF16PS" (per element the products of each pair of
  * k, added to the fp32 accumulator in k order; bf16 denormal inputs read as zero, denormal results
  * flushed). The emulation adds the two products of a pair one after the other; hardware may round
@@ -127,6 +130,66 @@ static inline int amin(int a, int b) { return a < b ? a : b; }
         }                                                                                                \
     } while (0)
 
+/* One A tile: rows rb .. rb + m, pairs k0 .. k0 + kk into tile t, straight from a0 when whole, else
+ * through the zero-padded ab. */
+#define A_TILE(t, rb, m)                                                                                 \
+    do {                                                                                                 \
+        if (a0 && (m) == 16 && kk == 16) {                                                               \
+            T_LOAD(t, a0 + (long)(rb) * lda + 2 * k0, 2 * lda);                                          \
+        } else {                                                                                         \
+            memset(ab, 0, sizeof ab);                                                                    \
+            for (int r = 0; r < (m); r++) {                                                              \
+                const uint16_t *row = a0 ? a0 + (long)((rb) + r) * lda : ap[(rb) + r];                  \
+                memcpy(ab + 32 * r, row + 2 * k0, 4 * (size_t)kk);                                       \
+            }                                                                                            \
+            T_LOAD(t, ab, 64);                                                                           \
+        }                                                                                                \
+    } while (0)
+
+/* Accumulator tile t for C rows rb .. rb + 16, columns jj .. jj + 16: loaded from C when `direct`
+ * (16 equally spaced rows ld apart, a whole tile) and acc, else zeroed. */
+#define C_INIT(t, direct, rb, jj, ld)                                                                    \
+    do {                                                                                                 \
+        if ((direct) && acc) T_LOAD(t, c[rb] + (jj), 4 * (ld));                                          \
+        else T_ZERO(t);                                                                                  \
+    } while (0)
+/* ... and back: stored into C when direct, else through cb into the m rows and nc columns of C
+ * (added when acc). */
+#define C_DONE(t, direct, rb, m, jj, ld)                                                                 \
+    do {                                                                                                 \
+        if (direct) {                                                                                    \
+            T_STORE(t, c[rb] + (jj), 4 * (ld));                                                          \
+        } else {                                                                                         \
+            T_STORE(t, cb, 64);                                                                          \
+            c_add(c, rb, m, jj, amin(16, n - (jj)), cb, acc);                                            \
+        }                                                                                                \
+    } while (0)
+
+/* C rows rb .. rb + m, columns jj .. jj + nc (+)= the 16-wide rows of cb. */
+static void c_add(float *const *c, int rb, int m, int jj, int nc, const float *cb, bool acc) {
+    for (int r = 0; r < m; r++) {
+        float *cr = c[rb + r] + jj;
+        const float *s = cb + 16 * r;
+        if (acc)
+            for (int j = 0; j < nc; j++) cr[j] += s[j];
+        else
+            memcpy(cr, s, sizeof(float) * (size_t)nc);
+    }
+}
+
+/* The spacing of C rows rb .. rb + m in floats when there are 16 of them, equally spaced and
+ * ascending; else 0. */
+static long c_spacing(float *const *c, int rb, int m) {
+    if (m != 16) return 0;
+    const long ld = c[rb + 1] - c[rb];
+    for (int r = 2; r < 16; r++)
+        if (c[rb + r] - c[rb] != r * ld) return 0;
+    return ld > 0 ? ld : 0;
+}
+
+/* Blocks of 32 rows x 32 columns: A tiles tmm4 (rows rb..+16) and tmm5 (the next 16), B tiles tmm6
+ * and tmm7 (two 16-column blocks), four accumulators tmm0..3, so each pair of k steps loads four
+ * tiles for four products and no tile is rewritten while a product still reads it. */
 AMX_TARGET static void amx_mm(bool emu, int R, int n, int K2, const uint16_t *const *ap, const uint16_t *a0,
                               long lda, const uint16_t *b, long ldb, float *const *c, bool acc) {
     amx_emu *E = NULL, emu_regs;
@@ -143,57 +206,39 @@ AMX_TARGET static void amx_mm(bool emu, int R, int n, int K2, const uint16_t *co
         _tile_loadconfig(&cfg);
     }
 #endif
-    for (int r0 = 0; r0 < R; r0 += 16) {
-        const int m = amin(16, R - r0);
-        for (int j0 = 0; j0 < n; j0 += 64) {
-            const int nt = amin(4, (n - j0 + 15) / 16);
-            T_ZERO(0);
-            if (nt > 1) T_ZERO(1);
-            if (nt > 2) T_ZERO(2);
-            if (nt > 3) T_ZERO(3);
+    for (int r0 = 0; r0 < R; r0 += 32) {
+        const int m0 = amin(16, R - r0), m1 = amin(16, R - r0 - 16); /* m1 <= 0: one row block */
+        const long ld0 = c_spacing(c, r0, m0), ld1 = m1 > 0 ? c_spacing(c, r0 + 16, m1) : 0;
+        for (int j0 = 0; j0 < n; j0 += 32) {
+            const bool two_c = n - j0 > 16, two_r = m1 > 0;
+            const bool w0 = j0 + 16 <= n, w1 = j0 + 32 <= n; /* whole column tiles */
+            const bool d00 = ld0 && w0, d01 = ld0 && w1, d10 = ld1 && w0, d11 = ld1 && w1;
+            C_INIT(0, d00, r0, j0, ld0);
+            if (two_c) C_INIT(1, d01, r0, j0 + 16, ld0);
+            if (two_r) {
+                C_INIT(2, d10, r0 + 16, j0, ld1);
+                if (two_c) C_INIT(3, d11, r0 + 16, j0 + 16, ld1);
+            }
             for (int k0 = 0; k0 < K2; k0 += 16) {
                 const int kk = amin(16, K2 - k0);
-                if (a0 && m == 16 && kk == 16) {
-                    T_LOAD(4, a0 + (long)r0 * lda + 2 * k0, 2 * lda);
-                } else {
-                    memset(ab, 0, sizeof ab);
-                    for (int r = 0; r < m; r++) {
-                        const uint16_t *row = a0 ? a0 + (long)(r0 + r) * lda : ap[r0 + r];
-                        memcpy(ab + 32 * r, row + 2 * k0, 4 * (size_t)kk);
-                    }
-                    T_LOAD(4, ab, 64);
+                A_TILE(4, r0, m0);
+                B_TILE(6, j0);
+                T_DP(0, 4, 6);
+                if (two_c) {
+                    B_TILE(7, j0 + 16);
+                    T_DP(1, 4, 7);
                 }
-                B_TILE(5, j0);
-                T_DP(0, 4, 5);
-                if (nt > 1) {
-                    B_TILE(6, j0 + 16);
-                    T_DP(1, 4, 6);
-                }
-                if (nt > 2) {
-                    B_TILE(5, j0 + 32);
-                    T_DP(2, 4, 5);
-                }
-                if (nt > 3) {
-                    B_TILE(6, j0 + 48);
-                    T_DP(3, 4, 6);
+                if (two_r) {
+                    A_TILE(5, r0 + 16, m1);
+                    T_DP(2, 5, 6);
+                    if (two_c) T_DP(3, 5, 7);
                 }
             }
-            for (int t = 0; t < nt; t++) {
-                switch (t) { /* literal tile numbers */
-                case 0: T_STORE(0, cb, 64); break;
-                case 1: T_STORE(1, cb, 64); break;
-                case 2: T_STORE(2, cb, 64); break;
-                default: T_STORE(3, cb, 64); break;
-                }
-                const int jj = j0 + 16 * t, nc = amin(16, n - jj);
-                for (int r = 0; r < m; r++) {
-                    float *cr = c[r0 + r] + jj;
-                    const float *s = cb + 16 * r;
-                    if (acc)
-                        for (int j = 0; j < nc; j++) cr[j] += s[j];
-                    else
-                        memcpy(cr, s, sizeof(float) * (size_t)nc);
-                }
+            C_DONE(0, d00, r0, m0, j0, ld0);
+            if (two_c) C_DONE(1, d01, r0, m0, j0 + 16, ld0);
+            if (two_r) {
+                C_DONE(2, d10, r0 + 16, m1, j0, ld1);
+                if (two_c) C_DONE(3, d11, r0 + 16, m1, j0 + 16, ld1);
             }
         }
     }

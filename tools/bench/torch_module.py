@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The official MoH attention module vs moh.torch.MoHAttention, in one PyTorch process, as a user
 who swaps the module sees it: the module alone and inside a ViT-B block (pre-norm: x + attn(LN x),
-x + MLP(LN x), MLP 768 -> 3072 -> 768 with GELU), forward (torch.no_grad) and forward + backward.
+x + MLP(LN x), MLP 768 -> 3072 -> 768 with GELU) or in ViT-B's 12 blocks, forward (torch.no_grad)
+and forward + backward.
 
 ViT-B attention: 768 wide, 12 heads x 64, qkv and proj biases, B = 1 (--batch), N tokens (--n);
 MoH-75 = 3 shared + top-6 of 9 routed heads (--share 0.5: 3 + 3; 1.0: dense, router none).
@@ -50,8 +51,22 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+class Stack(nn.Module):
+    """ViT-B/16's 12 blocks on its tokens ([B, 197, 768] at 224 px), the part a swap changes."""
+
+    def __init__(self, attn):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(copy.deepcopy(attn)) for _ in range(12)])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
 def timed(fn, repeats, sync):
-    fn()  # warm-up
+    fn()  # warm-up (twice: a compiled engine's second call may still compile)
+    fn()
     sync()
     ts = []
     for _ in range(repeats):
@@ -71,7 +86,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="also time the official module torch.compile'd")
-    ap.add_argument("--what", default="module,block", help="module, block or both (comma list)")
+    ap.add_argument("--what", default="module,block", help="comma list of module (the attention module alone), "
+                    "block (one ViT-B block), vit (ViT-B's 12 blocks: with --n 197 --batch 256 the issue's "
+                    "ViT-B/16 training step, less the patch embedding and head)")
     ap.add_argument("--dtype", default=None, help="float32 and/or bfloat16, comma list (default: float32 on the "
                     "CPU, bfloat16 on CUDA); both engines hold weights and inputs in it")
     a = ap.parse_args()
@@ -86,15 +103,21 @@ def main():
             p.normal_(0.0, 0.02)
     ours = MoHAttention(C, H, qkv_bias=True, shared_head=hs, routed_head=k)
     ours.load_state_dict(off.state_dict())
+    if a.compile:  # one compiled graph per (module copy, dtype, grad mode): more than dynamo's default 8
+        from torch import _dynamo
+
+        _dynamo.config.cache_size_limit = 64
+        if hasattr(_dynamo.config, "recompile_limit"):
+            _dynamo.config.recompile_limit = 64
     engines, inputs = {}, {}
     for dn in dtypes:
         dt = getattr(torch, dn)
         inputs[dn] = (torch.randn(a.batch, a.n, C, device=dev).to(dt), torch.randn(a.batch, a.n, C, device=dev).to(dt))
         for what in a.what.split(","):
-            mk = (lambda m: m) if what == "module" else Block
+            mk = {"module": lambda m: m, "block": Block, "vit": Stack}[what]
             o = mk(copy.deepcopy(off)).to(dev, dt).train()
             m = mk(copy.deepcopy(ours)).to(dev, dt).train()
-            if what == "block":
+            if what != "module":
                 m.load_state_dict(o.state_dict())
             engines[(dn, what, "official")] = o
             engines[(dn, what, "moh")] = m
@@ -104,6 +127,8 @@ def main():
     def fwd(m, x, dy):
         with torch.no_grad():
             m(x)
+        OfficialMoHAttention.LOAD_BALANCING_LOSSES.clear()  # (training mode appends even under no_grad)
+        MoHAttention.LOAD_BALANCING_LOSSES.clear()
 
     def train(m, x, dy):
         xi = x.detach().requires_grad_()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds, on this machine, what the lent GPU machine runs (it has CUDA and PyTorch but no Debian
-# -dev packages): moh and the CUDA tests for any x86-64 CPU (MOH_NATIVE=OFF), with the shared
+# -dev packages): moh, the CUDA tests and libmoh.so (the Python package's library) for any x86-64 CPU (MOH_NATIVE=OFF), with the shared
 # libraries they need beyond glibc and libstdc++ (oneDNN, cJSON, PCRE2, libpng, LAPACK, OpenMP...),
 # packed into build-gpu/carry.tar.xz (ignored by git; the device call carries it). glibc here
 # (Debian 12, 2.36) is older than there, so the binaries run there.
@@ -9,10 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=build-gpu
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DMOH_CUDA=ON -DMOH_MPI=OFF -DMOH_CAIRO=OFF -DMOH_NATIVE=OFF >/dev/null
-cmake --build "$B" -j "$(nproc)" --target moh test_cuda_attn >"$B/pack.log" 2>&1 || { tail -40 "$B/pack.log"; exit 1; }
+cmake --build "$B" -j "$(nproc)" --target moh test_cuda_attn moh_shared >"$B/pack.log" 2>&1 || { tail -40 "$B/pack.log"; exit 1; }
 rm -rf "$B/carry" && mkdir -p "$B/carry/lib"
-cp "$B/moh" "$B/test_cuda_attn" "$B/carry/"
-for f in "$B/moh" "$B/test_cuda_attn"; do ldd "$f" | awk '/=> \//{print $3}'; done | sort -u | while read -r so; do
+cp "$B/moh" "$B/test_cuda_attn" "$B/libmoh.so" "$B/carry/"
+for f in "$B/moh" "$B/test_cuda_attn" "$B/libmoh.so"; do ldd "$f" | awk '/=> \//{print $3}'; done | sort -u | while read -r so; do
     case "$(basename "$so")" in
     libc.so* | libm.so* | libdl.so* | libpthread.so* | librt.so* | ld-linux* | libstdc++* | libgcc_s*) ;;
     *) cp -L "$so" "$B/carry/lib/" ;;

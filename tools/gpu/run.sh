@@ -2,7 +2,8 @@
 # On the lent GPU machine, in the repository root (device tool; carry build-gpu/carry.tar.xz made
 # by tools/gpu/pack.sh): the CUDA tests against the CPU engine, then `moh bench attention --device
 # cuda` alternated with the PyTorch peers (tools/bench/cuda_peers.py) for ROUNDS rounds, and the
-# summary table last (tools/gpu/summary.py). Logs and JSON under $OUT (at most 8 files).
+# summary table last (tools/gpu/summary.py); the Python module's test and benchmark on the GPU
+# (tests/py_torch_module.py, tools/bench/torch_module.py). Logs and JSON under $OUT (at most 9 files).
 #   ROUNDS=2 REPEATS=20 COMPILE=0 PHASES= tools/gpu/run.sh   (PHASES=1: per-phase layer times in bench.err)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,6 +34,14 @@ test_rc=${PIPESTATUS[0]}
 echo "test_cuda_attn exit $test_rc"
 echo "== moh layer --device cuda against the CPU"
 python3 tools/gpu/layer_cli_check.py "$W/moh" /tmp/moh-layer-check 2>&1 | tee -a "$OUT/test.log" || test_rc=1
+echo "== moh.torch.MoHAttention (python/) on the GPU against its CPU run and the official module"
+MOH_LIB="$W/libmoh.so" PYTHONPATH=python timeout "${PY_TIMEOUT:-300}" python3 tests/py_torch_module.py 2>&1 | tee -a "$OUT/test.log"
+[ "${PIPESTATUS[0]}" = 0 ] || test_rc=1
+echo "== the module swapped into ViT-B: official vs moh, bf16 (tools/bench/torch_module.py)"
+MOH_LIB="$W/libmoh.so" PYTHONPATH=python timeout "${PY_TIMEOUT:-300}" python3 tools/bench/torch_module.py --device cuda \
+    --n 4096 --what module,block --rounds 2 --repeats 10 2>>"$OUT/bench.err" | tee "$OUT/torch_module.txt"
+MOH_LIB="$W/libmoh.so" PYTHONPATH=python timeout "${PY_TIMEOUT:-300}" python3 tools/bench/torch_module.py --device cuda \
+    --n 197 --batch 256 --what vit --rounds 2 --repeats 10 2>>"$OUT/bench.err" | tee -a "$OUT/torch_module.txt"
 echo "== benchmark: moh and the PyTorch peers alternated, ${ROUNDS:=2} rounds (and moh's wgmma forwards once)"
 : >"$OUT/torch.jsonl"
 : >"$OUT/moh.jsonl"
