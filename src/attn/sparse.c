@@ -756,9 +756,17 @@ static void kv_tile_task(const void *arg, int t0, int t1, sp_tws *w) {
             const int j = j0 + jj;
             const float *row = src + ((size_t)b * N + j) * kc.ld;
             float *kr = c->kh + (hb + j) * d, *vr = c->vh + (hb + j) * d;
-            for (int e = 0; e < d; e++) {
-                kr[e] = row[kc.koff + g * d + e] + (bias ? bias[g * d + e] : 0.0f);
-                vr[e] = row[kc.voff + g * d + e] + (bias ? bias[kvd + g * d + e] : 0.0f);
+            const float *ks = row + kc.koff + g * d, *vs = row + kc.voff + g * d;
+            if (bias) {
+                const float *kb = bias + g * d, *vb = bias + kvd + g * d;
+#pragma omp simd
+                for (int e = 0; e < d; e++) {
+                    kr[e] = ks[e] + kb[e];
+                    vr[e] = vs[e] + vb[e];
+                }
+            } else {
+                memcpy(kr, ks, sizeof(float) * (size_t)d);
+                memcpy(vr, vs, sizeof(float) * (size_t)d);
             }
             if (rope) rope_row(kr, c, j, d, 1);
             for (int e = 0; e < d; e++) ktile[(size_t)e * SPARSE_BK + jj] = kr[e];

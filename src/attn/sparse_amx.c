@@ -170,10 +170,12 @@ static void c_add(float *const *c, int rb, int m, int jj, int nc, const float *c
     for (int r = 0; r < m; r++) {
         float *cr = c[rb + r] + jj;
         const float *s = cb + 16 * r;
-        if (acc)
+        if (acc) {
+#pragma omp simd
             for (int j = 0; j < nc; j++) cr[j] += s[j];
-        else
+        } else {
             memcpy(cr, s, sizeof(float) * (size_t)nc);
+        }
     }
 }
 
