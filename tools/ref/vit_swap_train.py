@@ -120,6 +120,9 @@ def main():
                     default="fashion-mnist" if os.path.isdir(FMNIST) else "synthetic")
     ap.add_argument("--tol", type=float, default=0.05, help="largest relative gap of 20-step mean losses")
     ap.add_argument("--print", type=int, default=50, dest="every")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also train the official module from weights perturbed by 1e-6 (relative): how far two "
+                         "official runs drift apart by rounding alone, the scale of the gap to expect")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     official = ViT(OfficialMoHAttention)
@@ -130,6 +133,14 @@ def main():
     t1 = time.perf_counter()
     lm = train(swapped, MoHAttention, a)
     t2 = time.perf_counter()
+    lb = None
+    if a.baseline:
+        perturbed = copy.deepcopy(official)
+        g = torch.Generator().manual_seed(a.seed + 7)
+        with torch.no_grad():
+            for p in perturbed.parameters():
+                p.mul_(1 + 1e-6 * torch.randn(p.shape, generator=g))
+        lb = train(perturbed, OfficialMoHAttention, a)
     print(f"# ViT 4 x (96 wide, 8 heads: 2 shared + top-3 of 6), {a.data}, batch {a.batch}, {a.steps} steps, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print("step  official  moh     |gap|")
@@ -140,6 +151,10 @@ def main():
     for s in range(0, a.steps - w + 1, w):
         mo, mm = sum(lo[s:s + w]) / w, sum(lm[s:s + w]) / w
         gaps.append(abs(mo - mm) / mo)
+    if lb is not None:
+        bg = max(abs(sum(lo[s:s + w]) - sum(lb[s:s + w])) / sum(lo[s:s + w]) for s in range(0, a.steps - w + 1, w))
+        print(f"baseline: official vs official from weights perturbed by 1e-6: largest relative gap of {w}-step "
+              f"means {bg:.4f}; mean of the last {w} {sum(lb[-w:]) / w:.4f}")
     last_o, last_m = sum(lo[-w:]) / w, sum(lm[-w:]) / w
     print(f"first loss {lo[0]:.4f} / {lm[0]:.4f}; mean of the last {w}: official {last_o:.4f}, moh {last_m:.4f}; "
           f"largest relative gap of {w}-step means {max(gaps):.4f} (tol {a.tol}); "
