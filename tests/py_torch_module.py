@@ -174,13 +174,43 @@ def refused(fn, words, what):
 
 
 refused(lambda: MoHAttention(64, 8, qk_norm=True), ["qk_norm"], "qk_norm")
-refused(lambda: MoHAttention(64, 8, shared_head=2, routed_head=7), ["top_k"], "top-k above the routed heads")
+refused(lambda: MoHAttention(64, 8, shared_head=2, routed_head=7), ["routed_head", "top-k"], "top-k above the routed heads")
 mt = MoHAttention(64, 4, shared_head=1, routed_head=2, head_dim=12)
 refused(lambda: mt(torch.randn(2, 5, 63)), ["shape", "64"], "wrong width")
 refused(lambda: mt(torch.randn(5, 64)), ["shape"], "2-d input")
 refused(lambda: mt(torch.randn(1, 5, 64, dtype=torch.float64)), ["float64"], "float64")
 refused(lambda: MoHAttention(64, 4, attn_drop=0.1, shared_head=1, routed_head=2).train()(torch.randn(1, 3, 64)),
         ["attn_drop"], "attention dropout in training")
+
+refused(lambda: MoHAttention(64, 0), ["num_heads"], "no heads")
+refused(lambda: MoHAttention(3, 4), ["head_dim"], "dim below heads")
+refused(lambda: MoHAttention(32, 4, routed_head=2 ** 32 + 1), ["routed_head"], "routed_head past int range")
+refused(lambda: MoHAttention(32, 4, shared_head=5, routed_head=1), ["shared_head"], "shared_head above heads")
+refused(lambda: MoHAttention(32, 4, shared_head=2, routed_head=0), ["routed_head=0", "shared_head"],
+        "shared heads without routing")
+refused(lambda: MoHAttention(32, 4, attn_drop=1.5), ["attn_drop"], "attn_drop outside [0, 1]")
+refused(lambda: mt(torch.randn(0, 5, 64)), ["shape", "B, N >= 1"], "empty batch")
+
+
+def with_weight(name, make):
+    m = MoHAttention(64, 4, qkv_bias=True, shared_head=1, routed_head=2, head_dim=12)
+    mod, attr = name.split(".")
+    setattr(getattr(m, mod), attr, make())
+    return m
+
+
+refused(lambda: with_weight("qkv.weight", lambda: torch.nn.Parameter(torch.randn(3, 64)))(torch.randn(1, 5, 64)),
+        ["qkv.weight", "(3, 64)", "(144, 64)"], "misshapen qkv.weight")
+refused(lambda: with_weight("proj.bias", lambda: torch.nn.Parameter(torch.randn(1)))(torch.randn(1, 5, 64)),
+        ["proj.bias", "(64,)"], "misshapen proj.bias")
+refused(lambda: with_weight("wg.bias", lambda: torch.nn.Parameter(torch.randn(3)))(torch.randn(1, 5, 64)),
+        ["wg", "bias"], "a bias on wg")
+try:  # double backward: refused, not silently constant
+    xg = torch.randn(1, 5, 64, requires_grad=True)
+    gx, = torch.autograd.grad(mt.train()(xg).sum(), xg, create_graph=True)
+    check(False, "create_graph: not refused")
+except RuntimeError as e:
+    check("double backward" in str(e), f"create_graph: message {e!r}")
 
 # CUDA against the CPU (bf16), where a GPU is present
 if torch.cuda.is_available():

@@ -23,13 +23,42 @@ shared_head == 1 with routed heads gives the shared head gate 2 softmax(wg_0)[0]
 would call the missing wg_1); shared_head == routed_head == 0 is dense multi-head attention.
 """
 import ctypes
+import threading
 
 import torch
 import torch.nn as nn
 
 from . import _lib as L
 
-_FIELDS = ("w_qkv", "b_qkv", "w_o", "b_o", "wg", "wg_0", "wg_1")
+_NAMES = ("qkv.weight", "qkv.bias", "proj.weight", "proj.bias", "wg.weight", "wg_0.weight", "wg_1.weight")
+_INT_MAX = 2 ** 31 - 1
+
+
+def _check_args(dim, num_heads, head_dim, shared_head, routed_head, attn_drop):
+    """The official constructor's arguments, checked by their names (ValueError, one line)."""
+    for name, v in (("dim", dim), ("num_heads", num_heads), ("shared_head", shared_head),
+                    ("routed_head", routed_head)) + ((("head_dim", head_dim),) if head_dim is not None else ()):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"moh MoHAttention: {name}={v!r}, expected an int")
+        if not 0 <= v <= _INT_MAX:
+            raise ValueError(f"moh MoHAttention: {name}={v}, expected 0..{_INT_MAX}")
+    if dim < 1 or num_heads < 1:
+        raise ValueError(f"moh MoHAttention: dim={dim} num_heads={num_heads}, both must be >= 1")
+    if head_dim is None and dim < num_heads:
+        raise ValueError(f"moh MoHAttention: head_dim = dim // num_heads = 0 (dim={dim}, num_heads={num_heads}); "
+                         "give head_dim or more dim")
+    if head_dim is not None and head_dim < 1:
+        raise ValueError(f"moh MoHAttention: head_dim={head_dim}, expected >= 1")
+    if shared_head > num_heads:
+        raise ValueError(f"moh MoHAttention: shared_head={shared_head}, expected 0..num_heads={num_heads}")
+    if routed_head > num_heads - shared_head:
+        raise ValueError(f"moh MoHAttention: routed_head={routed_head} (the top-k of the routed heads), expected "
+                         f"0..num_heads - shared_head = {num_heads - shared_head}")
+    if routed_head == 0 and 0 < shared_head < num_heads:
+        raise ValueError(f"moh MoHAttention: routed_head=0 with shared_head={shared_head}: without routing every "
+                         f"head is shared, expected shared_head = num_heads = {num_heads} (or 0: dense attention)")
+    if not 0.0 <= float(attn_drop) <= 1.0:
+        raise ValueError(f"moh MoHAttention: attn_drop={attn_drop}, expected a probability in [0, 1]")
 
 
 def _config(dim, num_heads, head_dim, shared_head, routed_head, qkv_bias):
@@ -83,19 +112,22 @@ class _Pool:
     def __init__(self, cfg):
         self.cfg = cfg
         self.free = []
+        self.lock = threading.Lock()  # threads sharing a module take different handles
 
     def take(self, B, N, cuda, bf16):
-        h = next((h for h in self.free if h.cuda == cuda and h.B >= B and h.N >= N), None)
+        with self.lock:
+            h = next((h for h in self.free if h.cuda == cuda and h.B >= B and h.N >= N), None)
+            if h is not None:
+                self.free.remove(h)
         if h is None:
             h = _Handle(self.cfg, B, N, cuda)
-        else:
-            self.free.remove(h)
         h.set_bf16(bf16)
         return h
 
     def give(self, h):
-        self.free.append(h)
-        del self.free[:-4]  # the most recent few
+        with self.lock:
+            self.free.append(h)
+            del self.free[:-4]  # the most recent few
 
     def __deepcopy__(self, memo):
         return _Pool(self.cfg)
@@ -104,8 +136,7 @@ class _Pool:
         return {"cfg": bytes(self.cfg)}
 
     def __setstate__(self, state):
-        self.cfg = L.AttnConfig.from_buffer_copy(state["cfg"])
-        self.free = []
+        self.__init__(L.AttnConfig.from_buffer_copy(state["cfg"]))
 
 
 def _autocast_bf16(device_type):
@@ -180,8 +211,10 @@ class _MoHAttentionFn(torch.autograd.Function):
         return y, lb
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dy, dlb):
+        if torch.is_grad_enabled():  # create_graph=True: the gradients would be constants, silently
+            raise RuntimeError("moh MoHAttention: double backward (create_graph=True, e.g. a gradient penalty) is "
+                               "not supported; use the official module for it")
         h, ctx.h = ctx.h, None
         if h is None:
             raise RuntimeError("moh MoHAttention: a second backward through one forward (retain_graph) is not "
@@ -236,15 +269,16 @@ class MoHAttention(nn.Module):
         if qk_norm:
             raise ValueError("moh MoHAttention: qk_norm=True is not supported (moh's kernels have no per-head "
                              "q/k normalisation); use the official module")
+        _check_args(dim, num_heads, head_dim, shared_head, routed_head, attn_drop)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads if head_dim is None else head_dim
         self.scale = self.head_dim ** -0.5
         self.shared_head, self.routed_head = shared_head, routed_head
-        self.attn_drop_p = float(attn_drop)
         # parameters in the official module's order of creation (the same seed gives the same init)
         self.qkv = nn.Linear(dim, self.head_dim * num_heads * 3, bias=qkv_bias)
         self.q_norm = nn.Identity()
         self.k_norm = nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)  # its p must be 0 while training (checked in forward)
         self.proj = nn.Linear(self.head_dim * num_heads, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         if routed_head > 0:
@@ -254,19 +288,32 @@ class MoHAttention(nn.Module):
         if shared_head > 1:
             self.wg_1 = nn.Linear(dim, shared_head, bias=False)
         self.dim = dim
+        hd, E = self.head_dim * num_heads, num_heads - shared_head
+        self._shapes = ((3 * hd, dim), (3 * hd,), (dim, hd), (dim,), (E, dim), (2, dim), (shared_head, dim))
         self._pool = _Pool(_config(dim, num_heads, self.head_dim, shared_head, routed_head, qkv_bias))
 
     def _weights(self):
+        """The seven tensors (None where absent), each checked against its shape; the router's Linear
+        layers must have no bias (the official ones have none, moh's kernels add none)."""
         get = lambda name, attr: getattr(getattr(self, name), attr) if hasattr(self, name) else None
-        return [self.qkv.weight, self.qkv.bias, self.proj.weight, self.proj.bias, get("wg", "weight"),
-                get("wg_0", "weight"), get("wg_1", "weight")]
+        for r in ("wg", "wg_0", "wg_1"):
+            if get(r, "bias") is not None:
+                raise ValueError(f"moh MoHAttention: {r} has a bias, expected bias=False (as the official module)")
+        ws = [self.qkv.weight, self.qkv.bias, self.proj.weight, self.proj.bias, get("wg", "weight"),
+              get("wg_0", "weight"), get("wg_1", "weight")]
+        for name, t, shape in zip(_NAMES, ws, self._shapes):
+            if t is not None and tuple(t.shape) != shape:
+                raise ValueError(f"moh MoHAttention: {name} has shape {tuple(t.shape)}, expected {shape}")
+        return ws
 
     def forward(self, x):
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"moh MoHAttention: x has shape {tuple(x.shape)}, expected [B, N, {self.dim}]")
-        if self.training and self.attn_drop_p > 0:
-            raise ValueError(f"moh MoHAttention: attn_drop={self.attn_drop_p} while training is not supported "
-                             "(moh's kernels apply no attention dropout); use attn_drop=0")
+        if x.dim() != 3 or x.shape[-1] != self.dim or x.shape[0] < 1 or x.shape[1] < 1:
+            raise ValueError(f"moh MoHAttention: x has shape {tuple(x.shape)}, expected [B, N, {self.dim}] with "
+                             "B, N >= 1")
+        p = self.attn_drop.p
+        if self.training and p != 0:
+            raise ValueError(f"moh MoHAttention: attn_drop={p} while training is not supported (moh's kernels "
+                             "apply no attention dropout); use attn_drop=0")
         ws = self._weights()
         if x.is_cuda:
             if x.dtype == torch.float32 and _autocast_bf16("cuda"):
@@ -286,7 +333,7 @@ class MoHAttention(nn.Module):
             out_dtype = torch.bfloat16 if autocast else x.dtype
         else:
             raise ValueError(f"moh MoHAttention: device {x.device}: expected cpu or cuda")
-        for name, t in zip(_FIELDS, ws):
+        for name, t in zip(_NAMES, ws):
             if t is not None and t.device != x.device:
                 raise ValueError(f"moh MoHAttention: weight {name} on {t.device}, x on {x.device}")
         bf16 = dt == torch.bfloat16 or out_dtype == torch.bfloat16
