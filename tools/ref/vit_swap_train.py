@@ -116,6 +116,8 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--beta", type=float, default=0.01, help="load-balance loss weight")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dim", type=int, default=96)
+    ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--data", choices=["fashion-mnist", "synthetic"],
                     default="fashion-mnist" if os.path.isdir(FMNIST) else "synthetic")
     ap.add_argument("--tol", type=float, default=0.05, help="largest relative gap of 20-step mean losses")
@@ -125,8 +127,8 @@ def main():
                          "official runs drift apart by rounding alone, the scale of the gap to expect")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
-    official = ViT(OfficialMoHAttention)
-    swapped = ViT(MoHAttention)
+    official = ViT(OfficialMoHAttention, dim=a.dim, depth=a.depth)
+    swapped = ViT(MoHAttention, dim=a.dim, depth=a.depth)
     swapped.load_state_dict(official.state_dict())  # the official checkpoint, unchanged
     t0 = time.perf_counter()
     lo = train(copy.deepcopy(official), OfficialMoHAttention, a)
@@ -141,7 +143,7 @@ def main():
             for p in perturbed.parameters():
                 p.mul_(1 + 1e-6 * torch.randn(p.shape, generator=g))
         lb = train(perturbed, OfficialMoHAttention, a)
-    print(f"# ViT 4 x (96 wide, 8 heads: 2 shared + top-3 of 6), {a.data}, batch {a.batch}, {a.steps} steps, "
+    print(f"# ViT {a.depth} x ({a.dim} wide, 8 heads: 2 shared + top-3 of 6), {a.data}, batch {a.batch}, {a.steps} steps, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print("step  official  moh     |gap|")
     for s in range(0, a.steps, a.every):
