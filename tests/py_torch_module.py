@@ -205,6 +205,18 @@ refused(lambda: with_weight("proj.bias", lambda: torch.nn.Parameter(torch.randn(
         ["proj.bias", "(64,)"], "misshapen proj.bias")
 refused(lambda: with_weight("wg.bias", lambda: torch.nn.Parameter(torch.randn(3)))(torch.randn(1, 5, 64)),
         ["wg", "bias"], "a bias on wg")
+import warnings  # noqa: E402
+
+from moh.torch import _autocast_other  # noqa: E402
+
+try:  # torch < 2 has CPU autocast to bfloat16 only (it raises at entry for float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.autocast("cpu", dtype=torch.float16):
+            if _autocast_other("cpu"):
+                refused(lambda: mt(torch.randn(1, 5, 64)), ["autocast", "bfloat16"], "CPU autocast to float16")
+except RuntimeError as e:
+    print("CPU autocast to float16: not in this torch:", str(e).splitlines()[0])
 try:  # double backward: refused, not silently constant
     xg = torch.randn(1, 5, 64, requires_grad=True)
     gx, = torch.autograd.grad(mt.train()(xg).sum(), xg, create_graph=True)

@@ -149,6 +149,19 @@ def _autocast_bf16(device_type):
         return torch.is_autocast_enabled() and torch.get_autocast_gpu_dtype() == torch.bfloat16
 
 
+def _autocast_other(device_type):
+    """torch.autocast(device_type) is on with a dtype other than bfloat16 (float16)."""
+    try:
+        on = torch.is_autocast_enabled(device_type)
+        dt = torch.get_autocast_dtype(device_type) if on else None
+    except TypeError:  # torch < 2.4
+        if device_type == "cpu":
+            on, dt = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+        else:
+            on, dt = torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
+    return bool(on) and dt != torch.bfloat16
+
+
 def _ptr(t):
     return None if t is None else t.data_ptr()
 
@@ -321,13 +334,17 @@ class MoHAttention(nn.Module):
             elif x.dtype == torch.bfloat16:
                 dt = torch.bfloat16
             else:
-                raise ValueError(f"moh MoHAttention: CUDA tensors of dtype {x.dtype}: moh's CUDA kernels take "
+                raise ValueError(f"moh MoHAttention: CUDA tensors of dtype {x.dtype}"
+                                 f"{' under autocast to another dtype' if _autocast_other('cuda') else ''}: moh's CUDA kernels take "
                                  "bfloat16 (x in bfloat16, or float32 under torch.autocast(dtype=torch.bfloat16))")
             out_dtype = torch.bfloat16 if dt == torch.bfloat16 and x.dtype == torch.float32 else x.dtype
         elif x.device.type == "cpu":
             if x.dtype not in (torch.float32, torch.bfloat16):
                 raise ValueError(f"moh MoHAttention: CPU tensors of dtype {x.dtype}: expected float32 or bfloat16")
             # float32 buffers; bf16 compute for bf16 tensors and under CPU autocast to bf16
+            if _autocast_other("cpu"):
+                raise ValueError("moh MoHAttention: torch.autocast('cpu') to a dtype other than bfloat16: moh's CPU "
+                                 "kernels compute float32 or bfloat16")
             autocast = _autocast_bf16("cpu")
             dt = torch.float32
             out_dtype = torch.bfloat16 if autocast else x.dtype

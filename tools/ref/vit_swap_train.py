@@ -148,7 +148,7 @@ def main():
     print("step  official  moh     |gap|")
     for s in range(0, a.steps, a.every):
         print(f"{s + 1:5d}  {lo[s]:.4f}    {lm[s]:.4f}  {abs(lo[s] - lm[s]):.4f}")
-    w = 20
+    w = min(20, a.steps)
     gaps = []
     for s in range(0, a.steps - w + 1, w):
         mo, mm = sum(lo[s:s + w]) / w, sum(lm[s:s + w]) / w
