@@ -137,7 +137,7 @@ static inline int amin(int a, int b) { return a < b ? a : b; }
         if (a0 && (m) == 16 && kk == 16) {                                                               \
             T_LOAD(t, a0 + (long)(rb) * lda + 2 * k0, 2 * lda);                                          \
         } else {                                                                                         \
-            memset(ab, 0, sizeof ab);                                                                    \
+            if ((m) < 16 || kk < 16) memset(ab, 0, sizeof ab); /* whole: every byte written below */     \
             for (int r = 0; r < (m); r++) {                                                              \
                 const uint16_t *row = a0 ? a0 + (long)((rb) + r) * lda : ap[(rb) + r];                  \
                 memcpy(ab + 32 * r, row + 2 * k0, 4 * (size_t)kk);                                       \
