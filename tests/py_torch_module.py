@@ -163,6 +163,31 @@ with torch.no_grad():
     for m, what in ((mc, "deepcopy"), (mp, "torch.save/load"), (mq, "pickle")):
         check(rel_err(m.eval()(x), y0) == 0, f"{what}: output differs")
 
+# swap_official: an official module inside a model replaced with the same weights and results
+from moh.torch import swap_official  # noqa: E402
+
+torch.manual_seed(11)
+net = torch.nn.Sequential(torch.nn.Linear(64, 64),
+                          torch.nn.ModuleDict({"attn": OfficialMoHAttention(64, 8, qkv_bias=True, shared_head=2,
+                                                                            routed_head=3)}))
+net.eval()
+xin = torch.randn(2, 9, 64)
+with torch.no_grad():
+    want = net[1]["attn"](net[0](xin))
+    net, n_swapped = swap_official(net)
+    got = net[1]["attn"](net[0](xin))
+check(n_swapped == 1 and isinstance(net[1]["attn"], MoHAttention), f"swap_official replaced {n_swapped}")
+check(rel_err(got, want) < 1e-5, f"swap_official: output rel err {rel_err(got, want):.2e}")
+check(not net[1]["attn"].training, "swap_official kept eval mode")
+OfficialMoHAttention.LOAD_BALANCING_LOSSES.clear()
+MoHAttention.LOAD_BALANCING_LOSSES.clear()
+net.train()
+net[1]["attn"](net[0](torch.randn(2, 9, 64)))
+check(len(OfficialMoHAttention.LOAD_BALANCING_LOSSES) == 1 and not MoHAttention.LOAD_BALANCING_LOSSES,
+      "swap_official: l_aux goes to the replaced class's list")
+check(len(copy.deepcopy(net)[1]["attn"].__dict__.get("_lb_owner").LOAD_BALANCING_LOSSES) == 1,
+      "swap_official: a deepcopy keeps the class list")
+
 # refusals, each naming the reason
 def refused(fn, words, what):
     try:

@@ -363,6 +363,47 @@ class MoHAttention(nn.Module):
             with torch.no_grad():
                 y, lb = (_cuda_forward if xs.is_cuda else _cpu_forward)(h, ws, xs)
             self._pool.give(h)
-        if self.training and self.routed_head > 0:
-            MoHAttention.LOAD_BALANCING_LOSSES.append(lb)  # float32, as the official l_aux
+        if self.training and self.routed_head > 0:  # float32, as the official l_aux
+            getattr(self, "_lb_owner", MoHAttention).LOAD_BALANCING_LOSSES.append(lb)
         return self.proj_drop(y.to(out_dtype))
+
+
+def swap_official(model):
+    """Replaces, in place, every official MoH attention module inside model (MoH-DiT's
+    `MoHAttention`, or any module with its attributes: qkv, proj, num_heads, head_dim,
+    shared_head, routed_head) by a moh MoHAttention holding the same weights, on the same device
+    and dtype, in the same training mode; in training each appends its l_aux to the class list the
+    replaced module used (`type(m).LOAD_BALANCING_LOSSES`), so the training script reads it where it
+    did. Returns model and the number of modules replaced (a model
+    that is itself such a module is returned replaced). qk_norm modules (q_norm not an Identity) are
+    refused with a ValueError, as the constructor refuses them."""
+
+    def official(m):
+        return (not isinstance(m, MoHAttention) and all(hasattr(m, a) for a in (
+            "qkv", "proj", "num_heads", "head_dim", "shared_head", "routed_head")))
+
+    def convert(m):
+        if not isinstance(getattr(m, "q_norm", nn.Identity()), nn.Identity):
+            raise ValueError(f"moh swap_official: {type(m).__name__} has qk_norm (q_norm is "
+                             f"{type(m.q_norm).__name__}); moh's kernels have no per-head q/k normalisation")
+        drop = getattr(m, "attn_drop", None)
+        new = MoHAttention(m.qkv.in_features, m.num_heads, qkv_bias=m.qkv.bias is not None,
+                           attn_drop=drop.p if isinstance(drop, nn.Dropout) else 0.0,
+                           proj_drop=m.proj_drop.p if isinstance(getattr(m, "proj_drop", None), nn.Dropout) else 0.0,
+                           shared_head=m.shared_head, routed_head=m.routed_head, head_dim=m.head_dim)
+        new.load_state_dict(m.state_dict())
+        if isinstance(getattr(type(m), "LOAD_BALANCING_LOSSES", None), list):
+            new._lb_owner = type(m)  # l_aux goes where the training script reads it
+        w = m.qkv.weight
+        return new.to(device=w.device, dtype=w.dtype).train(m.training)
+
+    if official(model):
+        return convert(model), 1
+    count = 0
+    for name, child in list(model.named_children()):
+        if official(child):
+            setattr(model, name, convert(child))
+            count += 1
+        else:
+            count += swap_official(child)[1]
+    return model, count
