@@ -203,6 +203,7 @@ void moh_attn_layer_has(const moh_attn_config *cfg, bool has[7]);
 /* A layer for batches of up to max_B x max_N tokens (cfg copied). MOH_E_CONFIG (cfg invalid, the
  * field named), MOH_E_ARG (max_B, max_N < 1), MOH_E_NOMEM. Source: attn/layer.h. */
 int moh_attn_layer_new(moh_attn_layer **out, const moh_attn_config *cfg, int max_B, int max_N, moh_error *err);
+/* Frees the layer and everything it owns; NULL is a no-op. */
 void moh_attn_layer_free(moh_attn_layer *l);
 /* Forward (spec §1): x [B, N, C] -> y [B, N, C] (written), lb (may be NULL) gets the load-balance
  * loss of spec §2 (E sum_i P_i f_i, the official l_aux; 0 without a learned router). x is borrowed
@@ -216,10 +217,10 @@ int moh_attn_layer_backward(moh_attn_layer *l, const moh_attn_weights *w, const 
 /* Compute precision of the next forwards and backwards: bf16 (true) runs the projections as bf16
  * GEMMs and the attention tiles in bf16 where the CPU has AVX512-BF16 or AMX-BF16, accumulating in
  * float32 (operands rounded to bf16 on the fly; buffers stay float32); false: float32 (the
- * default). MOH_OK, MOH_E_NOMEM. */
+ * default). MOH_OK, MOH_E_ARG (NULL l), MOH_E_NOMEM. Source: attn/layer.h attn_layer_set_compute. */
 int moh_attn_layer_set_bf16(moh_attn_layer *l, bool bf16, moh_error *err);
-/* Gates [B N, h] of the last forward (0 for a head not selected), valid until the next forward;
- * NULL before any. */
+/* Gates [B N, h] (row-major, the router's weight of each head, 0 for a head not selected) of the
+ * last forward, valid until the next forward; NULL before any or for a NULL l. */
 const float *moh_attn_layer_gates(const moh_attn_layer *l);
 
 /* ------------------------------------------------------------------------------------------------

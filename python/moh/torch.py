@@ -139,27 +139,24 @@ class _Pool:
         self.__init__(L.AttnConfig.from_buffer_copy(state["cfg"]))
 
 
-def _autocast_bf16(device_type):
-    """torch.autocast(device_type, dtype=torch.bfloat16) is on."""
+def _autocast_dtype(device_type):
+    """The dtype torch.autocast(device_type) casts to, or None when it is off."""
     try:
-        return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16
+        on = torch.is_autocast_enabled(device_type)
+        return torch.get_autocast_dtype(device_type) if on else None
     except TypeError:  # torch < 2.4
         if device_type == "cpu":
-            return torch.is_autocast_cpu_enabled() and torch.get_autocast_cpu_dtype() == torch.bfloat16
-        return torch.is_autocast_enabled() and torch.get_autocast_gpu_dtype() == torch.bfloat16
+            return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+
+
+def _autocast_bf16(device_type):
+    return _autocast_dtype(device_type) == torch.bfloat16
 
 
 def _autocast_other(device_type):
-    """torch.autocast(device_type) is on with a dtype other than bfloat16 (float16)."""
-    try:
-        on = torch.is_autocast_enabled(device_type)
-        dt = torch.get_autocast_dtype(device_type) if on else None
-    except TypeError:  # torch < 2.4
-        if device_type == "cpu":
-            on, dt = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
-        else:
-            on, dt = torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
-    return bool(on) and dt != torch.bfloat16
+    """Autocast on with a dtype other than bfloat16 (float16)."""
+    return _autocast_dtype(device_type) not in (None, torch.bfloat16)
 
 
 def _ptr(t):

@@ -13,7 +13,7 @@ struct moh_attn_layer {
     be_ctx cx;       /* fp32, or bf16 with an empty weight mirror (every operand rounded on the fly) */
     bf16_mirror none;
     int maxB, maxN;
-    bool fwd; /* a forward ran since the last backward's inputs were set */
+    bool fwd;        /* a forward has run: backward and the gates read its state */
 };
 
 void moh_attn_layer_has(const moh_attn_config *cfg, bool has[7]) {

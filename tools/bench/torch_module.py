@@ -29,7 +29,7 @@ import torch.nn as nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ref"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-from official_moh import OfficialMoHAttention  # noqa: E402
+from official_moh import OfficialMoHAttention, ViTBlock  # noqa: E402
 
 import bench_common as bc  # noqa: E402
 
@@ -39,24 +39,12 @@ C, H = 768, 12
 SPLITS = {1.0: (0, 0), 0.75: (3, 6), 0.5: (3, 3)}
 
 
-class Block(nn.Module):
-    def __init__(self, attn):
-        super().__init__()
-        self.norm1, self.attn = nn.LayerNorm(C, eps=1e-6), attn
-        self.norm2 = nn.LayerNorm(C, eps=1e-6)
-        self.mlp = nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(), nn.Linear(4 * C, C))
-
-    def forward(self, x):
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
 class Stack(nn.Module):
     """ViT-B/16's 12 blocks on its tokens ([B, 197, 768] at 224 px), the part a swap changes."""
 
     def __init__(self, attn):
         super().__init__()
-        self.blocks = nn.ModuleList([Block(copy.deepcopy(attn)) for _ in range(12)])
+        self.blocks = nn.ModuleList([ViTBlock(copy.deepcopy(attn), C) for _ in range(12)])
 
     def forward(self, x):
         for b in self.blocks:
@@ -114,7 +102,7 @@ def main():
         dt = getattr(torch, dn)
         inputs[dn] = (torch.randn(a.batch, a.n, C, device=dev).to(dt), torch.randn(a.batch, a.n, C, device=dev).to(dt))
         for what in a.what.split(","):
-            mk = {"module": lambda m: m, "block": Block, "vit": Stack}[what]
+            mk = {"module": lambda m: m, "block": lambda m: ViTBlock(m, C), "vit": Stack}[what]
             o = mk(copy.deepcopy(off)).to(dev, dt).train()
             m = mk(copy.deepcopy(ours)).to(dev, dt).train()
             if what != "module":

@@ -77,3 +77,19 @@ class OfficialMoHAttention(nn.Module):
         if gates is not None:
             o = torch.einsum("bne,bned->bned", gates, o)
         return self.proj_drop(self.proj(o.reshape(B, N, -1)))
+
+
+class ViTBlock(nn.Module):
+    """timm's pre-norm ViT block around any attention module attn of width dim: x + attn(LN x), then
+    x + MLP(LN x) with MLP dim -> 4 dim -> dim (GELU), LayerNorm eps 1e-6. The block the swap
+    check (vit_swap_train.py) and the benchmark (tools/bench/torch_module.py) put both modules in."""
+
+    def __init__(self, attn, dim):
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim, eps=1e-6), attn
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))

@@ -33,24 +33,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-from official_moh import OfficialMoHAttention  # noqa: E402
+from official_moh import OfficialMoHAttention, ViTBlock  # noqa: E402
 
 from moh.torch import MoHAttention  # noqa: E402
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
-
-
-class Block(nn.Module):
-    def __init__(self, attn_cls, dim, heads, shared, routed):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = attn_cls(dim, heads, qkv_bias=True, shared_head=shared, routed_head=routed)
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, x):
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
 
 
 class ViT(nn.Module):
@@ -60,7 +47,8 @@ class ViT(nn.Module):
         self.patch_embed = nn.Conv2d(1, dim, patch, patch)
         self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
         self.pos_embed = nn.Parameter(torch.randn(1, n + 1, dim) * 0.02)
-        self.blocks = nn.ModuleList([Block(attn_cls, dim, heads, shared, routed) for _ in range(depth)])
+        self.blocks = nn.ModuleList([ViTBlock(attn_cls(dim, heads, qkv_bias=True, shared_head=shared, routed_head=routed),
+                                              dim) for _ in range(depth)])
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.head = nn.Linear(dim, classes)
 
