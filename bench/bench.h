@@ -31,7 +31,7 @@ typedef struct bdm_opts {
     const char *text;                   /* or the tokens of this file, repeated (NULL: random) */
     bool json, profile;                 /* JSON rows; per-phase times (text: a table per row) */
     const char *prec[BDM_MAX_PREC];     /* precisions to run, interleaved (at least one): "fp32", "bf16",
-                                         * "gguf" (the file's own quantised blocks), "q8_0", "q4_0", "q4_1" */
+                                         * "gguf" (the file's own quantised blocks), "q8_0" .. "q6_K" */
     int nprec;
 } bdm_opts;
 /* Prefill and decode tokens/s of each model (prints the table); 0 ok, 1 runtime error. */

@@ -134,13 +134,13 @@ static int bd_steps(bd_run *r, int ctx, int tokens, moh_error *err) {
  * is asked. bf16 on a CPU that cannot: dropped with a note (fp32 in its place if nothing is left).
  * 0, or 2 after a one-line error. */
 static int bd_precisions(const char *value, bdm_opts *o, bool *quant) {
-    static const char *const names[] = {"fp32", "bf16", "gguf", "q8_0", "q4_0", "q4_1"};
+    static const char *const names[] = {"fp32", "bf16", "gguf", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_K", "q5_K", "q6_K"};
     char why[160];
     const bool no16 = attn_decode_precision(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16;
     const size_t vl = strlen(value);
     if (!vl || value[vl - 1] == ',') {
         fprintf(stderr, "moh bench decode: --precision '%s': an empty item, expected a comma list of fp32, bf16, both, "
-                        "gguf, q8_0, q4_0, q4_1\n", value);
+                        "gguf, " QUANT_TYPE_LIST "\n", value);
         return 2;
     }
     for (const char *p = value; *p;) {
@@ -162,7 +162,7 @@ static int bd_precisions(const char *value, bdm_opts *o, bool *quant) {
         }
         if (!known || !len) {
             fprintf(stderr, "moh bench decode: --precision '%s': %s '%.*s', expected a comma list of fp32, bf16, both, "
-                            "gguf, q8_0, q4_0, q4_1 (each once)\n", value, len ? "item" : "an empty item", (int)len, p);
+                            "gguf, " QUANT_TYPE_LIST " (each once)\n", value, len ? "item" : "an empty item", (int)len, p);
             return 2;
         }
         p += len + (p[len] == ',');
@@ -190,7 +190,7 @@ int bench_decode(int argc, char **argv) {
         {"--threads", ARG_INT, &a.threads, "N", "OpenMP threads (default: OMP_NUM_THREADS, else every core)", false, ARG_IN(1, 1024)},
         {"--seed", ARG_U64, &a.seed, "S", "--model PATH: prompt ids uniform over the vocabulary from splitmix64(S) (default 1)", false, ARG_ANY},
         {"--text", ARG_STR, &a.text, "FILE", "--model PATH: the prompt is FILE's tokens (the model's tokenizer, or bytes), repeated", false, ARG_ANY},
-        {"--precision", ARG_STR, &a.precision, "P[,P...]", "decode (and prefill) in fp32, in bf16 (bf16 weights and KV cache, fp32 accumulation: vdpbf16ps, or widened to fp32 without AVX512-BF16; a CPU without AVX-512 runs fp32 and says so), both (fp32,bf16); with --model PATH also gguf (the file's own Q8_0 / Q4_0 / Q4_1 blocks, as moh sample and chat decode a quantised .gguf) and q8_0, q4_0, q4_1 (quantised here from the float weights); a list runs interleaved, each later precision with its ratio to the first (default fp32)", false, ARG_ANY},
+        {"--precision", ARG_STR, &a.precision, "P[,P...]", "decode (and prefill) in fp32, in bf16 (bf16 weights and KV cache, fp32 accumulation: vdpbf16ps, or widened to fp32 without AVX512-BF16; a CPU without AVX-512 runs fp32 and says so), both (fp32,bf16); with --model PATH also gguf (the file's own quantised blocks, as moh sample and chat decode a quantised .gguf) and q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K (quantised here from the float weights, as moh convert --outtype); a list runs interleaved, each later precision with its ratio to the first (default fp32)", false, ARG_ANY},
         {"--profile", ARG_FLAG, &a.profile, NULL, "time per phase (qkv, attention, wo, mlp, lm_head, other) of decode (--model PATH: and prefill), and the team split: 'team of N: start-up X us, one thread Y GMAC/s: split from W multiply-adds' means a decode product of W or more multiply-adds runs on the N threads, a smaller one on one thread (measured on the first token: the smallest product whose time saved on N threads exceeds the start-up)", false, ARG_ANY},
     };
     int prc = args_parse("bench decode", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),

@@ -32,7 +32,7 @@ typedef struct bdm_run {
     model m;                             /* the model's first run's; its other precisions borrow it */
     bool have_m, have_kv, have_ws;
     const char *prec;                    /* bdm_opts.prec's */
-    quant_table qt;                      /* "q8_0" / "q4_0" / "q4_1": the blocks made here */
+    quant_table qt;                      /* "q8_0" .. "q6_K": the blocks made here */
     const moh_lm_config *cfg;
     const lm_params_f32 *p;
     lm_kv_cache kv;
@@ -124,7 +124,7 @@ static int bdm_init(bdm_run *r, const char *path, const bdm_run *twin, const cha
     const int T = maxp + o->tokens;
     int type = 0;
     if (gguf && !r->m.quant)
-        return moh_fail(err, MOH_E_ARG, "%s: --precision gguf: the file holds no Q8_0, Q4_0 or Q4_1 matrices", path);
+        return moh_fail(err, MOH_E_ARG, "%s: --precision gguf: the file holds no matrices of " QUANT_TYPE_LIST, path);
     if (!bf16 && !gguf && strcmp(prec, "fp32") &&
         (quant_type_parse(prec, &type, err) || lm_quant_table(r->cfg, r->p, type, &r->qt, err)))
         return err->code;

@@ -73,8 +73,8 @@ moh_precision cli_precision_run(const char *cmd, const char *value);
  * CPU that cannot (attn_decode_precision). */
 bool cli_decode_bf16(const char *cmd, const char *value);
 /* --precision of KV-cache decoding (moh sample, moh chat): the spec, its help, and the cache. */
-#define CLI_DECODE_PRECISION_HELP "decode with: fp32; bf16 (a bf16 copy of the weights and a bf16 KV cache, fp32 accumulation; fp32 on a CPU without AVX-512, said); q8_0, q4_0 or q4_1 (the matrix-vector weights quantised into ggml's blocks, multiplied on the CPU's integer units as llama.cpp does, bf16 KV cache). Default: a quantised .gguf decodes from its own blocks (its Q8_0 / Q4_0 / Q4_1 matrices; others fp32), anything else fp32"
-#define CLI_DECODE_PRECISION_SPEC(dst) {"--precision", ARG_CHOICE, (dst), "fp32|bf16|q8_0|q4_0|q4_1", CLI_DECODE_PRECISION_HELP, false, ARG_ANY}
+#define CLI_DECODE_PRECISION_HELP "decode with: fp32; bf16 (a bf16 copy of the weights and a bf16 KV cache, fp32 accumulation; fp32 on a CPU without AVX-512, said); q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K or q6_K (the matrix-vector weights quantised into ggml's blocks as moh convert --outtype writes them, multiplied on the CPU's integer units as llama.cpp does, bf16 KV cache). Default: a quantised .gguf decodes from its own blocks (its matrices of those types; others fp32), anything else fp32"
+#define CLI_DECODE_PRECISION_SPEC(dst) {"--precision", ARG_CHOICE, (dst), "fp32|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_K|q5_K|q6_K", CLI_DECODE_PRECISION_HELP, false, ARG_ANY}
 /* The KV cache of max_T tokens decoding model m (a text model) as --precision value asks
  * (CLI_DECODE_PRECISION_HELP): lm_kv_init, _bf16 or _quant; a table quantised here is held in
  * *own (quant_table_free it after lm_kv_free; zeroed otherwise). Says on stderr what decodes how

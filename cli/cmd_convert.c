@@ -22,7 +22,7 @@ int cmd_convert(int argc, char **argv) {
     const arg_spec specs[] = {
         {"--model", ARG_STR, &in, "PATH", "a moh checkpoint / Hugging Face folder, or a .gguf file", true, ARG_ANY},
         {"--out", ARG_STR, &out, "PATH", "FILE.gguf (for llama.cpp), or a folder (config.json + model.safetensors, F32)", true, ARG_ANY},
-        {"--outtype", ARG_CHOICE, &outtype, "f32|f16|q8_0|q4_0|q4_1", "GGUF tensor type of the weight matrices (norms stay F32; default f32). q8_0 / q4_0 / q4_1: ggml's blocks (as llama-quantize; the embedding and LM head Q8_0 in a 4-bit file), which moh sample / chat decode from directly", false, ARG_ANY},
+        {"--outtype", ARG_CHOICE, &outtype, "f32|f16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_K|q5_K|q6_K", "GGUF tensor type of the weight matrices (norms stay F32; default f32). q8_0 .. q6_K: ggml's blocks, as llama-quantize writes them: the embedding and LM head get more bits (Q6_K with a K-quant, else Q8_0), rows not of a K-quant's 256 values llama-quantize's fallback (q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0); moh sample / chat decode from them directly", false, ARG_ANY},
         {"--to-moh", ARG_FLAG, &to_moh, NULL, "convert a dense model into MoH (the MoH-LLaMA3 recipe) before writing", false, ARG_ANY},
         {"--router", ARG_CHOICE, &router, "query_norm|learned", "with --to-moh: the router (default query_norm, parameter-free)", false, ARG_ANY},
         {"--shared-heads", ARG_INT, &shared, "S", "with --to-moh: the first S query heads of every layer are shared (default h/2)", false, ARG_GE(0)},
@@ -32,7 +32,7 @@ int cmd_convert(int argc, char **argv) {
         {"--seed", ARG_U64, &seed, "N", "with --router learned: initialisation seed (default 1)", false, ARG_ANY},
     };
     int rc = args_parse("convert", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                        "--model PATH --out FILE.gguf|DIR [--outtype f32|f16|q8_0|q4_0|q4_1] [--to-moh [--router R] [--shared-heads S] [--top-k K]]",
+                        "--model PATH --out FILE.gguf|DIR [--outtype f32|f16|q8_0|...|q6_K] [--to-moh [--router R] [--shared-heads S] [--top-k K]]",
                         "GGUF input: LLaMA-architecture files (llama.cpp's names and metadata; F32, F16,\n"
                         "BF16 and the Q4/Q5/Q8 and K quant types, dequantised to float32). GGUF output: a\n"
                         "dense model (router \"none\") with its vocabulary: the model's byte-level BPE\n"

@@ -93,7 +93,7 @@ int cmd_sample(int argc, char **argv) {
     };
     int rc = args_parse("sample", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "--checkpoint PATH [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
-                        "                  [--seed S] [--context-full slide|stop] [--precision fp32|bf16|q8_0|q4_0|q4_1]\n"
+                        "                  [--seed S] [--context-full slide|stop] [--precision fp32|bf16|q8_0|...|q6_K]\n"
                         "                  [--dump-logits FILE]",
                         "Prints the prompt and its continuation to stdout, and speed and the share of\n"
                         "attention heads computed to stderr.\n"
@@ -108,7 +108,7 @@ int cmd_sample(int argc, char **argv) {
                         "--precision bf16: a bf16 copy of the weights (made once) and a bf16 KV cache; every\n"
                         "product accumulates in fp32 (vdpbf16ps, or widened to fp32 on an AVX-512 CPU without\n"
                         "AVX512-BF16); norms, router, softmax and sampling fp32. A CPU without AVX-512 decodes\n"
-                        "in fp32 and says so. q8_0 / q4_0 / q4_1: the matrix-vector weights in ggml's blocks,\n"
+                        "in fp32 and says so. q8_0 .. q6_K: the matrix-vector weights in ggml's blocks,\n"
                         "each product's input quantised per 32 values, integer sums (vpdpbusd where the CPU has\n"
                         "VNNI) scaled in fp32, as llama.cpp's CPU backend; a quantised .gguf decodes from its own\n"
                         "blocks unless --precision says otherwise. --dump-logits' full forward pass is fp32.\n");

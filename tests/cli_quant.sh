@@ -54,12 +54,12 @@ check "[ $rc -eq 0 ] && grep -q 'quantised here from the float weights: quantise
 "$MOH" sample --model "$T/q8.gguf" --prompt "hello" --max-tokens 8 --temperature 0 > "$T/s1.out" 2> "$T/s1.err" || bad "sample q8_0 gguf exited $?"
 "$MOH" sample --model "$T/q8.gguf" --prompt "hello" --max-tokens 8 --temperature 0 > "$T/s2.out" 2>/dev/null
 check "grep -q \"file's own blocks\" '$T/s1.err' && cmp -s '$T/s1.out' '$T/s2.out' && [ \$(wc -c < '$T/s1.out') -gt 5 ]" "sample q8_0 gguf: $(cat "$T/s1.err")"
-expect_fail "sample --precision q5_0" 2 'precision' "$MOH" sample --model "$T/q8.gguf" --precision q5_0
+expect_fail "sample --precision q2_K" 2 'precision' "$MOH" sample --model "$T/q8.gguf" --precision q2_K
 # bench decode: the file's blocks and a quantisation side by side, each row named, ratios to the first
 "$MOH" bench decode --model "$T/q8.gguf" --precision fp32,gguf,q4_1 --context 16 --tokens 4 --repeats 1 --threads 1 --json > "$T/bd.json" 2>/dev/null || bad "bench decode --precision fp32,gguf,q4_1 exited $?"
 check "python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert [x[\"precision\"] for x in r] == [\"fp32\", \"gguf\", \"q4_1\"] and r[0][\"decode_vs_first_precision\"] == 1.0 and all(x[\"decode_tokens_per_s\"] > 0 for x in r), r' '$T/bd.json'" "bench decode rows: $(head -c 400 "$T/bd.json")"
 "$MOH" bench decode --model "$CHAT" --precision gguf --context 16 --tokens 2 --repeats 1 > /dev/null 2> "$T/b.err"; rc=$?
-check "[ $rc -eq 1 ] && [ \$(grep -vc '^\[loading' '$T/b.err') -eq 1 ] && grep -q 'gguf: --precision gguf: the file holds no Q8_0, Q4_0 or Q4_1 matrices' '$T/b.err'" "bench decode gguf on a float file: rc $rc: $(cat "$T/b.err")"
+check "[ $rc -eq 1 ] && [ \$(grep -vc '^\[loading' '$T/b.err') -eq 1 ] && grep -q 'gguf: --precision gguf: the file holds no matrices of q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K or q6_K' '$T/b.err'" "bench decode gguf on a float file: rc $rc: $(cat "$T/b.err")"
 expect_fail "bench decode --precision fp32,q3" 2 'expected a comma list' "$MOH" bench decode --model "$CHAT" --precision fp32,q3
 expect_fail "bench decode q8_0 on a synthetic model" 2 'needs --model PATH' "$MOH" bench decode --model small --precision q8_0
 # a folder output stays F32

@@ -1,4 +1,5 @@
-/* Quantised KV-cache decoding (lm_kv_init_quant: ggml Q8_0 / Q4_0 / Q4_1 weights, each product's
+/* Quantised KV-cache decoding (lm_kv_init_quant: ggml Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 and K-quant
+ * Q4_K / Q5_K / Q6_K weights (rows not of 256 in llama-quantize's fallback type), each product's
  * input quantised per 32 values, integer sums; bf16 K/V) on random weights, in each kernel set this
  * CPU has (AVX512-VNNI, AVX-VNNI, AVX2, portable):
  *  1. against fp32 decoding of the *dequantised* weights (each table matrix replaced by what its
@@ -12,7 +13,7 @@
  *  4. a model whose head_dim is not a multiple of 32 (W_O over heads runs fp32 on the float rows)
  *     and one whose layers are all in the table go through the same checks;
  *  5. parameters other than the table's are refused;
- *  6. GGUF: a dense GQA model written as a Q8_0 / Q4_1 GGUF (lm_gguf_export: attn_q / attn_k rows in
+ *  6. GGUF: a dense GQA model written as a Q8_0 / Q4_1 / Q4_K / Q5_K GGUF (lm_gguf_export: attn_q / attn_k rows in
  *     ggml's RoPE order) and read back (model_open, lm_gguf_quant_table: rows put back in HF order)
  *     holds, row for row, the very blocks lm_quant_table makes from the float weights (quantisation
  *     is per row, so any row order mistake shows as a byte difference), and decodes from them
@@ -169,13 +170,13 @@ static int rows_differ(const quant_table *a, const quant_table *b, int *compared
     return bad;
 }
 
-static void gguf_check(test_ctx *ctx, int wtype) {
+static void gguf_check(test_ctx *ctx, int wtype, int C, int I) {
     moh_lm_config c = {0};
-    c.hidden_size = 128;
+    c.hidden_size = C;
     c.num_hidden_layers = 2;
     c.num_attention_heads = 4;
     c.num_key_value_heads = 2;
-    c.intermediate_size = 96;
+    c.intermediate_size = I;
     c.vocab_size = 256;
     c.max_position_embeddings = 64;
     c.rms_norm_eps = 1e-5;
@@ -215,7 +216,10 @@ static void gguf_check(test_ctx *ctx, int wtype) {
         bad = rows_differ(&mine, m.quant, &compared);
     }
     /* (4-bit: the tied embedding is Q8_0 in both, as llama-quantize keeps it) */
-    CHECK(ctx, bad == 0 && compared == 1664, "%s: %d of %d rows differ from lm_quant_table's", tn, bad, compared + bad);
+    int64_t rows = 0;
+    for (int i = 0; i < qt.n; i++) rows += qt.m[i].rows;
+    CHECK(ctx, bad == 0 && compared == rows && rows > 0, "%s: %d of %d rows differ from lm_quant_table's (%lld rows)", tn,
+          bad, compared + bad, (long long)rows);
     const moh_lm_config *mc = m.cfg;
     const lm_params_f32 *mp = m.params;
     lm_kv_cache kf, kq;
@@ -291,15 +295,19 @@ int main(void) {
         {"dense_d64", MOH_ROUTER_NONE, 2, 128, 2, 2, 96, false},
         {"moh_gqa_tied_d32", MOH_ROUTER_LEARNED, 2, 128, 4, 2, 96, true},
         {"moh_d20", MOH_ROUTER_LEARNED, 2, 160, 8, 8, 64, false},
+        {"dense_gqa_c256", MOH_ROUTER_NONE, 2, 256, 4, 2, 256, true}, /* K-quant rows of 256 */
     };
-    static const int types[] = {MOH_GGML_Q8_0, MOH_GGML_Q4_0, MOH_GGML_Q4_1};
+    static const int types[] = {MOH_GGML_Q8_0, MOH_GGML_Q4_0, MOH_GGML_Q4_1, MOH_GGML_Q5_0,
+                                MOH_GGML_Q5_1, MOH_GGML_Q4_K, MOH_GGML_Q5_K, MOH_GGML_Q6_K};
     for (int isa = best; isa >= QUANT_ISA_SCALAR; isa--) {
         if (!quant_isa_supported((quant_isa)isa)) continue; /* (AVX512-VNNI without AVX-VNNI) */
         for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
             for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
                 model_check(&ctx, &cases[i], types[t], (quant_isa)isa);
     }
-    gguf_check(&ctx, MOH_GGML_Q8_0);
-    gguf_check(&ctx, MOH_GGML_Q4_1);
+    gguf_check(&ctx, MOH_GGML_Q8_0, 128, 96);
+    gguf_check(&ctx, MOH_GGML_Q4_1, 128, 96);
+    gguf_check(&ctx, MOH_GGML_Q4_K, 256, 512); /* Q4_K matrices, the head Q6_K */
+    gguf_check(&ctx, MOH_GGML_Q5_K, 256, 96);  /* w_down's rows of 96: llama-quantize's Q5_1 */
     return test_finish("test_decode_quant", &ctx);
 }

@@ -3,7 +3,8 @@
  * checked against gguf-py), and every product kernel this CPU has (AVX512-VNNI, AVX-VNNI, AVX2,
  * portable) against a float64 evaluation of the same blocks and the same quantised activation, on
  * random rows, column blocks and biases; then the quantised product against the float product
- * (the quantisation's own error). The table's lookups and refusals. */
+ * (the quantisation's own error), and the quantisers against ggml's own bytes, for ggml's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K. The
+ * table's lookups and refusals, type names and llama-quantize's fallback types. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,51 +35,96 @@ static void f16_tests(test_ctx *ctx) {
     CHECK(ctx, quant_f2h(0.0f) == 0 && quant_f2h(-0.0f) == 0x8000 && quant_f2h(1e-9f) == 0, "zeros and underflow");
 }
 
-/* float64 value of one row's product from the blocks: sum over blocks of dw dx sum(qw qx) (+ the
- * Q4_0 offset, the Q4_1 min times s) and |terms| for the tolerance. */
-static double ref_row(int type, const uint8_t *w, const quant_act *x, const int *blk, int nblk, int bw,
+/* float64 value of one row's product from the blocks: the row dequantised by the GGUF reader
+ * (float64 of its float32 values) times the quantised activation dx q, sub-block by sub-block; Q4_1
+ * and Q5_1 take their min times s as ggml's vec_dot_q4_1_q8_1 does (s = dx sum(q) in f16). |terms|
+ * for the tolerance. */
+static double ref_row(int type, const uint8_t *w, int K, const quant_act *x, const int *blk, int nblk, int bw,
                       double *mag) {
-    const size_t bb = quant_block_bytes(type);
+    float *wd = malloc(sizeof(float) * (size_t)K);
+    moh_error err = {0};
+    if (!wd || moh_gguf_dequantize_raw(type, w, K, wd, &err)) {
+        free(wd);
+        *mag = 0;
+        return NAN;
+    }
+    const bool one = type == MOH_GGML_Q4_1 || type == MOH_GGML_Q5_1;
     double acc = 0;
     *mag = 0;
     for (int k = 0; k < nblk; k++)
         for (int j = blk[k] * bw / 32; j < (blk[k] + 1) * bw / 32; j++) {
-            const uint8_t *p = w + (size_t)j * bb;
-            uint16_t h, hm;
-            memcpy(&h, p, 2);
-            memcpy(&hm, p + 2, 2);
-            const double dw = quant_h2f(h), dx = x->d[j];
+            double m = 0;
+            if (one) {
+                uint16_t hm;
+                memcpy(&hm, w + (size_t)j * quant_block_bytes(type) + 2, 2);
+                m = quant_h2f(hm);
+                acc += m * x->s[j];
+                *mag += fabs(m * x->s[j]);
+            }
             for (int i = 0; i < 32; i++) {
-                int qw;
-                if (type == MOH_GGML_Q8_0) qw = (int8_t)p[2 + i];
-                else {
-                    const uint8_t *qs = p + (type == MOH_GGML_Q4_1 ? 4 : 2);
-                    qw = i < 16 ? qs[i] & 15 : qs[i - 16] >> 4;
-                    if (type == MOH_GGML_Q4_0) qw -= 8;
-                }
-                const double t = dw * dx * qw * x->q[(size_t)j * 32 + i];
+                const double t = ((double)wd[(size_t)j * 32 + i] - m) * x->d[j] * x->q[(size_t)j * 32 + i];
                 acc += t;
                 *mag += fabs(t);
             }
-            if (type == MOH_GGML_Q4_1) {
-                acc += (double)quant_h2f(hm) * x->s[j];
-                *mag += fabs((double)quant_h2f(hm) * x->s[j]);
-            }
         }
+    free(wd);
     return acc;
 }
 
+/* Dequantised weights against the originals: legacy types within half a step of their block (plus
+ * the f16 rounding of the scale times the largest level, plus Q4_0 / Q5_0's asymmetric range: the
+ * extreme maps to -8 / -16, the other side stops a level short); K-quants (6- or 8-bit scales of
+ * an f16 super-scale, fitted by least squares) by their RMS error relative to the weights' RMS. */
+static void dequant_check(test_ctx *ctx, int type, const float *W, const float *Wd, size_t n) {
+    if (quant_block_size(type) == 256) {
+        double e2 = 0, w2 = 0;
+        for (size_t i = 0; i < n; i++) {
+            e2 += ((double)Wd[i] - W[i]) * ((double)Wd[i] - W[i]);
+            w2 += (double)W[i] * W[i];
+        }
+        /* uniform weights at 4 / 5 / 6 bits: a step over sqrt(12) is 0.067 / 0.032 / 0.016 of their RMS;
+         * measured 0.070-0.071 / 0.035-0.036 / 0.018 */
+        const double tol = type == MOH_GGML_Q4_K ? 0.08 : type == MOH_GGML_Q5_K ? 0.04 : 0.02;
+        CHECK(ctx, sqrt(e2 / w2) <= tol, "%s: dequantised weights' RMS error %.4f of theirs (want <= %.3f)",
+              quant_type_name(type), sqrt(e2 / w2), tol);
+        return;
+    }
+    const bool five = type == MOH_GGML_Q5_0 || type == MOH_GGML_Q5_1;
+    const bool one = type == MOH_GGML_Q4_1 || type == MOH_GGML_Q5_1;
+    double worst = -1; /* the largest error less its bound, in steps */
+    for (size_t i = 0; i < n; i += 32) {
+        float mn = W[i], mx = W[i], amax = 0;
+        for (int j = 0; j < 32; j++) {
+            mn = fminf(mn, W[i + j]);
+            mx = fmaxf(mx, W[i + j]);
+            amax = fmaxf(amax, fabsf(W[i + j]));
+        }
+        const double step = type == MOH_GGML_Q8_0 ? amax / 127.0
+                          : type == MOH_GGML_Q4_0 ? amax / 8.0 : type == MOH_GGML_Q5_0 ? amax / 16.0
+                          : (mx - mn) / (five ? 31.0 : 15.0);
+        /* plus the min's f16 rounding (Q4_1, Q5_1) */
+        const double bound = 0.5 + (type == MOH_GGML_Q8_0 ? 127.0 : five ? 32.0 : 16.0) / 2048 +
+                             (type == MOH_GGML_Q4_0 || type == MOH_GGML_Q5_0 ? 0.5 : 0.0) +
+                             (one ? fabs(mn) / 2048 / step : 0.0);
+        for (int j = 0; j < 32; j++) worst = fmax(worst, fabs((double)Wd[i + j] - W[i + j]) / step - bound);
+    }
+    CHECK(ctx, worst <= 1e-6, "%s: a dequantised weight %.3f steps past its bound", quant_type_name(type), worst);
+}
+
 static void product_tests(test_ctx *ctx) {
-    const int types[] = {MOH_GGML_Q8_0, MOH_GGML_Q4_0, MOH_GGML_Q4_1};
+    const int types[] = {MOH_GGML_Q8_0, MOH_GGML_Q4_0, MOH_GGML_Q4_1, MOH_GGML_Q5_0,
+                         MOH_GGML_Q5_1, MOH_GGML_Q4_K, MOH_GGML_Q5_K, MOH_GGML_Q6_K};
+    const int ntypes = (int)(sizeof types / sizeof types[0]);
     const quant_isa top = quant_isa_detect();
     printf("test_quant: kernels up to %s\n", quant_isa_name(top));
     moh_error err = {0};
     test_rng r = {7};
-    for (int ti = 0; ti < 3; ti++)
+    for (int ti = 0; ti < ntypes; ti++)
         for (int shape = 0; shape < 4; shape++) {
-            const int type = types[ti];
-            const int R = (int[]){1, 7, 64, 130}[shape], K = (int[]){32, 96, 256, 576}[shape];
-            const size_t bb = quant_block_bytes(type), rb = (size_t)K / 32 * bb;
+            const int type = types[ti], kq = quant_block_size(type) == 256;
+            const int R = (int[]){1, 7, 64, 130}[shape];
+            const int K = kq ? (int[]){256, 512, 768, 1536}[shape] : (int[]){32, 96, 256, 576}[shape];
+            const size_t rb = quant_row_bytes(type, K);
             float *W = malloc(sizeof(float) * (size_t)R * K), *Wd = malloc(sizeof(float) * (size_t)R * K);
             float *x = malloc(sizeof(float) * (size_t)K), *b = malloc(sizeof(float) * (size_t)R);
             float *out = malloc(sizeof(float) * (size_t)R);
@@ -89,25 +135,10 @@ static void product_tests(test_ctx *ctx) {
             for (int i = 0; i < K; i++) x[i] = (float)(test_rng_uniform(&r) * 3);
             for (int i = 0; i < R; i++) b[i] = (float)test_rng_uniform(&r);
             for (int i = 0; i < R; i++) quant_row(type, W + (size_t)i * K, K, q + (size_t)i * rb);
-            /* the blocks dequantise (gguf reader) to within half a step of the weights */
+            /* the blocks dequantise (gguf reader) close to the weights */
             CHECK(ctx, moh_gguf_dequantize_raw(type, q, (int64_t)R * K, Wd, &err) == MOH_OK, "%s", err.msg);
-            double worst = 0;
-            for (int i = 0; i < R * K; i += 32) {
-                float mn = W[i], mx = W[i], amax = 0;
-                for (int j = 0; j < 32; j++) {
-                    mn = fminf(mn, W[i + j]);
-                    mx = fmaxf(mx, W[i + j]);
-                    amax = fmaxf(amax, fabsf(W[i + j]));
-                }
-                const double step = type == MOH_GGML_Q8_0 ? amax / 127.0 : type == MOH_GGML_Q4_0 ? amax / 8.0 : (mx - mn) / 15.0;
-                for (int j = 0; j < 32; j++) worst = fmax(worst, fabs((double)Wd[i + j] - W[i + j]) / step);
-            }
-            /* half a step, plus the f16 rounding of the scale times the largest q (127 or 15), plus
-             * Q4_0's asymmetric range (the extreme value maps to -8, the other side stops at 7) */
-            const double bound = 0.5 + (type == MOH_GGML_Q8_0 ? 127.0 : 16.0) / 2048 + (type == MOH_GGML_Q4_0 ? 0.5 : 0.0);
-            CHECK(ctx, worst <= bound + 1e-6, "%s: dequantised weight off by %.3f steps",
-                  quant_type_name(type), worst);
-            /* column blocks: every block, or every other 64-wide block */
+            dequant_check(ctx, type, W, Wd, (size_t)R * K);
+            /* column blocks: every block, or every other 64-wide block (inside a K-quant's 256) */
             const int bw = K % 64 == 0 ? 64 : 32, nblk_all = K / bw;
             int blk[32], nblk = 0;
             for (int k = 0; k < nblk_all; k += (shape & 1) + 1) blk[nblk++] = k;
@@ -119,9 +150,10 @@ static void product_tests(test_ctx *ctx) {
                 double e = 0;
                 for (int i = 0; i < R; i++) {
                     double mag = 0;
-                    const double want = ref_row(type, q + (size_t)i * rb, &xa, blk, nblk, bw, &mag) + (shape & 2 ? b[i] : 0);
+                    const double want =
+                        ref_row(type, q + (size_t)i * rb, K, &xa, blk, nblk, bw, &mag) + (shape & 2 ? b[i] : 0);
                     e = fmax(e, fabs(out[i] - want) / (mag + 1e-30));
-                    if (!isfinite(out[i])) e = INFINITY;
+                    if (!isfinite(out[i]) || !isfinite(want)) e = INFINITY;
                 }
                 CHECK(ctx, e <= 2e-6, "%s %s R %d K %d: %.3g of the terms' magnitude from float64", quant_type_name(type),
                       quant_isa_name((quant_isa)isa), R, K, e);
@@ -138,7 +170,7 @@ static void product_tests(test_ctx *ctx) {
                 num += fabs(out[i] - f);
                 den += mag;
             }
-            const double tol = type == MOH_GGML_Q8_0 ? 0.01 : 0.08;
+            const double tol = type == MOH_GGML_Q8_0 || type == MOH_GGML_Q6_K ? 0.015 : 0.08;
             CHECK(ctx, num / den < tol, "%s: %.3g relative to the float product (want < %.2g)", quant_type_name(type),
                   num / den, tol);
             quant_act_free(&xa);
@@ -149,6 +181,64 @@ static void product_tests(test_ctx *ctx) {
             free(out);
             free(q);
         }
+}
+
+/* quant_row against ggml's own quantisers (tests/fixtures/quant/ggml_quants.gguf, written by
+ * tools/ref/quant_fixtures.py through libggml's ggml_quantize_chunk): the same bytes. A block whose
+ * bytes differ (float rounding of another compiler could flip a level) must still reconstruct x as
+ * well as ggml's within 1 %, and at most 1 in 16 may differ (measured: none, GCC 12). */
+static void ggml_bytes_tests(test_ctx *ctx) {
+    moh_gguf *g = NULL;
+    moh_error err = {0};
+    CHECK(ctx, moh_gguf_open(&g, "tests/fixtures/quant/ggml_quants.gguf", &err) == MOH_OK, "%s", err.msg);
+    if (!g) return;
+    const moh_gguf_tensor *xt = moh_gguf_find_tensor(g, "x");
+    CHECK(ctx, xt && xt->type == MOH_GGML_F32 && xt->n_dims == 2, "fixture tensor x: F32 [rows, cols]");
+    if (!xt || xt->type != MOH_GGML_F32 || xt->n_dims != 2) {
+        moh_gguf_close(g);
+        return;
+    }
+    const int64_t K = xt->ne[0], R = xt->ne[1];
+    float *x = malloc(sizeof(float) * (size_t)(R * K)), *a = malloc(sizeof(float) * 256), *b = malloc(sizeof(float) * 256);
+    memcpy(x, xt->data, sizeof(float) * (size_t)(R * K)); /* little-endian F32, as this CPU */
+    const int types[] = {MOH_GGML_Q8_0, MOH_GGML_Q4_0, MOH_GGML_Q4_1, MOH_GGML_Q5_0,
+                         MOH_GGML_Q5_1, MOH_GGML_Q4_K, MOH_GGML_Q5_K, MOH_GGML_Q6_K};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const int type = types[ti], qk = quant_block_size(type);
+        const moh_gguf_tensor *t = moh_gguf_find_tensor(g, quant_type_name(type));
+        const size_t rb = quant_row_bytes(type, K), bb = quant_block_bytes(type);
+        CHECK(ctx, t && t->type == type && t->ne[0] == K && t->ne[1] == R && t->nbytes == rb * (size_t)R,
+              "fixture tensor %s: [%lld, %lld] of %s", quant_type_name(type), (long long)R, (long long)K,
+              quant_type_name(type));
+        if (!t || t->nbytes != rb * (size_t)R) continue;
+        uint8_t *mine = malloc(rb * (size_t)R);
+        for (int64_t r = 0; r < R; r++) quant_row(type, x + r * K, K, mine + (size_t)r * rb);
+        int differ = 0, worse = 0;
+        const int nblocks = (int)(rb * (size_t)R / bb);
+        for (int k = 0; k < nblocks; k++) {
+            if (!memcmp(mine + (size_t)k * bb, t->data + (size_t)k * bb, bb)) continue;
+            differ++;
+            moh_gguf_dequantize_raw(type, mine + (size_t)k * bb, qk, a, &err);
+            moh_gguf_dequantize_raw(type, t->data + (size_t)k * bb, qk, b, &err);
+            double ea = 0, eb = 0;
+            for (int i = 0; i < qk; i++) {
+                const double v = x[(size_t)k * qk + i];
+                ea += (a[i] - v) * (a[i] - v);
+                eb += (b[i] - v) * (b[i] - v);
+            }
+            worse += ea > eb * 1.0201 + 1e-12; /* RMS 1 % */
+        }
+        CHECK(ctx, differ * 16 <= nblocks && worse == 0,
+              "%s: %d of %d blocks differ from ggml's quantiser, %d of them reconstructing worse", quant_type_name(type),
+              differ, nblocks, worse);
+        printf("  %s: %d of %d blocks byte-identical to ggml_quantize_chunk's\n", quant_type_name(type), nblocks - differ,
+               nblocks);
+        free(mine);
+    }
+    free(x);
+    free(a);
+    free(b);
+    moh_gguf_close(g);
 }
 
 static void table_tests(test_ctx *ctx) {
@@ -168,12 +258,21 @@ static void table_tests(test_ctx *ctx) {
     CHECK(ctx, quant_table_quantize(&t, 100, 1, 32, MOH_GGML_Q4_0, &err) == MOH_E_ARG, "an overlap was accepted");
     CHECK(ctx, quant_table_quantize(&t, 3000, 1, 48, MOH_GGML_Q4_0, &err) == MOH_E_ARG, "48 columns were accepted");
     CHECK(ctx, quant_table_quantize(&t, 4090, 1, 32, MOH_GGML_Q4_0, &err) == MOH_E_ARG, "past the end was accepted");
-    CHECK(ctx, quant_table_add(&t, 3000, 1, 32, MOH_GGML_Q6_K, NULL, NULL, &err) == MOH_E_ARG, "q6_K was accepted");
+    CHECK(ctx, quant_table_add(&t, 3000, 1, 32, MOH_GGML_Q6_K, NULL, NULL, &err) == MOH_E_ARG,
+          "q6_K rows of 32 (not of 256) were accepted");
+    CHECK(ctx, quant_table_add(&t, 3000, 1, 256, MOH_GGML_Q8_K, NULL, NULL, &err) == MOH_E_ARG, "q8_K was accepted");
     CHECK(ctx, quant_table_quantize(&t, 3000, 100, 32, MOH_GGML_Q8_0, &err) == MOH_E_ARG, "no room, yet accepted");
     int ty = 0;
     CHECK(ctx, quant_type_parse("q4_1", &ty, &err) == MOH_OK && ty == MOH_GGML_Q4_1 &&
-               quant_type_parse("q5_0", &ty, &err) == MOH_E_ARG,
+               quant_type_parse("Q4_K", &ty, &err) == MOH_OK && ty == MOH_GGML_Q4_K &&
+               quant_type_parse("q6_k", &ty, &err) == MOH_OK && ty == MOH_GGML_Q6_K &&
+               quant_type_parse("q8_K", &ty, &err) == MOH_E_ARG && quant_type_parse("q4_K_M", &ty, &err) == MOH_E_ARG,
           "type names");
+    CHECK(ctx, quant_fit(MOH_GGML_Q4_K, 1536) == MOH_GGML_Q4_K && quant_fit(MOH_GGML_Q4_K, 576) == MOH_GGML_Q5_0 &&
+               quant_fit(MOH_GGML_Q5_K, 576) == MOH_GGML_Q5_1 && quant_fit(MOH_GGML_Q6_K, 576) == MOH_GGML_Q8_0 &&
+               quant_fit(MOH_GGML_Q4_1, 576) == MOH_GGML_Q4_1 && quant_fit(MOH_GGML_Q4_K, 48) == -1 &&
+               quant_head_type(MOH_GGML_Q4_K) == MOH_GGML_Q6_K && quant_head_type(MOH_GGML_Q4_1) == MOH_GGML_Q8_0,
+          "llama-quantize's fallback types");
     quant_table_free(&t);
 }
 
@@ -181,6 +280,7 @@ int main(void) {
     test_ctx ctx = {0};
     f16_tests(&ctx);
     product_tests(&ctx);
+    ggml_bytes_tests(&ctx);
     table_tests(&ctx);
     return test_finish("test_quant", &ctx);
 }

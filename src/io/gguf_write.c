@@ -139,11 +139,11 @@ int moh_gguf_add_tensor(moh_gguf_writer *w, const char *name, int n_dims, const 
     const bool quant = quant_supported(type);
     if ((type != MOH_GGML_F32 && type != MOH_GGML_F16 && !quant) || n_dims < 1 || n_dims > MOH_GGUF_MAX_DIMS ||
         strlen(name) >= 64)
-        return moh_fail(err, MOH_E_ARG, "gguf writer: tensor '%s': expected F32, F16, Q8_0, Q4_0 or Q4_1, 1..4 dims, a "
+        return moh_fail(err, MOH_E_ARG, "gguf writer: tensor '%s': expected f32, f16, " QUANT_TYPE_LIST ", 1..4 dims, a "
                         "name under 64 bytes", name);
-    if (quant && ne[0] % QUANT_BLOCK)
+    if (quant && ne[0] % quant_block_size(type))
         return moh_fail(err, MOH_E_ARG, "gguf writer: tensor '%s': rows of %lld values, expected a multiple of %d for %s",
-                        name, (long long)ne[0], QUANT_BLOCK, quant_type_name(type));
+                        name, (long long)ne[0], quant_block_size(type), quant_type_name(type));
     if (w->n_t == w->cap_t) {
         const int cap = w->cap_t ? 2 * w->cap_t : 64;
         tensor *t = realloc(w->ts, sizeof *t * (size_t)cap);
@@ -168,7 +168,7 @@ int moh_gguf_add_tensor(moh_gguf_writer *w, const char *name, int n_dims, const 
         numel *= (uint64_t)t->ne[d];
     }
     t->data = data;
-    t->nbytes = quant ? numel / QUANT_BLOCK * quant_block_bytes(type) : numel * (type == MOH_GGML_F32 ? 4 : 2);
+    t->nbytes = quant ? numel / quant_block_size(type) * quant_block_bytes(type) : numel * (type == MOH_GGML_F32 ? 4 : 2);
     w->n_t++;
     return MOH_OK;
 }
@@ -231,7 +231,7 @@ int moh_gguf_write(const moh_gguf_writer *w, const char *path, moh_error *err) {
         const uint64_t numel = t->nbytes / (t->type == MOH_GGML_F32 ? 4 : 2);
         if (t->type == MOH_GGML_F32) ok = put(f, t->data, (size_t)t->nbytes);
         else if (quant_supported(t->type)) { /* row by row, as ggml's quantize_row_*_ref */
-            const size_t rb = (size_t)(t->ne[0] / QUANT_BLOCK) * quant_block_bytes(t->type);
+            const size_t rb = quant_row_bytes(t->type, t->ne[0]);
             uint8_t *row = malloc(rb);
             ok = row != NULL;
             for (uint64_t r = 0; ok && r < t->nbytes / rb; r++) {

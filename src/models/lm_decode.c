@@ -90,7 +90,7 @@ static int cmp_qmat(const void *a, const void *b) {
 
 int lm_quant_table(const moh_lm_config *cfg, const lm_params_f32 *p, int type, quant_table *qt, moh_error *err) {
     memset(qt, 0, sizeof *qt);
-    if (!quant_supported(type)) return moh_fail(err, MOH_E_ARG, "quantise: ggml type %d, expected q8_0, q4_0 or q4_1", type);
+    if (!quant_supported(type)) return moh_fail(err, MOH_E_ARG, "quantise: ggml type %d, expected " QUANT_TYPE_LIST, type);
     const moh_attn_config *a = &cfg->attn;
     const int L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size;
     const int nm = 5 * L + 1;
@@ -108,20 +108,27 @@ int lm_quant_table(const moh_lm_config *cfg, const lm_params_f32 *p, int type, q
     }
     m[n++] = (qmat){p->lm_head, cfg->vocab_size, C};
     qsort(m, (size_t)n, sizeof *m, cmp_qmat);
-    /* a 4-bit type keeps the LM head (a tied embedding) in Q8_0, as llama-quantize and moh convert */
-    const int head_type = type == MOH_GGML_Q8_0 ? type : MOH_GGML_Q8_0;
+    /* the LM head (a tied embedding) gets more bits, rows not of whole blocks llama-quantize's
+     * fallback (quant_fit), as moh convert writes them */
+    int *ty = malloc(sizeof *ty * (size_t)(n > 0 ? n : 1));
+    if (!ty) {
+        free(m);
+        return moh_fail(err, MOH_E_NOMEM, "quantise: out of memory");
+    }
     size_t bytes = 0;
     int keep = 0; /* whole blocks only (another width runs fp32); a tied head once */
-    for (int i = 0; i < n; i++)
-        if (m[i].cols % QUANT_BLOCK == 0 && (!keep || m[i].w != m[keep - 1].w)) {
+    for (int i = 0; i < n; i++) {
+        const int t = quant_fit(m[i].w == p->lm_head ? quant_head_type(type) : type, m[i].cols);
+        if (t >= 0 && (!keep || m[i].w != m[keep - 1].w)) {
+            ty[keep] = t;
             m[keep++] = m[i];
-            bytes += (size_t)(m[i].rows * (m[i].cols / QUANT_BLOCK)) *
-                     quant_block_bytes(m[i].w == p->lm_head ? head_type : type);
+            bytes += (size_t)m[i].rows * quant_row_bytes(t, m[i].cols);
         }
+    }
     int rc = quant_table_init(qt, p->data, p->n, keep, bytes, err);
     for (int i = 0; i < keep && !rc; i++)
-        rc = quant_table_quantize(qt, (size_t)(m[i].w - p->data), m[i].rows, m[i].cols,
-                                  m[i].w == p->lm_head ? head_type : type, err);
+        rc = quant_table_quantize(qt, (size_t)(m[i].w - p->data), m[i].rows, m[i].cols, ty[i], err);
+    free(ty);
     free(m);
     if (rc) quant_table_free(qt);
     return rc;

@@ -249,8 +249,7 @@ int lm_gguf_quant_table(const moh_gguf *g, const char *path, const moh_lm_config
     }
     qsort(q, (size_t)nq, sizeof *q, cmp_qentry);
     size_t own = 0; /* attn_q / attn_k rows are reordered into the table's memory; the rest borrowed */
-    for (int i = 0; i < nq; i++) own += q[i].qk ? (size_t)(q[i].t->ne[1] * (q[i].t->ne[0] / QUANT_BLOCK)) *
-                                                      quant_block_bytes(q[i].t->type) : 0;
+    for (int i = 0; i < nq; i++) own += q[i].qk ? (size_t)q[i].t->ne[1] * quant_row_bytes(q[i].t->type, q[i].t->ne[0]) : 0;
     int rc = quant_table_init(qt, data, n, nq, own, err);
     for (int i = 0; i < nq && !rc; i++) {
         const moh_gguf_tensor *t = q[i].t;
@@ -383,9 +382,11 @@ int lm_gguf_export(const moh_lm_config *cfg, const float *data, const bpe_tok *t
     if (!rc) { /* the llama.* metadata llama.cpp's loader reads (convert_hf_to_gguf.py LlamaModel) */
         moh_gguf_add_str(w, "general.architecture", "llama");
         moh_gguf_add_str(w, "general.name", "moh");
-        /* llama_ftype: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q4_0 2, MOSTLY_Q4_1 3, MOSTLY_Q8_0 7 */
+        /* llama_ftype: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q4_1 3, Q8_0 7, Q5_0 8, Q5_1 9, Q4_K_S 14,
+         * Q5_K_S 16, Q6_K 18 (llama.h) */
         const uint32_t ftype = wtype == MOH_GGML_F16 ? 1 : wtype == MOH_GGML_Q4_0 ? 2 : wtype == MOH_GGML_Q4_1 ? 3
-                             : wtype == MOH_GGML_Q8_0 ? 7 : 0;
+                             : wtype == MOH_GGML_Q8_0 ? 7 : wtype == MOH_GGML_Q5_0 ? 8 : wtype == MOH_GGML_Q5_1 ? 9
+                             : wtype == MOH_GGML_Q4_K ? 14 : wtype == MOH_GGML_Q5_K ? 16 : wtype == MOH_GGML_Q6_K ? 18 : 0;
         moh_gguf_add_u32(w, "general.file_type", ftype);
         if (quant_supported(wtype)) moh_gguf_add_u32(w, "general.quantization_version", 2);
         moh_gguf_add_u32(w, "llama.context_length", (uint32_t)cfg->max_position_embeddings);
@@ -439,13 +440,15 @@ int lm_gguf_export(const moh_lm_config *cfg, const float *data, const bpe_tok *t
             qk_rows(src, perm[i], q ? cfg->num_attention_heads : cfg->num_key_value_heads, cfg->head_dim, ne[0], true);
             src = perm[i];
         }
-        /* norms stay F32, as llama.cpp's converter writes them; in a 4-bit file the embedding and
-         * the LM head are Q8_0 (llama-quantize gives them more bits: Q6_K, or Q8_0 where rows are not
-         * of 256), and rows not of whole blocks F16 */
+        /* norms stay F32, as llama.cpp's converter writes them; in a quantised file the embedding
+         * and the LM head get more bits (quant_head_type), rows not of a K-quant's 256
+         * llama-quantize's fallback and rows not of 32 F16 (quant_fit) */
         int type = e->ndim == 2 ? wtype : MOH_GGML_F32;
         const bool outer = !strcmp(e->name, "token_embd.weight") || !strcmp(e->name, "output.weight");
-        if (outer && (wtype == MOH_GGML_Q4_0 || wtype == MOH_GGML_Q4_1)) type = MOH_GGML_Q8_0;
-        if (quant_supported(type) && ne[0] % QUANT_BLOCK) type = MOH_GGML_F16;
+        if (quant_supported(type)) {
+            type = quant_fit(outer ? quant_head_type(wtype) : wtype, ne[0]);
+            if (type < 0) type = MOH_GGML_F16;
+        }
         rc = moh_gguf_add_tensor(w, e->name, e->ndim, ne, type, src, err);
     }
     if (!rc) rc = moh_gguf_write(w, path, err);
