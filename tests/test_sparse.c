@@ -13,6 +13,7 @@
 
 #include "attn/sparse.h"
 #include "attn/sparse_kernels.h"
+#include "ops/bf16.h"
 #include "ops/gemm.h"
 #include "test_util.h"
 
@@ -297,6 +298,96 @@ static void decode_test(test_ctx *ctx) {
             free(ref);
         }
     printf("  decode (one query, one head): worst rel err %.2e\n", worst);
+}
+
+/* sparse_decode_attend_group (the query heads of one KV head, K and V read once for all of them
+ * where the CPU runs the grouped kernel) against a float64 softmax per head, on an fp32 cache (rows
+ * with a stride) and a bf16 one (keys in rows, values pair-interleaved; the unused half of an odd
+ * last pair holds NaN bits, which must never reach an output): group sizes 1, 3 and 8, key counts
+ * around the 64-key tiles, head widths the grouped kernel takes (multiples of 8 up to 64) and two
+ * it leaves to the per-head kernels. */
+static void decode_group_test(test_ctx *ctx) {
+    const int ns[] = {1, 7, 64, 65, 130, 257}, ds[] = {8, 24, 40, 64, 6, 72}, Gs[] = {1, 3, 8};
+    test_rng rng = {4242};
+    double worst = 0.0;
+    int grouped = 0, total = 0;
+    const int best = (int)sparse_bf16_isa_detect();
+    for (int b16 = 0, cases = 0; b16 < 2; b16++)
+        for (int k = b16 ? best : 0; k >= 0; k--) /* a bf16 cache in every kernel set this CPU has */
+        for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+            for (size_t b = 0; b < sizeof ds / sizeof ds[0]; b++)
+                for (size_t c = 0; c < sizeof Gs / sizeof Gs[0]; c++, total = ++cases) {
+                    const int n = ns[a], d = ds[b], G = Gs[c], np = n + (n & 1);
+                    const long ld = b16 ? d : d + 3;
+                    const sparse_bf16_isa isa = (sparse_bf16_isa)k;
+                    const bool grp = sparse_decode_groups(d, b16, isa);
+                    /* vdpbf16ps (per head) also rounds q and the probabilities: 2u, as test_decode_bf16 */
+                    const double tol = b16 && isa == SPARSE_BF16_DP && !grp ? 2.0 / 256 : 1e-5;
+                    grouped += grp;
+                    float *Kf = malloc(sizeof(float) * (size_t)np * ld), *Vf = malloc(sizeof(float) * (size_t)np * ld);
+                    uint16_t *Kb = malloc(sizeof(uint16_t) * (size_t)np * ld), *Vb = malloc(sizeof(uint16_t) * (size_t)np * ld);
+                    float *q = malloc(sizeof(float) * (size_t)G * d), *out = malloc(sizeof(float) * (size_t)G * d);
+                    float *sc = malloc(sizeof(float) * (size_t)G * n), gate[8];
+                    double *w = malloc(sizeof(double) * n);
+                    for (long i = 0; i < (long)np * ld; i++) {
+                        Kf[i] = (float)(3 * test_rng_uniform(&rng));
+                        Vf[i] = (float)test_rng_uniform(&rng);
+                    }
+                    if (b16) /* round to bf16: the reference reads what the cache holds */
+                        for (int j = 0; j < np; j++)
+                            for (int e = 0; e < d; e++) {
+                                const uint16_t kb = bf16_round(Kf[(long)j * ld + e]), vb = bf16_round(Vf[(long)j * ld + e]);
+                                Kf[(long)j * ld + e] = bf16_value(kb);
+                                Vf[(long)j * ld + e] = bf16_value(vb);
+                                Kb[(long)j * ld + e] = kb;
+                                Vb[(long)(j >> 1) * 2 * ld + 2 * e + (j & 1)] = j < n ? vb : 0x7FC1; /* NaN past n */
+                            }
+                    for (int i = 0; i < G * d; i++) q[i] = (float)test_rng_uniform(&rng);
+                    const float *qs[8];
+                    float *ss[8], *os[8];
+                    for (int g = 0; g < G; g++) {
+                        qs[g] = q + (size_t)g * d;
+                        ss[g] = sc + (size_t)g * n;
+                        os[g] = out + (size_t)g * d;
+                        gate[g] = 0.3f + 0.1f * (float)g;
+                        for (int e = 0; e < d; e++) os[g][e] = NAN; /* poisoned */
+                    }
+                    sparse_decode_attend_group(G, qs, b16 ? (const void *)Kb : Kf, b16 ? (const void *)Vb : Vf, b16, ld,
+                                               n, d, gate, ss, os, isa);
+                    double err = 0.0;
+                    for (int g = 0; g < G; g++) {
+                        double mx = -INFINITY, sum = 0.0, num = 0.0, den = 0.0;
+                        for (int j = 0; j < n; j++) {
+                            double s = 0.0;
+                            for (int e = 0; e < d; e++) s += (double)qs[g][e] * Kf[(long)j * ld + e];
+                            w[j] = s / sqrt((double)d);
+                            mx = fmax(mx, w[j]);
+                        }
+                        for (int j = 0; j < n; j++) sum += (w[j] = exp(w[j] - mx));
+                        for (int e = 0; e < d; e++) {
+                            double r = 0.0;
+                            for (int j = 0; j < n; j++) r += gate[g] * w[j] / sum * Vf[(long)j * ld + e];
+                            num = fmax(num, fabs(os[g][e] - r));
+                            den = fmax(den, fabs(r));
+                            if (!isfinite(os[g][e])) num = INFINITY;
+                        }
+                        err = fmax(err, num / fmax(den, 1e-30));
+                    }
+                    if (tol == 1e-5) worst = fmax(worst, err);
+                    CHECK(ctx, err <= tol, "decode group %s (%s) n=%d d=%d G=%d: rel err %.3g > %.3g",
+                          b16 ? "bf16" : "fp32", b16 ? sparse_bf16_isa_name(isa) : "fp32", n, d, G, err, tol);
+                    free(Kf);
+                    free(Vf);
+                    free(Kb);
+                    free(Vb);
+                    free(q);
+                    free(out);
+                    free(sc);
+                    free(w);
+                }
+    printf("  decode group (G query heads, one KV head): worst rel err %.2e (kernels without vdpbf16ps), %d of %d "
+           "cases on the grouped kernel\n",
+           worst, grouped, total);
 }
 
 /* sparse_decode_gemv_f32 (decode: W_O of the selected heads, q/k/v rows) against float64 sums:
@@ -663,6 +754,7 @@ int main(void) {
     printf("  worst relative error over all cases: %.2e (limit 1e-5)\n", worst);
     memory_test(&ctx);
     decode_test(&ctx);
+    decode_group_test(&ctx);
     decode_gemv_test(&ctx);
     big_score_tests(&ctx);
     cli_bench_test(&ctx);

@@ -196,27 +196,52 @@ void attn_decode_linear(attn_decode *dc, float *out, const float *x, const float
     attn_decode_blocks(dc, out, w, I, b, x, whole, 1, I, O);
 }
 
-/* Head i (KV head at `at`) over npos positions: its gated output into og [i d ..]. */
-static void attend_head(const attn_decode *dc, size_t at, int i, int npos, const float *q, float gate, float *scores,
-                        float *og) {
+/* The query heads sel[k0 .. k1) (one KV head's, at `at`) over npos positions: their gated outputs
+ * into og [i d ..]; K and V read once for all of them where the kernels group. */
+static void attend_group(const attn_decode *dc, size_t at, const int *sel, int k0, int k1, int npos, const float *q,
+                         const float *gates, float *scores, float *og) {
     const int d = dc->d;
-    const float *qi = q + (size_t)i * d;
-    float *sc = scores + (size_t)i * dc->max_T, *o = og + (size_t)i * d;
-    if (dc->kb) sparse_decode_attend_bf16(qi, dc->kb + at, dc->vb + at, d, npos, d, gate, sc, o, dc->isa);
-    else sparse_decode_attend_f32(qi, dc->k + at, dc->v + at, d, npos, d, gate, sc, o);
+    const float *qs[SPARSE_DECODE_GROUP];
+    float gs[SPARSE_DECODE_GROUP], *sc[SPARSE_DECODE_GROUP], *os[SPARSE_DECODE_GROUP];
+    for (int c = k0; c < k1; c += SPARSE_DECODE_GROUP) {
+        const int G = k1 - c < SPARSE_DECODE_GROUP ? k1 - c : SPARSE_DECODE_GROUP;
+        for (int g = 0; g < G; g++) {
+            const int i = sel[c + g];
+            qs[g] = q + (size_t)i * d;
+            gs[g] = gates[i];
+            sc[g] = scores + (size_t)i * dc->max_T;
+            os[g] = og + (size_t)i * d;
+        }
+        if (dc->kb) sparse_decode_attend_group(G, qs, dc->kb + at, dc->vb + at, true, d, npos, d, gs, sc, os, dc->isa);
+        else sparse_decode_attend_group(G, qs, dc->k + at, dc->v + at, false, d, npos, d, gs, sc, os, dc->isa);
+    }
+}
+
+/* Task t of attn_decode_attend: KV head t's selected heads (grouped: sel ascending, so a group's
+ * heads are adjacent), or the t-th selected head alone. */
+static void attend_task(const attn_decode *dc, size_t l0, int grp, bool grouped, int t, const int *sel, int nsel,
+                        int pos, const float *q, const float *gates, float *scores, float *og) {
+    int k0 = t, k1 = t + 1;
+    if (grouped) {
+        for (k0 = 0; k0 < nsel && sel[k0] / grp < t;) k0++;
+        for (k1 = k0; k1 < nsel && sel[k1] / grp == t;) k1++;
+        if (k0 == k1) return;
+    }
+    attend_group(dc, l0 + (size_t)(sel[k0] / grp) * dc->hstride, sel, k0, k1, pos + 1, q, gates, scores, og);
 }
 
 void attn_decode_attend(attn_decode *dc, int l, int n_kv_heads, int grp, const int *sel, int nsel, int pos,
                         const float *q, const float *gates, float *scores, float *og) {
     const size_t l0 = (size_t)l * n_kv_heads * dc->hstride;
+    /* one task per KV head where the kernels read K and V once for its heads, else one per head */
+    const bool grouped = grp > 1 && sparse_decode_groups(dc->d, dc->kb != NULL, dc->isa);
+    const int ntask = grouped ? n_kv_heads : nsel;
     if (ATTN_DECODE_WORK * nsel * (pos + 1) * dc->d < dc->par_work) {
-        for (int k = 0; k < nsel; k++)
-            attend_head(dc, l0 + (size_t)(sel[k] / grp) * dc->hstride, sel[k], pos + 1, q, gates[sel[k]], scores, og);
+        for (int t = 0; t < ntask; t++) attend_task(dc, l0, grp, grouped, t, sel, nsel, pos, q, gates, scores, og);
         return;
     }
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int k = 0; k < nsel; k++)
-        attend_head(dc, l0 + (size_t)(sel[k] / grp) * dc->hstride, sel[k], pos + 1, q, gates[sel[k]], scores, og);
+    for (int t = 0; t < ntask; t++) attend_task(dc, l0, grp, grouped, t, sel, nsel, pos, q, gates, scores, og);
 }
 
 void attn_decode_route(const moh_attn_config *a, const attn_params_f32 *p, const float *x, attn_cache_f32 *r) {
@@ -290,8 +315,10 @@ void attn_decode_describe(const attn_decode *dc, char *out, size_t cap) {
     if (dc->qt) {
         char m[160];
         quant_table_describe(dc->qt, m, sizeof m);
-        snprintf(out, cap, "quantised matrices %s, %s kernels; bf16 KV cache (%s); fp32 accumulation, other "
-                 "matrices fp32", m, quant_isa_name(dc->qisa), sparse_bf16_isa_name(dc->isa));
+        snprintf(out, cap, "quantised matrices %s, %s kernels; bf16 KV cache (%s%s); fp32 accumulation, other "
+                 "matrices fp32", m, quant_isa_name(dc->qisa),
+                 sparse_decode_groups(dc->d, true, dc->isa) ? "AVX2, grouped-KV" : sparse_bf16_isa_name(dc->isa),
+                 sparse_decode_groups(dc->d, true, dc->isa) ? "" : ", per head");
     } else if (!dc->bf16) snprintf(out, cap, "fp32");
     else
         snprintf(out, cap, "bf16 weights and KV cache, %s kernels, fp32 accumulation (norms, router, softmax fp32)",

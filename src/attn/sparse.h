@@ -228,6 +228,20 @@ const char *sparse_bf16_isa_name(sparse_bf16_isa isa);
 void sparse_decode_attend_bf16(const float *q, const uint16_t *K, const uint16_t *V, long ld, int n, int d,
                                float gate, float *scores, float *out, sparse_bf16_isa isa);
 
+/* Query heads one call takes over one KV head (grouped-query attention's group). */
+#define SPARSE_DECODE_GROUP 8
+/* Whether sparse_decode_attend_group reads K and V once for all its heads on this CPU for this store
+ * (fp32, or bf16 with isa): AVX2 + FMA, d a multiple of 8 up to 64, and no AVX-512 kernel for it. */
+bool sparse_decode_groups(int d, bool b16, sparse_bf16_isa isa);
+/* The G (1 .. SPARSE_DECODE_GROUP) query heads of one KV head, as sparse_decode_attend_f32 (b16
+ * false) or _bf16 (true, isa) for each head i: out[i][d] = gate[i] sum_j softmax_j(q[i].k_j /
+ * sqrt(d)) v_j, scores[i] [n] scratch. Where sparse_decode_groups, each tile of 64 keys and values
+ * is read from memory once for all G (then from L1; the same arithmetic per head as one head's
+ * call with G = 1); else head by head. */
+void sparse_decode_attend_group(int G, const float *const *q, const void *K, const void *V, bool b16, long ld, int n,
+                                int d, const float *gate, float *const *scores, float *const *out,
+                                sparse_bf16_isa isa);
+
 /* sparse_decode_gemv_f32 with bf16 weights: out[r] = b[r] + sum_k W[r, blk[k] d ..+ d] . x[..]
  * (r0 <= r < r1), W bf16 row-major (row stride ldw), b fp32 (may be NULL), x fp32; xb = bf16(x)
  * of the same length, read by SPARSE_BF16_DP only (may be NULL otherwise). 4 rows per pass. */

@@ -1082,6 +1082,164 @@ SP_AVX2 static void decode_gemv_avx2(const float *w, long ldw, const float *b, c
 }
 #endif
 
+#if SP_X86
+#define SP_GROUP_TILE 64 /* keys per tile of the grouped decode: K and V tiles (8-16 KB) stay in L1 across the heads */
+
+/* Key or value row j of a decode cache widened to fp32: nv vectors of 8 (d = 8 nv). fp32 rows, or
+ * bf16: keys in rows, values pair-interleaved (sparse_decode_attend_bf16's layout; this takes the
+ * half of position j). */
+SP_INLINE SP_AVX2 void kv_row_avx2(const int b16, const int NV, const void *P, long ld, int j, bool value, __m256 *r) {
+    if (!b16) {
+        const float *row = (const float *)P + (size_t)j * ld;
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++) r[v] = _mm256_loadu_ps(row + 8 * v);
+        return;
+    }
+    const uint16_t *h = P;
+    if (!value) {
+        const uint16_t *row = h + (size_t)j * ld;
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++)
+            r[v] = _mm256_castsi256_ps(
+                _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 8 * v))), 16));
+        return;
+    }
+    const uint16_t *pair = h + (size_t)(j >> 1) * 2 * ld;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(pair + 16 * v)); /* 8 elements, both positions */
+        r[v] = _mm256_castsi256_ps(j & 1 ? _mm256_and_si256(x, _mm256_set1_epi32((int)0xFFFF0000u))
+                                         : _mm256_slli_epi32(x, 16));
+    }
+}
+
+/* G heads (1 .. SPARSE_DECODE_GROUP) over one KV head, d = 8 NV: each tile of SP_GROUP_TILE keys
+ * and values is read from memory once for all G (then from L1). Per head as decode_avx2_nv: raw
+ * scores 8 keys per reduction tree, the max, exp2, the sum, then the weighted sum of the values
+ * (one accumulator set, in key order) scaled by gate / sum. */
+SP_INLINE SP_AVX2 void decode_group_avx2_nv(const int b16, const int NV, int G, const float *const *q, const void *K,
+                                            const void *V, long ld, int n, int d, const float *gate,
+                                            float *const *scores, float *const *out) {
+    const float cl2 = (float)(1.4426950408889634 / sqrt((double)d));
+    float mx[SPARSE_DECODE_GROUP], sum[SPARSE_DECODE_GROUP];
+    for (int i = 0; i < G; i++) mx[i] = -INFINITY;
+    for (int t0 = 0; t0 < n; t0 += SP_GROUP_TILE) {
+        const int t1 = imin(n, t0 + SP_GROUP_TILE);
+        const size_t es = b16 ? 2 : 4;
+        for (int jj = t1; jj < imin(t1 + SP_GROUP_TILE, n); jj++) /* the next tile, while this one runs */
+            prefetch_span((const char *)K + (size_t)jj * ld * es, (size_t)d * es);
+        for (int i = 0; i < G; i++) {
+            __m256 qv[8], vmax = _mm256_set1_ps(-INFINITY);
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) qv[v] = _mm256_loadu_ps(q[i] + 8 * v);
+            for (int j0 = t0; j0 < t1; j0 += 8) {
+                const int jn = imin(8, t1 - j0);
+                __m256 acc[8];
+#pragma GCC unroll 8
+                for (int jj = 0; jj < 8; jj++) {
+                    acc[jj] = _mm256_setzero_ps();
+                    if (jj >= jn) continue;
+                    __m256 kv[8];
+                    kv_row_avx2(b16, NV, K, ld, j0 + jj, false, kv);
+#pragma GCC unroll 8
+                    for (int v = 0; v < NV; v++) acc[jj] = _mm256_fmadd_ps(kv[v], qv[v], acc[jj]);
+                }
+                const __m256i jm = lanes8(jn);
+                const __m256 sv = hsum8(acc); /* raw scores: scaled after the max is subtracted */
+                _mm256_maskstore_ps(scores[i] + j0, jm, sv);
+                vmax = _mm256_blendv_ps(vmax, _mm256_max_ps(vmax, sv), _mm256_castsi256_ps(jm));
+            }
+            float lm[8];
+            _mm256_storeu_ps(lm, vmax);
+            for (int l = 0; l < 8; l++) mx[i] = lm[l] > mx[i] ? lm[l] : mx[i];
+        }
+    }
+    for (int i = 0; i < G; i++) {
+        const __m256 vm = _mm256_set1_ps(mx[i]), vc = _mm256_set1_ps(cl2);
+        __m256 vsum = _mm256_setzero_ps();
+        for (int j0 = 0; j0 < n; j0 += 8) {
+            const __m256i jm = lanes8(n - j0);
+            const __m256 sv = _mm256_maskload_ps(scores[i] + j0, jm);
+            const __m256 p = _mm256_and_ps(exp2_avx2(_mm256_mul_ps(_mm256_sub_ps(sv, vm), vc)), _mm256_castsi256_ps(jm));
+            _mm256_maskstore_ps(scores[i] + j0, jm, p);
+            vsum = _mm256_add_ps(vsum, p);
+        }
+        float ls[8];
+        _mm256_storeu_ps(ls, vsum);
+        sum[i] = 0.0f;
+        for (int l = 0; l < 8; l++) sum[i] += ls[l];
+    }
+    float acc_o[SPARSE_DECODE_GROUP][64];
+    for (int t0 = 0; t0 < n; t0 += SP_GROUP_TILE) {
+        const int t1 = imin(n, t0 + SP_GROUP_TILE);
+        const size_t es = b16 ? 2 : 4; /* values: rows, or pairs of rows of 2 ld */
+        for (int jj = t1; jj < imin(t1 + SP_GROUP_TILE, n); jj += 1 + b16)
+            prefetch_span((const char *)V + (size_t)(b16 ? jj >> 1 : jj) * (1 + b16) * ld * es, (size_t)d * es * (1 + b16));
+        for (int i = 0; i < G; i++) {
+            __m256 o[8];
+            const float *p = scores[i];
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) o[v] = t0 ? _mm256_loadu_ps(acc_o[i] + 8 * v) : _mm256_setzero_ps();
+            for (int j = t0; j < t1; j++) {
+                __m256 vv[8];
+                kv_row_avx2(b16, NV, V, ld, j, true, vv);
+                const __m256 pj = _mm256_set1_ps(p[j]);
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; v++) o[v] = _mm256_fmadd_ps(pj, vv[v], o[v]);
+            }
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) _mm256_storeu_ps(acc_o[i] + 8 * v, o[v]);
+        }
+    }
+    for (int i = 0; i < G; i++) {
+        const __m256 f = _mm256_set1_ps(gate[i] / sum[i]);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++) _mm256_storeu_ps(out[i] + 8 * v, _mm256_mul_ps(_mm256_loadu_ps(acc_o[i] + 8 * v), f));
+    }
+}
+
+SP_AVX2 static void decode_group_avx2(const int b16, int G, const float *const *q, const void *K, const void *V,
+                                      long ld, int n, int d, const float *gate, float *const *scores,
+                                      float *const *out) {
+    switch (d / 8) { /* exactly d / 8 vectors: a row is never read past its d values */
+    case 1: decode_group_avx2_nv(b16, 1, G, q, K, V, ld, n, d, gate, scores, out); break;
+    case 2: decode_group_avx2_nv(b16, 2, G, q, K, V, ld, n, d, gate, scores, out); break;
+    case 3: decode_group_avx2_nv(b16, 3, G, q, K, V, ld, n, d, gate, scores, out); break;
+    case 4: decode_group_avx2_nv(b16, 4, G, q, K, V, ld, n, d, gate, scores, out); break;
+    case 5: decode_group_avx2_nv(b16, 5, G, q, K, V, ld, n, d, gate, scores, out); break;
+    case 6: decode_group_avx2_nv(b16, 6, G, q, K, V, ld, n, d, gate, scores, out); break;
+    case 7: decode_group_avx2_nv(b16, 7, G, q, K, V, ld, n, d, gate, scores, out); break;
+    default: decode_group_avx2_nv(b16, 8, G, q, K, V, ld, n, d, gate, scores, out); break;
+    }
+}
+#endif
+
+bool sparse_decode_groups(int d, bool b16, sparse_bf16_isa isa) {
+#if SP_X86
+    /* where no AVX-512 kernel runs this store (those read one head at a time) */
+    const bool avx512 = b16 ? d <= 128 && isa >= SPARSE_BF16_AVX512 : d <= 64 && decode_avx512();
+    return !avx512 && d % 8 == 0 && d <= 64 && cpu_avx2_fma();
+#else
+    (void)d, (void)b16, (void)isa;
+    return false;
+#endif
+}
+
+void sparse_decode_attend_group(int G, const float *const *q, const void *K, const void *V, bool b16, long ld, int n,
+                                int d, const float *gate, float *const *scores, float *const *out,
+                                sparse_bf16_isa isa) {
+#if SP_X86
+    if (n >= 1 && G >= 1 && G <= SPARSE_DECODE_GROUP && sparse_decode_groups(d, b16, isa)) {
+        decode_group_avx2(b16, G, q, K, V, ld, n, d, gate, scores, out);
+        return;
+    }
+#endif
+    for (int i = 0; i < G; i++) {
+        if (b16) sparse_decode_attend_bf16(q[i], K, V, ld, n, d, gate[i], scores[i], out[i], isa);
+        else sparse_decode_attend_f32(q[i], K, V, ld, n, d, gate[i], scores[i], out[i]);
+    }
+}
+
 bool sp_decode_attend_avx2(const float *q, const float *K, const float *V, long ld, int n, int d, float gate,
                            float *scores, float *out) {
 #if SP_X86
