@@ -4,7 +4,8 @@
  * portable) against a float64 evaluation of the same blocks and the same quantised activation, on
  * random rows, column blocks and biases; then the quantised product against the float product
  * (the quantisation's own error), and the quantisers against ggml's own bytes, for ggml's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K. The
- * table's lookups and refusals, type names and llama-quantize's fallback types. */
+ * table's lookups and refusals, type names and llama-quantize's fallback types; the finite check
+ * on the scales against the dequantised values. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -276,11 +277,48 @@ static void table_tests(test_ctx *ctx) {
     quant_table_free(&t);
 }
 
+/* quant_blocks_finite against the dequantised values, for every type: random rows (true), each f16
+ * scale field of the third block set to +inf, NaN or 65504 (the largest finite half) in turn; the
+ * answer must be false exactly where the dequantised row holds a non-finite value. */
+static void finite_tests(test_ctx *ctx) {
+    static const int types[] = {MOH_GGML_Q8_0, MOH_GGML_Q4_0, MOH_GGML_Q4_1, MOH_GGML_Q5_0,
+                                MOH_GGML_Q5_1, MOH_GGML_Q4_K, MOH_GGML_Q5_K, MOH_GGML_Q6_K};
+    static const uint16_t pokes[] = {0x7C00, 0x7E01, 0x7BFF};
+    test_rng r = {99};
+    enum { K = 1024 };
+    float x[K], y[K];
+    uint8_t blk[K / 32 * 34];
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const int ty = types[t], qk = quant_block_size(ty);
+        const size_t bb = quant_block_bytes(ty), nb = K / (size_t)qk;
+        /* the f16 fields: d (Q6_K: at byte 208), and m / dmin at 2 where the type has one */
+        const size_t at[2] = {ty == MOH_GGML_Q6_K ? 208 : 0, 2};
+        const int nf = ty == MOH_GGML_Q4_1 || ty == MOH_GGML_Q5_1 || ty == MOH_GGML_Q4_K || ty == MOH_GGML_Q5_K ? 2 : 1;
+        for (int i = 0; i < K; i++) x[i] = (float)(2 * test_rng_uniform(&r));
+        quant_row(ty, x, K, blk);
+        moh_error err = {0};
+        CHECK(ctx, quant_blocks_finite(ty, blk, nb), "%s: random blocks called non-finite", quant_type_name(ty));
+        for (int f = 0; f < nf; f++)
+            for (size_t p = 0; p < sizeof pokes / sizeof pokes[0]; p++) {
+                uint8_t *field = blk + 2 * bb + at[f], keep[2];
+                memcpy(keep, field, 2);
+                memcpy(field, &pokes[p], 2);
+                bool finite = moh_gguf_dequantize_raw(ty, blk, K, y, &err) == MOH_OK;
+                for (int i = 0; i < K && finite; i++) finite = isfinite(y[i]);
+                CHECK(ctx, quant_blocks_finite(ty, blk, nb) == finite && finite == (pokes[p] == 0x7BFF),
+                      "%s: f16 field %d = 0x%04x: quant_blocks_finite %d, the values finite %d", quant_type_name(ty), f,
+                      pokes[p], quant_blocks_finite(ty, blk, nb), finite);
+                memcpy(field, keep, 2);
+            }
+    }
+}
+
 int main(void) {
     test_ctx ctx = {0};
     f16_tests(&ctx);
     product_tests(&ctx);
     ggml_bytes_tests(&ctx);
     table_tests(&ctx);
+    finite_tests(&ctx);
     return test_finish("test_quant", &ctx);
 }

@@ -313,6 +313,9 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
                 break;
             }
             for (int64_t r = 0; r < qm->rows && !rc; r++) {
+                if (quant_blocks_finite(qm->type, qm->data + (size_t)r * qm->row_bytes,
+                                        (size_t)(qm->cols / quant_block_size(qm->type))))
+                    continue; /* its scales finite: so is every value (the row's values read only to name one) */
                 quant_table_row(held, data + qm->off + (size_t)(r * qm->cols), qm->cols, tmp);
                 for (int64_t j = 0; j < qm->cols && !rc; j++)
                     if (!isfinite(tmp[j]))

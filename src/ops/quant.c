@@ -808,6 +808,23 @@ bool quant_table_row(const quant_table *t, const float *w, int64_t cols, float *
     return moh_gguf_dequantize_raw(e->type, e->data + at / (size_t)cols * e->row_bytes, cols, out, &ignore) == MOH_OK;
 }
 
+bool quant_blocks_finite(int type, const uint8_t *data, size_t nblocks) {
+    const int i = qtype_index(type);
+    if (i < 0) return false;
+    /* byte offsets of the f16 scales in a block (ggml-common.h): d first, m / dmin next; Q6_K's d last */
+    const bool two = type == MOH_GGML_Q4_1 || type == MOH_GGML_Q5_1 || type == MOH_GGML_Q4_K || type == MOH_GGML_Q5_K;
+    const size_t at = type == MOH_GGML_Q6_K ? 208 : 0, bytes = (size_t)QTYPES[i].bytes;
+    unsigned bad = 0;
+    for (size_t b = 0; b < nblocks; b++) {
+        const uint8_t *p = data + b * bytes + at;
+        uint16_t d, m = 0;
+        memcpy(&d, p, 2);
+        if (two) memcpy(&m, p + 2, 2);
+        bad |= (d & 0x7C00u) == 0x7C00u || (m & 0x7C00u) == 0x7C00u; /* exponent all ones: inf or NaN */
+    }
+    return !bad;
+}
+
 void quant_table_describe(const quant_table *t, char *out, size_t cap) {
     size_t used = 0;
     if (cap) out[0] = 0;

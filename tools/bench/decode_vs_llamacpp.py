@@ -7,7 +7,7 @@ and prompt length:
   moh:       `moh bench decode --model M --precision P --context C --tokens N --repeats 1 --threads T --seed S
              --json` (prefill: the prompt in one batched forward on the head-sparse path, filling the KV
              cache; decode: N greedy KV-cache steps; --precision gguf (default): decoding from the file's
-             own Q8_0 / Q4_0 / Q4_1 blocks on the integer units, as llama.cpp; bf16 / fp32 also);
+             own Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K blocks on the integer units, as llama.cpp; bf16 / fp32 also);
   llama.cpp: this script's --worker: llama-cpp-python on the same file (its own quantised kernels), n_threads and
              n_threads_batch T, n_batch >= the longest prompt, flash attention on, the same prompt
              ids (splitmix64(S) % vocab, checked against moh's prompt hash), eval(prompt) timed,
