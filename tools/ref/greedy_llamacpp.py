@@ -4,7 +4,7 @@
 For each prompt (the README's, a ChatML turn, prose, code), both engines encode the same ids and
 decode --tokens greedy tokens:
   moh        `moh sample --model M --prompt P --max-tokens N --temperature 0 --context-full stop
-             --dump-logits F` (default precision: the file's Q8_0 / Q4_0 / Q4_1 blocks; the dump holds
+             --dump-logits F` (default precision: the file's own quantised blocks, every type of a Q4_K_M file; the dump holds
              the prompt ids, the KV-cache logits after each prompt token and the generated ids);
   llama.cpp  llama-cpp-python: eval(prompt ids), then N steps of argmax(last logits) -> eval([t]),
              stopping at the end-of-text token as moh does.
