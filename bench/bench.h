@@ -19,7 +19,7 @@ int bench_train(int argc, char **argv);
 /* `moh bench decode --model PATH ...` (bench/decode_model.c; bench_decode parses the options). */
 #define BDM_MAX_CTX 8
 #define BDM_MAX_MODELS 4
-#define BDM_MAX_PREC 6
+#define BDM_MAX_PREC 11 /* fp32, bf16, gguf and the 8 quantised types: each at most once */
 typedef struct bdm_opts {
     const char *models[BDM_MAX_MODELS]; /* .gguf files, Hugging Face folders or moh checkpoints */
     int nmodels;

@@ -85,7 +85,8 @@ void bench_conditions(char *out, size_t cap) {
         fclose(f);
     }
     const char *wp = getenv("OMP_WAIT_POLICY"), *sc = getenv("GOMP_SPINCOUNT");
-    snprintf(out, cap, "%d threads, load average %.2f, OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s", omp_get_max_threads(),
+    const int nt = omp_get_max_threads();
+    snprintf(out, cap, "%d thread%s, load average %.2f, OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s", nt, nt == 1 ? "" : "s",
              load, wp ? wp : "(unset)", sc ? sc : "(unset)");
 }
 

@@ -135,6 +135,7 @@ static int bd_steps(bd_run *r, int ctx, int tokens, moh_error *err) {
  * 0, or 2 after a one-line error. */
 static int bd_precisions(const char *value, bdm_opts *o, bool *quant) {
     static const char *const names[] = {"fp32", "bf16", "gguf", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_K", "q5_K", "q6_K"};
+    _Static_assert(sizeof names / sizeof names[0] <= BDM_MAX_PREC, "bdm_opts.prec holds each name once");
     char why[160];
     const bool no16 = attn_decode_precision(MOH_PRECISION_BF16, why, sizeof why) != MOH_PRECISION_BF16;
     const size_t vl = strlen(value);
@@ -197,7 +198,7 @@ int bench_decode(int argc, char **argv) {
                          "[--json] [--model small|llm|all | --config NAME] [--context 512,2048,8192] [--tokens T] [--repeats R]\n"
                          "                        [--threads N] [--precision fp32|bf16|both] [--profile]\n"
                          "       moh bench decode --model PATH [--model PATH2 ...] [--context 512,2048] [--tokens 128] [--repeats R]\n"
-                         "                        [--threads N] [--precision fp32,bf16,gguf,q8_0,q4_0,q4_1] [--seed S | --text FILE]\n"
+                         "                        [--threads N] [--precision fp32,bf16,gguf,q8_0,...,q6_K] [--seed S | --text FILE]\n"
                          "                        [--profile] [--json]",
                          "Synthetic models: KV-cache decoding tokens/s, dense MHA (router none) vs MoH with 75% and\n"
                          "50% of the heads active (learned router; skipped heads run no attention and no W_O term).\n"
@@ -207,8 +208,10 @@ int bench_decode(int argc, char **argv) {
                          "several --model, the runs are interleaved and each is also given as a ratio to the first.\n"
                          "--precision bf16: the weights (a copy made once per model) and the KV cache in bf16, every\n"
                          "product accumulating in fp32; both: fp32 and bf16 runs interleaved, each bf16 row with its\n"
-                         "bf16/fp32 tokens/s ratio. gguf / q8_0 / q4_0 / q4_1 (--model PATH): decoding from ggml blocks\n"
-                         "on the integer units (bf16 KV cache; the prefill computes fp32 on the float weights).\n");
+                         "bf16/fp32 tokens/s ratio. gguf (--model PATH: a quantised .gguf's own blocks, as moh sample and\n"
+                         "moh chat decode it by default) and " QUANT_TYPE_LIST " (the weights quantised so):\n"
+                         "decoding from ggml blocks on the integer units, bf16 KV cache; the prefill runs bf16 GEMMs\n"
+                         "(fp32 on a CPU without bf16) on the blocks dequantised one matrix at a time.\n");
     if (prc) return prc == 1 ? 0 : prc;
     if (a.threads > 0) omp_set_num_threads(a.threads);
     bdm_opts mo = {.tokens = a.tokens > 0 ? a.tokens : 128, .repeats = a.repeats, .seed = a.seed, .text = a.text,

@@ -89,11 +89,17 @@ static const char *skip_dashes(const char *s) {
 }
 
 /* The nearest of the candidates (names[i] with leading dashes skipped) to key[0..kn), or -1:
- * an exact match, else the smallest edit distance within 1 (names of <= 4 letters), 2 (<= 8) or
+ * an exact match (in any case), else the smallest edit distance within 1 (names of <= 4 letters), 2 (<= 8) or
  * 3, else the one name that starts with key (>= 2 letters), else the one name whose initials are
  * key or whose letters are the initials of key's words (--learning-rate -> --lr). */
 static int nearest(const char *key, int kn, const char *const *names, int n) {
     if (kn < 1 || kn > MAX_NAME) return -1;
+    for (int i = 0; i < n; i++) { /* the same letters in another case (q4_k -> q4_K) first */
+        const char *c = skip_dashes(names[i]);
+        int j = 0;
+        while (j < kn && c[j] && tolower((unsigned char)c[j]) == tolower((unsigned char)key[j])) j++;
+        if (j == kn && !c[j]) return i;
+    }
     int best = -1, best_d = INT_MAX;
     for (int i = 0; i < n; i++) {
         const char *c = skip_dashes(names[i]);

@@ -238,7 +238,7 @@ int cli_decode_kv(const char *cmd, const char *value, const model *m, lm_kv_cach
     if (value && strcmp(value, "fp32") && strcmp(value, "bf16")) {
         if (quant_type_parse(value, &type, err) || lm_quant_table(cfg, p, type, own, err)) return err->code;
         qt = own;
-        from = "quantised here from the float weights: ";
+        from = "weights quantised here from the float ones: ";
         if (!own->n) {
             fprintf(stderr, "moh %s: --precision %s: no matrix has rows of whole 32-value blocks: decoding fp32\n", cmd,
                     value);

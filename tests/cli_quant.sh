@@ -4,7 +4,8 @@
 # sample decode such a file from its own blocks by default and say so (head_dim 8 here: attn_output,
 # read per head, stays float), in fp32 with --precision fp32, and quantise a float model with
 # --precision q8_0 / q4_0 / q4_1; moh bench decode runs the file's blocks (gguf) and quantised
-# precisions side by side; a float file asked for its blocks and a bad precision are one-line errors.
+# precisions side by side (every one of them at once); a float file asked for its blocks, a bad
+# precision and a type name in the wrong case (its right spelling suggested) are one-line errors.
 # (tests/test_decode_quant.c checks the numbers; this checks the commands.)
 #   tests/cli_quant.sh path/to/moh
 set -uo pipefail
@@ -49,7 +50,7 @@ check "[ $rc -eq 0 ] && ! grep -q 'quantised' '$T/c2.err'" "chat --precision fp3
 printf 'hi\n' | "$MOH" chat --model "$T/q41.gguf" --max-tokens 5 > /dev/null 2> "$T/c3.err"; rc=$?
 check "[ $rc -eq 0 ] && grep -q 'quantised matrices 1 q8_0, 6 q4_1' '$T/c3.err'" "chat q4_1 gguf (embedding q8_0): rc $rc: $(cat "$T/c3.err")"
 printf 'hi\n' | "$MOH" chat --model "$CHAT" --max-tokens 5 --precision q4_0 > /dev/null 2> "$T/c4.err"; rc=$?
-check "[ $rc -eq 0 ] && grep -q 'quantised here from the float weights: quantised matrices 1 q8_0, [0-9]* q4_0' '$T/c4.err'" "chat --precision q4_0: rc $rc: $(cat "$T/c4.err")"
+check "[ $rc -eq 0 ] && grep -q 'weights quantised here from the float ones: quantised matrices 1 q8_0, [0-9]* q4_0' '$T/c4.err'" "chat --precision q4_0: rc $rc: $(cat "$T/c4.err")"
 # sample: the same default and flags; greedy text from the file's blocks is reproducible
 "$MOH" sample --model "$T/q8.gguf" --prompt "hello" --max-tokens 8 --temperature 0 > "$T/s1.out" 2> "$T/s1.err" || bad "sample q8_0 gguf exited $?"
 "$MOH" sample --model "$T/q8.gguf" --prompt "hello" --max-tokens 8 --temperature 0 > "$T/s2.out" 2>/dev/null
@@ -62,6 +63,12 @@ check "python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert [x[\"
 check "[ $rc -eq 1 ] && [ \$(grep -vc '^\[loading' '$T/b.err') -eq 1 ] && grep -q 'gguf: --precision gguf: the file holds no matrices of q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K or q6_K' '$T/b.err'" "bench decode gguf on a float file: rc $rc: $(cat "$T/b.err")"
 expect_fail "bench decode --precision fp32,q3" 2 'expected a comma list' "$MOH" bench decode --model "$CHAT" --precision fp32,q3
 expect_fail "bench decode q8_0 on a synthetic model" 2 'needs --model PATH' "$MOH" bench decode --model small --precision q8_0
+# every precision at once (each once; the list once overran a 6-slot array), one row each
+all=fp32,bf16,gguf,q8_0,q4_0,q4_1,q5_0,q5_1,q4_K,q5_K,q6_K
+"$MOH" bench decode --model "$T/q8.gguf" --precision $all --context 16 --tokens 2 --repeats 1 --threads 1 --json > "$T/ba.json" 2> "$T/ba.err"; rc=$?
+check "[ $rc -eq 0 ] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); p=[x[\"precision\"] for x in r]; assert len(p) == len(set(p)) and set(p) - {\"bf16\"} == set(sys.argv[2].split(\",\")) - {\"bf16\"}, p' '$T/ba.json' $all" "bench decode --precision $all: rc $rc: $(tail -n 2 "$T/ba.err")"
+# a type name in another case: the right one suggested
+expect_fail "convert --outtype q4_k" 2 "did you mean 'q4_K'" "$MOH" convert --model "$CHAT" --out "$T/y.gguf" --outtype q4_k
 # a folder output stays F32
 expect_fail "convert --outtype q4_1 to a folder" 2 'always F32' "$MOH" convert --model "$CHAT" --out "$T/x" --outtype q4_1
 finish

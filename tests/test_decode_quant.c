@@ -170,10 +170,10 @@ static int rows_differ(const quant_table *a, const quant_table *b, int *compared
     return bad;
 }
 
-/* The GGUF at path with one f16 scale (d) of blk.1.ffn_down.weight's second row made NaN: opening it
- * for its blocks only (the scales checked, not the values) is refused naming the tensor and the
- * row's first value, as a fully read file is. */
-static void nan_scale_check(test_ctx *ctx, const char *path, int wtype) {
+/* The GGUF at path with one f16 scale (d) of tensor name's second row made NaN: opening it for its
+ * blocks only (the scales checked, not the values) is refused naming the tensor and the row's first
+ * value in the file's order (attn_q / attn_k rows are held in another), as a fully read file is. */
+static void nan_scale_check(test_ctx *ctx, const char *path, int wtype, const char *name) {
     const char *tn = quant_type_name(wtype);
     FILE *f = fopen(path, "rb");
     long len = f && !fseek(f, 0, SEEK_END) ? ftell(f) : -1;
@@ -183,16 +183,16 @@ static void nan_scale_check(test_ctx *ctx, const char *path, int wtype) {
     moh_gguf *g = NULL;
     moh_error err = {0};
     const moh_gguf_tensor *t = got && !moh_gguf_parse(&g, buf, (size_t)len, path, &err)
-                                   ? moh_gguf_find_tensor(g, "blk.1.ffn_down.weight") : NULL;
-    CHECK(ctx, t && quant_supported(t->type), "%s: blk.1.ffn_down.weight not found quantised (%s)", tn, err.msg);
+                                   ? moh_gguf_find_tensor(g, name) : NULL;
+    CHECK(ctx, t && quant_supported(t->type), "%s: %s not found quantised (%s)", tn, name, err.msg);
     if (t && quant_supported(t->type)) { /* (its type: wtype, or llama-quantize's fallback for its width) */
         const size_t row = quant_row_bytes(t->type, t->ne[0]), at = t->type == MOH_GGML_Q6_K ? 208 : 0;
         const long long first = (long long)t->ne[0]; /* row 1, value 0 */
         uint8_t *d = buf + (t->data - buf) + row + at; /* (the parse reads buf in place) */
         d[0] = 0x00, d[1] = 0x7E; /* f16 NaN, little-endian */
-        char bad[112], want[96];
+        char bad[112], want[128];
         snprintf(bad, sizeof bad, "%s.nan", path);
-        snprintf(want, sizeof want, "tensor 'blk.1.ffn_down.weight' holds a non-finite value at index %lld", first);
+        snprintf(want, sizeof want, "tensor '%s' holds a non-finite value at index %lld", name, first);
         FILE *o = fopen(bad, "wb");
         const bool put = o && fwrite(buf, 1, (size_t)len, o) == (size_t)len;
         if (o) fclose(o);
@@ -201,8 +201,7 @@ static void nan_scale_check(test_ctx *ctx, const char *path, int wtype) {
         CHECK(ctx, rq == MOH_E_FORMAT && strstr(err.msg, want), "%s: a NaN scale, blocks only: rc %d, '%s'", tn, rq,
               err.msg);
         const int rf = put ? model_open(&mf, bad, &err) : -1;
-        CHECK(ctx, rf != MOH_OK && strstr(err.msg, "blk.1.ffn_down.weight"), "%s: a NaN scale, fully read: rc %d, '%s'",
-              tn, rf, err.msg);
+        CHECK(ctx, rf != MOH_OK && strstr(err.msg, want), "%s: a NaN scale, fully read: rc %d, '%s'", tn, rf, err.msg);
         model_free(&mq);
         model_free(&mf);
         remove(bad);
@@ -238,7 +237,8 @@ static void gguf_check(test_ctx *ctx, int wtype, int C, int I) {
     int rc = lm_gguf_export(&c, p.data, NULL, -1, NULL, NULL, path, wtype, &err);
     if (!rc) rc = model_open(&m, path, &err);
     if (!rc) rc = model_open_ex(&mq, path, MODEL_OPEN_QUANT_ONLY, &err);
-    if (!rc) nan_scale_check(ctx, path, wtype);
+    if (!rc) nan_scale_check(ctx, path, wtype, "blk.1.ffn_down.weight");
+    if (!rc) nan_scale_check(ctx, path, wtype, "blk.0.attn_q.weight");
     remove(path); /* (still mapped: the tables borrow the blocks) */
     CHECK(ctx, rc == MOH_OK, "%s: %s", tn, err.msg);
     if (rc) {

@@ -313,6 +313,48 @@ static void finite_tests(test_ctx *ctx) {
     }
 }
 
+/* Non-finite activations reach the product as NaN (a NaN or inf in a block: its scale NaN) in every
+ * kernel set and type; a float matrix whose block scale would round to f16 infinity is refused. */
+static void nonfinite_tests(test_ctx *ctx) {
+    static const int types[] = {MOH_GGML_Q8_0, MOH_GGML_Q4_0, MOH_GGML_Q4_1, MOH_GGML_Q5_0,
+                                MOH_GGML_Q5_1, MOH_GGML_Q4_K, MOH_GGML_Q5_K, MOH_GGML_Q6_K};
+    static const int whole[1] = {0};
+    enum { K = 256, R = 4 };
+    test_rng r = {7};
+    float w[R * K], x[K], out[R];
+    uint8_t blk[R * K / 32 * 34];
+    for (int i = 0; i < R * K; i++) w[i] = (float)test_rng_uniform(&r);
+    quant_act a;
+    moh_error err = {0};
+    CHECK(ctx, quant_act_init(&a, K, &err) == MOH_OK, "%s", err.msg);
+    for (int isa = QUANT_ISA_SCALAR; isa <= QUANT_ISA_AVX512VNNI; isa++) {
+        if (!quant_isa_supported((quant_isa)isa)) continue;
+        for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+            for (int bad = 0; bad < 2; bad++) {
+                const int ty = types[t];
+                const size_t rb = quant_row_bytes(ty, K);
+                for (int i = 0; i < R; i++) quant_row(ty, w + i * K, K, blk + (size_t)i * rb);
+                for (int i = 0; i < K; i++) x[i] = (float)test_rng_uniform(&r);
+                x[37] = bad ? INFINITY : NAN; /* in the second block of 32 */
+                quant_act_set(&a, x, 0, K);
+                quant_gemv(ty, blk, rb, NULL, &a, whole, 1, K, R, out, (quant_isa)isa);
+                bool all_nan = true;
+                for (int i = 0; i < R; i++) all_nan = all_nan && isnan(out[i]);
+                CHECK(ctx, all_nan, "%s %s: an input holding %s gave %g, expected NaN", quant_isa_name((quant_isa)isa),
+                      quant_type_name(ty), bad ? "inf" : "NaN", out[0]);
+            }
+    }
+    quant_act_free(&a);
+    /* 1e7 in a block of 32: Q8_0's scale 1e7 / 127 > 65504 */
+    quant_table qt;
+    w[5 * 32 + 3] = 1e7f;
+    CHECK(ctx, quant_table_init(&qt, w, R * K, 2, sizeof blk, &err) == MOH_OK, "%s", err.msg);
+    CHECK(ctx, quant_table_quantize(&qt, 0, R, K, MOH_GGML_Q8_0, &err) == MOH_E_ARG && strstr(err.msg, "1e+07") &&
+               strstr(err.msg, "float16"),
+          "a Q8_0 scale beyond float16's range was accepted (or the message lacks the value): '%s'", err.msg);
+    quant_table_free(&qt);
+}
+
 int main(void) {
     test_ctx ctx = {0};
     f16_tests(&ctx);
@@ -320,5 +362,6 @@ int main(void) {
     ggml_bytes_tests(&ctx);
     table_tests(&ctx);
     finite_tests(&ctx);
+    nonfinite_tests(&ctx);
     return test_finish("test_quant", &ctx);
 }

@@ -211,6 +211,17 @@ static void qk_rows(const float *src, float *dst, int heads, int d, int64_t cols
             }
 }
 
+/* The file's (ggml order) flat index of element i of tensor e as moh holds it: attn_q / attn_k rows
+ * are held in HF order (qk_rows), every other tensor as the file has it. */
+static size_t file_index(const model_tensor *e, const moh_lm_config *cfg, size_t i) {
+    static const char qs[] = ".attn_q.weight", ks[] = ".attn_k.weight";
+    const size_t len = strlen(e->name), sl = sizeof qs - 1;
+    if (e->ndim != 2 || len <= sl || (strcmp(e->name + len - sl, qs) && strcmp(e->name + len - sl, ks))) return i;
+    const size_t cols = (size_t)e->shape[1], d = (size_t)cfg->head_dim, half = d / 2, h = i / cols;
+    const size_t hh = h / d, s = h % d / half, j = h % d % half;
+    return (hh * d + 2 * j + s) * cols + i % cols;
+}
+
 typedef struct qentry {
     const model_tensor *e;
     const moh_gguf_tensor *t;
@@ -319,8 +330,8 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
                 quant_table_row(held, data + qm->off + (size_t)(r * qm->cols), qm->cols, tmp);
                 for (int64_t j = 0; j < qm->cols && !rc; j++)
                     if (!isfinite(tmp[j]))
-                        rc = moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s' holds a non-finite value at index %lld", path,
-                                      e->name, (long long)(r * qm->cols + j));
+                        rc = moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s' holds a non-finite value at index %zu", path,
+                                      e->name, file_index(e, cfg, (size_t)(r * qm->cols + j)));
             }
             continue;
         }
@@ -349,7 +360,8 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
     for (size_t i = 0; !rc && i < (size_t)nt; i++) /* finite weights only (the blocks' above) */
         for (size_t j = 0; j < ts[i].numel && !rc && !quant_table_find(held, data + ts[i].offset); j++)
             if (!isfinite(data[ts[i].offset + j]))
-                rc = moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s' holds a non-finite value at index %zu", path, ts[i].name, j);
+                rc = moh_fail(err, MOH_E_FORMAT, "%s: tensor '%s' holds a non-finite value at index %zu", path, ts[i].name,
+                              file_index(&ts[i], cfg, j));
     free(tmp);
     free(ts);
     return rc;

@@ -6,6 +6,7 @@
 #include "io/gguf.h"
 
 #include <ctype.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -461,7 +462,17 @@ void quant_act_set(quant_act *a, const float *x, size_t off, size_t n) {
         const float *v = x + b * QUANT_BLOCK;
         int8_t *q = a->q + b * QUANT_BLOCK;
         float amax = 0;
-        for (int j = 0; j < QUANT_BLOCK; j++) amax = fmaxf(amax, fabsf(v[j]));
+        bool finite = true;
+        for (int j = 0; j < QUANT_BLOCK; j++) {
+            amax = fmaxf(amax, fabsf(v[j]));
+            finite = finite && fabsf(v[j]) <= FLT_MAX;
+        }
+        if (!finite) { /* NaN or inf in: a NaN scale, so every product with the block is NaN, as in fp32 */
+            memset(q, 0, QUANT_BLOCK);
+            a->d[b] = a->s[b] = NAN;
+            a->sum[b] = 0;
+            continue;
+        }
         const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
         int32_t sum = 0;
         for (int j = 0; j < QUANT_BLOCK; j++) {
@@ -781,8 +792,17 @@ int quant_table_add(quant_table *t, size_t off, int64_t rows, int64_t cols, int 
 int quant_table_quantize(quant_table *t, size_t off, int64_t rows, int64_t cols, int type, moh_error *err) {
     uint8_t *room = NULL;
     if (quant_table_add(t, off, rows, cols, type, NULL, &room, err)) return err->code;
-    const size_t rb = t->m[t->n - 1].row_bytes;
-    for (int64_t r = 0; r < rows; r++) quant_row(type, t->base + off + (size_t)(r * cols), cols, room + (size_t)r * rb);
+    const size_t rb = t->m[t->n - 1].row_bytes, nb = (size_t)(cols / quant_block_size(type));
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = t->base + off + (size_t)(r * cols);
+        quant_row(type, x, cols, room + (size_t)r * rb);
+        if (quant_blocks_finite(type, room + (size_t)r * rb, nb)) continue;
+        float amax = 0; /* a scale rounded to f16 infinity (or a non-finite weight): refused, as moh convert does */
+        for (int64_t j = 0; j < cols; j++) amax = fabsf(x[j]) > amax || x[j] != x[j] ? fabsf(x[j]) : amax;
+        return moh_fail(err, MOH_E_ARG, "quantise to %s: row %lld of the matrix at float offset %zu holds %g, whose "
+                        "block scale is beyond float16's range (65504): this model cannot be quantised so",
+                        quant_type_name(type), (long long)r, off, (double)amax);
+    }
     return MOH_OK;
 }
 

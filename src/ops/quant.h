@@ -76,7 +76,8 @@ typedef struct quant_act {
 /* Room for cap values (rounded up to 32). MOH_OK, MOH_E_NOMEM. */
 int quant_act_init(quant_act *a, size_t cap, moh_error *err);
 void quant_act_free(quant_act *a);
-/* Quantises x[off .. off + n) into a (off and n multiples of 32, off + n <= cap). */
+/* Quantises x[off .. off + n) into a (off and n multiples of 32, off + n <= cap). A block holding
+ * NaN or inf gets a NaN scale: every product with it is NaN, as in fp32 (never a silent zero). */
 void quant_act_set(quant_act *a, const float *x, size_t off, size_t n);
 
 /* out[r] = (b ? b[r] : 0) + sum over the nblk column blocks blk[k] of
@@ -117,7 +118,8 @@ void quant_table_free(quant_table *t);
 int quant_table_add(quant_table *t, size_t off, int64_t rows, int64_t cols, int type, const uint8_t *data,
                     uint8_t **room, moh_error *err);
 /* Quantises the float matrix at offset off [rows, cols] of base into owned blocks of `type`.
- * Errors as quant_table_add. */
+ * Errors as quant_table_add, and MOH_E_ARG naming the row and value when a block's scale rounds
+ * beyond float16's range (|w| over ~8.3e6 for Q8_0) or a weight is not finite. */
 int quant_table_quantize(quant_table *t, size_t off, int64_t rows, int64_t cols, int type, moh_error *err);
 /* The entry holding float element w of base, or NULL. */
 const quant_mat *quant_table_find(const quant_table *t, const float *w);
