@@ -624,6 +624,80 @@ QUANT_NO_AUTOVEC static void gemv_scalar(int type, const uint8_t *w, size_t rb, 
         return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(b, bm), bm), _mm256_set1_epi8(0x10));               \
     }                                                                                                                  \
     TARGET static inline __m256i shr_##SUF(__m256i v, int n) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n)); }    \
+    /* K-quant columns in whole blocks of 256 (sub-blocks j0 .. j0 + 8 nblocks): each row's scales, mins  \
+     * and d decoded once per block, each 32-byte load of levels feeding its two sub-blocks; the same  \
+     * fp32 operations in the same order per row as the loop over sub-blocks in rows_ (the same bits). */ \
+    TARGET __attribute__((always_inline)) static inline void kblocks_##SUF(int type, const uint8_t *w, size_t rb,     \
+                                                                           const quant_act *x, int j0, int nblocks,   \
+                                                                           int NR, __m256 *acc, float *lin) {         \
+        const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);                 \
+        const size_t bb = quant_block_bytes(type);                                                                     \
+        for (int b = 0; b < nblocks; b++) {                                                                            \
+            const int jb = j0 + 8 * b;                                                                                 \
+            const int8_t *xq = x->q + (size_t)jb * QUANT_BLOCK;                                                        \
+            __m256i xs[8]; /* Q6_K: 32 sum(x) per lane of each sub-block, for all the rows */                         \
+            for (int t = 0; t < 8 && type == MOH_GGML_Q6_K; t++)                                                       \
+                xs[t] = _mm256_slli_epi32(DOT(m1, _mm256_loadu_si256((const __m256i *)(xq + t * QUANT_BLOCK))), 5);    \
+            for (int i = 0; i < NR; i++) {                                                                             \
+                const uint8_t *p = w + (size_t)i * rb + (size_t)(jb >> 3) * bb;                                        \
+                if (type == MOH_GGML_Q6_K) {                                                                           \
+                    const float d = h_##SUF(p + 208);                                                                  \
+                    const int8_t *sc = (const int8_t *)(p + 192);                                                      \
+                    for (int h = 0; h < 2; h++) {                                                                      \
+                        const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));                    \
+                        const __m256i q0 = _mm256_loadu_si256((const __m256i *)(p + 64 * h));                          \
+                        const __m256i q1 = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));                     \
+                        const __m256i u[4] = {                                                                         \
+                            _mm256_or_si256(_mm256_and_si256(q0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4)),  \
+                            _mm256_or_si256(_mm256_and_si256(q1, m4),                                                  \
+                                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4)),     \
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4),                            \
+                                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4)),     \
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4),                            \
+                                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4))};    \
+                        for (int t = 0; t < 4; t++) {                                                                  \
+                            const int j = jb + 4 * h + t;                                                              \
+                            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (4 * h + t) * QUANT_BLOCK));  \
+                            const __m256i d6 = _mm256_sub_epi32(DOT(u[t], xv), xs[4 * h + t]);                         \
+                            const int8_t *st = sc + 8 * h + 2 * t;                                                     \
+                            const float dd = d * x->d[j];                                                              \
+                            const __m256 dv = _mm256_set_m128(_mm_set1_ps(dd * (float)st[1]), _mm_set1_ps(dd * (float)st[0])); \
+                            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d6), dv, acc[i]);                              \
+                        }                                                                                              \
+                    }                                                                                                  \
+                    continue;                                                                                          \
+                }                                                                                                      \
+                const bool five = type == MOH_GGML_Q5_K;                                                               \
+                const float d = h_##SUF(p), dmin = h_##SUF(p + 2);                                                     \
+                const uint8_t *q12 = p + 4;                                                                            \
+                float dsc[8], dmn[8];                                                                                  \
+                for (int s = 0; s < 4; s++) { /* ggml's get_scale_min_k4, all 8 */                                    \
+                    dsc[s] = d * (float)(q12[s] & 63);                                                                 \
+                    dmn[s] = dmin * (float)(q12[s + 4] & 63);                                                          \
+                    dsc[s + 4] = d * (float)((q12[s + 8] & 0xF) | ((q12[s] >> 6) << 4));                               \
+                    dmn[s + 4] = dmin * (float)((q12[s + 8] >> 4) | ((q12[s + 4] >> 6) << 4));                         \
+                }                                                                                                      \
+                const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();     \
+                for (int t = 0; t < 4; t++) {                                                                          \
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)(p + (five ? 48 : 16) + 32 * t));            \
+                    __m256i u0 = _mm256_and_si256(q, m4), u1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);          \
+                    if (five) {                                                                                        \
+                        const __m256i h2 = shr_##SUF(qh, 2 * t);                                                       \
+                        u0 = _mm256_or_si256(u0, _mm256_slli_epi16(_mm256_and_si256(h2, m1), 4));                      \
+                        u1 = _mm256_or_si256(u1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h2, 1), m1), 4)); \
+                    }                                                                                                  \
+                    for (int o = 0; o < 2; o++) {                                                                      \
+                        const int s = 2 * t + o, j = jb + s;                                                           \
+                        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + s * QUANT_BLOCK));                \
+                        const float dx = x->d[j];                                                                      \
+                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(o ? u1 : u0, xv)), _mm256_set1_ps(dsc[s] * dx), \
+                                                 acc[i]);                                                              \
+                        lin[i] -= dmn[s] * dx * (float)x->sum[j];                                                      \
+                    }                                                                                                  \
+                }                                                                                                      \
+            }                                                                                                          \
+        }                                                                                                              \
+    }                                                                                                                  \
     TARGET __attribute__((always_inline)) static inline void rows_##SUF(int type, const uint8_t *w, size_t rb,        \
                                                                         const quant_act *x, const int *blk, int nblk, \
                                                                         int nb, int NR, float *res) {                 \
@@ -632,7 +706,11 @@ QUANT_NO_AUTOVEC static void gemv_scalar(int type, const uint8_t *w, size_t rb, 
         const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);                 \
         const size_t bb = quant_block_bytes(type);                                                                     \
         const bool one = type == MOH_GGML_Q4_1 || type == MOH_GGML_Q5_1;                                               \
-        for (int k = 0; k < nblk; k++)                                                                                 \
+        for (int k = 0; k < nblk; k++) {                                                                               \
+            if (is_k(type) && blk[k] * nb % 8 == 0 && nb % 8 == 0) { /* whole blocks of 256 */                        \
+                kblocks_##SUF(type, w, rb, x, blk[k] * nb, nb / 8, NR, acc, lin);                                      \
+                continue;                                                                                              \
+            }                                                                                                          \
             for (int j = blk[k] * nb, e = j + nb; j < e; j++) {                                                        \
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q + (size_t)j * QUANT_BLOCK));              \
                 const float dx = x->d[j];                                                                              \
@@ -680,6 +758,7 @@ QUANT_NO_AUTOVEC static void gemv_scalar(int type, const uint8_t *w, size_t rb, 
                     }                                                                                                  \
                 }                                                                                                      \
             }                                                                                                          \
+        }                                                                                                              \
         for (int i = 0; i < NR; i++) res[i] = hsum_##SUF(acc[i]) + lin[i];                                             \
     }                                                                                                                  \
     TARGET __attribute__((always_inline)) static inline void gemv_t_##SUF(int type, const uint8_t *w, size_t rb,      \

@@ -152,7 +152,7 @@ def main():
         if h != fnv1a(splitmix_ids(a.seed, n, V)):
             sys.exit(f"prompt ids differ between moh and llama.cpp at prompt {n}")
     med = statistics.median
-    print(f"{cpu_model()}; {a.threads} thread{"s" if a.threads != 1 else ""}; wait policies {a.wait_policy} (each engine in its own process; own = "
+    print(f"{cpu_model()}; {a.threads} thread{'s' if a.threads != 1 else ''}; wait policies {a.wait_policy} (each engine in its own process; own = "
           f"its default); load average {bc.load_average()}; {a.repeats} rounds (median), engines alternated")
     print(f"model {a.model}: vocab {V}; prompt ids splitmix64 seed {a.seed}; {a.tokens} new tokens (greedy)")
     print(f"llama.cpp: llama-cpp-python {info['version']}, n_batch {max(ctxs)}, n_ubatch {min(a.ubatch, max(ctxs))}, "
