@@ -624,12 +624,13 @@ QUANT_NO_AUTOVEC static void gemv_scalar(int type, const uint8_t *w, size_t rb, 
         return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(b, bm), bm), _mm256_set1_epi8(0x10));               \
     }                                                                                                                  \
     TARGET static inline __m256i shr_##SUF(__m256i v, int n) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n)); }    \
-    /* K-quant columns in whole blocks of 256 (sub-blocks j0 .. j0 + 8 nblocks): each row's scales, mins  \
-     * and d decoded once per block, each 32-byte load of levels feeding its two sub-blocks; the same  \
-     * fp32 operations in the same order per row as the loop over sub-blocks in rows_ (the same bits). */ \
+    /* K-quant columns in whole blocks of 256 (sub-blocks j0 .. j0 + 8 nblocks): each row's scales and   \
+     * mins decoded once per block (Q4_K / Q5_K: into vectors, scaled by the 8 activation scales at    \
+     * once, the mins' term one vector per block), each 32-byte load of levels feeding its two         \
+     * sub-blocks; Q6_K's 32 sum(x) once per block for all rows. */                                    \
     TARGET __attribute__((always_inline)) static inline void kblocks_##SUF(int type, const uint8_t *w, size_t rb,     \
                                                                            const quant_act *x, int j0, int nblocks,   \
-                                                                           int NR, __m256 *acc, float *lin) {         \
+                                                                           int NR, __m256 *acc) {                     \
         const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);                 \
         const size_t bb = quant_block_bytes(type);                                                                     \
         for (int b = 0; b < nblocks; b++) {                                                                            \
@@ -638,6 +639,8 @@ QUANT_NO_AUTOVEC static void gemv_scalar(int type, const uint8_t *w, size_t rb, 
             __m256i xs[8]; /* Q6_K: 32 sum(x) per lane of each sub-block, for all the rows */                         \
             for (int t = 0; t < 8 && type == MOH_GGML_Q6_K; t++)                                                       \
                 xs[t] = _mm256_slli_epi32(DOT(m1, _mm256_loadu_si256((const __m256i *)(xq + t * QUANT_BLOCK))), 5);    \
+            const __m256 dxv = _mm256_loadu_ps(x->d + jb); /* the 8 sub-blocks' activation scales and sums */        \
+            const __m256 sumv = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(x->sum + jb)));              \
             for (int i = 0; i < NR; i++) {                                                                             \
                 const uint8_t *p = w + (size_t)i * rb + (size_t)(jb >> 3) * bb;                                        \
                 if (type == MOH_GGML_Q6_K) {                                                                           \
@@ -668,32 +671,33 @@ QUANT_NO_AUTOVEC static void gemv_scalar(int type, const uint8_t *w, size_t rb, 
                     continue;                                                                                          \
                 }                                                                                                      \
                 const bool five = type == MOH_GGML_Q5_K;                                                               \
-                const float d = h_##SUF(p), dmin = h_##SUF(p + 2);                                                     \
-                const uint8_t *q12 = p + 4;                                                                            \
-                float dsc[8], dmn[8];                                                                                  \
-                for (int s = 0; s < 4; s++) { /* ggml's get_scale_min_k4, all 8 */                                    \
-                    dsc[s] = d * (float)(q12[s] & 63);                                                                 \
-                    dmn[s] = dmin * (float)(q12[s + 4] & 63);                                                          \
-                    dsc[s + 4] = d * (float)((q12[s + 8] & 0xF) | ((q12[s] >> 6) << 4));                               \
-                    dmn[s + 4] = dmin * (float)((q12[s + 8] >> 4) | ((q12[s + 4] >> 6) << 4));                         \
-                }                                                                                                      \
-                const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();     \
+                /* the 8 scales and 8 mins from their 12 bytes at once (ggml's kmask trick), as floats */              \
+                uint32_t ut[4];                                                                                        \
+                memcpy(ut, p + 4, 12);                                                                                 \
+                ut[3] = ((ut[2] >> 4) & 0x0F0F0F0Fu) | (((ut[1] >> 6) & 0x03030303u) << 4);                            \
+                const uint32_t mlo = ut[1] & 0x3F3F3F3Fu;                                                              \
+                ut[1] = (ut[2] & 0x0F0F0F0Fu) | (((ut[0] >> 6) & 0x03030303u) << 4);                                   \
+                ut[0] &= 0x3F3F3F3Fu;                                                                                  \
+                const __m256 scv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)(ut[0] | (uint64_t)ut[1] << 32))));\
+                const __m256 mnv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)(mlo | (uint64_t)ut[3] << 32))));\
+                /* scale of sub-block s: (d sc_s) dx_s; the mins' term dmin m_s dx_s sum_s, all 8 in one vector */     \
+                const __m256 dsx = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(h_##SUF(p)), scv), dxv);                 \
+                acc[i] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(h_##SUF(p + 2)), mnv), dxv), sumv, acc[i]);\
+                const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();      \
                 for (int t = 0; t < 4; t++) {                                                                          \
                     const __m256i q = _mm256_loadu_si256((const __m256i *)(p + (five ? 48 : 16) + 32 * t));            \
                     __m256i u0 = _mm256_and_si256(q, m4), u1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);          \
                     if (five) {                                                                                        \
                         const __m256i h2 = shr_##SUF(qh, 2 * t);                                                       \
                         u0 = _mm256_or_si256(u0, _mm256_slli_epi16(_mm256_and_si256(h2, m1), 4));                      \
-                        u1 = _mm256_or_si256(u1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h2, 1), m1), 4)); \
+                        u1 = _mm256_or_si256(u1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h2, 1), m1), 4));\
                     }                                                                                                  \
-                    for (int o = 0; o < 2; o++) {                                                                      \
-                        const int s = 2 * t + o, j = jb + s;                                                           \
-                        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + s * QUANT_BLOCK));                \
-                        const float dx = x->d[j];                                                                      \
-                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(o ? u1 : u0, xv)), _mm256_set1_ps(dsc[s] * dx), \
-                                                 acc[i]);                                                              \
-                        lin[i] -= dmn[s] * dx * (float)x->sum[j];                                                      \
-                    }                                                                                                  \
+                    const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq + 2 * t * QUANT_BLOCK));                \
+                    const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + (2 * t + 1) * QUANT_BLOCK));          \
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(u0, x0)),                                          \
+                                             _mm256_permutevar8x32_ps(dsx, _mm256_set1_epi32(2 * t)), acc[i]);         \
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(u1, x1)),                                          \
+                                             _mm256_permutevar8x32_ps(dsx, _mm256_set1_epi32(2 * t + 1)), acc[i]);     \
                 }                                                                                                      \
             }                                                                                                          \
         }                                                                                                              \
@@ -708,7 +712,7 @@ QUANT_NO_AUTOVEC static void gemv_scalar(int type, const uint8_t *w, size_t rb, 
         const bool one = type == MOH_GGML_Q4_1 || type == MOH_GGML_Q5_1;                                               \
         for (int k = 0; k < nblk; k++) {                                                                               \
             if (is_k(type) && blk[k] * nb % 8 == 0 && nb % 8 == 0) { /* whole blocks of 256 */                        \
-                kblocks_##SUF(type, w, rb, x, blk[k] * nb, nb / 8, NR, acc, lin);                                      \
+                kblocks_##SUF(type, w, rb, x, blk[k] * nb, nb / 8, NR, acc);                                           \
                 continue;                                                                                              \
             }                                                                                                          \
             for (int j = blk[k] * nb, e = j + nb; j < e; j++) {                                                        \
