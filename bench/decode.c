@@ -130,8 +130,8 @@ static int bd_steps(bd_run *r, int ctx, int tokens, moh_error *err) {
     return MOH_OK;
 }
 
-/* --precision's comma list into o->prec (both = fp32,bf16; each once); *quant when a quantised one
- * is asked. bf16 on a CPU that cannot: dropped with a note (fp32 in its place if nothing is left).
+/* --precision's comma list into o->prec (both = fp32,bf16; a name given twice is an error, one both
+ * also gives runs once); *quant when a quantised one is asked. bf16 on a CPU that cannot: dropped with a note (fp32 in its place if nothing is left).
  * 0, or 2 after a one-line error. */
 static int bd_precisions(const char *value, bdm_opts *o, bool *quant) {
     static const char *const names[] = {"fp32", "bf16", "gguf", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_K", "q5_K", "q6_K"};
@@ -144,6 +144,7 @@ static int bd_precisions(const char *value, bdm_opts *o, bool *quant) {
                         "gguf, " QUANT_TYPE_LIST "\n", value);
         return 2;
     }
+    unsigned named = 0; /* the names given by name (both may overlap them) */
     for (const char *p = value; *p;) {
         const size_t len = strcspn(p, ",");
         const bool both = len == 4 && !strncmp(p, "both", 4);
@@ -153,6 +154,12 @@ static int bd_precisions(const char *value, bdm_opts *o, bool *quant) {
             known = known || hit;
             bool dup = false;
             for (int j = 0; j < o->nprec; j++) dup = dup || o->prec[j] == names[i];
+            if (hit && !both && (named >> i & 1u)) {
+                fprintf(stderr, "moh bench decode: --precision '%s': '%s' given twice, expected each precision once\n",
+                        value, names[i]);
+                return 2;
+            }
+            if (hit && !both) named |= 1u << i;
             if (!hit || dup) continue;
             if (i == 1 && no16) {
                 fprintf(stderr, "moh bench decode: --precision bf16 dropped: %s\n", why);

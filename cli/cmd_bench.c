@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "../bench/bench.h"
+#include "args.h"
 #include "cli.h"
 
 int cmd_bench(int argc, char **argv) {
@@ -20,6 +21,9 @@ int cmd_bench(int argc, char **argv) {
     if (!strcmp(argv[1], "attention")) return bench_attention(argc - 1, argv + 1);
     if (!strcmp(argv[1], "decode")) return bench_decode(argc - 1, argv + 1);
     if (!strcmp(argv[1], "train")) return bench_train(argc - 1, argv + 1);
-    fprintf(stderr, "moh bench: unknown benchmark '%s' (attention, decode or train)\n", argv[1]);
+    static const char *const names[] = {"attention", "decode", "train"};
+    const int j = args_nearest(argv[1], names, 3);
+    if (j >= 0) fprintf(stderr, "moh bench: unknown benchmark '%s'; did you mean '%s'?\n", argv[1], names[j]);
+    else fprintf(stderr, "moh bench: unknown benchmark '%s' (attention, decode or train)\n", argv[1]);
     return 2;
 }

@@ -36,6 +36,8 @@ expect max-minutes-cap "+--max-minutes 1e308 is out of range: expected 0 < M <= 
 # 0b. mistyped command and config names get the nearest one suggested, far-off ones nothing
 expect cmd-typo "+unknown command 'sampel'; did you mean 'sample'?" -- "$MOH" sampel
 expect cmd-far "+unknown command 'frobnicate'" "!did you mean" -- "$MOH" frobnicate
+expect bench-typo "+unknown benchmark 'decod'; did you mean 'decode'?" -- "$MOH" bench decod
+expect bench-far "+unknown benchmark 'xyzzy' (attention, decode or train)" "!did you mean" -- "$MOH" bench xyzzy
 expect config-typo "+--config 'moh75': no such file" "+did you mean 'moh-75'?" \
   -- "$MOH" train --config moh75 --data "$T/none.txt" --out "$T/o" --steps 1
 expect config-far "+--config 'zzzzzzzz': no such file" "!did you mean" \

@@ -62,6 +62,7 @@ check "python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert [x[\"
 "$MOH" bench decode --model "$CHAT" --precision gguf --context 16 --tokens 2 --repeats 1 > /dev/null 2> "$T/b.err"; rc=$?
 check "[ $rc -eq 1 ] && [ \$(grep -vc '^\[loading' '$T/b.err') -eq 1 ] && grep -q 'gguf: --precision gguf: the file holds no matrices of q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K or q6_K' '$T/b.err'" "bench decode gguf on a float file: rc $rc: $(cat "$T/b.err")"
 expect_fail "bench decode --precision fp32,q3" 2 'expected a comma list' "$MOH" bench decode --model "$CHAT" --precision fp32,q3
+expect_fail "bench decode --precision q4_1,gguf,q4_1" 2 "'q4_1' given twice" "$MOH" bench decode --model "$CHAT" --precision q4_1,gguf,q4_1
 expect_fail "bench decode q8_0 on a synthetic model" 2 'needs --model PATH' "$MOH" bench decode --model small --precision q8_0
 # every precision at once (each once; the list once overran a 6-slot array), one row each
 all=fp32,bf16,gguf,q8_0,q4_0,q4_1,q5_0,q5_1,q4_K,q5_K,q6_K
