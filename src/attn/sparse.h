@@ -231,13 +231,15 @@ void sparse_decode_attend_bf16(const float *q, const uint16_t *K, const uint16_t
 /* Query heads one call takes over one KV head (grouped-query attention's group). */
 #define SPARSE_DECODE_GROUP 8
 /* Whether sparse_decode_attend_group reads K and V once for all its heads on this CPU for this store
- * (fp32, or bf16 with isa): AVX2 + FMA, d a multiple of 8 up to 64, and no AVX-512 kernel for it. */
+ * (fp32, or bf16 with isa): AVX2 + FMA, d a multiple of 8 up to 64, and no AVX-512 kernel for it
+ * (those per-head kernels measured faster where they run: tools/bench/decode_group.c). */
 bool sparse_decode_groups(int d, bool b16, sparse_bf16_isa isa);
-/* The G (1 .. SPARSE_DECODE_GROUP) query heads of one KV head, as sparse_decode_attend_f32 (b16
- * false) or _bf16 (true, isa) for each head i: out[i][d] = gate[i] sum_j softmax_j(q[i].k_j /
- * sqrt(d)) v_j, scores[i] [n] scratch. Where sparse_decode_groups, each tile of 64 keys and values
- * is read from memory once for all G (then from L1; the same arithmetic per head as one head's
- * call with G = 1); else head by head. */
+/* The G (1 .. SPARSE_DECODE_GROUP) query heads of one KV head (grouped-query attention; decode of
+ * spec §10's selected heads), as sparse_decode_attend_f32 (b16 false: K, V float [n, ld]) or _bf16 (true, isa: K, V
+ * in its layouts) for each head i: out[i] [d] = gate[i] sum_j softmax_j(q[i].k_j / sqrt(d)) v_j,
+ * q[i] [d] fp32, scores[i] [n] scratch. Where sparse_decode_groups, each tile of 64 keys and
+ * values is read from memory once for all G (then from L1; the same arithmetic per head as one
+ * head's call with G = 1); else head by head. No errors (G and n checked by the caller). */
 void sparse_decode_attend_group(int G, const float *const *q, const void *K, const void *V, bool b16, long ld, int n,
                                 int d, const float *gate, float *const *scores, float *const *out,
                                 sparse_bf16_isa isa);

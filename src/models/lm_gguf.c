@@ -201,6 +201,14 @@ int lm_gguf_config(const moh_gguf *g, const char *path, moh_lm_config *cfg, moh_
 /* The rows of one q or k projection [heads * d, cols] between the HF order and ggml's RoPE order:
  * ggml row 2j + s of a head is HF row s d/2 + j (convert_hf_to_gguf.py LlamaModel.permute; to_ggml
  * false inverts it). */
+/* 'q' for a ...attn_q.weight tensor name, 'k' for ...attn_k.weight (rows in llama.cpp's RoPE layout
+ * in a GGUF, qk_rows), else 0. */
+static int qk_tensor(const char *name) {
+    static const char qs[] = ".attn_q.weight", ks[] = ".attn_k.weight";
+    const size_t len = strlen(name), sl = sizeof qs - 1;
+    return len <= sl ? 0 : !strcmp(name + len - sl, qs) ? 'q' : !strcmp(name + len - sl, ks) ? 'k' : 0;
+}
+
 static void qk_rows(const float *src, float *dst, int heads, int d, int64_t cols, bool to_ggml) {
     const int half = d / 2;
     for (int hh = 0; hh < heads; hh++)
@@ -214,9 +222,7 @@ static void qk_rows(const float *src, float *dst, int heads, int d, int64_t cols
 /* The file's (ggml order) flat index of element i of tensor e as moh holds it: attn_q / attn_k rows
  * are held in HF order (qk_rows), every other tensor as the file has it. */
 static size_t file_index(const model_tensor *e, const moh_lm_config *cfg, size_t i) {
-    static const char qs[] = ".attn_q.weight", ks[] = ".attn_k.weight";
-    const size_t len = strlen(e->name), sl = sizeof qs - 1;
-    if (e->ndim != 2 || len <= sl || (strcmp(e->name + len - sl, qs) && strcmp(e->name + len - sl, ks))) return i;
+    if (e->ndim != 2 || !qk_tensor(e->name)) return i;
     const size_t cols = (size_t)e->shape[1], d = (size_t)cfg->head_dim, half = d / 2, h = i / cols;
     const size_t hh = h / d, s = h % d / half, j = h % d % half;
     return (hh * d + 2 * j + s) * cols + i % cols;
@@ -244,14 +250,13 @@ int lm_gguf_quant_table(const moh_gguf *g, const char *path, const moh_lm_config
         return moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);
     }
     int nq = 0;
-    static const char qs[] = ".attn_q.weight", ks[] = ".attn_k.weight";
     for (int i = 0; i < nt; i++) {
         const moh_gguf_tensor *t = moh_gguf_find_tensor(g, ts[i].name);
         if (!t || ts[i].ndim != 2 || !quant_supported(t->type) || t->ne[0] != ts[i].shape[1] ||
             t->ne[1] != ts[i].shape[0])
             continue; /* lm_gguf_weights has checked every shape; float tensors decode fp32 */
-        const size_t len = strlen(ts[i].name), sl = sizeof qs - 1;
-        const bool qk = len > sl && (!strcmp(ts[i].name + len - sl, qs) || !strcmp(ts[i].name + len - sl, ks));
+        const size_t len = strlen(ts[i].name);
+        const bool qk = qk_tensor(ts[i].name) != 0;
         static const char os[] = ".attn_output.weight";
         const size_t ol = sizeof os - 1;
         if (cfg->head_dim % QUANT_BLOCK && len > ol && !strcmp(ts[i].name + len - ol, os))
@@ -312,10 +317,7 @@ int lm_gguf_weights(const moh_gguf *g, const char *path, const moh_lm_config *cf
                           (long long)e->shape[e->ndim - 1], (long long)(e->ndim > 1 ? e->shape[0] : 1));
             break;
         }
-        static const char qs[] = ".attn_q.weight", ks[] = ".attn_k.weight";
-        const size_t len = strlen(e->name), sl = sizeof qs - 1;
-        const bool q = len > sl && !strcmp(e->name + len - sl, qs);
-        const bool k = len > sl && !strcmp(e->name + len - sl, ks);
+        const bool q = qk_tensor(e->name) == 'q', k = qk_tensor(e->name) == 'k';
         const quant_mat *qm = quant_table_find(held, data + e->offset);
         if (qm && qm->off == e->offset) { /* blocks only: their values checked finite, nothing written */
             free(tmp);
@@ -444,9 +446,7 @@ int lm_gguf_export(const moh_lm_config *cfg, const float *data, const bpe_tok *t
         const model_tensor *e = &ts[i];
         int64_t ne[2] = {e->shape[e->ndim - 1], e->ndim > 1 ? e->shape[0] : 1};
         const float *src = data + e->offset;
-        static const char qs[] = ".attn_q.weight", ks[] = ".attn_k.weight";
-        const size_t len = strlen(e->name), sl = sizeof qs - 1;
-        const bool q = len > sl && !strcmp(e->name + len - sl, qs), k = len > sl && !strcmp(e->name + len - sl, ks);
+        const bool q = qk_tensor(e->name) == 'q', k = qk_tensor(e->name) == 'k';
         if (q || k) { /* llama.cpp's RoPE layout: HF row s d/2 + j of a head to row 2j + s */
             if (!(perm[i] = malloc(sizeof(float) * e->numel))) {
                 rc = moh_fail(err, MOH_E_NOMEM, "%s: out of memory", path);

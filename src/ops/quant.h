@@ -126,9 +126,10 @@ const quant_mat *quant_table_find(const quant_table *t, const float *w);
 /* The row of cols values at w (a row start of an entry of that width) dequantised from its blocks
  * into out; false (out untouched) when the table holds no such row. */
 bool quant_table_row(const quant_table *t, const float *w, int64_t cols, float *out);
-/* Whether every value of nblocks blocks of `type` at data is finite: true iff each block's f16 scales
- * (d, and m / dmin where the type has one) are, as a non-finite scale makes each value it scales
- * non-finite (NaN times 0 is NaN) and finite ones bound |w| by 65504 * 63 * 63. Reads no weights. */
+/* Whether every value of nblocks blocks of `type` at data (nblocks quant_block_bytes) is finite:
+ * true iff each block's f16 scales (d, and m / dmin where the type has one; offsets as in
+ * ggml-common.h) are, as a non-finite scale makes each value it scales non-finite (NaN times 0 is
+ * NaN) and finite ones bound |w| by 65504 * 63 * 63. Reads no weights; false for an unsupported type. */
 bool quant_blocks_finite(int type, const uint8_t *data, size_t nblocks);
 /* "q4_1 (210 matrices, 93.9 MB)"-style summary of the types held into out[cap]. */
 void quant_table_describe(const quant_table *t, char *out, size_t cap);
