@@ -34,7 +34,8 @@ typedef struct moh_error {
     char msg[1024];  /* one line, no trailing newline */
 } moh_error;
 
-/* Formats err->msg (printf-style), sets err->code = code and returns code. err may be NULL. */
+/* Formats err->msg (printf-style; a newline or carriage return, from a quoted input say, becomes a space:
+ * the message is one line), sets err->code = code and returns code. err may be NULL. */
 int moh_fail(moh_error *err, int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
